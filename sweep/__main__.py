@@ -1,0 +1,66 @@
+"""Entry point: one run, or a sweep with -m.
+
+    python -m sweep                                   # one run with the defaults
+    python -m sweep -m precision=fp32,bf16_amp,fp16_amp optim.lr=1e-4,1e-3,1e-2 attention=flash,math
+    python -m sweep -m +experiment=demo               # the demo grid
+    python -m sweep --help                            # config groups and options
+
+A mistake in the command line or the config (a typo'd key, a wrong type, an unknown option, a bad
+value) is printed as one line naming the key, with exit status 2; set HYDRA_FULL_ERROR=1 for Hydra's
+full report with a traceback.
+"""
+from __future__ import annotations
+
+import os
+import sys
+
+import hydra
+from hydra.errors import HydraException
+from omegaconf import DictConfig, OmegaConf
+from omegaconf.errors import OmegaConfBaseException
+
+from . import config as _schemas  # noqa: F401  (registers the schema before Hydra composes)
+from .config import ConfigError
+from .job import run_job
+
+CONF_DIR = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "conf")
+
+
+@hydra.main(config_path=CONF_DIR, config_name="config", version_base="1.3")
+def _hydra_main(cfg: DictConfig) -> dict:
+    return run_job(cfg)
+
+
+def user_error_line(exc: BaseException) -> str | None:
+    """One line for a user mistake in the config or command line; None for anything else (a bug)."""
+    if isinstance(exc, ConfigError):
+        return str(exc)
+    cause = exc.__cause__ if isinstance(exc.__cause__, OmegaConfBaseException) else None
+    if isinstance(exc, OmegaConfBaseException) or cause is not None:
+        err = cause or exc
+        key = getattr(err, "full_key", None)
+        msg = str(err).split("\n")[0].strip()
+        return f"{key}: {msg}" if key else msg
+    if isinstance(exc, HydraException):
+        lines = [ln.strip() for ln in str(exc).splitlines() if ln.strip()]
+        options = getattr(exc, "options", None)
+        head = lines[0] if lines else type(exc).__name__
+        return f"{head} (choose one of: {', '.join(options)})" if options else head
+    return None
+
+
+def main() -> None:
+    user_wants_traceback = bool(os.environ.get("HYDRA_FULL_ERROR"))
+    os.environ["HYDRA_FULL_ERROR"] = "1"  # let errors reach us so a user mistake can be one line
+    try:
+        _hydra_main()
+    except Exception as exc:  # noqa: BLE001
+        line = None if user_wants_traceback else user_error_line(exc)
+        if line is None:
+            raise
+        print(f"sweep: config error: {line}", file=sys.stderr)
+        sys.exit(2)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,306 @@
+"""Typed configuration of one run: the schemas Hydra composes into, and their validation.
+
+Every axis of a sweep is a config group under `conf/` (precision, attention, modulate, model, data,
+optim, objective, monitor). Each group's YAML merges into the dataclass registered here, so a typo'd
+key or a wrong type fails while Hydra composes (OmegaConf checks keys and types against the schema),
+and `validate()` rejects bad values (lr <= 0, steps <= 0, ...) with a one-line message that names the
+dotted key. `to_run_config()` is the boundary: below it, code gets plain dataclasses, never a DictConfig.
+
+This module imports neither torch nor the models, so Hydra plugins and the sweepers can validate
+configs cheaply.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from enum import Enum
+from typing import Any, List, Optional
+
+from hydra.core.config_store import ConfigStore
+from omegaconf import DictConfig, OmegaConf
+
+
+class ConfigError(ValueError):
+    """A user mistake in the config: printed as one line, never as a traceback."""
+
+
+class Dtype(str, Enum):
+    float32 = "float32"
+    bfloat16 = "bfloat16"
+    float16 = "float16"
+
+
+class AttentionBackend(str, Enum):
+    flash = "flash"
+    math = "math"
+    eager = "eager"
+    efficient = "efficient"
+    cudnn = "cudnn"
+
+
+class ModulateImpl(str, Enum):
+    eager = "eager"
+    fused = "fused"
+
+
+class Arch(str, Enum):
+    dit = "dit"
+    video_dit = "video_dit"
+
+
+class FaultKind(str, Enum):
+    nan = "nan"
+    inf = "inf"
+    range = "range"
+
+
+class ObjectiveKind(str, Enum):
+    ddpm = "ddpm"
+    flow = "flow"
+
+
+class Schedule(str, Enum):
+    constant = "constant"
+    cosine = "cosine"
+
+
+class Progress(str, Enum):
+    auto = "auto"  # a bar on a terminal, nothing per step in CI or a pipe
+    bar = "bar"
+    log = "log"  # a line every `log_every` steps
+    none = "none"
+
+
+@dataclass
+class LossScalerConfig:
+    """Dynamic loss scaling for fp16 (torch GradScaler semantics plus DeepSpeed's minimum and hysteresis)."""
+
+    enabled: bool = False
+    init_scale: float = 65536.0
+    """Scale at step 0 (torch's default 2**16)."""
+    growth_factor: float = 2.0
+    backoff_factor: float = 0.5
+    growth_interval: int = 2000
+    """Clean steps in a row before the scale grows."""
+    min_scale: float = 1.0
+    """Floor of the scale; an overflow at the floor is a `scale_collapse` when `stop_at_min`."""
+    hysteresis: int = 1
+    """Overflows tolerated before backing off (1 = back off at every overflow, as torch; DeepSpeed uses 2)."""
+    stop_at_min: bool = True
+    """DeepSpeed's "Current loss scale already at minimum": stop the run instead of skipping forever."""
+    max_consecutive_skips: int = 50
+    """More skipped steps in a row than this is a `scale_collapse` too."""
+
+
+@dataclass
+class PrecisionConfig:
+    """One precision policy: every knob spelled out."""
+
+    name: str = "fp32"
+    param_dtype: Dtype = Dtype.float32
+    """Dtype of the weights and of the optimizer state ("pure" low precision when not float32)."""
+    autocast_dtype: Optional[Dtype] = None
+    """Dtype torch.autocast runs the forward in; null runs the model in param_dtype."""
+    tf32: bool = False
+    """Allow TF32 tensor cores for fp32 matmuls/convs (CUDA Ampere+ only)."""
+    scaler: LossScalerConfig = field(default_factory=LossScalerConfig)
+
+
+@dataclass
+class AttentionConfig:
+    backend: AttentionBackend = AttentionBackend.math
+    """flash/math/efficient/cudnn force that SDPA backend (no silent fallback); eager is softmax(QK^T) in the working dtype."""
+
+
+@dataclass
+class ModulateConfig:
+    impl: ModulateImpl = ModulateImpl.eager
+    """eager: x * (1 + scale) + shift; fused: one fused kernel (custom op)."""
+
+
+@dataclass
+class ModelConfig:
+    arch: Arch = Arch.video_dit
+    size: str = "tiny"
+    """A key of models.MODEL_SIZES."""
+    patch_size: int = 2
+    qk_norm: bool = False
+    """LayerNorm on queries and keys: the standard fix for attention-logit growth."""
+
+
+@dataclass
+class FaultConfig:
+    index: int = 0
+    kind: str = "nan"
+    """nan | inf | range. A str, not an enum: Hydra's override grammar reads a bare `nan`/`inf` as a
+    float, which a str field turns back into "nan"/"inf", so `data.faults=[{index:3,kind:nan}]` works."""
+
+
+@dataclass
+class DataConfig:
+    name: str = "synthetic_video"
+    num_samples: int = 256
+    frames: int = 8
+    """1 gives single images (for arch=dit)."""
+    channels: int = 3
+    height: int = 16
+    width: int = 16
+    batch_size: int = 4
+    seed: int = 0
+    """Seed of the dataset content (the data order follows the run seed)."""
+    faults: List[FaultConfig] = field(default_factory=list)
+    """Samples to corrupt: [{index: 17, kind: nan}, ...]."""
+    range_limit: float = 1.001
+    """A batch with |x| above this is bad input (data is expected in [-1, 1])."""
+
+
+@dataclass
+class OptimConfig:
+    name: str = "adamw"
+    lr: float = 1e-4
+    betas: List[float] = field(default_factory=lambda: [0.9, 0.999])
+    eps: float = 1e-8
+    weight_decay: float = 0.0
+    warmup_steps: int = 0
+    schedule: Schedule = Schedule.constant
+    grad_clip: float = 0.0
+    """Max global grad norm; 0 turns clipping off."""
+
+
+@dataclass
+class ObjectiveConfig:
+    kind: ObjectiveKind = ObjectiveKind.ddpm
+    num_train_timesteps: int = 1000
+    beta_schedule: str = "linear"
+    prediction: str = "epsilon"
+    flow_shift: float = 1.0
+    loss_weight: float = 1.0
+    """Multiplies the loss: a tiny weight reproduces fp16 gradient underflow without loss scaling."""
+
+
+@dataclass
+class MonitorConfig:
+    """When a run counts as diverged."""
+
+    spike_factor: float = 10.0
+    """loss_spike: a finite loss above this multiple of the smoothed running minimum (or the initial loss)."""
+    ema_beta: float = 0.9
+    """Smoothing of the loss whose running minimum the spike test uses."""
+    stall_window: int = 20
+    """Every this many steps, compare the weights with the previous check."""
+    stall_fraction: float = 0.9
+    """stalled: at least this fraction of weight elements unchanged over a window."""
+    stop_on_divergence: bool = True
+    """Stop at the first bad step (the verdict and first_bad_step are the same either way)."""
+
+
+@dataclass
+class RunConfig:
+    """Everything one run needs; the root of the composed config."""
+
+    seed: int = 0
+    steps: int = 50
+    device: str = "auto"
+    """auto, cpu, cuda or cuda:N."""
+    deterministic: bool = True
+    """torch.use_deterministic_algorithms: the same config gives the same loss curve bit for bit."""
+    threads: int = 0
+    """torch intra-op threads; 0 keeps torch's default."""
+    log_every: int = 10
+    progress: Progress = Progress.auto
+    precision: PrecisionConfig = field(default_factory=PrecisionConfig)
+    attention: AttentionConfig = field(default_factory=AttentionConfig)
+    modulate: ModulateConfig = field(default_factory=ModulateConfig)
+    model: ModelConfig = field(default_factory=ModelConfig)
+    data: DataConfig = field(default_factory=DataConfig)
+    optim: OptimConfig = field(default_factory=OptimConfig)
+    objective: ObjectiveConfig = field(default_factory=ObjectiveConfig)
+    monitor: MonitorConfig = field(default_factory=MonitorConfig)
+
+
+def register_schemas() -> None:
+    """Register the schema so `conf/config.yaml` can name it first in its defaults list."""
+    ConfigStore.instance().store(name="run_schema", node=RunConfig)
+
+
+register_schemas()
+
+
+def _require(ok: bool, key: str, message: str) -> None:
+    if not ok:
+        raise ConfigError(f"{key}: {message}")
+
+
+def validate(run: RunConfig) -> RunConfig:
+    """Reject values no run can use; each message names the dotted key."""
+    from models.registry import MODEL_SIZES  # no torch import: the registry is a plain dict
+
+    _require(run.steps > 0, "steps", f"must be > 0, got {run.steps}")
+    _require(run.log_every > 0, "log_every", f"must be > 0, got {run.log_every}")
+    _require(run.threads >= 0, "threads", f"must be >= 0, got {run.threads}")
+    _require(run.device == "auto" or run.device == "cpu" or run.device.startswith("cuda"),
+             "device", f"must be auto, cpu, cuda or cuda:N, got {run.device!r}")
+    s = run.precision.scaler
+    _require(s.init_scale > 0, "precision.scaler.init_scale", f"must be > 0, got {s.init_scale}")
+    _require(0 < s.min_scale <= s.init_scale, "precision.scaler.min_scale",
+             f"must be in (0, init_scale={s.init_scale}], got {s.min_scale}")
+    _require(s.growth_factor >= 1, "precision.scaler.growth_factor", f"must be >= 1, got {s.growth_factor}")
+    _require(0 < s.backoff_factor < 1, "precision.scaler.backoff_factor", f"must be in (0, 1), got {s.backoff_factor}")
+    _require(s.growth_interval > 0, "precision.scaler.growth_interval", f"must be > 0, got {s.growth_interval}")
+    _require(s.hysteresis >= 1, "precision.scaler.hysteresis", f"must be >= 1, got {s.hysteresis}")
+    _require(s.max_consecutive_skips >= 1, "precision.scaler.max_consecutive_skips",
+             f"must be >= 1, got {s.max_consecutive_skips}")
+    m = run.model
+    _require(m.size in MODEL_SIZES, "model.size", f"unknown size {m.size!r}; choose one of {', '.join(MODEL_SIZES)}")
+    _require(m.patch_size > 0, "model.patch_size", f"must be > 0, got {m.patch_size}")
+    d = run.data
+    for key in ("num_samples", "frames", "channels", "height", "width", "batch_size"):
+        _require(getattr(d, key) > 0, f"data.{key}", f"must be > 0, got {getattr(d, key)}")
+    _require(d.height % m.patch_size == 0 and d.width % m.patch_size == 0, "model.patch_size",
+             f"{m.patch_size} must divide data.height={d.height} and data.width={d.width}")
+    if m.arch == Arch.dit:
+        _require(d.frames == 1, "data.frames", f"model.arch=dit trains on images: use data=synthetic_image (frames=1), got {d.frames}")
+    for i, f in enumerate(d.faults):
+        _require(0 <= f.index < d.num_samples, f"data.faults[{i}].index",
+                 f"must be in [0, data.num_samples={d.num_samples}), got {f.index}")
+        _require(f.kind in FaultKind.__members__, f"data.faults[{i}].kind",
+                 f"must be one of {', '.join(FaultKind.__members__)}, got {f.kind!r}")
+    _require(d.range_limit > 0, "data.range_limit", f"must be > 0, got {d.range_limit}")
+    o = run.optim
+    _require(o.name == "adamw", "optim.name", f"only adamw is implemented, got {o.name!r}")
+    _require(o.lr > 0, "optim.lr", f"must be > 0, got {o.lr}")
+    _require(len(o.betas) == 2 and all(0 <= b < 1 for b in o.betas), "optim.betas",
+             f"must be two numbers in [0, 1), got {list(o.betas)}")
+    _require(o.eps >= 0, "optim.eps", f"must be >= 0, got {o.eps}")
+    _require(o.weight_decay >= 0, "optim.weight_decay", f"must be >= 0, got {o.weight_decay}")
+    _require(o.warmup_steps >= 0, "optim.warmup_steps", f"must be >= 0, got {o.warmup_steps}")
+    _require(o.grad_clip >= 0, "optim.grad_clip", f"must be >= 0 (0 = off), got {o.grad_clip}")
+    j = run.objective
+    _require(j.num_train_timesteps > 1, "objective.num_train_timesteps", f"must be > 1, got {j.num_train_timesteps}")
+    _require(j.prediction in ("epsilon", "v_prediction"), "objective.prediction",
+             f"must be epsilon or v_prediction, got {j.prediction!r}")
+    _require(j.loss_weight > 0, "objective.loss_weight", f"must be > 0, got {j.loss_weight}")
+    mo = run.monitor
+    _require(mo.spike_factor > 1, "monitor.spike_factor", f"must be > 1, got {mo.spike_factor}")
+    _require(0 <= mo.ema_beta < 1, "monitor.ema_beta", f"must be in [0, 1), got {mo.ema_beta}")
+    _require(mo.stall_window > 0, "monitor.stall_window", f"must be > 0, got {mo.stall_window}")
+    _require(0 < mo.stall_fraction <= 1, "monitor.stall_fraction", f"must be in (0, 1], got {mo.stall_fraction}")
+    return run
+
+
+def to_run_config(cfg: DictConfig) -> RunConfig:
+    """The boundary: a composed Hydra config (hydra node ignored) becomes a validated RunConfig."""
+    node = OmegaConf.masked_copy(cfg, [k for k in cfg.keys() if k != "hydra"]) if "hydra" in cfg else cfg
+    run = OmegaConf.to_object(node)
+    if not isinstance(run, RunConfig):
+        raise ConfigError("config root is not a RunConfig: conf/config.yaml must list run_schema first in its defaults")
+    return validate(run)
+
+
+def flatten(obj: Any, prefix: str = "") -> dict:
+    """Nested dict -> {dotted.key: value}, for params and reports."""
+    out = {}
+    if isinstance(obj, dict):
+        for k, v in obj.items():
+            out.update(flatten(v, f"{prefix}{k}."))
+        return out
+    return {prefix[:-1]: obj}

@@ -1,0 +1,127 @@
+"""The divergence monitor: decides, step by step, whether a run has diverged and how.
+
+The training loop hands it the step's loss and global gradient norm (fetched together in one device
+sync) and the loss scaler's decision; every `stall_window` steps it also compares the weights with
+the previous check. The first criterion met becomes the run's verdict (design.md, "Verdicts"):
+
+- nonfinite_loss: the loss is NaN/Inf.
+- nonfinite_grad: the loss is finite but the gradient norm is not (and no loss scaler absorbs it).
+- scale_collapse: the scaler overflowed at its minimum scale, or skipped too many steps in a row.
+- loss_spike: a finite loss above `spike_factor` x the running minimum of the smoothed loss (the
+  smoothing starts at the initial loss, so "x the initial loss" is covered from step 0). Smoothing
+  matters: a diffusion loss swings with the sampled timesteps, and a raw minimum would be a lucky batch.
+- stalled: at least `stall_fraction` of the weight elements did not change over a window in which
+  updates were applied: either the gradients underflowed to exact zeros (fp16 without loss scaling)
+  or the updates were below the weights' resolution (pure bf16 at small lr).
+- bad_input is decided before the forward, from the batch itself (sweep.data.check_batch).
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import asdict, dataclass
+
+import torch
+
+from .config import MonitorConfig
+from .precision import ScalerEvent
+
+
+@dataclass
+class Cause:
+    """Where a run first went wrong: data|forward|loss|backward|optimizer|scaler|checkpoint."""
+
+    where: str
+    module: str | None
+    detail: str
+
+
+@dataclass
+class Divergence:
+    """A verdict and the step it was first met."""
+
+    verdict: str
+    step: int
+    cause: Cause
+
+    def to_dict(self) -> dict:
+        return {"verdict": self.verdict, "first_bad_step": self.step, "cause": asdict(self.cause)}
+
+
+def _flat(tensors: list[torch.Tensor]) -> torch.Tensor:
+    return torch.cat([t.detach().reshape(-1) for t in tensors])
+
+
+class DivergenceMonitor:
+    """Applies the verdict criteria to the numbers the loop reports."""
+
+    def __init__(self, cfg: MonitorConfig):
+        self.cfg = cfg
+        self.initial_loss: float | None = None
+        self.ema: float | None = None
+        self.ema_min = math.inf
+        self._snapshot: torch.Tensor | None = None
+        self._updates_since_snapshot = 0
+        self.last_unchanged_fraction = math.nan
+        self.last_zero_grad_fraction = math.nan
+        self._skip_start: int | None = None
+
+    def observe(self, step: int, loss: float, grad_norm: float, event: ScalerEvent,
+                scaler_detail: str = "") -> Divergence | None:
+        """Check one step's loss, gradient norm and scaler decision.
+
+        With a loss scaler, a non-finite loss or gradient is an overflow the scaler absorbs by skipping
+        the step and backing off; it becomes a verdict only when the scaler collapses (the Hallo case:
+        NaN predictions after a resume, the scale halving down to its minimum).
+        """
+        if event is ScalerEvent.collapse:
+            since = f"; overflows since step {self._skip_start}" if self._skip_start is not None else ""
+            return Divergence("scale_collapse", step, Cause("scaler", None, scaler_detail + since))
+        if event is ScalerEvent.skip:
+            self._skip_start = step if self._skip_start is None else self._skip_start
+            return None
+        self._skip_start = None
+        if not math.isfinite(loss):
+            return Divergence("nonfinite_loss", step, Cause("forward", None, f"loss is {loss}"))
+        if not math.isfinite(grad_norm):
+            return Divergence("nonfinite_grad", step,
+                              Cause("backward", None, f"gradient norm is {grad_norm} with a finite loss {loss:.4g}"))
+        if self.initial_loss is None:
+            self.initial_loss = loss
+            self.ema = loss
+        threshold = self.cfg.spike_factor * min(self.ema_min, self.initial_loss)
+        if loss > threshold:
+            return Divergence("loss_spike", step, Cause(
+                "optimizer", None,
+                f"loss {loss:.4g} > {self.cfg.spike_factor:g} x smoothed running min {min(self.ema_min, self.initial_loss):.4g}"))
+        self.ema = self.cfg.ema_beta * self.ema + (1 - self.cfg.ema_beta) * loss
+        self.ema_min = min(self.ema_min, self.ema)
+        return None
+
+    def start(self, params: list[torch.Tensor]) -> None:
+        """Take the first weight snapshot, before any update."""
+        self._snapshot = _flat(params).clone()
+        self._updates_since_snapshot = 0
+
+    def after_update(self, step: int, params: list[torch.Tensor], grads: list[torch.Tensor]) -> Divergence | None:
+        """Count an applied update; every `stall_window` steps, compare the weights with the last check."""
+        self._updates_since_snapshot += 1
+        if (step + 1) % self.cfg.stall_window != 0 or self._snapshot is None:
+            return None
+        now = _flat(params)
+        unchanged = (now == self._snapshot).float().mean().item()
+        zero_grads = (_flat(grads) == 0).float().mean().item() if grads else math.nan
+        self.last_unchanged_fraction, self.last_zero_grad_fraction = unchanged, zero_grads
+        self._snapshot = now.clone()
+        updates, self._updates_since_snapshot = self._updates_since_snapshot, 0
+        if updates == 0 or unchanged < self.cfg.stall_fraction:
+            return None
+        window = f"steps {step + 1 - self.cfg.stall_window}-{step}"
+        if zero_grads >= self.cfg.stall_fraction:
+            return Divergence("stalled", step, Cause(
+                "backward", None,
+                f"gradients underflowed: {zero_grads:.0%} of gradient elements are exactly 0 and "
+                f"{unchanged:.0%} of weights unchanged over {window}"))
+        return Divergence("stalled", step, Cause(
+            "optimizer", None,
+            f"updates lost: {unchanged:.0%} of weights unchanged over {window} while "
+            f"{1 - zero_grads:.0%} of gradient elements are non-zero (updates below the weights' resolution)"))

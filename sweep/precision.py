@@ -1,0 +1,139 @@
+"""Precision policies and the dynamic loss scaler.
+
+How the precisions differ (conf/precision/*.yaml spell out every knob):
+- *AMP* (bf16_amp, fp16_amp): the weights and AdamW state stay fp32 ("master weights"); only the
+  forward runs in low precision under torch.autocast. bf16 has fp32's exponent range, so it needs no
+  loss scaling; fp16 tops out at 65504 and flushes below 6e-8, so its small gradients underflow unless
+  the loss is multiplied up before backward (and the gradients divided back before the step).
+- *Pure* (bf16_pure, fp16_pure): the weights and optimizer state themselves are low precision. An
+  update smaller than half a unit in the last place of a weight is lost (bf16 stalls at small lr),
+  and in fp16 AdamW's eps=1e-8 rounds to 0, so the first update is 0/0.
+- tf32 lets fp32 matmuls use TF32 tensor cores (CUDA Ampere+ only); fp32 turns that off explicitly.
+
+The scaler follows torch.amp.GradScaler (init 2**16, x2 after `growth_interval` clean steps, x0.5 on
+overflow) and adds what DeepSpeed's has: hysteresis (overflows tolerated before backing off) and a
+minimum scale at which another overflow stops the run ("Current loss scale already at minimum").
+It is our own because GradScaler has neither, and because the monitor must see each decision.
+"""
+from __future__ import annotations
+
+import contextlib
+from dataclasses import dataclass
+from enum import Enum
+
+import torch
+
+from .config import LossScalerConfig, PrecisionConfig
+
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+
+
+@dataclass(frozen=True)
+class PrecisionPolicy:
+    """Which dtype holds the weights, which one the forward computes in, and whether TF32 is allowed."""
+
+    name: str
+    param_dtype: torch.dtype
+    autocast_dtype: torch.dtype | None
+    tf32: bool
+
+    @classmethod
+    def from_config(cls, cfg: PrecisionConfig) -> "PrecisionPolicy":
+        autocast = DTYPES[cfg.autocast_dtype.value] if cfg.autocast_dtype is not None else None
+        return cls(cfg.name, DTYPES[cfg.param_dtype.value], autocast, cfg.tf32)
+
+    @property
+    def compute_dtype(self) -> torch.dtype:
+        """The dtype the matmuls run in."""
+        return self.autocast_dtype or self.param_dtype
+
+    def unsupported_reason(self, device: torch.device) -> str | None:
+        """Why this policy cannot run as asked on `device` (None when it can)."""
+        if self.tf32:
+            if device.type != "cuda":
+                return f"tf32 needs a CUDA GPU (Ampere or newer); this run is on {device.type}"
+            if torch.cuda.get_device_capability(device)[0] < 8:
+                return f"tf32 needs compute capability >= 8.0, {torch.cuda.get_device_name(device)} has less"
+        if device.type == "cuda" and torch.bfloat16 in (self.param_dtype, self.autocast_dtype):
+            if not torch.cuda.is_bf16_supported(including_emulation=False):
+                return f"{torch.cuda.get_device_name(device)} has no native bf16"
+        return None
+
+    def apply_global_flags(self) -> None:
+        """Set the process-wide TF32 switches for this run (jobs share a process, so always set both ways)."""
+        torch.backends.cuda.matmul.allow_tf32 = self.tf32
+        torch.backends.cudnn.allow_tf32 = self.tf32
+        torch.set_float32_matmul_precision("high" if self.tf32 else "highest")
+
+    def autocast(self, device: torch.device) -> contextlib.AbstractContextManager:
+        """The forward's autocast context (a no-op for fp32 and pure policies)."""
+        if self.autocast_dtype is None:
+            return contextlib.nullcontext()
+        return torch.autocast(device.type, dtype=self.autocast_dtype)
+
+
+class ScalerEvent(str, Enum):
+    """What the scaler decided about one step."""
+
+    step = "step"  # gradients finite: take the optimizer step
+    skip = "skip"  # overflow: skip the step (and maybe back off)
+    collapse = "collapse"  # overflow at the minimum scale, or too many skips in a row: the run is over
+
+
+class LossScaler:
+    """Dynamic loss scaling with a minimum and hysteresis; disabled, it is the identity and never skips."""
+
+    def __init__(self, cfg: LossScalerConfig):
+        self.cfg = cfg
+        self.enabled = cfg.enabled
+        self.scale = float(cfg.init_scale) if cfg.enabled else 1.0
+        self._clean_steps = 0
+        self._hysteresis_left = cfg.hysteresis
+        self.consecutive_skips = 0
+        self.collapse_reason = ""
+
+    def scale_loss(self, loss: torch.Tensor) -> torch.Tensor:
+        return loss * self.scale if self.enabled else loss
+
+    def unscale_(self, grads: list[torch.Tensor]) -> None:
+        """Divide the gradients back by the scale, in place, one fused foreach op."""
+        if self.enabled and grads:
+            torch._foreach_mul_(grads, 1.0 / self.scale)
+
+    def update(self, grads_finite: bool) -> ScalerEvent:
+        """Advance the scale after a backward; only meaningful when enabled."""
+        if not self.enabled:
+            return ScalerEvent.step
+        if grads_finite:
+            self.consecutive_skips = 0
+            self._hysteresis_left = self.cfg.hysteresis
+            self._clean_steps += 1
+            if self._clean_steps >= self.cfg.growth_interval:
+                self.scale *= self.cfg.growth_factor
+                self._clean_steps = 0
+            return ScalerEvent.step
+        self._clean_steps = 0
+        self.consecutive_skips += 1
+        at_min = self.scale <= self.cfg.min_scale
+        if at_min and self.cfg.stop_at_min:
+            self.collapse_reason = f"overflow with the loss scale already at its minimum {self.cfg.min_scale:g}"
+            return ScalerEvent.collapse
+        self._hysteresis_left -= 1
+        if self._hysteresis_left <= 0:
+            self.scale = max(self.scale * self.cfg.backoff_factor, self.cfg.min_scale)
+            self._hysteresis_left = self.cfg.hysteresis
+        if self.consecutive_skips > self.cfg.max_consecutive_skips:
+            self.collapse_reason = (f"{self.consecutive_skips} consecutive overflow-skipped steps "
+                                    f"(scale now {self.scale:g})")
+            return ScalerEvent.collapse
+        return ScalerEvent.skip
+
+    def state_dict(self) -> dict:
+        return {"scale": self.scale, "clean_steps": self._clean_steps,
+                "hysteresis_left": self._hysteresis_left, "consecutive_skips": self.consecutive_skips}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.scale = float(state["scale"])
+        self._clean_steps = int(state["clean_steps"])
+        self._hysteresis_left = int(state["hysteresis_left"])
+        self.consecutive_skips = int(state["consecutive_skips"])

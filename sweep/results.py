@@ -1,0 +1,107 @@
+"""What one run leaves behind: `result.json` and `metrics.csv` in its Hydra job directory.
+
+The fields of result.json are a contract (design.md, "Files of one run"); the report, the ledger and
+the acceptance checks read them. Non-finite numbers are written as null: JSON has no NaN, and the
+verdict already says the loss went non-finite.
+"""
+from __future__ import annotations
+
+import csv
+import json
+import math
+import platform
+from dataclasses import asdict, dataclass, field
+from importlib import metadata
+from pathlib import Path
+
+RESULT_FILE = "result.json"
+METRICS_FILE = "metrics.csv"
+METRIC_COLUMNS = ("step", "loss", "grad_norm", "lr", "loss_scale", "skipped",
+                  "unchanged_fraction", "zero_grad_fraction")
+
+
+def _finite_or_none(x: float | None) -> float | None:
+    return x if x is not None and math.isfinite(x) else None
+
+
+@dataclass
+class RunResult:
+    """The outcome of one run."""
+
+    status: str  # stable | diverged | skipped | error
+    verdict: str | None = None
+    first_bad_step: int | None = None
+    cause: dict | None = None
+    final_loss: float | None = None
+    min_loss: float | None = None
+    initial_loss: float | None = None
+    steps_run: int = 0
+    max_grad_norm: float | None = None
+    seconds: float = 0.0
+    steps_per_second: float | None = None
+    params: dict = field(default_factory=dict)
+    versions: dict = field(default_factory=dict)
+    seed: int | None = None
+    reason: str | None = None
+    """Why a run was skipped, or the error of a crashed one."""
+    kernels: dict = field(default_factory=dict)
+    """The kernels that actually ran: attention backend, modulate implementation."""
+    device: str | None = None
+    n_params: int | None = None
+
+    def to_dict(self) -> dict:
+        d = asdict(self)
+        for key in ("final_loss", "min_loss", "initial_loss", "max_grad_norm", "steps_per_second"):
+            d[key] = _finite_or_none(d[key])
+        return d
+
+    def headline(self) -> str:
+        """One line for the log: the verdict and where."""
+        if self.status == "diverged":
+            where = (self.cause or {}).get("where")
+            return f"diverged: {self.verdict} at step {self.first_bad_step}" + (f" ({where})" if where else "")
+        if self.status == "stable":
+            return f"stable: final loss {self.final_loss:.4f} after {self.steps_run} steps ({self.steps_per_second:.1f} steps/s)"
+        return f"{self.status}: {self.reason}"
+
+
+def package_versions() -> dict:
+    """Versions that decide numerics, recorded with every run."""
+    out = {"python": platform.python_version()}
+    for name in ("torch", "diffusers", "hydra-core", "optuna", "numpy"):
+        try:
+            out[name.replace("-core", "")] = metadata.version(name)
+        except metadata.PackageNotFoundError:
+            out[name.replace("-core", "")] = None
+    return out
+
+
+def write_result(out_dir: Path, result: RunResult) -> Path:
+    path = Path(out_dir) / RESULT_FILE
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text(json.dumps(result.to_dict(), indent=2, allow_nan=False) + "\n")
+    tmp.replace(path)  # a reader never sees half a file
+    return path
+
+
+def read_result(run_dir: Path) -> dict:
+    return json.loads((Path(run_dir) / RESULT_FILE).read_text())
+
+
+class MetricsLog:
+    """Per-step rows, written as metrics.csv."""
+
+    def __init__(self) -> None:
+        self.rows: list[dict] = []
+
+    def log(self, **row) -> None:
+        self.rows.append(row)
+
+    def write(self, out_dir: Path) -> Path:
+        path = Path(out_dir) / METRICS_FILE
+        with path.open("w", newline="") as f:
+            w = csv.DictWriter(f, fieldnames=METRIC_COLUMNS, extrasaction="ignore", restval="")
+            w.writeheader()
+            w.writerows(self.rows)
+        return path

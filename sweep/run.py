@@ -1,0 +1,91 @@
+"""One run from config to files: skip what cannot run here, train, and record the outcome.
+
+`execute` never raises: a divergence is a `diverged` result, a combination the device cannot run is
+`skipped` with the reason, and a crash (a bug, an OOM) is `error` with its message, so a NaN or a bug
+in one cell never aborts a sweep. Every outcome writes result.json (and metrics.csv once training
+started).
+"""
+from __future__ import annotations
+
+import logging
+import math
+import time
+import traceback
+from pathlib import Path
+
+import torch
+
+from models import KernelUnavailable, count_params
+
+from .build import build_parts, reset_process_state, resolve_device, unsupported_reason
+from .config import RunConfig
+from .precision import PrecisionPolicy
+from .progress import RunProgress
+from .results import MetricsLog, RunResult, package_versions, write_result
+from .train import train
+
+log = logging.getLogger("sweep")
+
+KERNEL_NAMES = {
+    "flash": "sdpa:FLASH_ATTENTION", "math": "sdpa:MATH", "efficient": "sdpa:EFFICIENT_ATTENTION",
+    "cudnn": "sdpa:CUDNN_ATTENTION", "eager": "eager:softmax(QK^T)",
+}
+
+
+def execute(run: RunConfig, out_dir: Path, params: dict, label: str = "") -> RunResult:
+    """Run one config and write its files; the returned result is what result.json holds."""
+    start = time.perf_counter()
+    result = RunResult(status="error", params=params, versions=package_versions(), seed=run.seed)
+    metrics = MetricsLog()
+    try:
+        device = resolve_device(run.device)
+        policy = PrecisionPolicy.from_config(run.precision)
+        result.device = str(device)
+        reason = unsupported_reason(run, device, policy)
+        if reason is not None:
+            result.status, result.reason = "skipped", reason
+            return result
+        reset_process_state(run, policy)
+        parts = build_parts(run, device, policy)
+        result.n_params = count_params(parts.model)
+        progress = RunProgress(run.steps, run.progress, run.log_every, label)
+        train_start = time.perf_counter()
+        try:
+            divergence = train(run, parts, metrics, progress)
+        finally:
+            progress.close()
+        train_seconds = time.perf_counter() - train_start
+        # The kernels are forced (no fallback), so having trained means these are the ones that ran.
+        result.kernels = {"attention": KERNEL_NAMES[run.attention.backend.value],
+                          "modulate": "dit_sweep::modulate" if run.modulate.impl.value == "fused" else "eager"}
+        _fill_from_metrics(result, metrics, train_seconds)
+        if divergence is None:
+            result.status = "stable"
+        else:
+            result.status = "diverged"
+            result.verdict, result.first_bad_step = divergence.verdict, divergence.step
+            result.cause = divergence.to_dict()["cause"]
+            result.steps_run = divergence.step + 1
+    except KernelUnavailable as e:  # a forced kernel refused these inputs: not a bug, not a result
+        result.status, result.reason = "skipped", str(e)
+    except Exception as e:  # a bug or a crash (OOM): recorded, never raised into the sweep
+        result.status, result.reason = "error", f"{type(e).__name__}: {e}"
+        log.error("run crashed:\n%s", traceback.format_exc())
+    finally:
+        result.seconds = time.perf_counter() - start
+        if metrics.rows:
+            metrics.write(out_dir)
+        write_result(out_dir, result)
+    return result
+
+
+def _fill_from_metrics(result: RunResult, metrics: MetricsLog, train_seconds: float) -> None:
+    losses = [r["loss"] for r in metrics.rows]
+    finite = [x for x in losses if math.isfinite(x)]
+    norms = [r["grad_norm"] for r in metrics.rows if math.isfinite(r["grad_norm"])]
+    result.steps_run = len(metrics.rows)
+    result.initial_loss = losses[0] if losses else None
+    result.final_loss = losses[-1] if losses else None
+    result.min_loss = min(finite) if finite else None
+    result.max_grad_norm = max(norms) if norms else None
+    result.steps_per_second = len(metrics.rows) / train_seconds if train_seconds > 0 and metrics.rows else None

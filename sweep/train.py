@@ -1,0 +1,104 @@
+"""The training loop of one run: forward under the precision policy, scaled backward, one sync, verdict.
+
+Per step: draw the batch (a pure function of the step) and check it before it reaches the model;
+noise it in fp32; forward under autocast; backward the scaled loss; unscale the gradients and take
+their global norm with foreach ops; fetch loss and norm in ONE device sync; let the scaler and the
+monitor decide; clip and step only when the step is good. Monitoring, data checks and recording are
+other modules; this one only says the order things happen in.
+"""
+from __future__ import annotations
+
+import math
+
+import torch
+
+from .build import RunParts
+from .config import RunConfig
+from .data import check_batch, load_batch
+from .monitor import Cause, Divergence, DivergenceMonitor
+from .precision import ScalerEvent
+from .progress import RunProgress
+from .results import MetricsLog
+
+
+def global_grad_norm(grads: list[torch.Tensor]) -> torch.Tensor:
+    """L2 norm over all gradients, accumulated in fp32 (a fp16 norm of fp16 grads overflows first)."""
+    if not grads:
+        return torch.zeros(())
+    return torch.linalg.vector_norm(torch.stack(torch._foreach_norm(grads, 2, dtype=torch.float32)))
+
+
+def train(run: RunConfig, parts: RunParts, metrics: MetricsLog, progress: RunProgress) -> Divergence | None:
+    """Train `run.steps` steps; return the first divergence (None when stable)."""
+    model, opt, scaler, device, policy = parts.model, parts.optimizer, parts.scaler, parts.device, parts.policy
+    params = [p for p in model.parameters() if p.requires_grad]
+    monitor = DivergenceMonitor(run.monitor)
+    monitor.start(params)
+    first: Divergence | None = None
+    for step in range(run.steps):
+        indices = parts.order.indices(step)
+        x0 = load_batch(parts.dataset, indices)
+        issue = check_batch(x0, run.data.range_limit, indices)  # on the host batch: no device sync
+        if issue is not None:
+            return Divergence("bad_input", step, Cause("data", None, issue.detail))
+        noisy, t, target = parts.objective.sample(x0.to(device), parts.noise_gen)
+        lr = parts.lr_at(step)
+        for group in opt.param_groups:
+            group["lr"] = lr
+        with policy.autocast(device):
+            pred = model(noisy.to(policy.param_dtype), t)
+        loss = parts.objective.loss(pred, target) * run.objective.loss_weight
+        scale = scaler.scale
+        scaler.scale_loss(loss).backward()
+        grads = [p.grad for p in params if p.grad is not None]
+        scaler.unscale_(grads)
+        grad_norm = global_grad_norm(grads)
+        loss_v, norm_v = torch.stack([loss.detach().float(), grad_norm.to(loss.device)]).tolist()  # the one sync
+        event = scaler.update(math.isfinite(loss_v) and math.isfinite(norm_v))
+        verdict = monitor.observe(step, loss_v, norm_v, event, scaler.collapse_reason)
+        if event is ScalerEvent.step and verdict is None:
+            if run.optim.grad_clip > 0 and norm_v > run.optim.grad_clip:
+                torch._foreach_mul_(grads, run.optim.grad_clip / (norm_v + 1e-6))
+            opt.step()
+            verdict = monitor.after_update(step, params, grads)
+        opt.zero_grad(set_to_none=True)
+        checked = (step + 1) % run.monitor.stall_window == 0  # stall statistics exist on check steps only
+        metrics.log(step=step, loss=loss_v, grad_norm=norm_v, lr=lr, loss_scale=scale if scaler.enabled else "",
+                    skipped=int(event is not ScalerEvent.step),
+                    unchanged_fraction=monitor.last_unchanged_fraction if checked else "",
+                    zero_grad_fraction=monitor.last_zero_grad_fraction if checked else "")
+        progress.update(step, loss_v, scale if scaler.enabled else None)
+        if verdict is not None:
+            first = first or _explain(verdict, model, pred)
+            if run.monitor.stop_on_divergence:
+                break
+    return first
+
+
+def _explain(verdict: Divergence, model: torch.nn.Module, pred: torch.Tensor) -> Divergence:
+    """Sharpen `cause` from what is at hand on the bad path only (full forensics replay is separate)."""
+    if verdict.verdict == "nonfinite_loss":
+        name = _first_nonfinite(model.named_parameters(), lambda p: p)
+        if name is not None:
+            verdict.cause = Cause("optimizer", name.rsplit(".", 1)[0],
+                                  f"weight {name} is non-finite after the update of step {verdict.step - 1}")
+        elif bool(torch.isfinite(pred).all()):
+            verdict.cause = Cause("loss", None, "model output finite, loss non-finite")
+        else:
+            verdict.cause = Cause("forward", None, "model output is non-finite with finite weights and inputs")
+    elif verdict.verdict == "nonfinite_grad":
+        # Backward runs the last layer first: the first non-finite gradient in that order is where it began.
+        names = [n for n, p in model.named_parameters() if p.grad is not None]
+        params = dict(model.named_parameters())
+        for name in reversed(names):
+            if not bool(torch.isfinite(params[name].grad).all()):
+                verdict.cause = Cause("backward", name.rsplit(".", 1)[0], f"non-finite gradient in {name}")
+                break
+    return verdict
+
+
+def _first_nonfinite(named, pick) -> str | None:
+    for name, t in named:
+        if not bool(torch.isfinite(pick(t)).all()):
+            return name
+    return None

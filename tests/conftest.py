@@ -1,0 +1,34 @@
+"""Shared test helpers: compose a RunConfig from the real conf/ tree, exactly as `python -m sweep` does."""
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+from hydra import compose, initialize_config_dir
+from hydra.core.global_hydra import GlobalHydra
+
+import sweep.config  # noqa: F401  (registers the schema)
+from sweep.config import RunConfig, to_run_config
+
+REPO = Path(__file__).resolve().parents[1]
+CONF_DIR = str(REPO / "conf")
+
+# Small and fast: 4 frames of 8x8, a handful of steps. Tests that need the real default size say so.
+FAST = ["data.frames=4", "data.height=8", "data.width=8", "data.num_samples=32", "progress=none"]
+
+
+def compose_cfg(overrides: list[str] | None = None):
+    GlobalHydra.instance().clear()
+    with initialize_config_dir(config_dir=CONF_DIR, version_base="1.3"):
+        return compose(config_name="config", overrides=list(overrides or []))
+
+
+def make_run(*overrides: str, fast: bool = True) -> RunConfig:
+    """A validated RunConfig from conf/ plus overrides."""
+    return to_run_config(compose_cfg((FAST if fast else []) + list(overrides)))
+
+
+@pytest.fixture(autouse=True)
+def _quiet_ci(monkeypatch):
+    monkeypatch.setenv("CI", os.environ.get("CI", "1"))

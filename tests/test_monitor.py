@@ -1,0 +1,69 @@
+"""The monitor's verdict criteria on hand-made numbers."""
+from __future__ import annotations
+
+import math
+
+import torch
+
+from sweep.config import MonitorConfig
+from sweep.monitor import DivergenceMonitor
+from sweep.precision import ScalerEvent
+
+STEP = ScalerEvent.step
+
+
+def test_finite_decreasing_loss_is_fine():
+    m = DivergenceMonitor(MonitorConfig())
+    assert all(m.observe(i, 1.0 - 0.01 * i, 1.0, STEP) is None for i in range(50))
+
+
+def test_nonfinite_loss_and_grad():
+    m = DivergenceMonitor(MonitorConfig())
+    assert m.observe(0, 1.0, 1.0, STEP) is None
+    d = m.observe(1, math.nan, 1.0, STEP)
+    assert (d.verdict, d.step) == ("nonfinite_loss", 1)
+    d = DivergenceMonitor(MonitorConfig()).observe(0, 1.0, math.inf, STEP)
+    assert (d.verdict, d.cause.where) == ("nonfinite_grad", "backward")
+
+
+def test_spike_is_relative_to_smoothed_running_minimum():
+    m = DivergenceMonitor(MonitorConfig(spike_factor=10, ema_beta=0.5))
+    for i in range(20):
+        assert m.observe(i, 1.0 if i < 10 else 0.2, 1.0, STEP) is None
+    assert m.observe(20, 1.9, 1.0, STEP) is None  # < 10 x the smoothed min (~0.2)
+    d = m.observe(21, 5.0, 1.0, STEP)
+    assert d is not None and d.verdict == "loss_spike" and d.step == 21
+
+
+def test_single_low_batch_does_not_lower_the_spike_threshold_much():
+    m = DivergenceMonitor(MonitorConfig(spike_factor=10, ema_beta=0.9))
+    m.observe(0, 1.0, 1.0, STEP)
+    m.observe(1, 0.01, 1.0, STEP)  # one lucky batch
+    assert m.observe(2, 0.5, 1.0, STEP) is None
+
+
+def test_scaler_skips_are_not_verdicts_until_collapse():
+    m = DivergenceMonitor(MonitorConfig())
+    m.observe(0, 1.0, 1.0, STEP)
+    assert m.observe(1, math.inf, math.nan, ScalerEvent.skip) is None
+    assert m.observe(2, math.nan, math.nan, ScalerEvent.skip) is None
+    d = m.observe(3, math.nan, math.nan, ScalerEvent.collapse, "overflow at minimum")
+    assert d.verdict == "scale_collapse" and d.cause.where == "scaler" and "since step 1" in d.cause.detail
+
+
+def test_stall_distinguishes_underflowed_grads_from_lost_updates():
+    w = torch.ones(100)
+    m = DivergenceMonitor(MonitorConfig(stall_window=2, stall_fraction=0.9))
+    m.start([w])
+    assert m.after_update(0, [w], [torch.zeros(100)]) is None  # not a check step
+    d = m.after_update(1, [w], [torch.zeros(100)])
+    assert d.verdict == "stalled" and d.cause.where == "backward" and "underflow" in d.cause.detail
+
+    m = DivergenceMonitor(MonitorConfig(stall_window=1, stall_fraction=0.9))
+    m.start([w])
+    d = m.after_update(0, [w], [torch.full((100,), 1e-3)])
+    assert d.verdict == "stalled" and d.cause.where == "optimizer"
+
+    m = DivergenceMonitor(MonitorConfig(stall_window=1, stall_fraction=0.9))
+    m.start([w])
+    assert m.after_update(0, [w + 1e-3], [torch.full((100,), 1e-3)]) is None
