@@ -11,12 +11,13 @@ configs cheaply.
 """
 from __future__ import annotations
 
+import copy
 from dataclasses import dataclass, field
 from enum import Enum
 from typing import Any, List, Optional
 
 from hydra.core.config_store import ConfigStore
-from omegaconf import DictConfig, OmegaConf
+from omegaconf import DictConfig, OmegaConf, open_dict, read_write
 
 
 class ConfigError(ValueError):
@@ -188,7 +189,7 @@ class MonitorConfig:
     stall_window: int = 20
     """Every this many steps, compare the weights with the previous check."""
     stall_fraction: float = 0.9
-    """stalled: at least this fraction of weight elements unchanged over a window."""
+    """stalled: at least this fraction of the weights, weighted by |w|, unchanged over a window."""
     stop_on_divergence: bool = True
     """Stop at the first bad step (the verdict and first_bad_step are the same either way)."""
 
@@ -289,8 +290,11 @@ def validate(run: RunConfig) -> RunConfig:
 
 def to_run_config(cfg: DictConfig) -> RunConfig:
     """The boundary: a composed Hydra config (hydra node ignored) becomes a validated RunConfig."""
-    node = OmegaConf.masked_copy(cfg, [k for k in cfg.keys() if k != "hydra"]) if "hydra" in cfg else cfg
-    run = OmegaConf.to_object(node)
+    if "hydra" in cfg:  # a sweeper's per-cell config still has it; drop it as Hydra does for the job
+        cfg = copy.deepcopy(cfg)
+        with read_write(cfg), open_dict(cfg):
+            del cfg["hydra"]
+    run = OmegaConf.to_object(cfg)
     if not isinstance(run, RunConfig):
         raise ConfigError("config root is not a RunConfig: conf/config.yaml must list run_schema first in its defaults")
     return validate(run)

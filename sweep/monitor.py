@@ -10,8 +10,8 @@ the previous check. The first criterion met becomes the run's verdict (design.md
 - loss_spike: a finite loss above `spike_factor` x the running minimum of the smoothed loss (the
   smoothing starts at the initial loss, so "x the initial loss" is covered from step 0). Smoothing
   matters: a diffusion loss swings with the sampled timesteps, and a raw minimum would be a lucky batch.
-- stalled: at least `stall_fraction` of the weight elements did not change over a window in which
-  updates were applied: either the gradients underflowed to exact zeros (fp16 without loss scaling)
+- stalled: at least `stall_fraction` of the weights (by magnitude) did not change over a window in
+  which updates were applied: either the gradients underflowed to exact zeros (fp16 without loss scaling)
   or the updates were below the weights' resolution (pure bf16 at small lr).
 - bad_input is decided before the forward, from the batch itself (sweep.data.check_batch).
 """
@@ -108,7 +108,12 @@ class DivergenceMonitor:
         if (step + 1) % self.cfg.stall_window != 0 or self._snapshot is None:
             return None
         now = _flat(params)
-        unchanged = (now == self._snapshot).float().mean().item()
+        same = now == self._snapshot
+        # Weighted by |w|: zero-initialised weights (adaLN-Zero, biases) sit where every update is
+        # representable and would hide that the weights carrying the model stopped moving.
+        mass = self._snapshot.abs().float()
+        total = mass.sum()
+        unchanged = ((mass * same).sum() / total).item() if total > 0 else same.float().mean().item()
         zero_grads = (_flat(grads) == 0).float().mean().item() if grads else math.nan
         self.last_unchanged_fraction, self.last_zero_grad_fraction = unchanged, zero_grads
         self._snapshot = now.clone()
@@ -120,8 +125,8 @@ class DivergenceMonitor:
             return Divergence("stalled", step, Cause(
                 "backward", None,
                 f"gradients underflowed: {zero_grads:.0%} of gradient elements are exactly 0 and "
-                f"{unchanged:.0%} of weights unchanged over {window}"))
+                f"{unchanged:.0%} of the weight mass unchanged over {window}"))
         return Divergence("stalled", step, Cause(
             "optimizer", None,
-            f"updates lost: {unchanged:.0%} of weights unchanged over {window} while "
+            f"updates lost: {unchanged:.0%} of the weight mass unchanged over {window} while "
             f"{1 - zero_grads:.0%} of gradient elements are non-zero (updates below the weights' resolution)"))

@@ -13,8 +13,6 @@ import time
 import traceback
 from pathlib import Path
 
-import torch
-
 from models import KernelUnavailable, count_params
 
 from .build import build_parts, reset_process_state, resolve_device, unsupported_reason
@@ -34,6 +32,7 @@ KERNEL_NAMES = {
 
 def execute(run: RunConfig, out_dir: Path, params: dict, label: str = "") -> RunResult:
     """Run one config and write its files; the returned result is what result.json holds."""
+    out_dir = Path(out_dir)
     start = time.perf_counter()
     result = RunResult(status="error", params=params, versions=package_versions(), seed=run.seed)
     metrics = MetricsLog()
@@ -73,6 +72,7 @@ def execute(run: RunConfig, out_dir: Path, params: dict, label: str = "") -> Run
         log.error("run crashed:\n%s", traceback.format_exc())
     finally:
         result.seconds = time.perf_counter() - start
+        out_dir.mkdir(parents=True, exist_ok=True)
         if metrics.rows:
             metrics.write(out_dir)
         write_result(out_dir, result)
