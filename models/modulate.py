@@ -1,0 +1,79 @@
+"""The adaLN "modulate" seam: x * (1 + scale) + shift, as the eager reference or as one fused op.
+
+"fused" is the custom op `dit_sweep::modulate` (backward: `dit_sweep::modulate_backward`).
+Being a registered op, it appears by name in the torch profiler, which is how a run proves
+the toggle is live. Its forward is a single `torch.addcmul` pass over x; its backward
+computes grad_x in the working dtype and accumulates the (B, D) reductions for shift and
+scale in fp32 before casting back, the way a hand-written fused kernel would.
+
+The same addcmul body serves CPU and CUDA (on CUDA it is one fused elementwise kernel).
+There is deliberately no Triton kernel: none could be tested on the CPU-only machines this
+project is developed on, and an untested kernel is exactly the kind of seam that hides the
+per-row shift/scale indexing bug (OpenDiT's Triton modulate) this sweep looks for.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor
+
+MODULATE_IMPLS = ("eager", "fused")
+
+
+@torch.library.custom_op("dit_sweep::modulate", mutates_args=())
+def _fused_modulate(x: Tensor, shift: Tensor, scale: Tensor) -> Tensor:
+    # Contiguous output so the real and fake implementations agree on strides.
+    out = torch.empty_like(x, memory_format=torch.contiguous_format)  # (B, N, D)
+    return torch.addcmul(shift[:, None], x, (1 + scale)[:, None], out=out)  # (B, N, D)
+
+
+@_fused_modulate.register_fake
+def _fused_modulate_fake(x: Tensor, shift: Tensor, scale: Tensor) -> Tensor:
+    return torch.empty_like(x, memory_format=torch.contiguous_format)
+
+
+@torch.library.custom_op("dit_sweep::modulate_backward", mutates_args=())
+def _fused_modulate_backward(grad: Tensor, x: Tensor, scale: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+    grad_x = grad * (1 + scale)[:, None]  # (B, N, D)
+    grad32 = grad.float()
+    grad_shift = grad32.sum(1).to(scale.dtype)  # (B, D)
+    grad_scale = (grad32 * x.float()).sum(1).to(scale.dtype)  # (B, D)
+    return grad_x, grad_shift, grad_scale
+
+
+@_fused_modulate_backward.register_fake
+def _fused_modulate_backward_fake(grad: Tensor, x: Tensor, scale: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+    return torch.empty_like(grad), scale.new_empty(scale.shape), scale.new_empty(scale.shape)
+
+
+def _setup_context(ctx, inputs, output) -> None:
+    x, _shift, scale = inputs
+    ctx.save_for_backward(x, scale)
+
+
+def _backward(ctx, grad: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+    x, scale = ctx.saved_tensors
+    grad_x, grad_shift, grad_scale = torch.ops.dit_sweep.modulate_backward(grad, x, scale)
+    return grad_x, grad_shift, grad_scale
+
+
+_fused_modulate.register_autograd(_backward, setup_context=_setup_context)
+
+
+def modulate(x: Tensor, shift: Tensor, scale: Tensor, impl: str) -> Tensor:
+    """x (B, N, D) * (1 + scale (B, D)) + shift (B, D), per batch row, with the chosen implementation."""
+    if impl not in MODULATE_IMPLS:
+        raise ValueError(f"unknown modulate impl {impl!r}; choose one of {MODULATE_IMPLS}")
+    # Both impls take exactly one shift/scale row per batch row; a silent broadcast of a
+    # (1, D) row is the bug class the fused-vs-eager parity test guards against.
+    expected = (x.shape[0], x.shape[-1])
+    if x.dim() != 3 or tuple(shift.shape) != expected or tuple(scale.shape) != expected:
+        raise ValueError(
+            f"modulate expects x (B, N, D) and shift/scale (B, D); got x {tuple(x.shape)}, "
+            f"shift {tuple(shift.shape)}, scale {tuple(scale.shape)}"
+        )
+    if impl == "eager":
+        return x * (1 + scale[:, None]) + shift[:, None]  # (B, N, D)
+    # Autocast does not touch custom ops, so align dtypes here: x is the tensor being
+    # modulated and sets the working precision.
+    return torch.ops.dit_sweep.modulate(x, shift.to(x.dtype), scale.to(x.dtype))  # (B, N, D)
