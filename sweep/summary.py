@@ -57,22 +57,28 @@ def cell_label(group: pd.DataFrame) -> str:
 
 
 def _combo_key(runs: pd.DataFrame, axes: list[str]) -> pd.Series:
+    """Each run's combination of `axes` values, as "v1/v2/..."."""
     if not axes:
         return pd.Series(["all"] * len(runs), index=runs.index)
     return runs[[f"param:{a}" for a in axes]].astype(str).agg("/".join, axis=1)
 
 
 def divergence_map(runs: pd.DataFrame) -> tuple[pd.DataFrame, str]:
-    """Rows lr (sorted), columns the combinations of the other swept axes; returns (table, column legend)."""
+    """Rows lr (sorted), columns the combinations of the other swept axes; returns (table, column legend).
+
+    With two or more column axes the columns are a MultiIndex (one header line per axis), which
+    keeps a precision x attention map inside 100 terminal columns.
+    """
     axes = swept_axes(runs)
     row_axis = LR if LR in axes else (axes[0] if axes else None)
     col_axes = [a for a in axes if a != row_axis]
-    df = runs.assign(_col=_combo_key(runs, col_axes),
-                     _row=runs[f"param:{row_axis}"] if row_axis else "run")
-    table = df.groupby(["_row", "_col"], sort=True).apply(cell_label, include_groups=False).unstack("_col")
+    cols = [f"param:{a}" for a in col_axes] or ["_all"]
+    df = runs.assign(_all="all", _row=runs[f"param:{row_axis}"] if row_axis else "run")
+    df[cols] = df[cols].astype(str)
+    table = df.groupby(["_row", *cols], sort=True).apply(cell_label, include_groups=False).unstack(cols)
     table = table.reindex(sorted(table.index, key=_sort_key))
     table.index.name = row_axis or ""
-    table.columns.name = None
+    table.columns.names = col_axes or [None]
     return table.fillna("-"), "/".join(col_axes) or "(no other swept axis)"
 
 
@@ -108,7 +114,8 @@ def _sort_key(v):
 
 def to_markdown(table: pd.DataFrame) -> str:
     """A GitHub-style Markdown table (no extra dependency)."""
-    head = [str(table.index.name or "")] + [str(c) for c in table.columns]
+    head = [str(table.index.name or "")] + ["/".join(map(str, c)) if isinstance(c, tuple) else str(c)
+                                            for c in table.columns]
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for idx, row in table.iterrows():
         lines.append("| " + " | ".join([_fmt(idx)] + [_fmt(v) for v in row]) + " |")

@@ -1,0 +1,30 @@
+# make demo   set up .venv and run the demo sweep (prints the divergence map)
+# make test   set up .venv and run the whole test suite
+# GPU users: make setup TORCH_PIP_ARGS="--index-url https://download.pytorch.org/whl/cu128"
+PYTHON ?= python3
+VENV ?= .venv
+TORCH ?= torch==2.13.0
+TORCH_PIP_ARGS ?=
+PY := $(VENV)/bin/python
+
+.PHONY: setup demo test bench clean
+
+$(VENV)/.installed: pyproject.toml constraints.txt
+	$(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install -q $(TORCH_PIP_ARGS) "$(TORCH)"
+	$(PY) -m pip install -q -c constraints.txt -e ".[dev]"
+	touch $@
+
+setup: $(VENV)/.installed
+
+demo: setup
+	$(PY) -m sweep -m +experiment=demo
+
+test: setup
+	$(PY) -m pytest -q --durations=15
+
+bench: setup
+	$(PY) bench/throughput.py
+
+clean:
+	rm -rf $(VENV) outputs
