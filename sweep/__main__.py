@@ -12,6 +12,7 @@ full report with a traceback.
 from __future__ import annotations
 
 import os
+import re
 import sys
 
 import hydra
@@ -49,7 +50,25 @@ def user_error_line(exc: BaseException) -> str | None:
     return None
 
 
+def literal_password_arg(argv: list[str]) -> str | None:
+    """The first command-line argument that spells out a storage password, if any.
+
+    Hydra writes every override into .hydra/overrides.yaml, multirun.yaml and its log before any of
+    our code runs, so a password must come in through the environment instead.
+    """
+    for arg in argv:
+        if re.search(r"^[+~]*ledger\.storage=.*://[^/@:]*:[^/@]+@", arg):
+            return arg.split("=", 1)[0]
+    return None
+
+
 def main() -> None:
+    key = literal_password_arg(sys.argv[1:])
+    if key is not None:
+        print(f"sweep: config error: {key.lstrip('+~')}: do not put a password on the command line (Hydra saves it in "
+              "its output files); use ledger.storage='${oc.env:SWEEP_LEDGER_URL}' and export SWEEP_LEDGER_URL",
+              file=sys.stderr)
+        sys.exit(2)
     user_wants_traceback = bool(os.environ.get("HYDRA_FULL_ERROR"))
     os.environ["HYDRA_FULL_ERROR"] = "1"  # let errors reach us so a user mistake can be one line
     try:

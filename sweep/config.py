@@ -195,6 +195,20 @@ class MonitorConfig:
 
 
 @dataclass
+class LedgerConfig:
+    """Where runs are recorded as Optuna trials (sweep/ledger.py)."""
+
+    enabled: bool = True
+    storage: Optional[str] = None
+    """Optuna storage URL (sqlite:///, postgresql://, mysql://) or a journal file path ending in .log;
+    null = sqlite:///<sweep dir>/ledger.db."""
+    study_name: Optional[str] = None
+    """null = the sweep directory's path."""
+    trial_number: Optional[int] = None
+    """Set by our Optuna sweeper: the trial this run finishes (null: the run adds a trial of its own)."""
+
+
+@dataclass
 class RunConfig:
     """Everything one run needs; the root of the composed config."""
 
@@ -216,6 +230,7 @@ class RunConfig:
     optim: OptimConfig = field(default_factory=OptimConfig)
     objective: ObjectiveConfig = field(default_factory=ObjectiveConfig)
     monitor: MonitorConfig = field(default_factory=MonitorConfig)
+    ledger: LedgerConfig = field(default_factory=LedgerConfig)
 
 
 def register_schemas() -> None:
@@ -285,7 +300,25 @@ def validate(run: RunConfig) -> RunConfig:
     _require(0 <= mo.ema_beta < 1, "monitor.ema_beta", f"must be in [0, 1), got {mo.ema_beta}")
     _require(mo.stall_window > 0, "monitor.stall_window", f"must be > 0, got {mo.stall_window}")
     _require(0 < mo.stall_fraction <= 1, "monitor.stall_fraction", f"must be in (0, 1], got {mo.stall_fraction}")
+    st = run.ledger.storage
+    _require(st is None or "://" in st or st.endswith((".log", ".jsonl", ".journal")), "ledger.storage",
+             f"must be a database URL (sqlite:///..., postgresql://...) or a journal file ending in .log, got {st!r}")
     return run
+
+
+def enum_choices(dotted_key: str) -> Optional[list]:
+    """The allowed values of an enum-typed config key (e.g. optim.schedule), else None."""
+    import typing
+
+    node: Any = RunConfig
+    for part in dotted_key.split("."):
+        hints = typing.get_type_hints(node) if isinstance(node, type) else {}
+        if part not in hints:
+            return None
+        node = hints[part]
+        args = [a for a in typing.get_args(node) if a is not type(None)]
+        node = args[0] if args else node  # Optional[X] -> X
+    return [m.value for m in node] if isinstance(node, type) and issubclass(node, Enum) else None
 
 
 def to_run_config(cfg: DictConfig) -> RunConfig:

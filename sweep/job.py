@@ -15,7 +15,9 @@ from hydra.core.hydra_config import HydraConfig
 from hydra.core.override_parser.overrides_parser import OverridesParser
 from omegaconf import DictConfig, OmegaConf
 
-from .config import ConfigError, to_run_config
+from hydra.core.global_hydra import GlobalHydra
+
+from .config import ConfigError, enum_choices, to_run_config
 from .run import execute
 
 log = logging.getLogger("sweep")
@@ -26,7 +28,7 @@ def swept_params(cfg: DictConfig, overrides: list[str], choices: dict) -> dict:
     params = {}
     for override in OverridesParser.create().parse_overrides(overrides):
         key = override.key_or_group
-        if key.startswith("hydra") or override.is_delete():
+        if key.startswith(("hydra", "ledger")) or override.is_delete():
             continue
         if key in choices:
             params[key] = choices[key]
@@ -47,6 +49,29 @@ def run_job(cfg: DictConfig) -> dict:
     hc = HydraConfig.get()
     params = swept_params(cfg, list(hc.overrides.task), dict(hc.runtime.choices))
     label = " ".join(f"{k}={v}" for k, v in params.items())
-    result = execute(run, Path(hc.runtime.output_dir), params, label=label)
-    log.info("%s%s", f"[{hc.job.num}] {label}: " if hc.mode.name == "MULTIRUN" else "", result.headline())
+    run_dir = Path(hc.runtime.output_dir)
+    result = execute(run, run_dir, params, label=label)
+    multirun = hc.mode.name == "MULTIRUN"
+    log.info("%s%s", f"[{hc.job.num}] {label}: " if multirun else "", result.headline())
+    record(run, Path(hc.sweep.dir if multirun else run_dir), run_dir, result.to_dict())
     return result.to_dict()
+
+
+def group_or_enum_choices(key: str) -> list | None:
+    """Every option a string param could take: a config group's options, or an enum's values."""
+    if GlobalHydra.instance().is_initialized():
+        options = GlobalHydra.instance().config_loader().get_group_options(key)
+        if options:
+            return options
+    return enum_choices(key)
+
+
+def record(run, sweep_dir: Path, run_dir: Path, result: dict) -> None:
+    """Write the run into the ledger; a ledger failure is logged, never raised (result.json is written)."""
+    from .ledger import mask_url, record_run, storage_url
+
+    try:
+        record_run(run.ledger, sweep_dir, run_dir, result, group_or_enum_choices, run.monitor.spike_factor)
+    except Exception as e:  # noqa: BLE001
+        url = mask_url(storage_url(run.ledger, sweep_dir))
+        log.error("ledger: could not record %s in %s: %s", run_dir, url, str(e).replace(run.ledger.storage or "\0", url))

@@ -1,0 +1,188 @@
+"""The ledger: every run is a trial in the sweep's Optuna study, whatever sweeper or launcher ran it.
+
+One study per sweep. Storage defaults to a SQLite file `ledger.db` in the sweep directory (nothing to
+set up); `ledger.storage` takes any Optuna RDB URL (postgresql://, mysql://, sqlite:///) or a path
+ending in `.log`/`.jsonl` for Optuna's journal file. How a run becomes a trial (design.md, "The ledger"):
+
+- stable: COMPLETE, value = final loss, feasible (constraint -1).
+- diverged: COMPLETE with a penalty value, `spike_factor` x the run's initial loss, and an infeasible
+  constraint (+1). A stable run's loss never exceeded that (the monitor would have called it a
+  spike), so the penalty ranks every diverged run below every stable one of the same setup. Never
+  NaN: the sampler must learn that the region diverges, and Optuna's TPE ignores FAIL trials.
+- skipped (cannot run on this device): PRUNED, no value.
+- error (a bug or a crash): FAIL.
+
+`user_attrs` carry the verdict (status, verdict, first_bad_step, cause_where, cause_module,
+final_loss, steps_run, run_dir, ...). A run started by our Optuna sweeper finishes the trial the
+sweeper asked for (`ledger.trial_number`); any other run adds a finished trial of its own.
+
+Several processes may write at once: SQLite gets a long busy timeout and every write is retried.
+A storage URL's password never reaches a log or a file: `mask_url` is what gets printed.
+"""
+from __future__ import annotations
+
+import logging
+import math
+import random
+import time
+from pathlib import Path
+from typing import Any, Callable, Optional, TypeVar
+
+import optuna
+from optuna.distributions import (BaseDistribution, CategoricalDistribution, FloatDistribution,
+                                  IntDistribution)
+from optuna.trial import TrialState
+
+from .config import LedgerConfig
+
+log = logging.getLogger("sweep")
+T = TypeVar("T")
+
+CONSTRAINTS_KEY = "constraints"  # where Optuna's constrained samplers read a trial's constraints
+LEDGER_FILE = "ledger.db"
+INFEASIBLE, FEASIBLE = 1.0, -1.0
+
+
+def mask_url(url: str) -> str:
+    """The storage URL with its password replaced by ***, for anything printed or saved."""
+    if "://" not in url:
+        return url
+    try:
+        from sqlalchemy.engine import make_url
+
+        return make_url(url).render_as_string(hide_password=True)
+    except Exception:  # not an SQLAlchemy URL: hide everything between scheme and host
+        scheme, rest = url.split("://", 1)
+        return f"{scheme}://***@{rest.rsplit('@', 1)[1]}" if "@" in rest else url
+
+
+def storage_url(cfg: LedgerConfig, sweep_dir: Path) -> str:
+    return cfg.storage or f"sqlite:///{Path(sweep_dir).resolve() / LEDGER_FILE}"
+
+
+def open_storage(url: str) -> optuna.storages.BaseStorage:
+    """An Optuna storage for a URL or a journal file path, safe for concurrent writers."""
+    if "://" not in url:
+        if not url.endswith((".log", ".jsonl", ".journal")):
+            raise ValueError(f"ledger.storage {url!r} is neither a database URL nor a journal file (.log)")
+        Path(url).parent.mkdir(parents=True, exist_ok=True)
+        from optuna.storages.journal import JournalFileBackend
+
+        return optuna.storages.JournalStorage(JournalFileBackend(url))
+    kwargs: dict[str, Any] = {}
+    if url.startswith("sqlite"):
+        Path(url.split(":///", 1)[1]).parent.mkdir(parents=True, exist_ok=True)
+        kwargs["engine_kwargs"] = {"connect_args": {"timeout": 60}}
+    return optuna.storages.RDBStorage(url, heartbeat_interval=None, **kwargs)
+
+
+def with_retries(fn: Callable[[], T], what: str, attempts: int = 8) -> T:
+    """Retry a storage operation that lost a race with another writer (SQLite 'database is locked')."""
+    for attempt in range(attempts):
+        try:
+            return fn()
+        except Exception as e:  # noqa: BLE001  (sqlalchemy.exc.OperationalError, IntegrityError, ...)
+            if attempt == attempts - 1 or "password" in str(e).lower():
+                raise
+            time.sleep(0.05 * 2**attempt * (1 + random.random()))
+            log.debug("retrying %s after %s", what, type(e).__name__)
+    raise AssertionError("unreachable")
+
+
+def load_study(url: str, study_name: str) -> optuna.Study:
+    storage = open_storage(url)
+    return with_retries(lambda: optuna.create_study(storage=storage, study_name=study_name, direction="minimize",
+                                                    load_if_exists=True), "create_study")
+
+
+def trial_user_attrs(result: dict, run_dir: Path) -> dict:
+    """The verdict and its context, as trial user attributes (JSON-safe, no NaN)."""
+    cause = result.get("cause") or {}
+    attrs = {"status": result["status"], "verdict": result.get("verdict"),
+             "first_bad_step": result.get("first_bad_step"), "cause_where": cause.get("where"),
+             "cause_module": cause.get("module"), "cause_detail": cause.get("detail"),
+             "final_loss": result.get("final_loss"), "initial_loss": result.get("initial_loss"),
+             "min_loss": result.get("min_loss"), "steps_run": result.get("steps_run"),
+             "steps_per_second": result.get("steps_per_second"), "seed": result.get("seed"),
+             "reason": result.get("reason"), "run_dir": str(Path(run_dir).resolve()),
+             "params": result.get("params") or {}}
+    return attrs
+
+
+def trial_outcome(result: dict, penalty_factor: float = 10.0) -> tuple[TrialState, Optional[float], Optional[tuple]]:
+    """(state, value, constraints) of a run's trial."""
+    status = result["status"]
+    if status == "stable":
+        value = result.get("final_loss")
+        return TrialState.COMPLETE, value if value is not None else math.inf, (FEASIBLE,)
+    if status == "diverged":
+        initial = result.get("initial_loss")
+        return TrialState.COMPLETE, penalty_factor * initial if initial is not None else 1e6, (INFEASIBLE,)
+    if status == "skipped":
+        return TrialState.PRUNED, None, None
+    return TrialState.FAIL, None, None
+
+
+def distribution_for(value: Any, choices: Optional[list] = None) -> Optional[BaseDistribution]:
+    """A distribution that contains `value`, compatible across the cells of a grid."""
+    if isinstance(value, bool):
+        return CategoricalDistribution((False, True))
+    if isinstance(value, int):
+        return IntDistribution(value, value)
+    if isinstance(value, float) and math.isfinite(value):
+        return FloatDistribution(value, value)
+    if isinstance(value, str) and choices:
+        return CategoricalDistribution(tuple(sorted(set(map(str, choices)))))
+    return None  # lists, None, free strings: kept in user_attrs["params"] only
+
+
+def record_run(cfg: LedgerConfig, sweep_dir: Path, run_dir: Path, result: dict,
+               choices_of: Callable[[str], Optional[list]] = lambda key: None,
+               penalty_factor: float = 10.0) -> Optional[int]:
+    """Record one finished run as a trial; returns its trial number (None when the ledger is off)."""
+    if not cfg.enabled:
+        return None
+    url = storage_url(cfg, sweep_dir)
+    name = cfg.study_name or str(sweep_dir)
+    study = load_study(url, name)
+    state, value, constraints = trial_outcome(result, penalty_factor)
+    attrs = trial_user_attrs(result, run_dir)
+    if cfg.trial_number is not None:
+        return _finish_asked_trial(study, cfg.trial_number, state, value, constraints, attrs)
+    params, dists = {}, {}
+    for key, v in (result.get("params") or {}).items():
+        dist = distribution_for(v, choices_of(key))
+        if dist is not None:
+            params[key], dists[key] = v, dist
+    trial = optuna.trial.create_trial(
+        state=state, value=value if state is TrialState.COMPLETE else None, params=params, distributions=dists,
+        user_attrs=attrs, system_attrs={CONSTRAINTS_KEY: constraints} if constraints else {})
+    try:
+        return _add_trial(study, trial)
+    except ValueError as e:  # a param recorded with another distribution kind earlier in this study
+        log.warning("ledger: %s; recording this run's params in user_attrs only", e)
+        trial = optuna.trial.create_trial(state=state, value=trial.value, user_attrs=attrs,
+                                          system_attrs=trial.system_attrs)
+        return _add_trial(study, trial)
+
+
+def _add_trial(study: optuna.Study, trial: optuna.trial.FrozenTrial) -> int:
+    """study.add_trial, but returning the new trial's number."""
+    trial._validate()
+    storage = study._storage
+    trial_id = with_retries(lambda: storage.create_new_trial(study._study_id, template_trial=trial), "add_trial")
+    return storage.get_trial_number_from_id(trial_id)
+
+
+def _finish_asked_trial(study, number, state, value, constraints, attrs) -> int:
+    """Finish the RUNNING trial our sweeper asked for: attributes, constraints, then tell."""
+    trial_id = study._storage.get_trial_id_from_study_id_trial_number(study._study_id, number)
+    storage = study._storage
+    for k, v in attrs.items():
+        with_retries(lambda: storage.set_trial_user_attr(trial_id, k, v), "set_trial_user_attr")
+    if constraints:
+        with_retries(lambda: storage.set_trial_system_attr(trial_id, CONSTRAINTS_KEY, constraints),
+                     "set_trial_system_attr")
+    with_retries(lambda: study.tell(number, value if state is TrialState.COMPLETE else None, state=state,
+                                    skip_if_finished=True), "tell")
+    return number

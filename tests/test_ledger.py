@@ -1,0 +1,121 @@
+"""Every run is a trial: states, values, constraints and attributes; concurrent writers lose nothing."""
+from __future__ import annotations
+
+import json
+import multiprocessing as mp
+import os
+import subprocess
+import sys
+
+import optuna
+import pytest
+from optuna.trial import TrialState
+
+from sweep.config import LedgerConfig
+from sweep.ledger import CONSTRAINTS_KEY, mask_url, record_run, storage_url
+
+from .conftest import FAST, REPO
+
+
+def result(status, **kw):
+    base = {"status": status, "verdict": None, "first_bad_step": None, "cause": None, "final_loss": 0.5,
+            "initial_loss": 1.0, "min_loss": 0.4, "steps_run": 10, "params": {"precision": "fp32", "optim.lr": 1e-3}}
+    return {**base, **kw}
+
+
+def only_study(url):
+    (summary,) = optuna.get_all_study_summaries(url)
+    return optuna.load_study(study_name=summary.study_name, storage=url)
+
+
+def test_each_status_maps_to_its_trial_state(tmp_path):
+    cfg = LedgerConfig()
+    runs = {
+        "stable": result("stable"),
+        "diverged": result("diverged", verdict="nonfinite_loss", first_bad_step=3, final_loss=None,
+                           cause={"where": "optimizer", "module": "blocks.0.attn", "detail": "x"}),
+        "skipped": result("skipped", reason="tf32 needs CUDA", final_loss=None),
+        "error": result("error", reason="RuntimeError: boom", final_loss=None),
+    }
+    for name, r in runs.items():
+        record_run(cfg, tmp_path, tmp_path / name, r, lambda key: ["fp32", "bf16_amp"] if key == "precision" else None)
+    trials = {t.user_attrs["status"]: t for t in only_study(storage_url(cfg, tmp_path)).trials}
+    assert trials["stable"].state is TrialState.COMPLETE and trials["stable"].value == 0.5
+    assert trials["stable"].system_attrs[CONSTRAINTS_KEY] == [-1.0]
+    d = trials["diverged"]
+    assert d.state is TrialState.COMPLETE and d.value == 10.0  # spike_factor x initial loss, never NaN
+    assert d.system_attrs[CONSTRAINTS_KEY] == [1.0]
+    assert (d.user_attrs["verdict"], d.user_attrs["first_bad_step"]) == ("nonfinite_loss", 3)
+    assert (d.user_attrs["cause_where"], d.user_attrs["cause_module"]) == ("optimizer", "blocks.0.attn")
+    assert trials["skipped"].state is TrialState.PRUNED
+    assert trials["error"].state is TrialState.FAIL
+    for t in trials.values():
+        assert t.params == {"precision": "fp32", "optim.lr": 1e-3}
+        assert t.user_attrs["run_dir"].endswith(t.user_attrs["status"])
+
+
+def test_diverged_penalty_ranks_below_any_stable_run(tmp_path):
+    cfg = LedgerConfig()
+    record_run(cfg, tmp_path, tmp_path / "a", result("stable", final_loss=9.0), penalty_factor=10.0)
+    record_run(cfg, tmp_path, tmp_path / "b", result("diverged", verdict="loss_spike"), penalty_factor=10.0)
+    study = only_study(storage_url(cfg, tmp_path))
+    assert study.best_trial.user_attrs["status"] == "stable"
+
+
+def test_journal_file_storage(tmp_path):
+    cfg = LedgerConfig(storage=str(tmp_path / "journal.log"), study_name="s")
+    record_run(cfg, tmp_path, tmp_path / "r", result("stable"))
+    from optuna.storages.journal import JournalFileBackend
+
+    study = optuna.load_study(study_name="s", storage=optuna.storages.JournalStorage(JournalFileBackend(cfg.storage)))
+    assert len(study.trials) == 1
+
+
+def _writer(args):
+    url, worker, n = args
+    cfg = LedgerConfig(storage=url, study_name="concurrent")
+    for i in range(n):
+        record_run(cfg, "unused", f"/runs/{worker}/{i}", result("stable", params={"optim.lr": float(worker * 100 + i)}))
+
+
+@pytest.mark.slow
+def test_four_processes_writing_at_once_lose_nothing(tmp_path):
+    url = f"sqlite:///{tmp_path / 'ledger.db'}"
+    with mp.get_context("spawn").Pool(4) as pool:
+        pool.map(_writer, [(url, w, 10) for w in range(4)])
+    trials = optuna.load_study(study_name="concurrent", storage=url).trials
+    assert len(trials) == 40
+    assert sorted(t.params["optim.lr"] for t in trials) == sorted(float(w * 100 + i) for w in range(4) for i in range(10))
+    assert len({t.number for t in trials}) == 40
+
+
+def test_mask_url_hides_the_password():
+    assert mask_url("postgresql://alice:s3cret@db.local:5432/sweeps") == "postgresql://alice:***@db.local:5432/sweeps"
+    assert "s3cret" not in mask_url("mysql+pymysql://bob:s3cret@h/db")
+    assert mask_url("sqlite:///tmp/ledger.db") == "sqlite:///tmp/ledger.db"
+
+
+def test_password_on_the_command_line_is_refused_before_hydra_writes_it(tmp_path):
+    proc = subprocess.run([sys.executable, "-m", "sweep", "ledger.storage=postgresql://u:s3cret@localhost/db",
+                           f"hydra.run.dir={tmp_path}/run"], cwd=tmp_path, capture_output=True, text=True,
+                          env={**os.environ, "PYTHONPATH": str(REPO)}, timeout=120)
+    assert proc.returncode == 2 and "oc.env" in proc.stderr and "s3cret" not in proc.stderr
+    assert not (tmp_path / "run").exists()
+
+
+@pytest.mark.slow
+def test_multirun_fills_the_ledger_in_the_sweep_dir(tmp_path):
+    sweep_dir = tmp_path / "sweep"
+    proc = subprocess.run([sys.executable, "-m", "sweep", "-m", "precision=fp32,fp16_pure", "optim.lr=1e-4,1e-3",
+                           "steps=3", *FAST, f"hydra.sweep.dir={sweep_dir}"], cwd=tmp_path, capture_output=True,
+                          text=True, timeout=600, env={**os.environ, "PYTHONPATH": str(REPO), "CI": "1"})
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    trials = only_study(f"sqlite:///{sweep_dir / 'ledger.db'}").trials
+    assert len(trials) == 4
+    for t in trials:
+        on_disk = json.loads((sweep_dir / t.user_attrs["run_dir"].rsplit("/", 1)[1] / "result.json").read_text())
+        assert t.user_attrs["status"] == on_disk["status"]
+        assert t.params["precision"] == on_disk["params"]["precision"]
+        assert t.params["optim.lr"] == on_disk["params"]["optim.lr"]
+        assert t.state is TrialState.COMPLETE
+        assert t.system_attrs[CONSTRAINTS_KEY] == ([1.0] if on_disk["status"] == "diverged" else [-1.0])
