@@ -8,6 +8,7 @@ entry point) and exits with status 2; anything that happens during the run is a 
 from __future__ import annotations
 
 import logging
+from enum import Enum
 import sys
 from pathlib import Path
 
@@ -34,6 +35,7 @@ def swept_params(cfg: DictConfig, overrides: list[str], choices: dict) -> dict:
             params[key] = choices[key]
         else:
             value = OmegaConf.select(cfg, key)
+            value = value.value if isinstance(value, Enum) else value
             params[key] = OmegaConf.to_container(value) if OmegaConf.is_config(value) else value
     return params
 

@@ -36,6 +36,7 @@ from optuna.trial import TrialState
 from .config import LedgerConfig
 
 log = logging.getLogger("sweep")
+optuna.logging.set_verbosity(optuna.logging.WARNING)  # one "Using an existing study" line per run is noise
 T = TypeVar("T")
 
 CONSTRAINTS_KEY = "constraints"  # where Optuna's constrained samplers read a trial's constraints
@@ -60,8 +61,12 @@ def storage_url(cfg: LedgerConfig, sweep_dir: Path) -> str:
     return cfg.storage or f"sqlite:///{Path(sweep_dir).resolve() / LEDGER_FILE}"
 
 
-def open_storage(url: str) -> optuna.storages.BaseStorage:
-    """An Optuna storage for a URL or a journal file path, safe for concurrent writers."""
+def open_storage(url: str, heartbeat_s: Optional[int] = None, stale_after_s: Optional[int] = None
+                 ) -> optuna.storages.BaseStorage:
+    """An Optuna storage for a URL or a journal file path, safe for concurrent writers.
+
+    With `heartbeat_s`, an RDB storage can tell stale RUNNING trials (no heartbeat for `stale_after_s`).
+    """
     if "://" not in url:
         if not url.endswith((".log", ".jsonl", ".journal")):
             raise ValueError(f"ledger.storage {url!r} is neither a database URL nor a journal file (.log)")
@@ -73,7 +78,7 @@ def open_storage(url: str) -> optuna.storages.BaseStorage:
     if url.startswith("sqlite"):
         Path(url.split(":///", 1)[1]).parent.mkdir(parents=True, exist_ok=True)
         kwargs["engine_kwargs"] = {"connect_args": {"timeout": 60}}
-    return optuna.storages.RDBStorage(url, heartbeat_interval=None, **kwargs)
+    return optuna.storages.RDBStorage(url, heartbeat_interval=heartbeat_s, grace_period=stale_after_s, **kwargs)
 
 
 def with_retries(fn: Callable[[], T], what: str, attempts: int = 8) -> T:

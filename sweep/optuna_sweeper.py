@@ -1,0 +1,217 @@
+"""A divergence-aware Optuna sweeper for Hydra, on modern Optuna's ask/tell.
+
+    python -m sweep -m hydra/sweeper=optuna_sweep hydra.sweeper.n_trials=20 \\
+        'optim.lr=tag(log,interval(1e-5,1e-1))' precision=bf16_amp,fp16_amp hydra.sweep.dir=outputs/sweeps/lr
+
+Why not hydra-optuna-sweeper 1.3: it pins optuna<3 (which fails on SQLAlchemy 2), aborts the sweep
+when a job returns NaN, re-runs every trial on resume and leaves a killed trial RUNNING forever.
+
+How it works: the sweeper asks Optuna for a batch of `n_jobs` trials, launches them through whatever
+Hydra launcher is configured, each job with `ledger.trial_number=N`, and each job finishes its own
+trial in the shared storage (sweep/ledger.py): a diverged run is a COMPLETE trial with a penalty value
+and an infeasible constraint, so the sampler learns where runs diverge and nothing crashes. The
+sweeper uses the same study as the jobs: the primary config's `ledger.storage`/`ledger.study_name`
+(default: sqlite:///<sweep dir>/ledger.db), so it never passes a storage URL on a job's command line.
+
+Resume: run the same command again with the same `hydra.sweep.dir` (or the same ledger storage and
+study name). Trials left RUNNING by a killed sweep are failed once their heartbeat is older than
+`stale_after_s` (the sweeper and the jobs beat every `heartbeat_s`), and only what is missing runs:
+up to `n_trials` finished trials, or for `sampler.name=grid` exactly the cells with no finished trial.
+"""
+from __future__ import annotations
+
+import datetime
+import logging
+import threading
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, List, Optional
+
+import optuna
+from hydra.core.plugins import Plugins
+from hydra.plugins.sweeper import Sweeper
+from hydra.types import HydraContext, TaskFunction
+from omegaconf import DictConfig, OmegaConf
+from optuna.trial import TrialState
+
+from . import search_space
+from .config import LedgerConfig
+from .ledger import CONSTRAINTS_KEY, mask_url, open_storage, storage_url, with_retries
+
+log = logging.getLogger("sweep")
+
+STALE_ATTR = "stale"  # system attr on trials this sweeper failed as stale: they do not count as done
+
+
+@dataclass
+class SamplerConf:
+    name: str = "tpe"
+    """tpe | random | grid | cmaes | qmc"""
+    seed: Optional[int] = None
+    n_startup_trials: int = 5
+    """TPE: random trials before the model takes over."""
+
+
+@dataclass
+class OptunaSweepConf:
+    _target_: str = "hydra_plugins.dit_sweep.optuna_sweep.OptunaSweeper"
+    sampler: SamplerConf = field(default_factory=SamplerConf)
+    n_trials: int = 20
+    """Finished trials to reach (grid: ignored, the grid's size)."""
+    n_jobs: int = 1
+    """Trials launched per batch (the launcher decides where they run)."""
+    heartbeat_s: int = 5
+    stale_after_s: int = 30
+    params: Optional[dict] = None
+    """The search space in config form: {optim.lr: 'tag(log, interval(1e-5, 1e-1))', precision: 'fp32,bf16_amp'}."""
+
+
+def make_sampler(conf: SamplerConf, space: dict) -> optuna.samplers.BaseSampler:
+    """The Optuna sampler; constrained samplers learn the infeasible (diverged) region."""
+    constraints = lambda t: t.system_attrs.get(CONSTRAINTS_KEY, (0.0,))  # noqa: E731
+    name = conf.name.lower()
+    if name == "tpe":
+        return optuna.samplers.TPESampler(seed=conf.seed, n_startup_trials=conf.n_startup_trials,
+                                          constraints_func=constraints)
+    if name == "random" or name == "grid":  # grid cells are enqueued explicitly, see _grid_batch
+        return optuna.samplers.RandomSampler(seed=conf.seed)
+    if name == "cmaes":
+        return optuna.samplers.CmaEsSampler(seed=conf.seed)
+    if name == "qmc":
+        return optuna.samplers.QMCSampler(seed=conf.seed)
+    raise ValueError(f"hydra.sweeper.sampler.name: unknown sampler {conf.name!r}; choose tpe, random, grid, cmaes, qmc")
+
+
+class Heartbeat:
+    """Records heartbeats for RUNNING trials from a daemon thread, so a killed process's trials go stale."""
+
+    def __init__(self, study: optuna.Study, interval_s: float):
+        self.study, self.interval_s = study, interval_s
+        self.trial_ids: set[int] = set()
+        self._stop = threading.Event()
+        self._thread: Optional[threading.Thread] = None
+
+    def beat(self) -> None:
+        storage = self.study._storage
+        if not isinstance(storage, optuna.storages.RDBStorage):
+            return
+        for trial_id in list(self.trial_ids):
+            with_retries(lambda: storage.record_heartbeat(trial_id), "record_heartbeat")
+
+    def __enter__(self) -> "Heartbeat":
+        def loop():
+            while not self._stop.wait(self.interval_s):
+                self.beat()
+
+        self._thread = threading.Thread(target=loop, name="ledger-heartbeat", daemon=True)
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self._stop.set()
+
+
+def fail_stale_trials(study: optuna.Study, stale_after_s: int) -> list[int]:
+    """Fail RUNNING trials nobody beats for anymore (a killed sweep's); returns their numbers.
+
+    RDB storages use Optuna's heartbeat table, so trials of other live sweepers on the same study are
+    left alone. The journal storage has no heartbeats: there, every RUNNING trial older than
+    `stale_after_s` counts as stale, which is right only with one sweeper per study.
+    """
+    storage = study._storage
+    if isinstance(storage, optuna.storages.RDBStorage):
+        stale_ids = storage._get_stale_trial_ids(study._study_id)
+    else:
+        now = datetime.datetime.now()
+        stale_ids = [t._trial_id for t in study.get_trials(deepcopy=False, states=(TrialState.RUNNING,))
+                     if t.datetime_start is None or (now - t.datetime_start).total_seconds() > stale_after_s]
+    failed = []
+    for trial_id in stale_ids:
+        storage.set_trial_system_attr(trial_id, STALE_ATTR, True)
+        if storage.set_trial_state_values(trial_id, TrialState.FAIL):
+            failed.append(storage.get_trial_number_from_id(trial_id))
+    return failed
+
+
+class OptunaSweeper(Sweeper):
+    """Ask/tell over Hydra's launcher; jobs tell their own trial through the shared storage."""
+
+    def __init__(self, sampler: Any, n_trials: int, n_jobs: int, heartbeat_s: int, stale_after_s: int,
+                 params: Optional[dict] = None):
+        self.sampler_conf = SamplerConf(**OmegaConf.to_container(sampler)) if not isinstance(sampler, SamplerConf) else sampler
+        self.n_trials, self.n_jobs = n_trials, n_jobs
+        self.heartbeat_s, self.stale_after_s = heartbeat_s, stale_after_s
+        self.params = dict(params or {})
+
+    def setup(self, *, hydra_context: HydraContext, task_function: TaskFunction, config: DictConfig) -> None:
+        self.hydra_context, self.config = hydra_context, config
+        self.launcher = Plugins.instance().instantiate_launcher(
+            hydra_context=hydra_context, task_function=task_function, config=config)
+
+    def _study(self) -> optuna.Study:
+        ledger = LedgerConfig(**OmegaConf.to_container(self.config.ledger, resolve=True))
+        sweep_dir = Path(self.config.hydra.sweep.dir)
+        url = storage_url(ledger, sweep_dir)
+        name = ledger.study_name or str(sweep_dir)
+        log.info("optuna sweeper: study %r in %s", name, mask_url(url))
+        storage = open_storage(url, heartbeat_s=self.heartbeat_s, stale_after_s=self.stale_after_s)
+        return with_retries(lambda: optuna.create_study(storage=storage, study_name=name, direction="minimize",
+                                                        load_if_exists=True), "create_study")
+
+    def sweep(self, arguments: List[str]) -> Any:
+        args = [f"{k}={v}" for k, v in self.params.items()] + list(arguments)
+        space, fixed = search_space.parse(args)
+        if not space:
+            raise ValueError("the optuna sweeper needs at least one swept axis (e.g. 'optim.lr=tag(log,interval(1e-5,1e-1))')")
+        Path(self.config.hydra.sweep.dir).mkdir(parents=True, exist_ok=True)
+        OmegaConf.save(self.config, Path(self.config.hydra.sweep.dir) / "multirun.yaml")
+        study = self._study()
+        study.sampler = make_sampler(self.sampler_conf, space)
+        stale = fail_stale_trials(study, self.stale_after_s)
+        if stale:
+            log.info("optuna sweeper: failed stale RUNNING trials %s (left by a killed sweep)", stale)
+        grid = search_space.grid_cells(space) if self.sampler_conf.name == "grid" else None
+        returns, job_idx = [], len(study.trials)
+        with Heartbeat(study, self.heartbeat_s) as heartbeat:
+            while True:
+                batch = self._next_batch(study, space, grid)
+                if not batch:
+                    break
+                heartbeat.trial_ids = {t._trial_id for t in batch}
+                heartbeat.beat()
+                overrides = [fixed + [search_space.as_override(k, v) for k, v in t.params.items()]
+                             + [f"ledger.trial_number={t.number}"] for t in batch]
+                self.validate_batch_is_legal(overrides)
+                results = self.launcher.launch(overrides, initial_job_idx=job_idx)
+                job_idx += len(batch)
+                for trial, ret in zip(batch, results):
+                    self._settle(study, trial, ret)
+                returns.append(results)
+        log.info("optuna sweeper: %d finished trials in the study", len(self._finished(study)))
+        return returns
+
+    def _finished(self, study: optuna.Study) -> list:
+        return [t for t in study.get_trials(deepcopy=False)
+                if t.state.is_finished() and not t.system_attrs.get(STALE_ATTR)]
+
+    def _next_batch(self, study: optuna.Study, space: dict, grid: Optional[list]) -> list:
+        """Ask for the next trials: the missing grid cells, or enough to reach n_trials."""
+        if grid is not None:
+            done = {tuple(sorted(t.params.items())) for t in self._finished(study)
+                    if t.state is not TrialState.FAIL}
+            running = {tuple(sorted(t.params.items())) for t in study.get_trials(deepcopy=False, states=(TrialState.RUNNING,))}
+            todo = [c for c in grid if tuple(sorted(c.items())) not in done | running][: self.n_jobs]
+            for cell in todo:
+                study.enqueue_trial(cell, skip_if_exists=False)
+            return [study.ask(space) for _ in todo]
+        missing = self.n_trials - len(self._finished(study)) - len(study.get_trials(deepcopy=False, states=(TrialState.RUNNING,)))
+        return [study.ask(space) for _ in range(max(0, min(self.n_jobs, missing)))]
+
+    def _settle(self, study: optuna.Study, trial: optuna.Trial, ret: Any) -> None:
+        """A job that could not finish its trial (crash outside the run, ledger off) fails it here."""
+        state = study._storage.get_trial(trial._trial_id).state
+        if state is TrialState.RUNNING:
+            err = getattr(ret, "_return_value", None)
+            log.warning("optuna sweeper: trial %d was not recorded by its job (%s); marking it FAIL",
+                        trial.number, type(err).__name__ if isinstance(err, BaseException) else ret.status)
+            study.tell(trial, state=TrialState.FAIL, skip_if_finished=True)

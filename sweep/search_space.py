@@ -1,0 +1,63 @@
+"""Hydra sweep syntax -> Optuna distributions, compatible with hydra-optuna-sweeper's syntax.
+
+    optim.lr=tag(log,interval(1e-5,1e-1))   -> FloatDistribution(1e-5, 1e-1, log=True)
+    optim.warmup_steps=interval(0,20)        -> IntDistribution(0, 20)
+    precision=choice(fp32,bf16_amp)          -> CategoricalDistribution
+    precision=fp32,bf16_amp                  -> CategoricalDistribution (Hydra's comma list)
+    steps=range(10,50,10)                    -> CategoricalDistribution((10, 20, 30, 40))
+
+Unlike hydra-optuna-sweeper 1.3, range(a, b, step) keeps Hydra's exclusive upper bound for every
+sampler (that plugin turned it into an IntDistribution that includes b). A plain `key=value` is a
+fixed override passed to every job unchanged.
+"""
+from __future__ import annotations
+
+import itertools
+from typing import Any
+
+from hydra.core.override_parser.overrides_parser import OverridesParser
+from hydra.core.override_parser.types import ChoiceSweep, IntervalSweep, Override, RangeSweep
+from optuna.distributions import (BaseDistribution, CategoricalDistribution, FloatDistribution,
+                                  IntDistribution)
+
+
+def distribution_of(override: Override) -> BaseDistribution:
+    """The Optuna distribution of one sweep override."""
+    value = override.value()
+    if isinstance(value, ChoiceSweep):
+        return CategoricalDistribution(tuple(override.sweep_iterator(transformer=lambda x: x)))
+    if isinstance(value, RangeSweep):
+        return CategoricalDistribution(tuple(override.sweep_iterator(transformer=lambda x: x)))
+    if isinstance(value, IntervalSweep):
+        log = "log" in value.tags
+        if isinstance(value.start, int) and isinstance(value.end, int):
+            return IntDistribution(int(value.start), int(value.end), log=log)
+        return FloatDistribution(float(value.start), float(value.end), log=log)
+    raise ValueError(f"{override.input_line}: not a sweep (choice, range, interval or a comma list)")
+
+
+def parse(arguments: list[str]) -> tuple[dict[str, BaseDistribution], list[str]]:
+    """(search space by dotted key, fixed overrides) from sweep arguments."""
+    space: dict[str, BaseDistribution] = {}
+    fixed: list[str] = []
+    for override in OverridesParser.create().parse_overrides(arguments):
+        if override.is_sweep_override():
+            space[override.get_key_element()] = distribution_of(override)
+        else:
+            fixed.append(override.input_line)
+    return space, fixed
+
+
+def grid_cells(space: dict[str, BaseDistribution]) -> list[dict[str, Any]]:
+    """Every cell of an all-categorical space, in a fixed order."""
+    if any(not isinstance(d, CategoricalDistribution) for d in space.values()):
+        raise ValueError("the grid sampler needs choices for every axis (no interval(...))")
+    keys = sorted(space)
+    return [dict(zip(keys, combo)) for combo in itertools.product(*(space[k].choices for k in keys))]
+
+
+def as_override(key: str, value: Any) -> str:
+    """key=value in Hydra override syntax (strings quoted when they need it)."""
+    if isinstance(value, str) and not value.replace("_", "").replace("-", "").replace(".", "").isalnum():
+        return f"{key}='{value}'"
+    return f"{key}={value}"

@@ -1,0 +1,106 @@
+"""Our Optuna sweeper: search with diverging runs, resume without duplicates, grid cells, stale trials."""
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import optuna
+import pytest
+from optuna.trial import TrialState
+
+from sweep.ledger import CONSTRAINTS_KEY
+from sweep.search_space import parse
+
+from .conftest import FAST, REPO
+
+
+def sweep(tmp_path, *args, check=True):
+    cmd = [sys.executable, "-m", "sweep", "-m", "hydra/sweeper=optuna_sweep", *FAST, "steps=4",
+           f"hydra.sweep.dir={tmp_path / 'sweep'}", *args]
+    proc = subprocess.run(cmd, cwd=tmp_path, capture_output=True, text=True, timeout=600,
+                          env={**os.environ, "PYTHONPATH": str(REPO), "CI": "1", "OMP_NUM_THREADS": "1"})
+    if check:
+        assert proc.returncode == 0, proc.stderr[-3000:]
+    return proc
+
+
+def study(tmp_path):
+    return optuna.load_study(study_name=str(tmp_path / "sweep"), storage=f"sqlite:///{tmp_path / 'sweep' / 'ledger.db'}")
+
+
+def test_search_space_syntax_matches_hydra():
+    space, fixed = parse(["optim.lr=tag(log,interval(1e-5,1e-1))", "precision=fp32,bf16_amp", "steps=range(10,40,10)",
+                          "optim.warmup_steps=int(interval(0,20))", "seed=3"])
+    assert space["optim.lr"].log and space["optim.lr"].low == 1e-5
+    assert space["precision"].choices == ("fp32", "bf16_amp")
+    assert space["steps"].choices == (10, 20, 30)  # Hydra's range excludes its end, for every sampler
+    assert (space["optim.warmup_steps"].low, space["optim.warmup_steps"].high) == (0, 20)
+    assert fixed == ["seed=3"]
+
+
+@pytest.mark.slow
+def test_search_records_diverged_runs_as_infeasible_and_resumes_to_n_trials(tmp_path):
+    args = ["hydra.sweeper.sampler.seed=0", "hydra.sweeper.n_jobs=2", "optim.lr=tag(log,interval(1e-4,1.0))",
+            "precision=fp32,fp16_pure"]
+    proc = sweep(tmp_path, "hydra.sweeper.n_trials=4", *args)
+    assert "Divergence map" in proc.stdout
+    first = study(tmp_path).trials
+    assert len(first) == 4 and all(t.state is TrialState.COMPLETE for t in first)
+    diverged = [t for t in first if t.user_attrs["status"] == "diverged"]
+    assert diverged and all(t.system_attrs[CONSTRAINTS_KEY] == [1.0] for t in diverged)
+    assert all(t.params["precision"] == "fp16_pure" for t in diverged)
+
+    sweep(tmp_path, "hydra.sweeper.n_trials=6", *args)  # the same command, more trials: only 2 more run
+    trials = study(tmp_path).trials
+    assert len(trials) == 6 and [t.params for t in trials[:4]] == [t.params for t in first]
+    assert len({t.user_attrs["run_dir"] for t in trials}) == 6
+
+
+@pytest.mark.slow
+def test_grid_runs_exactly_the_missing_cells_after_a_stale_trial(tmp_path):
+    args = ["hydra.sweeper.sampler.name=grid", "precision=fp32,fp16_pure", "optim.lr=choice(1e-4,1e-3)"]
+    url = f"sqlite:///{tmp_path / 'sweep' / 'ledger.db'}"
+    (tmp_path / "sweep").mkdir()
+    s = optuna.create_study(study_name=str(tmp_path / "sweep"), storage=url)
+    dists = parse(args[1:])[0]
+    s.add_trial(optuna.trial.create_trial(params={"precision": "fp32", "optim.lr": 1e-4}, distributions=dists,
+                                          value=0.5, user_attrs={"status": "stable"}))
+    s.enqueue_trial({"precision": "fp32", "optim.lr": 1e-3})
+    stale = s.ask(dists)  # RUNNING, as a killed sweep leaves it: one heartbeat, then silence
+    optuna.storages.RDBStorage(url).record_heartbeat(stale._trial_id)
+    time.sleep(2)
+    sweep(tmp_path, "hydra.sweeper.stale_after_s=1", *args)
+    trials = study(tmp_path).trials
+    assert trials[stale.number].state is TrialState.FAIL and trials[stale.number].system_attrs["stale"]
+    finished = [tuple(sorted(t.params.items())) for t in trials if t.state is TrialState.COMPLETE]
+    assert len(finished) == 4 == len(set(finished))  # every cell once: the stale cell re-ran, the done one did not
+
+
+@pytest.mark.slow
+def test_killed_sweep_resumes_with_nothing_lost_or_duplicated(tmp_path):
+    args = ["hydra.sweeper.sampler.name=grid", "precision=fp32,bf16_amp", "optim.lr=choice(1e-4,1e-3)",
+            "hydra.sweeper.heartbeat_s=1", "hydra.sweeper.stale_after_s=3"]
+    cmd = [sys.executable, "-m", "sweep", "-m", "hydra/sweeper=optuna_sweep", *FAST, "steps=150", "progress=none",
+           f"hydra.sweep.dir={tmp_path / 'sweep'}", *args]
+    proc = subprocess.Popen(cmd, cwd=tmp_path, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                            env={**os.environ, "PYTHONPATH": str(REPO), "CI": "1", "OMP_NUM_THREADS": "1"},
+                            start_new_session=True)
+    deadline = time.time() + 300
+    while time.time() < deadline and not list((tmp_path / "sweep").glob("*/result.json")):
+        time.sleep(0.5)
+    time.sleep(2)  # the second trial is now mid-run
+    os.killpg(proc.pid, signal.SIGKILL)
+    proc.wait()
+    killed = study(tmp_path).trials
+    assert any(t.state is TrialState.RUNNING for t in killed), [t.state for t in killed]
+    done_before = {t.number: t.params for t in killed if t.state is TrialState.COMPLETE}
+    time.sleep(3.5)  # past stale_after_s
+    sweep(tmp_path, "steps=20", *args)  # a fixed override may change on resume; the cells may not
+    trials = study(tmp_path).trials
+    complete = [tuple(sorted(t.params.items())) for t in trials if t.state is TrialState.COMPLETE]
+    assert len(complete) == 4 == len(set(complete))
+    assert all(trials[n].params == p and trials[n].state is TrialState.COMPLETE for n, p in done_before.items())
+    assert [t.system_attrs.get("stale") for t in trials if t.state is TrialState.FAIL] == [True]
