@@ -62,6 +62,11 @@ class OptunaSweepConf:
     """Trials launched per batch (the launcher decides where they run)."""
     heartbeat_s: int = 5
     stale_after_s: int = 30
+    mode: str = "search"
+    """search: sample n_trials; frontier: bisect the largest stable `frontier.param` per combination."""
+    frontier_param: str = "optim.lr"
+    frontier_factor: float = 2.0
+    """Stop bisecting when the largest stable and smallest diverged values are within this factor."""
     params: Optional[dict] = None
     """The search space in config form: {optim.lr: 'tag(log, interval(1e-5, 1e-1))', precision: 'fp32,bf16_amp'}."""
 
@@ -137,7 +142,13 @@ class OptunaSweeper(Sweeper):
     """Ask/tell over Hydra's launcher; jobs tell their own trial through the shared storage."""
 
     def __init__(self, sampler: Any, n_trials: int, n_jobs: int, heartbeat_s: int, stale_after_s: int,
+                 mode: str = "search", frontier_param: str = "optim.lr", frontier_factor: float = 2.0,
                  params: Optional[dict] = None):
+        if mode not in ("search", "frontier"):
+            raise ValueError(f"hydra.sweeper.mode: must be search or frontier, got {mode!r}")
+        if frontier_factor <= 1:
+            raise ValueError(f"hydra.sweeper.frontier_factor: must be > 1, got {frontier_factor}")
+        self.mode, self.frontier_param, self.frontier_factor = mode, frontier_param, frontier_factor
         self.sampler_conf = SamplerConf(**OmegaConf.to_container(sampler)) if not isinstance(sampler, SamplerConf) else sampler
         self.n_trials, self.n_jobs = n_trials, n_jobs
         self.heartbeat_s, self.stale_after_s = heartbeat_s, stale_after_s
@@ -171,10 +182,13 @@ class OptunaSweeper(Sweeper):
         if stale:
             log.info("optuna sweeper: failed stale RUNNING trials %s (left by a killed sweep)", stale)
         grid = search_space.grid_cells(space) if self.sampler_conf.name == "grid" else None
+        if self.mode == "frontier":
+            self._check_frontier_space(space)
         returns, job_idx = [], len(study.trials)
         with Heartbeat(study, self.heartbeat_s) as heartbeat:
             while True:
-                batch = self._next_batch(study, space, grid)
+                batch = (self._frontier_batch(study, space) if self.mode == "frontier"
+                         else self._next_batch(study, space, grid))
                 if not batch:
                     break
                 heartbeat.trial_ids = {t._trial_id for t in batch}
@@ -188,7 +202,62 @@ class OptunaSweeper(Sweeper):
                     self._settle(study, trial, ret)
                 returns.append(results)
         log.info("optuna sweeper: %d finished trials in the study", len(self._finished(study)))
+        if self.mode == "frontier":
+            self._report_frontier(study, space)
         return returns
+
+    # -- frontier mode ---------------------------------------------------------------------------
+
+    def _check_frontier_space(self, space: dict) -> None:
+        dist = space.get(self.frontier_param)
+        if not isinstance(dist, optuna.distributions.FloatDistribution) or dist.low <= 0:
+            raise ValueError(f"frontier mode needs {self.frontier_param}=tag(log,interval(low,high)) with low > 0")
+
+    def _brackets(self, study: optuna.Study, space: dict) -> dict[tuple, "Bracket"]:
+        """Each combination's bracket, rebuilt from the finished trials in the ledger."""
+        from .frontier import Bracket
+
+        dist = space[self.frontier_param]
+        axes = sorted(k for k in space if k != self.frontier_param)
+        cells = search_space.grid_cells({k: space[k] for k in axes}) if axes else [{}]
+        brackets = {tuple(sorted(c.items())): Bracket(dist.low, dist.high) for c in cells}
+        for t in self._finished(study):
+            key = tuple(sorted((k, t.params.get(k)) for k in axes))
+            lr = t.params.get(self.frontier_param)
+            if key in brackets and lr is not None:  # a FAIL without status crashed outside its run: error
+                brackets[key].observe(lr, t.user_attrs.get("status", "error"))
+        return brackets
+
+    def _frontier_batch(self, study: optuna.Study, space: dict) -> list:
+        running = {tuple(sorted((k, v) for k, v in t.params.items() if k != self.frontier_param))
+                   for t in study.get_trials(deepcopy=False, states=(TrialState.RUNNING,))}
+        batch = []
+        for key, bracket in self._brackets(study, space).items():
+            lr = bracket.next_lr(self.frontier_factor)
+            if lr is None or key in running or len(batch) >= self.n_jobs:
+                continue
+            study.enqueue_trial({**dict(key), self.frontier_param: lr}, skip_if_exists=False)
+            batch.append(study.ask(space))
+        return batch
+
+    def _report_frontier(self, study: optuna.Study, space: dict) -> None:
+        """frontier.csv in the sweep dir, and a table with the runs it took against a grid's."""
+        import pandas as pd
+
+        from .frontier import grid_runs
+
+        dist = space[self.frontier_param]
+        rows = []
+        for key, b in self._brackets(study, space).items():
+            rows.append({**dict(key), "max_stable": b.stable, "min_diverged": b.diverged,
+                         "runs": b.runs, "verdict": b.verdict()})
+        table = pd.DataFrame(rows)
+        table.to_csv(Path(self.config.hydra.sweep.dir) / "frontier.csv", index=False)
+        per_grid = grid_runs(dist.low, dist.high, self.frontier_factor)
+        print(f"\nFrontier of {self.frontier_param} within {self.frontier_factor:g}x over "
+              f"[{dist.low:g}, {dist.high:g}]: {int(table.runs.sum())} runs; a grid at the same resolution "
+              f"needs {per_grid * len(table)} ({per_grid} per combination)\n"
+              + table.to_string(index=False, float_format=lambda x: f"{x:.3g}", na_rep="-"), flush=True)
 
     def _finished(self, study: optuna.Study) -> list:
         return [t for t in study.get_trials(deepcopy=False)

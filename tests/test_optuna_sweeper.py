@@ -104,3 +104,42 @@ def test_killed_sweep_resumes_with_nothing_lost_or_duplicated(tmp_path):
     assert len(complete) == 4 == len(set(complete))
     assert all(trials[n].params == p and trials[n].state is TrialState.COMPLETE for n, p in done_before.items())
     assert [t.system_attrs.get("stale") for t in trials if t.state is TrialState.FAIL] == [True]
+
+
+def test_bracket_bisects_in_log_space_and_stops_within_the_factor():
+    from sweep.frontier import Bracket, grid_runs
+
+    b, true_frontier, probes = Bracket(1e-5, 1e-1), 3e-3, []
+    while (lr := b.next_lr(2.0)) is not None:
+        probes.append(lr)
+        b.observe(lr, "stable" if lr <= true_frontier else "diverged")
+    assert probes[:2] == [1e-1, 1e-5]
+    assert b.stable <= true_frontier < b.diverged and b.diverged / b.stable <= 2
+    assert len(probes) == 6 < grid_runs(1e-5, 1e-1, 2.0) == 15
+    undecided = Bracket(1e-5, 1e-1)
+    undecided.observe(1e-1, "skipped")
+    assert undecided.next_lr(2.0) is None and "skipped" in undecided.verdict()
+
+
+@pytest.mark.slow
+def test_frontier_search_finds_the_grid_boundary_with_fewer_runs(tmp_path):
+    from sweep.run import execute
+
+    from .conftest import make_run
+
+    grid = [1e-3, 3e-3, 1e-2, 3e-2, 1e-1, 3e-1]
+    status = {lr: execute(make_run("precision=fp32", f"optim.lr={lr}", "steps=20"), tmp_path / f"g{lr}", {}).status
+              for lr in grid}
+    grid_stable = max(lr for lr in grid if status[lr] == "stable")
+    grid_diverged = min(lr for lr in grid if status[lr] == "diverged")
+    proc = sweep(tmp_path, "hydra.sweeper.mode=frontier", "hydra.sweeper.n_jobs=2", "precision=fp32,fp16_pure",
+                 "optim.lr=tag(log,interval(1e-4,1.0))", "steps=20")
+    assert "Frontier of optim.lr within 2x" in proc.stdout
+    import pandas as pd
+
+    front = pd.read_csv(tmp_path / "sweep" / "frontier.csv").set_index("precision")
+    fp32 = front.loc["fp32"]
+    assert fp32.min_diverged / fp32.max_stable <= 2.0 + 1e-9
+    assert fp32.max_stable < grid_diverged and fp32.min_diverged > grid_stable  # the same boundary as the grid
+    assert pd.isna(front.loc["fp16_pure"].max_stable)  # diverges at the bottom: two runs and done
+    assert front.runs.sum() < 2 * 15 and front.loc["fp16_pure"].runs == 2
