@@ -22,7 +22,9 @@ from __future__ import annotations
 
 import datetime
 import logging
+import math
 import threading
+import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, List, Optional
@@ -39,6 +41,9 @@ from .config import LedgerConfig
 from .ledger import CONSTRAINTS_KEY, mask_url, open_storage, storage_url, with_retries
 
 log = logging.getLogger("sweep")
+# We beat for our trials ourselves (Heartbeat below) rather than through Study.optimize.
+warnings.filterwarnings("ignore", message="Heartbeat of storage is supposed to be used with Study.optimize")
+warnings.filterwarnings("ignore", category=optuna.exceptions.ExperimentalWarning)
 
 STALE_ATTR = "stale"  # system attr on trials this sweeper failed as stale: they do not count as done
 
@@ -160,7 +165,8 @@ class OptunaSweeper(Sweeper):
             hydra_context=hydra_context, task_function=task_function, config=config)
 
     def _study(self) -> optuna.Study:
-        ledger = LedgerConfig(**OmegaConf.to_container(self.config.ledger, resolve=True))
+        node = self.config.get("ledger")  # absent when the app is not ours (Hydra's own test apps)
+        ledger = LedgerConfig(**OmegaConf.to_container(node, resolve=True)) if node is not None else LedgerConfig()
         sweep_dir = Path(self.config.hydra.sweep.dir)
         url = storage_url(ledger, sweep_dir)
         name = ledger.study_name or str(sweep_dir)
@@ -182,6 +188,7 @@ class OptunaSweeper(Sweeper):
         if stale:
             log.info("optuna sweeper: failed stale RUNNING trials %s (left by a killed sweep)", stale)
         grid = search_space.grid_cells(space) if self.sampler_conf.name == "grid" else None
+        self._attempted: set = set()
         if self.mode == "frontier":
             self._check_frontier_space(space)
         returns, job_idx = [], len(study.trials)
@@ -193,8 +200,9 @@ class OptunaSweeper(Sweeper):
                     break
                 heartbeat.trial_ids = {t._trial_id for t in batch}
                 heartbeat.beat()
+                ours = "ledger" in self.config  # jobs of our app finish their own trial in the ledger
                 overrides = [fixed + [search_space.as_override(k, v) for k, v in t.params.items()]
-                             + [f"ledger.trial_number={t.number}"] for t in batch]
+                             + ([f"ledger.trial_number={t.number}"] if ours else []) for t in batch]
                 self.validate_batch_is_legal(overrides)
                 results = self.launcher.launch(overrides, initial_job_idx=job_idx)
                 job_idx += len(batch)
@@ -269,7 +277,8 @@ class OptunaSweeper(Sweeper):
             done = {tuple(sorted(t.params.items())) for t in self._finished(study)
                     if t.state is not TrialState.FAIL}
             running = {tuple(sorted(t.params.items())) for t in study.get_trials(deepcopy=False, states=(TrialState.RUNNING,))}
-            todo = [c for c in grid if tuple(sorted(c.items())) not in done | running][: self.n_jobs]
+            todo = [c for c in grid if tuple(sorted(c.items())) not in done | running | self._attempted][: self.n_jobs]
+            self._attempted |= {tuple(sorted(c.items())) for c in todo}  # a failing cell is not retried in a loop
             for cell in todo:
                 study.enqueue_trial(cell, skip_if_exists=False)
             return [study.ask(space) for _ in todo]
@@ -277,10 +286,14 @@ class OptunaSweeper(Sweeper):
         return [study.ask(space) for _ in range(max(0, min(self.n_jobs, missing)))]
 
     def _settle(self, study: optuna.Study, trial: optuna.Trial, ret: Any) -> None:
-        """A job that could not finish its trial (crash outside the run, ledger off) fails it here."""
-        state = study._storage.get_trial(trial._trial_id).state
-        if state is TrialState.RUNNING:
-            err = getattr(ret, "_return_value", None)
-            log.warning("optuna sweeper: trial %d was not recorded by its job (%s); marking it FAIL",
-                        trial.number, type(err).__name__ if isinstance(err, BaseException) else ret.status)
-            study.tell(trial, state=TrialState.FAIL, skip_if_finished=True)
+        """Finish a trial its job did not record: an app without our ledger returns its value (a
+        finite number is told as COMPLETE), anything else (a crash outside the run) is FAIL."""
+        if study._storage.get_trial(trial._trial_id).state is not TrialState.RUNNING:
+            return
+        value = getattr(ret, "_return_value", None)
+        if ret.status.name == "COMPLETED" and isinstance(value, (int, float)) and math.isfinite(value):
+            study.tell(trial, float(value), skip_if_finished=True)
+            return
+        log.warning("optuna sweeper: trial %d was not recorded by its job (%s); marking it FAIL",
+                    trial.number, type(value).__name__ if isinstance(value, BaseException) else ret.status.name)
+        study.tell(trial, state=TrialState.FAIL, skip_if_finished=True)

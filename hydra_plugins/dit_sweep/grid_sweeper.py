@@ -28,10 +28,14 @@ class GridSweeper(BasicSweeper):
     """The basic grid sweeper that validates every cell's values up front."""
 
     def validate_batch_is_legal(self, batch: Sequence[Sequence[str]]) -> None:
-        from sweep.config import ConfigError, to_run_config  # imported late: plugin discovery stays cheap
+        from omegaconf import OmegaConf
+
+        from sweep.config import ConfigError, RunConfig, to_run_config  # late: plugin discovery stays cheap
 
         for overrides in batch:
             cfg = self.hydra_context.config_loader.load_sweep_config(self.config, list(overrides))
+            if OmegaConf.get_type(cfg) is not RunConfig:  # another app's config: Hydra's checks only
+                continue
             try:
                 to_run_config(cfg)
             except ConfigError as e:
