@@ -1,0 +1,57 @@
+"""optuna-dashboard opens our ledger and shows our trials with their verdicts (its HTTP API, on loopback)."""
+from __future__ import annotations
+
+import json
+import shutil
+import socket
+import subprocess
+import time
+import urllib.request
+
+import pytest
+
+from sweep.config import LedgerConfig
+from sweep.ledger import record_run, storage_url
+
+pytestmark = pytest.mark.skipif(shutil.which("optuna-dashboard") is None,
+                                reason="optuna-dashboard not installed (pip install -e '.[dashboard]')")
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def get(url: str, deadline: float):
+    while True:
+        try:
+            with urllib.request.urlopen(url, timeout=2) as r:
+                return json.loads(r.read())
+        except OSError:
+            if time.time() > deadline:
+                raise
+            time.sleep(0.3)
+
+
+def test_dashboard_shows_our_trials(tmp_path):
+    cfg = LedgerConfig(study_name="demo")
+    for i, status in enumerate(["stable", "diverged"]):
+        record_run(cfg, tmp_path, tmp_path / str(i), {
+            "status": status, "verdict": "nonfinite_loss" if status == "diverged" else None, "final_loss": 0.5,
+            "initial_loss": 1.0, "first_bad_step": 1 if status == "diverged" else None,
+            "params": {"optim.lr": 10.0 ** -(i + 3)}})
+    port = free_port()
+    proc = subprocess.Popen(["optuna-dashboard", storage_url(cfg, tmp_path), "--host", "127.0.0.1", "--port", str(port)],
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        deadline = time.time() + 30
+        (summary,) = get(f"http://127.0.0.1:{port}/api/studies", deadline)["study_summaries"]
+        assert summary["study_name"] == "demo"
+        trials = get(f"http://127.0.0.1:{port}/api/studies/{summary['study_id']}?after=0", deadline)["trials"]
+        assert [t["state"] for t in trials] == ["Complete", "Complete"]
+        verdicts = [{a["key"]: a["value"] for a in t["user_attrs"]}["verdict"] for t in trials]
+        assert verdicts == ["null", "nonfinite_loss"]  # the dashboard shows attrs as JSON
+    finally:
+        proc.terminate()
+        proc.wait(timeout=10)
