@@ -119,3 +119,20 @@ def test_multirun_fills_the_ledger_in_the_sweep_dir(tmp_path):
         assert t.params["optim.lr"] == on_disk["params"]["optim.lr"]
         assert t.state is TrialState.COMPLETE
         assert t.system_attrs[CONSTRAINTS_KEY] == ([1.0] if on_disk["status"] == "diverged" else [-1.0])
+
+
+@pytest.mark.slow
+def test_password_from_the_environment_appears_in_no_output_file(tmp_path):
+    """The documented way in: an env interpolation stays unresolved in .hydra/, and errors are masked."""
+    run_dir = tmp_path / "run"
+    proc = subprocess.run([sys.executable, "-m", "sweep", "ledger.storage=${oc.env:SWEEP_LEDGER_URL}", "steps=2", *FAST,
+                           f"hydra.run.dir={run_dir}"], cwd=tmp_path, capture_output=True, text=True, timeout=300,
+                          env={**os.environ, "PYTHONPATH": str(REPO), "CI": "1",
+                               "SWEEP_LEDGER_URL": "postgresql://alice:s3cret@127.0.0.1:9/sweeps"})
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert "alice:***@127.0.0.1" in proc.stdout + proc.stderr  # the unreachable ledger is reported, masked
+    for path in run_dir.rglob("*"):
+        if path.is_file():
+            assert "s3cret" not in path.read_text(errors="ignore"), path
+    assert "s3cret" not in proc.stdout + proc.stderr
+    assert json.loads((run_dir / "result.json").read_text())["status"] == "stable"
