@@ -2,23 +2,23 @@
 
 Hydra composes the config and picks the job directory; this module converts the config at the
 boundary (sweep.config.to_run_config), works out the swept params under their dotted names, and hands
-over to sweep.run.execute. A bad value raises ConfigError (a user mistake, shown as one line by the
-entry point) and exits with status 2; anything that happens during the run is a result, never an exception.
+over to sweep.run.execute, then records the run in the ledger (sweep.ledger). A bad value is a user
+mistake: one line on stderr and exit status 2. Anything that happens during the run is a result,
+never an exception.
 """
 from __future__ import annotations
 
 import logging
-from enum import Enum
 import sys
+from enum import Enum
 from pathlib import Path
 
+from hydra.core.global_hydra import GlobalHydra
 from hydra.core.hydra_config import HydraConfig
 from hydra.core.override_parser.overrides_parser import OverridesParser
 from omegaconf import DictConfig, OmegaConf
 
-from hydra.core.global_hydra import GlobalHydra
-
-from .config import ConfigError, enum_choices, to_run_config
+from .config import ConfigError, RunConfig, enum_choices, to_run_config
 from .run import execute
 
 log = logging.getLogger("sweep")
@@ -68,7 +68,7 @@ def group_or_enum_choices(key: str) -> list | None:
     return enum_choices(key)
 
 
-def record(run, sweep_dir: Path, run_dir: Path, result: dict) -> None:
+def record(run: RunConfig, sweep_dir: Path, run_dir: Path, result: dict) -> None:
     """Write the run into the ledger; a ledger failure is logged, never raised (result.json is written)."""
     from .ledger import mask_url, record_run, storage_url
 
