@@ -21,6 +21,7 @@ demo: setup
 	$(PY) -m sweep -m +experiment=demo
 
 test: setup
+	bash scripts/install_chromium.sh  # the HTML report's browser test drives Debian's chromium
 	$(PY) -m pytest -q --durations=15
 
 bench: setup

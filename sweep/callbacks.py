@@ -1,7 +1,13 @@
-"""Hydra callback: print and save the summary tables when a multirun ends."""
+"""Hydra callback: print and save the summary tables when a multirun ends.
+
+Wired in conf/config.yaml (`hydra.callbacks.summary`). It reads the run directories of the sweep, so
+it sees every run whatever launcher ran it, and stays fast (no plotting): report.html is one command
+away, `python -m sweep.report <sweep dir>`.
+"""
 from __future__ import annotations
 
 import logging
+import textwrap
 from pathlib import Path
 from typing import Any
 
@@ -12,15 +18,26 @@ log = logging.getLogger("sweep")
 
 
 class SweepSummary(Callback):
-    """At the end of every multirun: the divergence map on the terminal, summary.md/.csv in the sweep dir."""
+    """At the end of every multirun: the tables on the terminal, summary.md/.csv/.parquet in the sweep dir."""
 
     def on_multirun_end(self, config: DictConfig, **kwargs: Any) -> None:
-        from .summary import load_runs, render, write_summary
+        from .report.runs import runs_from_dirs
+        from .report.summary import summarize
+        from .report.text import WIDTH, render_text, write_summary
 
         sweep_dir = Path(config.hydra.sweep.dir)
-        runs = load_runs(sweep_dir)
+        runs = runs_from_dirs(sweep_dir)
         if runs.empty:
             log.warning("no run of this sweep wrote a result.json (%s)", sweep_dir)
             return
-        written = write_summary(sweep_dir, runs)
-        print("\n" + render(runs) + f"\n\nSaved: {', '.join(str(p) for p in written)}", flush=True)
+        try:
+            summary = summarize(runs)
+            text = render_text(summary)
+            written = write_summary(sweep_dir, summary)
+        except Exception:  # noqa: BLE001  (every run is recorded; a report bug must not fail the sweep)
+            log.exception("could not summarize %s; the runs are recorded, try: python -m sweep.report %s",
+                          sweep_dir, sweep_dir)
+            return
+        saved = textwrap.fill(f"Saved in {sweep_dir}: {', '.join(p.name for p in written)}", WIDTH,
+                              subsequent_indent="  ")
+        print(f"\n{text}\n\n{saved}\nHTML report: python -m sweep.report {sweep_dir}", flush=True)

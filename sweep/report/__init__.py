@@ -1,0 +1,13 @@
+"""Summary tables and report.html of a sweep, from its run directories or from its Optuna study.
+
+    python -m sweep.report outputs/sweeps/<date>/<time>   # tables on stdout, report.html there
+
+One module per job:
+- runs.py       the runs table (one row per run) from run directories; metrics.csv for curves
+- study.py      the same runs table from the ledger (an Optuna study)
+- tables.py     divergence map, frontier, lr sensitivity, toggle effects, root causes
+- recommend.py  the one-line recommendation, backed by table rows
+- summary.py    every table of a sweep, computed once
+- text.py       terminal text, Markdown, and the summary files of a sweep directory
+- html.py       report.html (plotly, self-contained)
+"""

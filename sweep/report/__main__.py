@@ -1,0 +1,101 @@
+"""Print a sweep's summary tables and write its report.html, from run directories or from the ledger.
+
+    python -m sweep.report outputs/sweeps/2026-11-22/10-00-00           # the run directories
+    python -m sweep.report outputs/sweeps/2026-11-22/10-00-00/ledger.db # the sweep's Optuna study
+    python -m sweep.report postgresql://me@db/sweeps --study my-sweep   # a study on a server
+    SWEEP_LEDGER_URL=postgresql://me:secret@db/sweeps python -m sweep.report --study my-sweep
+
+The tables go to stdout (the same from either source), what was read and written to stderr. A wrong
+path or an unknown study is one line and exit status 2. A storage password is never printed or
+written: the report names the storage as postgresql://me:***@db/sweeps.
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from pathlib import Path
+
+from ..ledger import LEDGER_FILE, mask_url
+from .runs import runs_from_dirs
+from .study import SourceError, is_storage, runs_from_study, storage_url
+from .summary import summarize
+from .text import WIDTH, render_text, write_summary
+
+ENV_URL = "SWEEP_LEDGER_URL"
+REPORT_FILE = "report.html"
+
+
+def parser(prog: str = "python -m sweep.report") -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog=prog, description=__doc__.split("\n\n")[0],
+        epilog="A directory is read as run directories (<n>/result.json; a started job without one\n"
+               "counts as running). A storage is a URL (sqlite:///, postgresql://, mysql://), a SQLite\n"
+               "file (.db, .sqlite) or an Optuna journal file (.log, .jsonl); the tables come from its\n"
+               "trials, the curves from the run directories the trials name, where they exist.",
+        formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("source", nargs="?", metavar="PATH_OR_STORAGE_URL", default=os.environ.get(ENV_URL),
+                   help=f"a sweep directory, a ledger file, or an Optuna storage URL (default: ${ENV_URL}, "
+                        "so that a password need not be typed on the command line)")
+    p.add_argument("--study", metavar="NAME",
+                   help="the study to read from a storage holding several (default: its only study)")
+    p.add_argument("--html", metavar="FILE", type=Path,
+                   help=f"where to write the report (default: {REPORT_FILE} in the sweep directory, or next to "
+                        "a ledger file, or in the current directory for a server URL)")
+    p.add_argument("--no-html", action="store_true", help="print the tables only; write no report.html")
+    p.add_argument("--write", action="store_true",
+                   help="also write summary.md, summary.csv, summary.parquet and summary_<table>.csv next to "
+                        "the report")
+    p.add_argument("--width", type=int, default=WIDTH, metavar="COLUMNS",
+                   help=f"wrap the tables at this many columns (default: {WIDTH})")
+    return p
+
+
+def load(source: str, study: str | None):
+    """(runs, title, where the runs came from (masked), default output directory)."""
+    path = Path(source)
+    if "://" not in source and path.is_dir():
+        if study is not None:  # a study was asked for: the sweep directory's own ledger
+            if not (path / LEDGER_FILE).is_file():
+                raise SourceError(f"--study needs a storage, and {source} has no {LEDGER_FILE}")
+            return load(str(path / LEDGER_FILE), study)
+        return runs_from_dirs(path), f"Sweep report: {path.resolve().name}", f"run directories under {path}", path
+    if is_storage(source):
+        url = storage_url(source)
+        runs, name = runs_from_study(url, study)
+        out = path.parent if "://" not in source else (Path(url.split(":///", 1)[1]).parent
+                                                       if url.startswith("sqlite:///") else Path.cwd())
+        return runs, f"Sweep report: study {name}", f"study {name!r} in {mask_url(url)}", out
+    raise SourceError(f"no such sweep directory or ledger file: {source}")
+
+
+def main(argv: list[str] | None = None, prog: str = "python -m sweep.report") -> int:
+    args = parser(prog).parse_args(argv)
+    name = prog.split()[-1]
+    if not args.source:
+        print(f"{name}: give a sweep directory or a storage URL (or set ${ENV_URL})", file=sys.stderr)
+        return 2
+    try:
+        runs, title, source, out_dir = load(args.source, args.study)
+    except SourceError as e:
+        print(f"{name}: {e}", file=sys.stderr)
+        return 2
+    if runs.empty:
+        print(f"{name}: no runs in {source}", file=sys.stderr)
+        return 2
+    summary = summarize(runs)
+    print(render_text(summary, args.width), flush=True)
+    written = []
+    if args.write:
+        written += write_summary(Path(args.html).parent if args.html else out_dir, summary)
+    if not args.no_html:
+        from .html import write_report
+
+        written.append(write_report(args.html or Path(out_dir) / REPORT_FILE, summary, title, source))
+    print(f"{name}: {len(runs)} runs from {source}" + (f"; wrote {', '.join(map(str, written))}" if written else ""),
+          file=sys.stderr)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

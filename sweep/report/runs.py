@@ -1,0 +1,126 @@
+"""The runs table: one row per run of a sweep, read from its run directories.
+
+Every table of the report is computed from this one DataFrame, whichever source it came from (run
+directories here, the Optuna study in `study.py`): the outcome columns below, then one `param:<dotted
+key>` column per swept or overridden config value. A job directory that Hydra started but that has no
+result.json yet is a `running` run (its params come from `.hydra/overrides.yaml`), so a report of a
+sweep in progress shows what is still missing.
+"""
+from __future__ import annotations
+
+import json
+import logging
+import re
+from pathlib import Path
+
+import pandas as pd
+
+from ..results import METRICS_FILE, RESULT_FILE
+
+log = logging.getLogger("sweep")
+
+OUTCOME_COLUMNS = ["status", "verdict", "first_bad_step", "cause_where", "cause_module", "final_loss",
+                   "initial_loss", "min_loss", "steps_run", "steps_per_second", "seed", "run_dir"]
+INT_COLUMNS = ["first_bad_step", "steps_run", "seed"]
+FLOAT_COLUMNS = ["final_loss", "initial_loss", "min_loss", "steps_per_second"]
+RESULT_KEYS = [c for c in OUTCOME_COLUMNS if c not in ("status", "run_dir", "cause_where", "cause_module")]
+"""Outcome columns that result.json holds under the same name."""
+PARAM = "param:"
+DECIDED = ("stable", "diverged")
+"""Statuses that say something about stability; skipped, error and running runs do not."""
+
+
+def runs_frame(rows: list[dict]) -> pd.DataFrame:
+    """The canonical runs DataFrame from row dicts (outcome keys plus `param:` keys), in a fixed order.
+
+    Rows are sorted by run directory (job numbers numerically), columns are the outcome columns then
+    the params in order of first appearance, and dtypes are fixed, so two sources that saw the same
+    runs give equal frames.
+    """
+    rows = sorted(rows, key=lambda r: _natural_key(r.get("run_dir") or ""))
+    params: dict[str, None] = {}
+    for r in rows:
+        params.update(dict.fromkeys(k for k in r if k.startswith(PARAM)))
+    df = pd.DataFrame([{c: r.get(c) for c in OUTCOME_COLUMNS + list(params)} for r in rows],
+                      columns=OUTCOME_COLUMNS + list(params))
+    for c in INT_COLUMNS:
+        df[c] = pd.array([None if _missing(v) else int(v) for v in df[c]], dtype="Int64")
+    for c in FLOAT_COLUMNS:
+        df[c] = pd.to_numeric(df[c], errors="coerce").astype(float)
+    for c in ["status", "verdict", "cause_where", "cause_module", "run_dir", *params]:
+        df[c] = df[c].astype(object).where(df[c].notna(), None)
+    return df.reset_index(drop=True)
+
+
+def outcome_row(status: str, run_dir: str | None, params: dict, **outcome) -> dict:
+    """One row of the runs table."""
+    row = {"status": status, "run_dir": run_dir, **{k: outcome.get(k) for k in OUTCOME_COLUMNS if k in outcome}}
+    row.update({PARAM + k: _hashable(v) for k, v in (params or {}).items()})
+    return row
+
+
+def runs_from_dirs(sweep_dir: Path) -> pd.DataFrame:
+    """Every run under `sweep_dir`: finished ones from result.json, started ones as `running`."""
+    sweep_dir = Path(sweep_dir)
+    rows, finished = [], set()
+    for path in sweep_dir.rglob(RESULT_FILE):
+        try:
+            r = json.loads(path.read_text())
+        except (OSError, ValueError) as e:  # written atomically, so only a foreign file gets here
+            log.warning("skipping unreadable %s: %s", path, e)
+            continue
+        cause = r.get("cause") or {}
+        rows.append(outcome_row(r.get("status", "error"), str(path.parent.resolve()), r.get("params") or {},
+                                cause_where=cause.get("where"), cause_module=cause.get("module"),
+                                **{k: r.get(k) for k in RESULT_KEYS if k in r}))
+        finished.add(path.parent.resolve())
+    for overrides in sweep_dir.rglob(".hydra/overrides.yaml"):
+        job_dir = overrides.parent.parent.resolve()
+        if job_dir not in finished:
+            rows.append(outcome_row("running", str(job_dir), _params_from_overrides(overrides)))
+    return runs_frame(rows)
+
+
+def _params_from_overrides(path: Path) -> dict:
+    """A started job's params from Hydra's overrides.yaml, named as sweep.job.swept_params names them."""
+    import yaml
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+
+    try:
+        lines = yaml.safe_load(path.read_text()) or []
+        parsed = OverridesParser.create().parse_overrides(lines)
+    except Exception as e:  # noqa: BLE001  (a hand-edited or foreign file: the run still counts)
+        log.warning("cannot read the overrides of %s: %s", path.parent.parent, e)
+        return {}
+    return {o.key_or_group: o.value() for o in parsed
+            if not o.key_or_group.startswith(("hydra", "ledger")) and not o.is_delete()}
+
+
+def load_metrics(run_dir: str | None) -> pd.DataFrame | None:
+    """A run's metrics.csv (one row per step), or None when it has none."""
+    if not run_dir:
+        return None
+    path = Path(run_dir) / METRICS_FILE
+    if not path.is_file():
+        return None
+    try:
+        return pd.read_csv(path)
+    except (OSError, ValueError, pd.errors.EmptyDataError):
+        return None
+
+
+def param_columns(runs: pd.DataFrame) -> list[str]:
+    return [c for c in runs.columns if c.startswith(PARAM)]
+
+
+def _hashable(v):
+    """Params become table keys: lists and dicts (e.g. data.faults) are kept as their JSON text."""
+    return json.dumps(v, sort_keys=True) if isinstance(v, (list, dict)) else v
+
+
+def _missing(v) -> bool:
+    return v is None or (isinstance(v, float) and v != v) or v is pd.NA
+
+
+def _natural_key(s: str) -> list:
+    return [(0, int(t), "") if t.isdigit() else (1, 0, t) for t in re.split(r"(\d+)", s)]

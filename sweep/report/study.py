@@ -1,0 +1,135 @@
+"""The runs table read from the ledger: the sweep's Optuna study (design.md, "The ledger").
+
+A trial's `user_attrs` carry the run's outcome under the names of result.json, so a study and the run
+directories it points at give the same runs table. Where an attribute is missing (a study written by
+another tool), the trial state says what it can: COMPLETE is stable unless its constraint is
+infeasible, PRUNED is diverged, FAIL is error, RUNNING and WAITING are running. A trial the Optuna
+sweeper failed as stale (its job died unrecorded) is left out, and of several trials naming one run
+directory the latest finished one counts.
+
+Opening never creates anything: a SQLite file or journal that does not exist is an error, not a new,
+empty ledger. Every message names the storage through `mask_url`, never with its password.
+"""
+from __future__ import annotations
+
+import math
+from pathlib import Path
+
+import optuna
+import pandas as pd
+from optuna.trial import TrialState
+
+from ..ledger import CONSTRAINTS_KEY, mask_url
+from .runs import RESULT_KEYS, outcome_row, runs_frame
+
+STALE_ATTR = "stale"
+"""System attr that sweep.optuna_sweeper sets on a RUNNING trial it failed because its job died."""
+JOURNAL_SUFFIXES = (".log", ".jsonl", ".journal")
+SQLITE_SUFFIXES = (".db", ".sqlite", ".sqlite3")
+
+
+class SourceError(Exception):
+    """A report source that cannot be read (no such file, no such study): shown as one line."""
+
+
+def is_storage(target: str) -> bool:
+    """A storage URL, or a path to a SQLite ledger or an Optuna journal file."""
+    return "://" in target or target.endswith(SQLITE_SUFFIXES + JOURNAL_SUFFIXES)
+
+
+def storage_url(target: str) -> str:
+    """The Optuna storage URL of a URL, a SQLite file path or a journal file path."""
+    if "://" in target:
+        return target
+    path = Path(target)
+    if not path.is_file():
+        raise SourceError(f"no such ledger file: {target}")
+    return str(path.resolve()) if target.endswith(JOURNAL_SUFFIXES) else f"sqlite:///{path.resolve()}"
+
+
+def open_storage(url: str) -> optuna.storages.BaseStorage:
+    """A read-only-minded opening: a missing SQLite file or journal is an error, not a new ledger."""
+    if "://" not in url:
+        from optuna.storages.journal import JournalFileBackend
+
+        if not Path(url).is_file():
+            raise SourceError(f"no such journal file: {url}")
+        return optuna.storages.JournalStorage(JournalFileBackend(url))
+    if url.startswith("sqlite:///") and not Path(url.split(":///", 1)[1]).is_file():
+        raise SourceError(f"no such SQLite ledger: {url.split(':///', 1)[1]}")
+    try:
+        return optuna.storages.RDBStorage(url, heartbeat_interval=None)
+    except Exception as e:  # noqa: BLE001  (driver missing, host unreachable, bad credentials, ...)
+        raise SourceError(f"cannot open {mask_url(url)}: {_clean(e, url)}") from None
+
+
+def pick_study(storage: optuna.storages.BaseStorage, url: str, name: str | None) -> str:
+    """The study to read: `name` if the storage has it, else the only one there."""
+    names = optuna.get_all_study_names(storage)
+    where = mask_url(url)
+    if name is not None:
+        if name not in names:
+            listed = ", ".join(repr(n) for n in names) or "none"
+            raise SourceError(f"no study named {name!r} in {where} (studies there: {listed})")
+        return name
+    if not names:
+        raise SourceError(f"no study in {where}")
+    if len(names) > 1:
+        raise SourceError(f"{len(names)} studies in {where}: pass --study NAME, one of "
+                          + ", ".join(repr(n) for n in names))
+    return names[0]
+
+
+def runs_from_study(url: str, study_name: str | None = None) -> tuple[pd.DataFrame, str]:
+    """(runs table, study name) of a study in an Optuna storage."""
+    storage = open_storage(url)
+    name = pick_study(storage, url, study_name)
+    study = optuna.load_study(study_name=name, storage=storage)
+    latest: dict[str, optuna.trial.FrozenTrial] = {}
+    anonymous = []
+    for trial in study.get_trials(deepcopy=False):
+        if trial.system_attrs.get(STALE_ATTR) and "status" not in trial.user_attrs:
+            continue  # a job that died before recording anything; the sweeper asked for its cell again
+        run_dir = trial.user_attrs.get("run_dir")
+        if run_dir is None:
+            anonymous.append(trial)
+        elif run_dir not in latest or _rank(trial) >= _rank(latest[run_dir]):
+            latest[run_dir] = trial  # a re-run of the same job directory: its latest finished trial
+    return runs_frame([trial_row(t) for t in [*latest.values(), *anonymous]]), name
+
+
+def trial_row(trial: optuna.trial.FrozenTrial) -> dict:
+    """One row of the runs table from one trial."""
+    attrs = trial.user_attrs
+    status = attrs.get("status") or _status_from_state(trial)
+    outcome = {k: attrs.get(k) for k in RESULT_KEYS if k in attrs}
+    outcome.update(cause_where=attrs.get("cause_where"), cause_module=attrs.get("cause_module"))
+    if outcome.get("final_loss") is None and status == "stable" and trial.value is not None:
+        outcome["final_loss"] = trial.value
+    recorded = attrs.get("params") or {}  # every param, in the order the run named them
+    params = {**recorded, **{k: v for k, v in trial.params.items() if k not in recorded}}
+    return outcome_row(status, attrs.get("run_dir"), params, **outcome)
+
+
+def _status_from_state(trial: optuna.trial.FrozenTrial) -> str:
+    if trial.state is TrialState.COMPLETE:
+        constraints = trial.system_attrs.get(CONSTRAINTS_KEY) or ()
+        infeasible = any(c > 0 for c in constraints) or not math.isfinite(trial.value or 0.0)
+        return "diverged" if infeasible else "stable"
+    return {TrialState.PRUNED: "diverged", TrialState.FAIL: "error"}.get(trial.state, "running")
+
+
+def _rank(trial: optuna.trial.FrozenTrial) -> tuple:
+    return (trial.state.is_finished(), trial.number)
+
+
+def _clean(exc: Exception, url: str) -> str:
+    """An exception's first line, with the raw URL (and so its password) masked."""
+    line = (str(exc).strip().splitlines() or [type(exc).__name__])[0].replace(url, mask_url(url))
+    try:
+        from sqlalchemy.engine import make_url
+
+        password = make_url(url).password
+    except Exception:  # noqa: BLE001  (not an SQLAlchemy URL)
+        password = None
+    return line.replace(str(password), "***") if password else line

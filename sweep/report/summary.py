@@ -1,0 +1,43 @@
+"""All the tables of one sweep, computed once from the runs table, for the terminal, Markdown and HTML."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import pandas as pd
+
+from .recommend import Recommendation, recommend
+from .tables import (divergence_cells, divergence_map, frontier, frontier_records, lr_sensitivity,
+                     root_causes, swept_axes, toggle_effects)
+
+STATUSES = ("stable", "diverged", "skipped", "error", "running")
+
+
+@dataclass
+class Summary:
+    runs: pd.DataFrame
+    axes: list[str]
+    cells: pd.DataFrame
+    divergence_map: pd.DataFrame
+    map_columns: str
+    """The axes of the divergence map's columns, "precision/attention"."""
+    frontier: pd.DataFrame
+    lr_sensitivity: pd.DataFrame
+    toggles: pd.DataFrame
+    root_causes: pd.DataFrame
+    recommendation: Recommendation
+
+    def counts_line(self) -> str:
+        counts = self.runs.status.value_counts()
+        known = [f"{counts[k]} {k}" for k in STATUSES if k in counts]
+        other = [f"{n} {k}" for k, n in counts.items() if k not in STATUSES]
+        return f"{len(self.runs)} runs: " + ", ".join(known + other)
+
+
+def summarize(runs: pd.DataFrame) -> Summary:
+    """Every table of the summary (the runs table must not be empty)."""
+    cells, recs = divergence_cells(runs), frontier_records(runs)
+    dmap, legend = divergence_map(runs, cells)
+    toggles = toggle_effects(runs, recs)
+    return Summary(runs=runs, axes=swept_axes(runs), cells=cells, divergence_map=dmap, map_columns=legend,
+                   frontier=frontier(runs, recs), lr_sensitivity=lr_sensitivity(runs), toggles=toggles,
+                   root_causes=root_causes(runs), recommendation=recommend(runs, recs, toggles))

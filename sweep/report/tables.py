@@ -1,0 +1,340 @@
+"""The summary tables of a sweep, computed from the runs table (`runs.py`).
+
+Axes are discovered from the params: any param that takes more than one value is an axis, except
+`seed`, whose values are replicates of one cell. `optim.lr` is the row axis of the divergence map and
+the axis of the frontier; every other axis forms the *combinations*. Only `stable` and `diverged` runs
+decide anything; `skipped`, `error` and `running` runs are shown but never counted as either.
+
+1. divergence_map   rows lr, columns combinations; cell `stable`, `spike@4`, or `k/n div` with seeds
+2. frontier         per combination: largest stable lr, smallest diverging lr, loss at the former
+3. lr_sensitivity   per combination (Wortsman et al. 2023): mean over the lr grid of
+                    min(final loss, initial loss) - best, diverged runs counted at the initial loss
+4. toggle_effects   per axis and pair of values: runs equal in everything else, diverged with each
+                    value, and the change in largest stable lr in lr-grid steps
+5. root_causes      verdict x where the run first went wrong
+"""
+from __future__ import annotations
+
+from itertools import combinations
+
+import numpy as np
+import pandas as pd
+
+from .runs import DECIDED, PARAM, param_columns
+
+LR = "optim.lr"
+SEED = "seed"
+PRECISION = "precision"
+SHORT = {"nonfinite_loss": "nan-loss", "nonfinite_grad": "nan-grad", "loss_spike": "spike",
+         "scale_collapse": "scale-min", "stalled": "stalled", "bad_input": "bad-input",
+         "corrupt_checkpoint": "bad-ckpt"}
+WHERE = ["data", "forward", "loss", "backward", "optimizer", "scaler", "checkpoint"]
+PENDING_MARK = "*"
+"""Appended to a cell some of whose runs have no result yet."""
+
+
+# --- axes and combinations ---------------------------------------------------------------------
+
+def swept_axes(runs: pd.DataFrame) -> list[str]:
+    """Params that take more than one value in this sweep, in the order the sweep named them."""
+    return [c[len(PARAM):] for c in param_columns(runs)
+            if c != PARAM + SEED and runs[c].map(_key).nunique() > 1]
+
+
+def combo_axes(runs: pd.DataFrame) -> list[str]:
+    """The axes that make a combination: every swept axis but lr."""
+    return [a for a in swept_axes(runs) if a != LR]
+
+
+def combo_labels(runs: pd.DataFrame, axes: list[str]) -> pd.Series:
+    """Each run's combination of `axes` values as "v1/v2/..." ("all" when there is no such axis)."""
+    if not axes:
+        return pd.Series("all", index=runs.index, dtype=object)
+    columns = [runs[PARAM + a].map(_key).tolist() for a in axes]
+    return pd.Series(["/".join(values) for values in zip(*columns)], index=runs.index, dtype=object)
+
+
+def sort_key(v):
+    """Numbers before strings, numbers by value: 1e-4 < 3e-4 < 1e-3 whatever their spelling."""
+    if isinstance(v, (bool, np.bool_)) or v is None:
+        return (1, str(v))
+    try:
+        return (0, float(v))
+    except (TypeError, ValueError):
+        return (1, str(v))
+
+
+def _key(v) -> str:
+    return "None" if v is None or (isinstance(v, float) and v != v) else str(v)
+
+
+def _lr(runs: pd.DataFrame) -> pd.Series:
+    if PARAM + LR not in runs:
+        return pd.Series(np.nan, index=runs.index)
+    return pd.to_numeric(runs[PARAM + LR], errors="coerce")
+
+
+def _seed(runs: pd.DataFrame) -> pd.Series:
+    seed = runs[PARAM + SEED] if PARAM + SEED in runs else runs["seed"]
+    return seed.map(_key)
+
+
+def _decided(runs: pd.DataFrame) -> pd.DataFrame:
+    return runs[runs.status.isin(DECIDED)]
+
+
+def _records(runs: pd.DataFrame, **keys: pd.Series) -> list[dict]:
+    """The runs as dicts (plus the given per-run keys): per-group logic in plain Python stays fast."""
+    return runs.assign(**keys).to_dict("records")
+
+
+def _grouped(records: list[dict], key: str) -> dict:
+    groups: dict = {}
+    for r in records:
+        groups.setdefault(r[key], []).append(r)
+    return groups
+
+
+# --- 1. divergence map -------------------------------------------------------------------------
+
+def divergence_cells(runs: pd.DataFrame) -> pd.DataFrame:
+    """One row per (row value, combination) cell: its label and counts (the heatmap plots `frac`)."""
+    axes = swept_axes(runs)
+    row_axis = LR if LR in axes else (axes[0] if axes else None)
+    col_axes = [a for a in axes if a != row_axis]
+    rows = runs[PARAM + row_axis] if row_axis else pd.Series("run", index=runs.index)
+    records = _records(runs, _row=rows, _cell=rows.map(_key) + "|" + combo_labels(runs, col_axes))
+    out = []
+    for group in _grouped(records, "_cell").values():
+        decided = [r for r in group if r["status"] in DECIDED]
+        diverged = [r for r in decided if r["status"] == "diverged"]
+        first = group[0]
+        out.append({"row": first["_row"], "row_key": _key(first["_row"]),
+                    "combo": first["_cell"].split("|", 1)[1], **{a: first[PARAM + a] for a in col_axes},
+                    "label": cell_label(group), "runs": len(group), "decided": len(decided),
+                    "diverged": len(diverged), "frac": len(diverged) / len(decided) if decided else np.nan,
+                    "verdict": _mode([r["verdict"] for r in diverged]),
+                    "first_bad_step": min((r["first_bad_step"] for r in diverged if not pd.isna(r["first_bad_step"])),
+                                          default=None)})
+    cells = pd.DataFrame(out, columns=["row", "row_key", "combo", *col_axes, "label", "runs", "decided",
+                                       "diverged", "frac", "verdict", "first_bad_step"])
+    cells["first_bad_step"] = cells.first_bad_step.astype("Int64")
+    cells.attrs.update(row_axis=row_axis, col_axes=col_axes)
+    return cells
+
+
+def cell_label(group: list[dict]) -> str:
+    """`stable` or `kind@step` for one run; `k/n div` over the decided replicates of a cell.
+
+    A cell with no decided run shows its status (`running`, `skipped`, `ERROR`); a `*` marks a
+    replicated cell some of whose runs are still running.
+    """
+    decided = [r for r in group if r["status"] in DECIDED]
+    if not decided:
+        status = _mode([r["status"] for r in group])
+        return {"error": "ERROR"}.get(status, status)
+    if len(group) > 1:
+        pending = PENDING_MARK if any(r["status"] == "running" for r in group) else ""
+        return f"{sum(r['status'] == 'diverged' for r in decided)}/{len(decided)} div{pending}"
+    r = decided[0]
+    if r["status"] == "stable":
+        return "stable"
+    step = r["first_bad_step"]
+    return SHORT.get(r["verdict"], str(r["verdict"])) + ("" if pd.isna(step) else f"@{step}")
+
+
+def divergence_map(runs: pd.DataFrame, cells: pd.DataFrame | None = None) -> tuple[pd.DataFrame, str]:
+    """(table, column legend): rows lr sorted, columns the combinations, one header line per axis."""
+    cells = divergence_cells(runs) if cells is None else cells
+    row_axis, col_axes = cells.attrs["row_axis"], cells.attrs["col_axes"]
+    row_values = dict(zip(cells.row_key, cells.row))
+    rows = sorted(row_values, key=lambda k: sort_key(row_values[k]))
+    # combination label -> its axis values, for sorting and the column header
+    combos = {c: tuple(vals) for c, *vals in cells[["combo", *col_axes]].itertuples(index=False)}
+    order = sorted(combos, key=lambda c: [sort_key(v) for v in combos[c]])
+    labels = dict(zip(zip(cells.row_key, cells.combo), cells.label))
+    data = [[labels.get((rk, c), "-") for c in order] for rk in rows]
+    index = pd.Index([row_values[k] for k in rows], name=row_axis or "")
+    if len(col_axes) > 1:
+        columns = pd.MultiIndex.from_tuples([tuple(_key(v) for v in combos[c]) for c in order], names=col_axes)
+    else:
+        columns = pd.Index(order, name=col_axes[0] if col_axes else None)
+    return pd.DataFrame(data, index=index, columns=columns), "/".join(col_axes) or "(no other swept axis)"
+
+
+def _mode(values: list):
+    values = [v for v in values if v is not None]
+    return max(sorted(set(values), key=str), key=values.count) if values else None
+
+
+# --- 2. stability frontier ---------------------------------------------------------------------
+
+def frontier_records(runs: pd.DataFrame) -> pd.DataFrame:
+    """Per combination: its axis values, stability per lr, and the frontier columns."""
+    if PARAM + LR not in runs:
+        return pd.DataFrame()
+    axes = combo_axes(runs)
+    out = []
+    for group in _grouped(_records(runs, _combo=combo_labels(runs, axes), _lr=_lr(runs)), "_combo").values():
+        by_lr = lr_stability(group)
+        stable = sorted(lr for lr, s in by_lr.items() if s == "stable")
+        diverged = [lr for lr, s in by_lr.items() if s == "diverged"]
+        best = stable[-1] if stable else None
+        ok = [r for r in group if r["status"] == "stable"]
+        out.append({"combination": group[0]["_combo"], **{a: group[0][PARAM + a] for a in axes},
+                    "by_lr": by_lr, "grid": sorted(by_lr), "stable_lrs": stable,
+                    "max_stable_lr": best, "min_diverging_lr": min(diverged) if diverged else None,
+                    "loss_at_max_stable": _mean(r["final_loss"] for r in ok if r["_lr"] == best),
+                    "steps_per_s": _mean(r["steps_per_second"] for r in ok), "runs": len(group)})
+    out.sort(key=lambda rec: [sort_key(rec[a]) for a in axes])
+    recs = pd.DataFrame(out)
+    recs.attrs["axes"] = axes
+    return recs
+
+
+def lr_stability(group: list[dict]) -> dict[float, str]:
+    """lr -> `stable` (every decided replicate stable) or `diverged` (any diverged); undecided lrs left out."""
+    out: dict[float, str] = {}
+    for r in group:
+        if r["status"] in DECIDED and not pd.isna(r["_lr"]):
+            lr = float(r["_lr"])
+            out[lr] = "diverged" if r["status"] == "diverged" or out.get(lr) == "diverged" else "stable"
+    return out
+
+
+def frontier(runs: pd.DataFrame, recs: pd.DataFrame | None = None) -> pd.DataFrame:
+    """Per combination: max_stable_lr, min_diverging_lr, loss_at_max_stable (final loss), steps_per_s, runs."""
+    recs = frontier_records(runs) if recs is None else recs
+    if recs.empty:
+        return pd.DataFrame()
+    table = recs.set_index("combination")[["max_stable_lr", "min_diverging_lr", "loss_at_max_stable",
+                                           "steps_per_s", "runs"]]
+    table.index.name = "/".join(recs.attrs["axes"]) or "combination"
+    return table.astype({c: float for c in table.columns if c != "runs"})
+
+
+def _mean(values) -> float:
+    values = [v for v in values if v is not None and not pd.isna(v)]
+    return float(np.mean(values)) if values else np.nan
+
+
+# --- 3. lr sensitivity -------------------------------------------------------------------------
+
+def lr_sensitivity(runs: pd.DataFrame) -> pd.DataFrame:
+    """Per combination: Wortsman et al.'s lr sensitivity over its lr grid (lower is more robust).
+
+    Each decided run scores min(final loss, initial loss); a diverged run scores its initial loss
+    (the combination's mean initial loss if the run has none). Replicates at one lr are averaged;
+    best_loss is the best lr's score (l*), lr_sensitivity the mean over the grid of score - l*.
+    With no stable run at all the sensitivity is undefined (NaN), not 0.
+    """
+    decided = _decided(runs)
+    if PARAM + LR not in runs or decided.empty:
+        return pd.DataFrame()
+    axes = combo_axes(runs)
+    out = []
+    for group in _grouped(_records(decided, _combo=combo_labels(decided, axes), _lr=_lr(decided)),
+                          "_combo").values():
+        fallback = _mean(r["initial_loss"] for r in group)
+        per_lr: dict[float, list[float]] = {}
+        for r in group:
+            initial = fallback if pd.isna(r["initial_loss"]) else r["initial_loss"]
+            score = initial if r["status"] == "diverged" else np.fmin(r["final_loss"], initial)
+            if not pd.isna(score) and not pd.isna(r["_lr"]):
+                per_lr.setdefault(float(r["_lr"]), []).append(float(score))
+        scores = {lr: float(np.mean(v)) for lr, v in sorted(per_lr.items())}
+        any_stable = any(r["status"] == "stable" for r in group) and scores
+        best_lr = min(scores, key=scores.get) if any_stable else np.nan
+        best = scores[best_lr] if any_stable else np.nan
+        out.append({"combination": group[0]["_combo"], "_sort": [sort_key(group[0][PARAM + a]) for a in axes],
+                    "lr_sensitivity": float(np.mean([v - best for v in scores.values()])) if any_stable else np.nan,
+                    "best_loss": best, "best_lr": best_lr, "lrs": len(scores),
+                    "diverged_runs": sum(r["status"] == "diverged" for r in group), "runs": len(group)})
+    out.sort(key=lambda r: r["_sort"])
+    table = pd.DataFrame(out).drop(columns="_sort").set_index("combination")
+    table.index.name = "/".join(axes) or "combination"
+    return table
+
+
+# --- 4. effect of each toggle ------------------------------------------------------------------
+
+def toggle_effects(runs: pd.DataFrame, recs: pd.DataFrame | None = None) -> pd.DataFrame:
+    """Per axis (lr aside) and pair of its values a < b, over runs equal in everything else:
+
+    pairs          matched run pairs (same other axes, same lr, same seed), both decided
+    diverged_a/_b  how many of those diverged with a / with b
+    combos         matched combinations (same other axes) compared on the lrs decided on both sides
+    lr_steps       mean change of the largest stable lr from a to b, in steps of the sweep's sorted lrs
+                   (+1: b stays stable one lr higher; no stable lr counts as one step below those lrs)
+    """
+    axes = swept_axes(runs)
+    decided = _decided(runs)
+    recs = frontier_records(runs) if recs is None else recs
+    grid = sorted(_lr(decided).dropna().unique()) if PARAM + LR in runs else []
+    out = []
+    for axis in [a for a in axes if a != LR]:
+        others = [a for a in axes if a != axis]
+        # per value of the axis: {everything else (other axes, seed) -> diverged?}
+        keys = combo_labels(decided, others) + "|" + _seed(decided)
+        outcome: dict[str, dict[str, bool]] = {}
+        for value, key, status in zip(decided[PARAM + axis].map(_key), keys, decided.status):
+            outcome.setdefault(value, {}).setdefault(key, status == "diverged")
+        frontiers = _frontiers_by_value(recs, axis) if len(recs) else {}
+        values = sorted({_key(v): v for v in decided[PARAM + axis]}.items(), key=lambda kv: sort_key(kv[1]))
+        for (ka, a), (kb, b) in combinations(values, 2):
+            both = outcome[ka].keys() & outcome[kb].keys()
+            row = {"axis": axis, "a": a, "b": b, "pairs": len(both),
+                   "diverged_a": sum(outcome[ka][k] for k in both), "diverged_b": sum(outcome[kb][k] for k in both),
+                   **_lr_steps(frontiers.get(ka, {}), frontiers.get(kb, {}), grid)}
+            if row["pairs"] or row["combos"]:
+                out.append(row)
+    columns = ["axis", "a", "b", "pairs", "diverged_a", "diverged_b", "combos", "lr_steps"]
+    return pd.DataFrame(out, columns=columns)
+
+
+def _frontiers_by_value(recs: pd.DataFrame, axis: str) -> dict[str, dict[str, dict]]:
+    """value of `axis` -> {the other combination axes' values -> stability per lr}."""
+    others = [a for a in recs.attrs["axes"] if a != axis]
+    out: dict[str, dict[str, dict]] = {}
+    for rec in recs.to_dict("records"):
+        out.setdefault(_key(rec[axis]), {})["/".join(_key(rec[a]) for a in others)] = rec["by_lr"]
+    return out
+
+
+def _lr_steps(side_a: dict, side_b: dict, grid: list[float]) -> dict:
+    """Matched combinations compared on the lrs decided on both sides, so that a partial sweep's
+    missing or running cell does not look like a lost lr step; on each side's own lrs when they share
+    none. A step is one place in the sorted list of every lr the sweep decided."""
+    steps = []
+    for k in side_a.keys() & side_b.keys():
+        a, b = side_a[k], side_b[k]
+        common = sorted(a.keys() & b.keys())
+        if common:
+            steps.append(_max_stable_step(b, common, grid) - _max_stable_step(a, common, grid))
+        elif a and b:  # an Optuna or frontier search tries different lrs per combination
+            steps.append(_max_stable_step(b, sorted(b), grid) - _max_stable_step(a, sorted(a), grid))
+    return {"combos": len(steps), "lr_steps": float(np.mean(steps)) if steps else np.nan}
+
+
+def _max_stable_step(by_lr: dict, lrs: list[float], grid: list[float]) -> int:
+    """Grid index of the largest stable lr among `lrs`; one below the lowest of them if none is stable."""
+    stable = [lr for lr in lrs if by_lr[lr] == "stable"]
+    return grid.index(max(stable)) if stable else grid.index(min(lrs)) - 1
+
+
+# --- 5. root causes ----------------------------------------------------------------------------
+
+def root_causes(runs: pd.DataFrame) -> pd.DataFrame:
+    """Diverged runs counted by verdict (rows) and where they first went wrong (columns), with totals."""
+    div = runs[runs.status == "diverged"]
+    if div.empty:
+        return pd.DataFrame()
+    where = div.cause_where.map(lambda w: w if isinstance(w, str) and w else "unknown")
+    table = pd.crosstab(div.verdict.fillna("unknown"), where)
+    cols = [w for w in WHERE if w in table] + sorted(set(table.columns) - set(WHERE) - {"unknown"})
+    cols += ["unknown"] if "unknown" in table else []
+    rows = [v for v in SHORT if v in table.index] + sorted(set(table.index) - set(SHORT))
+    table = table.loc[rows, cols]
+    table["total"] = table.sum(axis=1)
+    table.index.name, table.columns.name = "verdict", "where"
+    return table

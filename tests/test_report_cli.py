@@ -1,0 +1,188 @@
+"""`python -m sweep.report`: run directories and the Optuna study give the same runs and the same tables;
+help, wrong paths, unknown studies and storage passwords are handled as the user sees them."""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import optuna
+import pandas as pd
+import pytest
+from optuna.distributions import CategoricalDistribution, FloatDistribution, IntDistribution
+from optuna.trial import TrialState, create_trial
+
+from sweep.report.__main__ import main
+from sweep.report.runs import runs_from_dirs
+from sweep.report.study import runs_from_study
+
+from .test_report_tables import ATTENTIONS, PRECISIONS, diverged, make_grid, write_run
+
+DISTRIBUTIONS = {"precision": CategoricalDistribution(PRECISIONS), "optim.lr": FloatDistribution(1e-5, 1.0, log=True),
+                 "attention": CategoricalDistribution(ATTENTIONS), "steps": IntDistribution(1, 100),
+                 "seed": IntDistribution(0, 10)}
+
+
+def record_study(url: str, name: str, sweep_dir: Path) -> optuna.Study:
+    """Every finished run under sweep_dir as a trial, as the ledger contract (design.md) records it:
+    stable COMPLETE with the final loss; diverged COMPLETE with a penalty and an infeasible constraint,
+    or PRUNED (both kinds used here); error FAIL."""
+    study = optuna.create_study(storage=url, study_name=name, direction="minimize")
+    for i, path in enumerate(sorted(sweep_dir.glob("*/result.json"), key=lambda p: int(p.parent.name))):
+        r = json.loads(path.read_text())
+        cause = r["cause"] or {}
+        attrs = {"status": r["status"], "verdict": r["verdict"], "first_bad_step": r["first_bad_step"],
+                 "cause_where": cause.get("where"), "cause_module": cause.get("module"),
+                 "final_loss": r["final_loss"], "steps_run": r["steps_run"], "run_dir": str(path.parent.resolve()),
+                 "initial_loss": r["initial_loss"], "min_loss": r["min_loss"], "seed": r["seed"],
+                 "steps_per_second": r["steps_per_second"]}
+        state, value, system = {
+            "stable": (TrialState.COMPLETE, r["final_loss"], {"constraints": [-1.0]}),
+            "diverged": (TrialState.COMPLETE, 10.0, {"constraints": [1.0]}) if i % 2 else (TrialState.PRUNED, None, {}),
+            "error": (TrialState.FAIL, None, {}),
+        }[r["status"]]
+        params = r["params"]
+        study.add_trial(create_trial(state=state, value=value, params=params, user_attrs=attrs, system_attrs=system,
+                                     distributions={k: DISTRIBUTIONS[k] for k in params}))
+    return study
+
+
+@pytest.fixture(scope="module")
+def sweep(tmp_path_factory):
+    """The base grid with two seeds, one replicate changed, and its ledger."""
+    root = make_grid(tmp_path_factory.mktemp("report") / "sweep", seeds=(0, 1),
+                     changes={("fp32", 1e-3, "flash", 1): diverged("loss_spike", 5, "loss")})
+    record_study(f"sqlite:///{root / 'ledger.db'}", str(root), root)
+    return root
+
+
+def test_study_and_run_directories_give_the_same_runs_table(sweep):
+    from_dirs = runs_from_dirs(sweep)
+    from_study, name = runs_from_study(f"sqlite:///{sweep / 'ledger.db'}")
+    assert name == str(sweep) and len(from_dirs) == 36
+    pd.testing.assert_frame_equal(from_dirs, from_study)
+
+
+def test_report_prints_the_same_tables_from_either_source(sweep, capsys):
+    assert main([str(sweep), "--no-html"]) == 0
+    from_dirs = capsys.readouterr()
+    assert main([str(sweep / "ledger.db"), "--no-html"]) == 0
+    from_study = capsys.readouterr()
+    assert from_dirs.out == from_study.out
+    assert "36 runs: 17 stable, 19 diverged" in from_dirs.out and "1/2 div" in from_dirs.out
+    assert "run directories" in from_dirs.err and "study" in from_study.err
+    assert main([str(sweep), "--study", str(sweep), "--no-html"]) == 0  # a directory plus --study: its ledger
+    assert capsys.readouterr().out == from_dirs.out
+
+
+def test_report_writes_html_and_summary_files(sweep, tmp_path, capsys):
+    out = tmp_path / "r" / "report.html"
+    out.parent.mkdir()
+    assert main([str(sweep / "ledger.db"), "--html", str(out), "--write"]) == 0
+    page = out.read_text()
+    assert page.startswith("<!DOCTYPE html>") and 'id="divergence-heatmap"' in page
+    assert page.count('id="curves-') == 6  # one figure per precision/attention combination
+    assert "<script src=" not in page  # self-contained: plotly.js inline, nothing fetched at view time
+    assert (out.parent / "summary.md").exists() and (out.parent / "summary.parquet").exists()
+
+
+def test_trial_states_without_attributes(tmp_path):
+    url = f"sqlite:///{tmp_path / 'l.db'}"
+    study = optuna.create_study(storage=url, study_name="s")
+    trial = study.ask()
+    trial.suggest_float("optim.lr", 1e-4, 1e-2, log=True)
+    study.add_trial(create_trial(state=TrialState.PRUNED, params={"optim.lr": 1e-3},
+                                 distributions={"optim.lr": FloatDistribution(1e-5, 1.0, log=True)}))
+    stale = study.ask()  # a job that died unrecorded: the Optuna sweeper fails its trial as stale
+    study._storage.set_trial_system_attr(stale._trial_id, "stale", True)
+    study.tell(stale, state=TrialState.FAIL)
+    runs, _ = runs_from_study(url)
+    assert sorted(runs.status) == ["diverged", "running"]  # PRUNED without a status attribute: diverged
+
+
+def test_help_explains_every_option(capsys):
+    with pytest.raises(SystemExit) as exit_:
+        main(["--help"])
+    assert exit_.value.code == 0
+    text = capsys.readouterr().out
+    for option in ("PATH_OR_STORAGE_URL", "--study", "--html", "--no-html", "--write", "--width",
+                   "SWEEP_LEDGER_URL"):
+        assert option in text
+
+
+def one_line_error(capsys, argv) -> str:
+    assert main(argv) == 2
+    captured = capsys.readouterr()
+    assert captured.out == "" and captured.err.count("\n") == 1, captured.err
+    return captured.err
+
+
+def test_wrong_path_and_unknown_study_are_one_line(sweep, tmp_path, capsys):
+    assert "no such sweep directory or ledger file" in one_line_error(capsys, [str(tmp_path / "nope")])
+    assert "no such SQLite ledger" in one_line_error(capsys, [f"sqlite:///{tmp_path / 'nope.db'}"])
+    assert not (tmp_path / "nope.db").exists()  # reading never creates an empty ledger
+    err = one_line_error(capsys, [str(sweep / "ledger.db"), "--study", "nope"])
+    assert "no study named 'nope'" in err and str(sweep) in err
+    (tmp_path / "empty").mkdir()
+    assert "no runs in" in one_line_error(capsys, [str(tmp_path / "empty")])
+
+
+def test_several_studies_need_study(tmp_path, capsys):
+    url = f"sqlite:///{tmp_path / 'two.db'}"
+    root = tmp_path / "a"
+    write_run(root, 0, {"optim.lr": 1e-3}, {"status": "stable", "final_loss": 0.5})
+    for name in ("first", "second"):
+        study = optuna.create_study(storage=url, study_name=name)
+        study.add_trial(create_trial(value=0.5, params={"optim.lr": 1e-3},
+                                     distributions={"optim.lr": DISTRIBUTIONS["optim.lr"]},
+                                     user_attrs={"status": "stable", "final_loss": 0.5, "run_dir": str(root / "0")}))
+    err = one_line_error(capsys, [str(tmp_path / "two.db")])
+    assert "2 studies" in err and "--study" in err and "'first'" in err
+    assert main([str(tmp_path / "two.db"), "--study", "second", "--no-html"]) == 0
+    assert capsys.readouterr().out.startswith("1 runs: 1 stable")
+
+
+def test_a_storage_password_is_never_printed(tmp_path, capsys, monkeypatch):
+    # no server is reached: the driver is not installed, which is an error that names the URL
+    err = one_line_error(capsys, ["postgresql://ann:hunter2@127.0.0.1:9/sweeps"])
+    assert "hunter2" not in err and "ann:***@127.0.0.1" in err
+    monkeypatch.setenv("SWEEP_LEDGER_URL", "mysql://ann:hunter2@127.0.0.1:9/sweeps")
+    err = one_line_error(capsys, [])
+    assert "hunter2" not in err and "ann:***@" in err
+
+
+def test_html_escapes_every_config_string(tmp_path, capsys):
+    root = tmp_path / "s"
+    hostile = '<img src=x onerror="alert(1)">'
+    write_run(root, 0, {"optim.lr": 1e-3, "attention": hostile}, {"status": "stable", "final_loss": 0.5})
+    write_run(root, 1, {"optim.lr": 1e-3, "attention": "</script><b>x"}, diverged("loss_spike", 2, "forward"))
+    assert main([str(root)]) == 0
+    page = (root / "report.html").read_text()
+    assert "<img src=x" not in page and "</script><b>" not in page
+    assert "&lt;img src=x onerror=&quot;alert(1)&quot;&gt;" in page
+
+
+def test_sweep_summary_is_still_the_same_command(sweep, tmp_path, capsys):
+    from sweep.summary import main as summary_main
+
+    assert main([str(sweep), "--no-html"]) == 0
+    tables = capsys.readouterr().out
+    assert summary_main([str(sweep), "--write"]) == 0
+    assert capsys.readouterr().out == tables
+    assert (sweep / "summary.md").exists() and not (sweep / "report.html").exists()
+    assert summary_main([str(tmp_path / "nope")]) == 2
+
+
+def test_a_storage_password_never_reaches_the_report_files(sweep, tmp_path, capsys, monkeypatch):
+    import sweep.report.__main__ as cli
+
+    runs = runs_from_dirs(sweep)
+    monkeypatch.setattr(cli, "runs_from_study", lambda url, study: (runs, "my-sweep"))  # as if the server answered
+    out = tmp_path / "out"
+    out.mkdir()
+    assert main(["postgresql://ann:hunter2@db.example/sweeps", "--html", str(out / "report.html"), "--write"]) == 0
+    captured = capsys.readouterr()
+    assert "hunter2" not in captured.out + captured.err and "ann:***@db.example" in captured.err
+    page = (out / "report.html").read_text()
+    assert "ann:***@db.example" in page
+    for path in out.iterdir():
+        assert "hunter2" not in path.read_bytes().decode("utf-8", "replace"), path.name

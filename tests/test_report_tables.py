@@ -1,0 +1,328 @@
+"""The summary tables on synthetic sweeps whose right answers are known by construction.
+
+The base grid is precision {fp32, bf16_amp, fp16_pure} x optim.lr {1e-4, 1e-3, 1e-2} x attention
+{flash, math}, one seed:
+- fp16_pure diverges everywhere: nan-loss at step 1, in the optimizer (it is also the fastest, 9 steps/s,
+  so "fastest *stable* precision" must skip it);
+- fp32 spikes at lr 1e-2 (step 7, loss), with either attention;
+- bf16_amp (7 steps/s, faster than fp32's 5) is stable everywhere except math at 1e-2 (nan-grad at
+  step 3, backward);
+- a stable run's final loss is 0.9 / 0.5 / 0.4 at lr 1e-4 / 1e-3 / 1e-2, +0.01 with math; initial loss 1.
+"""
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from sweep.report.recommend import recommend
+from sweep.report.runs import runs_from_dirs
+from sweep.report.summary import summarize
+from sweep.report.tables import (divergence_map, frontier, lr_sensitivity, root_causes, swept_axes,
+                                 toggle_effects)
+from sweep.report.text import parquet_safe, render_markdown, render_text, write_summary
+
+PRECISIONS = ["fp32", "bf16_amp", "fp16_pure"]
+LRS = [1e-4, 1e-3, 1e-2]
+ATTENTIONS = ["flash", "math"]
+SPEED = {"fp32": 5.0, "bf16_amp": 7.0, "fp16_pure": 9.0}
+FINAL = {1e-4: 0.9, 1e-3: 0.5, 1e-2: 0.4}
+
+
+def outcome(precision: str, lr: float, attention: str, seed: int = 0) -> dict:
+    """The known outcome of one cell of the base grid (result.json fields)."""
+    if precision == "fp16_pure":
+        return diverged("nonfinite_loss", 1, "optimizer")
+    if precision == "fp32" and lr == 1e-2:
+        return diverged("loss_spike", 7, "loss")
+    if precision == "bf16_amp" and lr == 1e-2 and attention == "math":
+        return diverged("nonfinite_grad", 3, "backward")
+    return {"status": "stable", "final_loss": FINAL[lr] + (0.01 if attention == "math" else 0.0)}
+
+
+def diverged(verdict: str, step: int, where: str | None) -> dict:
+    return {"status": "diverged", "verdict": verdict, "first_bad_step": step,
+            "cause": {"where": where, "module": "blocks.0.attn" if where else None, "detail": "synthetic"}}
+
+
+def write_run(root: Path, n: int, params: dict, result: dict | None, steps: int = 8) -> Path:
+    """A job directory as Hydra and sweep.run leave it; result None = started, no result yet."""
+    run_dir = root / str(n)
+    (run_dir / ".hydra").mkdir(parents=True)
+    overrides = [f"{k}={v}" for k, v in params.items()]
+    (run_dir / ".hydra" / "overrides.yaml").write_text("".join(f"- {o}\n" for o in overrides))
+    if result is None:
+        return run_dir
+    full = {"status": "stable", "verdict": None, "first_bad_step": None, "cause": None, "final_loss": None,
+            "min_loss": None, "initial_loss": 1.0, "steps_run": steps, "max_grad_norm": 1.0, "seconds": 1.0,
+            "steps_per_second": SPEED.get(params.get("precision"), 6.0), "params": params,
+            "versions": {}, "seed": params.get("seed", 0), **result}
+    (run_dir / "result.json").write_text(json.dumps(full, indent=1))
+    bad = full["first_bad_step"]
+    rows = ["step,loss,grad_norm,lr,loss_scale,skipped,unchanged_fraction,zero_grad_fraction"]
+    for step in range(bad + 1 if bad is not None else steps):
+        loss = "nan" if bad == step and full["verdict"] == "nonfinite_loss" else 1.0 - 0.05 * step
+        scale = 65536.0 / 2 ** step if params.get("precision") == "bf16_amp" else ""
+        rows.append(f"{step},{loss},{1.0 + step},{params.get('optim.lr', '')},{scale},0,,")
+    (run_dir / "metrics.csv").write_text("\n".join(rows) + "\n")
+    return run_dir
+
+
+def make_grid(root: Path, seeds=(0,), changes: dict | None = None, skip=(), running=()) -> Path:
+    """The base grid under `root`; `changes[(prec, lr, att, seed)]` overrides a cell's outcome,
+    `skip` leaves cells out, `running` writes them as started but unfinished."""
+    n = 0
+    for p in PRECISIONS:
+        for lr in LRS:
+            for a in ATTENTIONS:
+                for seed in seeds:
+                    cell = (p, lr, a, seed)
+                    if cell in skip:
+                        continue
+                    params = {"precision": p, "optim.lr": lr, "attention": a, "steps": 8}
+                    if len(seeds) > 1:
+                        params["seed"] = seed
+                    result = None if cell in running else (changes or {}).get(cell, outcome(p, lr, a, seed))
+                    write_run(root, n, params, result)
+                    n += 1
+    return root
+
+
+@pytest.fixture
+def grid(tmp_path):
+    return runs_from_dirs(make_grid(tmp_path / "sweep"))
+
+
+def test_runs_table_reads_every_run_with_its_params(grid):
+    assert len(grid) == 18 and set(grid.status) == {"stable", "diverged"}
+    assert swept_axes(grid) == ["precision", "optim.lr", "attention"]  # steps=8 everywhere: not an axis
+    assert grid["param:optim.lr"].map(type).eq(float).all()
+
+
+def test_divergence_map_cells(grid):
+    table, legend = divergence_map(grid)
+    assert legend == "precision/attention"
+    assert list(table.index) == LRS and table.index.name == "optim.lr"
+    assert list(table.columns) == [("bf16_amp", "flash"), ("bf16_amp", "math"), ("fp16_pure", "flash"),
+                                   ("fp16_pure", "math"), ("fp32", "flash"), ("fp32", "math")]
+    assert table.loc[1e-2].tolist() == ["stable", "nan-grad@3", "nan-loss@1", "nan-loss@1", "spike@7", "spike@7"]
+    assert table.loc[1e-4].tolist() == ["stable", "stable", "nan-loss@1", "nan-loss@1", "stable", "stable"]
+
+
+def test_frontier(grid):
+    f = frontier(grid)
+    assert f.index.name == "precision/attention"
+    expect = {  # max stable lr, min diverging lr, final loss at the former
+        "bf16_amp/flash": (1e-2, None, 0.4), "bf16_amp/math": (1e-3, 1e-2, 0.51),
+        "fp16_pure/flash": (None, 1e-4, None), "fp16_pure/math": (None, 1e-4, None),
+        "fp32/flash": (1e-3, 1e-2, 0.5), "fp32/math": (1e-3, 1e-2, 0.51)}
+    assert list(f.index) == list(expect)
+    for combo, values in expect.items():
+        got = f.loc[combo, ["max_stable_lr", "min_diverging_lr", "loss_at_max_stable"]].tolist()
+        assert got == pytest.approx([np.nan if v is None else v for v in values], nan_ok=True), combo
+    assert f.loc["bf16_amp/flash", "steps_per_s"] == 7.0 and f.runs.eq(3).all()
+
+
+def test_lr_sensitivity_by_hand(grid):
+    s = lr_sensitivity(grid)
+    # fp32/flash: scores 0.9, 0.5, 1.0 (diverged: initial loss); best 0.5; mean(0.4, 0, 0.5)
+    assert s.loc["fp32/flash", "lr_sensitivity"] == pytest.approx(0.3)
+    assert s.loc["fp32/flash", "best_loss"] == pytest.approx(0.5) and s.loc["fp32/flash", "best_lr"] == 1e-3
+    assert s.loc["fp32/math", "lr_sensitivity"] == pytest.approx((0.4 + 0.0 + 0.49) / 3)
+    assert s.loc["bf16_amp/flash", "lr_sensitivity"] == pytest.approx((0.5 + 0.1 + 0.0) / 3)
+    assert s.loc["bf16_amp/flash", "best_lr"] == 1e-2
+    assert math.isnan(s.loc["fp16_pure/flash", "lr_sensitivity"])  # never stable: undefined, not 0
+    assert s.loc["fp16_pure/flash", "diverged_runs"] == 3 and s.lrs.eq(3).all()
+
+
+def test_lr_sensitivity_clamps_at_initial_loss_and_fills_a_missing_one(tmp_path):
+    root = tmp_path / "s"
+    write_run(root, 0, {"optim.lr": 1e-3}, {"status": "stable", "final_loss": 0.6, "initial_loss": 2.0})
+    write_run(root, 1, {"optim.lr": 1e-2}, {"status": "stable", "final_loss": 5.0, "initial_loss": 2.0})
+    write_run(root, 2, {"optim.lr": 1e-1}, {**diverged("nonfinite_loss", 0, "forward"), "initial_loss": None})
+    s = lr_sensitivity(runs_from_dirs(root))
+    # scores: 0.6, min(5, 2) = 2, and the combination's mean initial loss 2 for the run that has none
+    assert s.loc["all", "lr_sensitivity"] == pytest.approx((0 + 1.4 + 1.4) / 3)
+    assert s.loc["all", "best_loss"] == pytest.approx(0.6)
+
+
+def test_toggle_effects(grid):
+    t = toggle_effects(grid).set_index(["axis", "a", "b"])
+    row = t.loc[("attention", "flash", "math")]
+    assert (row.pairs, row.diverged_a, row.diverged_b, row.combos) == (9, 4, 5, 3)
+    assert row.lr_steps == pytest.approx(-1 / 3)  # bf16_amp loses one lr step with math, the others none
+    row = t.loc[("precision", "bf16_amp", "fp16_pure")]
+    assert (row.pairs, row.diverged_a, row.diverged_b) == (6, 1, 6)
+    assert row.lr_steps == pytest.approx(-2.5)  # flash 1e-2 -> none (-3), math 1e-3 -> none (-2)
+    assert t.loc[("precision", "fp16_pure", "fp32")].lr_steps == pytest.approx(2.0)
+    assert len(t) == 4  # three precision pairs, one attention pair; lr is no toggle
+
+
+def test_root_causes(grid):
+    rc = root_causes(grid)
+    assert rc.loc["nonfinite_loss", "optimizer"] == 6 and rc.loc["loss_spike", "loss"] == 2
+    assert rc.loc["nonfinite_grad", "backward"] == 1
+    assert rc.total.sum() == 9 and list(rc.columns) == ["loss", "backward", "optimizer", "total"]
+
+
+def test_recommendation_names_fastest_stable_precision_with_margin_and_toggles(grid):
+    rec = recommend(grid)
+    assert rec.precision == "bf16_amp"  # fp16_pure is faster but never stable
+    assert rec.settings == {"precision": "bf16_amp", "attention": "flash", "optim.lr": 1e-3}
+    assert rec.margin  # one grid step below bf16_amp/flash's largest stable lr 1e-2
+    assert "[frontier: bf16_amp/flash]" in rec.line and "0.01" in rec.line
+    assert [(a.axis, a.better, a.worse) for a in rec.advice] == [("attention", "flash", "math")]
+    assert "prefer attention=flash over math" in rec.line and "[toggles: attention flash vs math]" in rec.line
+    assert "\n" not in rec.line
+
+
+def test_several_seeds(tmp_path):
+    # seed 1 of fp32/flash at 1e-3 spikes at step 5; every other replicate as in the base grid
+    runs = runs_from_dirs(make_grid(tmp_path / "s", seeds=(0, 1),
+                                    changes={("fp32", 1e-3, "flash", 1): diverged("loss_spike", 5, "loss")}))
+    assert "seed" not in swept_axes(runs)
+    table, _ = divergence_map(runs)
+    assert table.loc[1e-3, ("fp32", "flash")] == "1/2 div"
+    assert table.loc[1e-2, ("fp32", "math")] == "2/2 div" and table.loc[1e-4, ("fp32", "math")] == "0/2 div"
+    f = frontier(runs)  # an lr is stable only if every replicate is
+    assert f.loc["fp32/flash", "max_stable_lr"] == 1e-4 and f.loc["fp32/flash", "min_diverging_lr"] == 1e-3
+    s = lr_sensitivity(runs)  # per-lr means 0.9, (0.5 + 1.0) / 2, 1.0; best 0.75
+    assert s.loc["fp32/flash", "lr_sensitivity"] == pytest.approx((0.15 + 0 + 0.25) / 3)
+    t = toggle_effects(runs).set_index(["axis", "a", "b"]).loc[("attention", "flash", "math")]
+    assert (t.pairs, t.diverged_a, t.diverged_b) == (18, 9, 10)  # pairs match seed to seed
+
+
+def test_partial_sweep_missing_and_running_runs(tmp_path):
+    runs = runs_from_dirs(make_grid(tmp_path / "s", skip={("bf16_amp", 1e-2, "math", 0)},
+                                    running={("fp32", 1e-3, "math", 0)}))
+    assert len(runs) == 17 and (runs.status == "running").sum() == 1
+    table, _ = divergence_map(runs)
+    assert table.loc[1e-2, ("bf16_amp", "math")] == "-"
+    assert table.loc[1e-3, ("fp32", "math")] == "running"
+    f = frontier(runs)
+    assert f.loc["bf16_amp/math", "max_stable_lr"] == 1e-3 and pd.isna(f.loc["bf16_amp/math", "min_diverging_lr"])
+    assert f.loc["fp32/math", "max_stable_lr"] == 1e-4 and f.loc["fp32/math", "min_diverging_lr"] == 1e-2
+    t = toggle_effects(runs).set_index(["axis", "a", "b"]).loc[("attention", "flash", "math")]
+    assert t.pairs == 7  # 9 less the missing and the running partner
+    assert t.lr_steps == 0  # compared on the lrs decided on both sides: no lr step lost to a hole
+    assert lr_sensitivity(runs).loc["fp32/math", "lrs"] == 2
+    text = render_text(summarize(runs))
+    assert text.startswith("17 runs: 8 stable, 8 diverged, 1 running")
+
+
+def test_unknown_axes_are_discovered(tmp_path):
+    # no precision at all; two axes no code knows: qk-norm (bool) and a made-up one
+    root, n = tmp_path / "s", 0
+    for lr in LRS:
+        for qk in (False, True):
+            for knob in ("x", "y"):
+                spike = lr == 1e-2 and not qk
+                result = diverged("loss_spike", 2, "forward") if spike else {"status": "stable",
+                                                                            "final_loss": FINAL[lr]}
+                write_run(root, n, {"optim.lr": lr, "model.qk_norm": qk, "optim.frobnicate": knob}, result)
+                n += 1
+    runs = runs_from_dirs(root)
+    assert swept_axes(runs) == ["optim.lr", "model.qk_norm", "optim.frobnicate"]
+    table, legend = divergence_map(runs)
+    assert legend == "model.qk_norm/optim.frobnicate"
+    assert table.loc[1e-2].tolist() == ["spike@2", "spike@2", "stable", "stable"]
+    t = toggle_effects(runs).set_index(["axis", "a", "b"])
+    row = t.loc[("model.qk_norm", False, True)]
+    assert (row.pairs, row.diverged_a, row.diverged_b, row.lr_steps) == (6, 2, 0, 1.0)
+    assert t.loc[("optim.frobnicate", "x", "y")].lr_steps == 0
+    rec = recommend(runs)
+    assert rec.precision is None and rec.settings["model.qk_norm"] is True and rec.settings["optim.lr"] == 1e-3
+    assert "prefer model.qk_norm=True over False" in rec.line
+
+
+def test_no_stable_run_and_no_lr_axis(tmp_path):
+    root = tmp_path / "s"
+    write_run(root, 0, {"precision": "fp16_pure"}, diverged("nonfinite_loss", 1, "optimizer"))
+    write_run(root, 1, {"precision": "fp16_pure", "modulate": "fused"}, {"status": "error", "reason": "boom"})
+    write_run(root, 2, {"precision": "fp16_pure", "modulate": "eager"}, {"status": "skipped", "reason": "cuda"})
+    runs = runs_from_dirs(root)
+    s = summarize(runs)
+    assert "No stable run" in s.recommendation.line
+    assert "ERROR" in s.divergence_map.to_string() and "skipped" in s.divergence_map.to_string()
+    assert s.frontier.empty is False or "optim.lr" not in runs  # no lr param: no frontier rows needed
+    render_text(s)  # every table renders with holes in it
+
+
+def test_text_fits_100_columns_and_files_are_written(tmp_path):
+    root = make_grid(tmp_path / "s")
+    s = summarize(runs_from_dirs(root))
+    text = render_text(s)
+    assert max(len(line) for line in text.splitlines()) <= 100
+    for title in ("Divergence map (columns: precision/attention", "Stability frontier", "LR sensitivity",
+                  "Effect of each toggle", "Root causes", "Recommendation"):
+        assert title in text
+    written = {p.name for p in write_summary(root, s)}
+    assert {"summary.md", "summary.csv", "summary.parquet", "summary_frontier.csv", "summary_toggles.csv",
+            "summary_divergence_map.csv", "summary_lr_sensitivity.csv", "summary_root_causes.csv"} <= written
+    back = pd.read_parquet(root / "summary.parquet")
+    assert len(back) == 18 and set(back.status) == {"stable", "diverged"}
+    cells = pd.read_csv(root / "summary_divergence_map.csv")
+    assert len(cells) == 18 and "spike@7" in set(cells.label)
+    md = (root / "summary.md").read_text()
+    assert "| optim.lr | bf16_amp/flash |" in md and "## Recommendation" in md
+
+
+def test_markdown_and_parquet_survive_hostile_and_mixed_params(tmp_path):
+    root = tmp_path / "s"
+    write_run(root, 0, {"optim.lr": 1e-3, "tag": "a|b<script>"}, {"status": "stable", "final_loss": 0.5})
+    write_run(root, 1, {"optim.lr": 1e-2, "tag": 3}, {"status": "stable", "final_loss": 0.4})
+    runs = runs_from_dirs(root)
+    md = render_markdown(summarize(runs))
+    assert "a\\|b\\<script\\>" in md and "<script>" not in md
+    assert parquet_safe(runs)["param:tag"].tolist() == ["a|b<script>", "3"]
+
+
+def test_hundred_run_summary_is_fast(tmp_path):
+    import time
+
+    root, n = tmp_path / "s", 0
+    for p in ("fp32", "bf16_amp", "fp16_amp", "fp16_pure"):
+        for lr in (1e-4, 3e-4, 1e-3, 3e-3, 1e-2):
+            for a in ("flash", "math", "eager", "efficient", "cudnn"):
+                result = outcome(p if p != "fp16_amp" else "fp32", min(lr, 1e-2), "flash") if lr in FINAL else \
+                    {"status": "stable", "final_loss": 0.7}
+                write_run(root, n, {"precision": p, "optim.lr": lr, "attention": a}, result)
+                n += 1
+    start = time.perf_counter()
+    s = summarize(runs_from_dirs(root))
+    render_text(s)
+    write_summary(root, s)
+    assert time.perf_counter() - start < 1.5  # measured ~0.2 s on 2 busy cores
+
+
+def test_toggles_when_each_combination_tried_its_own_lrs(tmp_path):
+    # as an Optuna or frontier search leaves it: no lr shared between qk_norm=False and True
+    root = tmp_path / "s"
+    runs = [(1e-4, False, "stable"), (1e-3, False, "diverged"), (2e-4, True, "stable"), (5e-3, True, "stable")]
+    for n, (lr, qk, status) in enumerate(runs):
+        write_run(root, n, {"optim.lr": lr, "model.qk_norm": qk},
+                  {"status": "stable", "final_loss": 0.5} if status == "stable" else diverged("loss_spike", 3, "loss"))
+    table = runs_from_dirs(root)
+    row = toggle_effects(table).set_index("axis").loc["model.qk_norm"]
+    assert (row.pairs, row.combos, row.lr_steps) == (0, 1, 3.0)  # 1e-4 is lr #0 of 4, 5e-3 is lr #3
+    assert divergence_map(table)[0].loc[2e-4].tolist() == ["-", "stable"]
+
+
+def test_a_replicate_still_running_is_marked(tmp_path):
+    runs = runs_from_dirs(make_grid(tmp_path / "s", seeds=(0, 1), running={("fp32", 1e-3, "flash", 1)}))
+    table, _ = divergence_map(runs)
+    assert table.loc[1e-3, ("fp32", "flash")] == "0/1 div*" and table.loc[1e-3, ("fp32", "math")] == "0/2 div"
+    assert "* = more runs still running" in render_text(summarize(runs))
+
+
+def test_no_margin_below_the_lowest_stable_lr_is_said(tmp_path):
+    root = tmp_path / "s"
+    write_run(root, 0, {"precision": "fp32", "optim.lr": 1e-3}, {"status": "stable", "final_loss": 0.5})
+    write_run(root, 1, {"precision": "fp32", "optim.lr": 1e-2}, diverged("loss_spike", 4, "loss"))
+    rec = recommend(runs_from_dirs(root))
+    assert rec.settings == {"precision": "fp32", "optim.lr": 1e-3} and not rec.margin
+    assert "with no margin" in rec.line and "[frontier: all]" in rec.line
