@@ -76,26 +76,35 @@ class DivergenceMonitor:
         if event is ScalerEvent.collapse:
             since = f"; overflows since step {self._skip_start}" if self._skip_start is not None else ""
             return Divergence("scale_collapse", step, Cause("scaler", None, scaler_detail + since))
+        if self.initial_loss is None and math.isfinite(loss):
+            self.initial_loss = self.ema = loss
+        spike = self._spike(step, loss)
         if event is ScalerEvent.skip:
+            # The scaler skips the update, but a finite loss far above the running minimum is still a
+            # spike: fp16 runs would otherwise hide their explosion behind overflow skips.
             self._skip_start = step if self._skip_start is None else self._skip_start
-            return None
+            return spike if math.isfinite(loss) else None
         self._skip_start = None
         if not math.isfinite(loss):
             return Divergence("nonfinite_loss", step, Cause("forward", None, f"loss is {loss}"))
         if not math.isfinite(grad_norm):
             return Divergence("nonfinite_grad", step,
                               Cause("backward", None, f"gradient norm is {grad_norm} with a finite loss {loss:.4g}"))
-        if self.initial_loss is None:
-            self.initial_loss = loss
-            self.ema = loss
-        threshold = self.cfg.spike_factor * min(self.ema_min, self.initial_loss)
-        if loss > threshold:
-            return Divergence("loss_spike", step, Cause(
-                "optimizer", None,
-                f"loss {loss:.4g} > {self.cfg.spike_factor:g} x smoothed running min {min(self.ema_min, self.initial_loss):.4g}"))
+        if spike is not None:
+            return spike
         self.ema = self.cfg.ema_beta * self.ema + (1 - self.cfg.ema_beta) * loss
         self.ema_min = min(self.ema_min, self.ema)
         return None
+
+    def _spike(self, step: int, loss: float) -> Divergence | None:
+        """loss_spike when a finite loss exceeds spike_factor x the smoothed running minimum."""
+        if self.initial_loss is None or not math.isfinite(loss):
+            return None
+        floor = min(self.ema_min, self.initial_loss)
+        if loss <= self.cfg.spike_factor * floor:
+            return None
+        return Divergence("loss_spike", step, Cause(
+            "optimizer", None, f"loss {loss:.4g} > {self.cfg.spike_factor:g} x smoothed running min {floor:.4g}"))
 
     def start(self, params: list[torch.Tensor]) -> None:
         """Take the first weight snapshot, before any update."""

@@ -67,3 +67,19 @@ def test_stall_distinguishes_underflowed_grads_from_lost_updates():
     m = DivergenceMonitor(MonitorConfig(stall_window=1, stall_fraction=0.9))
     m.start([w])
     assert m.after_update(0, [w + 1e-3], [torch.full((100,), 1e-3)]) is None
+
+
+def test_a_spike_on_an_overflow_skipped_step_is_still_a_spike():
+    """fp16 AMP: the exploding loss overflows the gradients, the scaler skips; the loss itself is the signal."""
+    m = DivergenceMonitor(MonitorConfig(spike_factor=10))
+    m.observe(0, 1.0, 1.0, STEP)
+    assert m.observe(1, 3.0, math.inf, ScalerEvent.skip) is None  # an ordinary overflow skip
+    d = m.observe(2, 25.0, math.inf, ScalerEvent.skip)
+    assert (d.verdict, d.step) == ("loss_spike", 2)
+
+
+def test_initial_loss_is_taken_from_a_skipped_first_step():
+    m = DivergenceMonitor(MonitorConfig(spike_factor=10))
+    assert m.observe(0, 1.0, math.inf, ScalerEvent.skip) is None
+    assert m.initial_loss == 1.0
+    assert m.observe(1, 12.0, 1.0, STEP).verdict == "loss_spike"
