@@ -1,0 +1,265 @@
+"""The data doctor: find the samples of a dataset folder that would break or poison a training run.
+
+    python -m sweep.doctor data/clips                      # a folder of videos (mp4, webm, mkv, ...)
+    python -m sweep.doctor data/latents --json report.json # a folder of .safetensors / .pt / .npy / .npz
+    python -m sweep.doctor data/clips --frames 16 --height 256 --width 256
+
+Subfolders are scanned too. Per sample it reports, by kind:
+- ``unreadable`` / ``truncated`` / ``empty``: the file cannot be decoded or loaded, is cut short,
+  or holds nothing (a ``.pt`` that pickles anything but tensors is refused, never run);
+- ``nan`` / ``inf`` / ``range``: what the training loop's ``bad_input`` check
+  (``sweep.data.check_batch``) would reject, through the shared ``check_sample``; videos are
+  mapped to [-1, 1] as a loader would (``uint8 / 127.5 - 1``), so ``range`` is mostly about
+  latents, e.g. [0, 255] data where [-1, 1] was expected;
+- ``shape`` / ``frames``: a shape or frame count unlike the expected one (``--channels/--frames/
+  --height/--width``), or unlike most samples of the folder;
+- ``constant``: every value the same (an all-black clip, a zero latent).
+
+It prints counts per kind and one line per bad sample, writes every sample's result as JSON
+(``--json``; default ``PATH/doctor_report.json``, or the current directory when PATH is not
+writable), and exits 0 when everything is clean, 1 when anything is bad, 2 on a usage error.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+from collections import Counter
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from tqdm import tqdm
+
+from .config import Progress
+from .doctor_checks import CONSTANT_TOL, PROBLEM_KINDS, RANGE_LIMIT, SampleProblem, check_sample
+from .doctor_readers import ReadError, find_files, is_video, read_latents, read_video
+from .progress import resolve_mode
+
+REPORT_NAME = "doctor_report.json"
+# Dimension positions in the project's (C, F, H, W) layout (images and 3-D latents: (C, H, W)).
+_DIMS = ("channels", "frames", "height", "width")
+
+
+@dataclass
+class SampleResult:
+    """The doctor's findings on one sample: a video file, or one tensor of a latent file."""
+
+    path: str  # relative to the scanned root, with forward slashes
+    key: str = ""  # the tensor's name inside a multi-tensor latent file, else ""
+    source: str = "latent"  # "video" | "latent"
+    shape: list[int] | None = None
+    dtype: str | None = None
+    min: float | None = None
+    max: float | None = None
+    problems: list[SampleProblem] = field(default_factory=list)
+    group: str = ""  # samples compared with each other for the majority shape
+
+    @property
+    def name(self) -> str:
+        return f"{self.path}[{self.key}]" if self.key else self.path
+
+    @property
+    def ok(self) -> bool:
+        return not self.problems
+
+    def to_dict(self) -> dict:
+        return {
+            "path": self.path, "key": self.key, "source": self.source, "shape": self.shape, "dtype": self.dtype,
+            "min": _json_float(self.min), "max": _json_float(self.max), "ok": self.ok,
+            "problems": [p.to_dict() for p in self.problems],
+        }
+
+
+def _json_float(v: float | None) -> float | str | None:
+    """NaN/Inf as strings: strict JSON has no literal for them."""
+    if v is None or v == v and abs(v) != float("inf"):
+        return v
+    return str(v)
+
+
+def _dims(shape: list[int]) -> dict[str, int]:
+    """The named dims of a (C, F, H, W) or (C, H, W) shape."""
+    if len(shape) == 4:
+        return dict(zip(_DIMS, shape))
+    if len(shape) == 3:
+        return {"channels": shape[0], "height": shape[1], "width": shape[2]}
+    return {}
+
+
+def examine_file(path: Path, root: Path, limit: float, constant_tol: float) -> list[SampleResult]:
+    """Read one file and check each of its samples' values (shapes are compared later, across samples)."""
+    rel = (path.relative_to(root) if path != root else Path(path.name)).as_posix()
+    source = "video" if is_video(path) else "latent"
+    try:
+        if source == "video":
+            clip, cut = read_video(path)
+            items, notes = [("", clip)], [cut]
+        else:
+            items = read_latents(path)
+            notes = [None] * len(items)
+    except ReadError as err:
+        return [SampleResult(rel, source=source, problems=[SampleProblem(err.kind, err.detail)])]
+    except Exception as err:  # noqa: BLE001 - a library crashing on a corrupt file is a finding
+        problem = SampleProblem("unreadable", f"{type(err).__name__}: {err}")
+        return [SampleResult(rel, source=source, problems=[problem])]
+
+    results = []
+    for (key, x), cut in zip(items, notes):
+        problems = [SampleProblem("truncated", cut)] if cut else []
+        found, stats = check_sample(x, limit, constant_tol)
+        results.append(SampleResult(
+            rel, key=key if len(items) > 1 else "", source=source, shape=list(x.shape),
+            dtype=str(x.dtype).removeprefix("torch."),
+            min=stats.min if stats else None, max=stats.max if stats else None, problems=problems + found,
+            group=source if source == "video" else (key if len(items) > 1 else "latent"),
+        ))
+    return results
+
+
+def check_shapes(results: list[SampleResult], expected: dict[str, int]) -> dict[str, list[int] | None]:
+    """Add shape/frames problems against the expected dims and each group's majority shape; returns the majorities."""
+    majorities: dict[str, list[int] | None] = {}
+    # A truncated clip's short frame count is a consequence, already reported: leave it out.
+    comparable = [r for r in results if r.shape is not None and not any(p.kind == "truncated" for p in r.problems)]
+    for group in sorted({r.group for r in comparable}):
+        members = [r for r in comparable if r.group == group]
+        counts = Counter(tuple(r.shape) for r in members).most_common(2)
+        unique = len(counts) == 1 or counts[0][1] > counts[1][1]
+        majority = list(counts[0][0]) if unique else None  # a tie names no majority
+        majorities[group] = majority
+        for r in members:
+            dims = _dims(r.shape)
+            for dim, want in expected.items():
+                if dim in dims and dims[dim] != want:
+                    kind = "frames" if dim == "frames" else "shape"
+                    detail = f"{dim} {dims[dim]}, expected {want} (shape {tuple(r.shape)})"
+                    r.problems.append(SampleProblem(kind, detail))
+            if majority is None or r.shape == majority or any(p.kind in ("shape", "frames") for p in r.problems):
+                continue
+            mdims = _dims(majority)
+            only_frames = len(r.shape) == len(majority) == 4 and [d for d in _DIMS if dims[d] != mdims[d]] == ["frames"]
+            if only_frames:
+                detail = f"{dims['frames']} frames, most samples have {mdims['frames']}"
+                r.problems.append(SampleProblem("frames", detail))
+            else:
+                r.problems.append(SampleProblem("shape", f"shape {tuple(r.shape)}, most samples are {tuple(majority)}"))
+    return majorities
+
+
+def _report_path(root: Path, json_arg: str | None) -> list[Path]:
+    """Where to write the JSON report, in order of preference."""
+    if json_arg:
+        return [Path(json_arg)]
+    folder = root if root.is_dir() else root.parent
+    return ([folder / REPORT_NAME] if os.access(folder, os.W_OK) else []) + [Path.cwd() / REPORT_NAME]
+
+
+def write_report(report: dict, candidates: list[Path]) -> Path | None:
+    """Write the report to the first candidate that accepts it."""
+    for path in candidates:
+        try:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            path.write_text(json.dumps(report, indent=2) + "\n")
+            return path
+        except OSError:
+            continue
+    return None
+
+
+def format_summary(root: Path, results: list[SampleResult], n_files: int) -> str:
+    """Counts per problem kind, then one line per bad sample."""
+    bad = [r for r in results if not r.ok]
+    lines = [f"doctor: {len(results)} samples in {n_files} files under {root}: "
+             + (f"{len(bad)} bad" if bad else "all clean")]
+    if not bad:
+        return "\n".join(lines)
+    counts = Counter(p.kind for r in bad for p in {p.kind: p for p in r.problems}.values())
+    width = max(len(k) for k in counts)
+    lines += ["", f"{'problem':<{max(width, 7)}}  samples"]
+    lines += [f"{k:<{max(width, 7)}}  {counts[k]:>7}" for k in PROBLEM_KINDS if counts[k]]
+    name_w = min(max(len(r.name) for r in bad), 60)
+    kind_w = max(len(",".join(dict.fromkeys(p.kind for p in r.problems))) for r in bad)
+    lines += ["", "bad samples:"]
+    for r in bad:
+        kinds = ",".join(dict.fromkeys(p.kind for p in r.problems))
+        lines.append(f"  {r.name:<{name_w}}  {kinds:<{kind_w}}  {'; '.join(p.detail for p in r.problems)}")
+    return "\n".join(lines)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="python -m sweep.doctor",
+        description="Scan a folder of videos or latent tensors (recursively) for samples that would break "
+        "or poison training: unreadable/truncated/empty files, NaN/Inf, values outside [-limit, limit], "
+        "wrong shapes or frame counts, constant clips. Exit status: 0 clean, 1 problems found, 2 usage error.",
+    )
+    parser.add_argument("path", help="dataset folder (or one file): videos (.mp4 .webm .mkv .avi .mov ...) decoded "
+                        "with PyAV and mapped to [-1, 1]; latents (.safetensors .pt .pth .npy .npz)")
+    parser.add_argument("--json", metavar="FILE", help=f"where to write the per-sample JSON report "
+                        f"(default: PATH/{REPORT_NAME}, or ./{REPORT_NAME} when PATH is not writable)")
+    parser.add_argument("--limit", type=float, default=RANGE_LIMIT,
+                        help="values with |x| above this are out of range (default %(default)s, the training "
+                        "loop's data.range_limit; VAE latents not scaled to [-1, 1] need a larger one)")
+    parser.add_argument("--constant-tol", type=float, default=CONSTANT_TOL,
+                        help="a sample whose max - min is at most this is constant (default %(default)s)")
+    for dim in _DIMS:
+        parser.add_argument(f"--{dim}", type=int, metavar="N",
+                            help=f"expected {dim} of every sample, in the (C, F, H, W) / (C, H, W) layout "
+                            "(default: compare with the majority of the folder)")
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
+    try:
+        args = parser.parse_args(argv)
+    except SystemExit as exit_:  # --help (0) or a bad option (2, argparse printed why)
+        return int(exit_.code or 0)
+    root = Path(args.path)
+    if not root.exists():
+        print(f"doctor: no such file or directory: {args.path}", file=sys.stderr)
+        return 2
+    if not args.limit > 0 or args.constant_tol < 0:
+        print("doctor: --limit must be > 0 and --constant-tol >= 0", file=sys.stderr)
+        return 2
+    expected = {d: getattr(args, d) for d in _DIMS if getattr(args, d) is not None}
+    if any(v < 1 for v in expected.values()):
+        print("doctor: --channels/--frames/--height/--width must be >= 1", file=sys.stderr)
+        return 2
+
+    files = find_files(root)
+    if not files:
+        print(f"doctor: no video or latent files under {root}", file=sys.stderr)
+        return 1
+    bar = resolve_mode(Progress.auto) is Progress.bar  # a bar for a person at a terminal only
+    results: list[SampleResult] = []
+    for path in tqdm(files, desc="doctor", unit="file", disable=not bar, leave=False, file=sys.stderr):
+        results += examine_file(path, root, args.limit, args.constant_tol)
+    majorities = check_shapes(results, expected)
+
+    print(format_summary(root, results, len(files)))
+    bad = [r for r in results if not r.ok]
+    report = {
+        "path": str(root.resolve()),
+        "limit": args.limit,
+        "constant_tol": args.constant_tol,
+        "expected": expected,
+        "majority_shapes": majorities,
+        "n_files": len(files),
+        "n_samples": len(results),
+        "n_bad": len(bad),
+        "counts": {k: sum(any(p.kind == k for p in r.problems) for r in bad) for k in PROBLEM_KINDS},
+        "samples": [r.to_dict() for r in results],
+    }
+    written = write_report(report, _report_path(root, args.json))
+    if written is None:
+        print("doctor: could not write the JSON report anywhere", file=sys.stderr)
+    else:
+        print(f"report: {written}")
+    return 1 if bad else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
