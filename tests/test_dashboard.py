@@ -5,16 +5,20 @@ import json
 import shutil
 import socket
 import subprocess
+import sys
 import time
 import urllib.request
+from pathlib import Path
 
 import pytest
 
 from sweep.config import LedgerConfig
 from sweep.ledger import record_run, storage_url
 
-pytestmark = pytest.mark.skipif(shutil.which("optuna-dashboard") is None,
-                                reason="optuna-dashboard not installed (pip install -e '.[dashboard]')")
+# The console script beside this interpreter (make test does not activate the venv), else on PATH.
+DASHBOARD = str(Path(sys.executable).parent / "optuna-dashboard") if (Path(sys.executable).parent / "optuna-dashboard"
+                                                                     ).exists() else shutil.which("optuna-dashboard")
+pytestmark = pytest.mark.skipif(DASHBOARD is None, reason="optuna-dashboard not installed (pip install -e '.[dashboard]')")
 
 
 def free_port() -> int:
@@ -42,7 +46,7 @@ def test_dashboard_shows_our_trials(tmp_path):
             "initial_loss": 1.0, "first_bad_step": 1 if status == "diverged" else None,
             "params": {"optim.lr": 10.0 ** -(i + 3)}})
     port = free_port()
-    proc = subprocess.Popen(["optuna-dashboard", storage_url(cfg, tmp_path), "--host", "127.0.0.1", "--port", str(port)],
+    proc = subprocess.Popen([DASHBOARD, storage_url(cfg, tmp_path), "--host", "127.0.0.1", "--port", str(port)],
                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     try:
         deadline = time.time() + 30

@@ -11,6 +11,17 @@ from pathlib import Path
 import pytest
 from hydra.test_utils.launcher_common_tests import BatchedSweeperTestSuite
 from hydra.test_utils.test_utils import TSweepRunner
+from hydra.version import _UNSPECIFIED_, VersionBase
+
+
+@pytest.fixture(autouse=True)
+def _hydra_legacy_version_base():
+    """Hydra's suites assume its default version base (jobs chdir into their dirs); other tests of
+    ours compose with version_base="1.3", which Hydra keeps in a process-wide singleton."""
+    saved = VersionBase.instance().getbase()
+    VersionBase.instance().version_base = _UNSPECIFIED_
+    yield
+    VersionBase.instance().version_base = saved
 
 
 @pytest.mark.parametrize("launcher_name, overrides", [("basic", ["hydra/sweeper=grid", "hydra.sweeper.max_batch_size=2"])])
