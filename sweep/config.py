@@ -192,6 +192,8 @@ class MonitorConfig:
     """stalled: at least this fraction of the weights, weighted by |w|, unchanged over a window."""
     stop_on_divergence: bool = True
     """Stop at the first bad step (the verdict and first_bad_step are the same either way)."""
+    forensics: bool = True
+    """On a non-finite loss/gradient, replay the run to its bad step with module hooks to find where."""
 
 
 @dataclass

@@ -48,6 +48,8 @@ class RunResult:
     """The kernels that actually ran: attention backend, modulate implementation."""
     device: str | None = None
     n_params: int | None = None
+    headroom: list = field(default_factory=list)
+    """Forensics of a non-finite run: the modules closest to their dtype's max at the bad step."""
 
     def to_dict(self) -> dict:
         d = asdict(self)

@@ -7,6 +7,7 @@ started).
 """
 from __future__ import annotations
 
+import dataclasses
 import logging
 import math
 import time
@@ -20,6 +21,7 @@ from .config import RunConfig
 from .precision import PrecisionPolicy
 from .progress import RunProgress
 from .results import MetricsLog, RunResult, package_versions, write_result
+from .forensics import locate
 from .train import train
 
 log = logging.getLogger("sweep")
@@ -65,6 +67,10 @@ def execute(run: RunConfig, out_dir: Path, params: dict, label: str = "") -> Run
             result.verdict, result.first_bad_step = divergence.verdict, divergence.step
             result.cause = divergence.to_dict()["cause"]
             result.steps_run = divergence.step + 1
+            if run.monitor.forensics and result.cause["where"] in ("forward", "backward"):
+                cause, headroom = locate(run, divergence.verdict, divergence.step, device)
+                result.cause = dataclasses.asdict(cause) if cause else result.cause
+                result.headroom = headroom
     except KernelUnavailable as e:  # a forced kernel refused these inputs: not a bug, not a result
         result.status, result.reason = "skipped", str(e)
     except Exception as e:  # a bug or a crash (OOM): recorded, never raised into the sweep

@@ -8,6 +8,7 @@ other modules; this one only says the order things happen in.
 """
 from __future__ import annotations
 
+import contextlib
 import math
 
 import torch
@@ -28,8 +29,13 @@ def global_grad_norm(grads: list[torch.Tensor]) -> torch.Tensor:
     return torch.linalg.vector_norm(torch.stack(torch._foreach_norm(grads, 2, dtype=torch.float32)))
 
 
-def train(run: RunConfig, parts: RunParts, metrics: MetricsLog, progress: RunProgress) -> Divergence | None:
-    """Train `run.steps` steps; return the first divergence (None when stable)."""
+def train(run: RunConfig, parts: RunParts, metrics: MetricsLog, progress: RunProgress,
+          probe: tuple[int, contextlib.AbstractContextManager] | None = None) -> Divergence | None:
+    """Train `run.steps` steps; return the first divergence (None when stable).
+
+    `probe=(step, ctx)` runs that step's forward and backward inside `ctx` (forensics' module hooks);
+    every other step runs hook-free.
+    """
     model, opt, scaler, device, policy = parts.model, parts.optimizer, parts.scaler, parts.device, parts.policy
     params = [p for p in model.parameters() if p.requires_grad]
     monitor = DivergenceMonitor(run.monitor)
@@ -45,11 +51,12 @@ def train(run: RunConfig, parts: RunParts, metrics: MetricsLog, progress: RunPro
         lr = parts.lr_at(step)
         for group in opt.param_groups:
             group["lr"] = lr
-        with policy.autocast(device):
-            pred = model(noisy.to(policy.param_dtype), t)
-        loss = parts.objective.loss(pred, target) * run.objective.loss_weight
-        scale = scaler.scale
-        scaler.scale_loss(loss).backward()
+        with (probe[1] if probe and probe[0] == step else contextlib.nullcontext()):
+            with policy.autocast(device):
+                pred = model(noisy.to(policy.param_dtype), t)
+            loss = parts.objective.loss(pred, target) * run.objective.loss_weight
+            scale = scaler.scale
+            scaler.scale_loss(loss).backward()
         grads = [p.grad for p in params if p.grad is not None]
         scaler.unscale_(grads)
         grad_norm = global_grad_norm(grads)
@@ -79,7 +86,9 @@ def _explain(verdict: Divergence, model: torch.nn.Module, pred: torch.Tensor) ->
     """Sharpen `cause` from what is at hand on the bad path only (full forensics replay is separate)."""
     if verdict.verdict == "nonfinite_loss":
         name = _first_nonfinite(model.named_parameters(), lambda p: p)
-        if name is not None:
+        if name is not None and verdict.step == 0:  # no update yet: the weights came in broken
+            verdict.cause = Cause("checkpoint", name.rsplit(".", 1)[0], f"weight {name} is non-finite before any update")
+        elif name is not None:
             verdict.cause = Cause("optimizer", name.rsplit(".", 1)[0],
                                   f"weight {name} is non-finite after the update of step {verdict.step - 1}")
         elif bool(torch.isfinite(pred).all()):

@@ -1,0 +1,60 @@
+"""Replay a finished run to its first bad step (or its last step) with hooks on every module.
+
+    python -m sweep.replay outputs/runs/2026-11-22/10-00-00
+
+Rebuilds the run from its saved config (.hydra/config.yaml), re-trains it deterministically to the
+step, and prints where the values first went non-finite (forward or backward, which module) and the
+modules closest to their dtype's overflow edge. Writes forensics.json into the run directory.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+from omegaconf import OmegaConf
+
+from .build import resolve_device
+from .config import ConfigError, RunConfig, to_run_config
+from .forensics import locate
+from .results import RESULT_FILE
+
+
+def load_run(run_dir: Path) -> RunConfig:
+    """The RunConfig a run directory was made with."""
+    saved = OmegaConf.load(run_dir / ".hydra" / "config.yaml")
+    return to_run_config(OmegaConf.merge(OmegaConf.structured(RunConfig), saved))
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m sweep.replay", description=__doc__.split("\n\n")[0])
+    ap.add_argument("run_dir", type=Path, help="a run directory (holds result.json and .hydra/config.yaml)")
+    ap.add_argument("--step", type=int, default=None, help="probe this step instead of the first bad (or last) one")
+    args = ap.parse_args(argv)
+    run_dir: Path = args.run_dir
+    if not (run_dir / RESULT_FILE).is_file() or not (run_dir / ".hydra" / "config.yaml").is_file():
+        print(f"sweep.replay: {run_dir} is not a run directory (needs result.json and .hydra/config.yaml)", file=sys.stderr)
+        return 2
+    try:
+        run = load_run(run_dir)
+    except ConfigError as e:
+        print(f"sweep.replay: config error: {e}", file=sys.stderr)
+        return 2
+    result = json.loads((run_dir / RESULT_FILE).read_text())
+    step = args.step if args.step is not None else (
+        result.get("first_bad_step") if result.get("first_bad_step") is not None else max(0, result.get("steps_run", 1) - 1))
+    verdict = result.get("verdict") or "nonfinite_loss"
+    cause, headroom = locate(run, verdict, step, resolve_device(run.device))
+    print(f"{run_dir}: {result['status']} {result.get('verdict') or ''} - probed step {step}")
+    print(f"cause: {cause.where} / {cause.module} / {cause.detail}" if cause else "cause: nothing non-finite at that step")
+    print("closest to overflow (max |activation| / dtype max):")
+    for h in headroom:
+        print(f"  {h['module']:<32} {h['headroom']:>9.3g}  amax {h['amax']:.3g} ({h['dtype']})")
+    out = {"step": step, "cause": None if cause is None else cause.__dict__, "headroom": headroom}
+    (run_dir / "forensics.json").write_text(json.dumps(out, indent=2) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

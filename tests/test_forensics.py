@@ -1,0 +1,79 @@
+"""Forensics: for each injected cause, the recorded cause.where and cause.module are the true ones."""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+import torch
+
+import sweep.build
+from sweep.run import execute
+
+from .conftest import FAST, REPO, make_run
+
+
+def run_with_weights(tmp_path, monkeypatch, edit, *overrides):
+    """A run whose freshly built model is edited (the same edit applies to the forensic replay)."""
+    real = sweep.build.build_model
+
+    def build(*a, **k):
+        model = real(*a, **k)
+        with torch.no_grad():
+            edit(model)
+        return model
+
+    monkeypatch.setattr(sweep.build, "build_model", build)
+    return execute(make_run(*overrides), tmp_path, params={})
+
+
+def test_overflowing_attention_in_fp16_is_found_in_its_block(tmp_path, monkeypatch):
+    """Huge q/k weights in blocks.1 only: QK^T overflows fp16 in eager attention there, nowhere else."""
+    def edit(model):
+        model.blocks[1].attn.qkv.weight.mul_(300.0)
+
+    r = run_with_weights(tmp_path, monkeypatch, edit, "precision=fp16_amp_noscale", "attention=eager", "steps=3")
+    assert (r.verdict, r.first_bad_step) == ("nonfinite_loss", 0)
+    assert (r.cause["where"], r.cause["module"]) == ("forward", "blocks.1.attn"), r.cause
+    assert r.headroom and all(h["dtype"] for h in r.headroom)
+
+
+def test_corrupted_weight_is_blamed_on_the_weights_not_the_forward(tmp_path, monkeypatch):
+    def edit(model):
+        model.blocks[2].mlp.fc1.weight[3, 5] = float("nan")
+
+    r = run_with_weights(tmp_path, monkeypatch, edit, "steps=3")
+    assert (r.verdict, r.first_bad_step) == ("nonfinite_loss", 0)
+    assert (r.cause["where"], r.cause["module"]) == ("checkpoint", "blocks.2.mlp.fc1"), r.cause
+
+
+def test_exploding_lr_is_an_optimizer_spike(tmp_path):
+    r = execute(make_run("optim.lr=0.3", "steps=40"), tmp_path, params={})
+    assert (r.verdict, r.cause["where"]) == ("loss_spike", "optimizer")
+
+
+def test_nan_sample_is_blamed_on_the_data(tmp_path):
+    r = execute(make_run("data.faults=[{index:0,kind:nan},{index:1,kind:nan},{index:2,kind:nan},{index:3,kind:nan}]",
+                         "data.num_samples=8", "data.batch_size=8", "steps=2"), tmp_path, params={})
+    assert (r.verdict, r.cause["where"], r.first_bad_step) == ("bad_input", "data", 0)
+
+
+def test_replay_command_on_a_finished_run(tmp_path):
+    run_dir = tmp_path / "run"
+    env = {**os.environ, "PYTHONPATH": str(REPO), "CI": "1", "OMP_NUM_THREADS": "1"}
+    subprocess.run([sys.executable, "-m", "sweep", "precision=fp16_amp_noscale", "optim.lr=0.3", "steps=40",
+                    "monitor.spike_factor=1e9", *FAST, f"hydra.run.dir={run_dir}"], check=True, env=env,
+                   capture_output=True, timeout=300)
+    result = json.loads((run_dir / "result.json").read_text())
+    assert result["verdict"] == "nonfinite_loss" and result["cause"]["where"] == "forward"
+    proc = subprocess.run([sys.executable, "-m", "sweep.replay", str(run_dir)], env=env, capture_output=True,
+                          text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr
+    forensics = json.loads((run_dir / "forensics.json").read_text())
+    assert forensics["step"] == result["first_bad_step"]
+    assert forensics["cause"] == result["cause"]  # the replay is deterministic: the same place again
+    assert "closest to overflow" in proc.stdout
+    bad = subprocess.run([sys.executable, "-m", "sweep.replay", str(tmp_path / "nope")], env=env,
+                         capture_output=True, text=True, timeout=60)
+    assert bad.returncode == 2 and len(bad.stderr.strip().splitlines()) == 1
