@@ -78,7 +78,9 @@ def open_storage(url: str, heartbeat_s: Optional[int] = None, stale_after_s: Opt
     if url.startswith("sqlite"):
         Path(url.split(":///", 1)[1]).parent.mkdir(parents=True, exist_ok=True)
         kwargs["engine_kwargs"] = {"connect_args": {"timeout": 60}}
-    return optuna.storages.RDBStorage(url, heartbeat_interval=heartbeat_s, grace_period=stale_after_s, **kwargs)
+    # Retried: processes creating the same new database at once race on its schema tables.
+    return with_retries(lambda: optuna.storages.RDBStorage(url, heartbeat_interval=heartbeat_s,
+                                                           grace_period=stale_after_s, **kwargs), "open storage")
 
 
 def with_retries(fn: Callable[[], T], what: str, attempts: int = 8) -> T:
