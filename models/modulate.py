@@ -17,7 +17,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-MODULATE_IMPLS = ("eager", "fused")
+MODULATE_IMPLS = ("eager", "fused", "fused_buggy")
 
 
 @torch.library.custom_op("dit_sweep::modulate", mutates_args=())
@@ -74,6 +74,11 @@ def modulate(x: Tensor, shift: Tensor, scale: Tensor, impl: str) -> Tensor:
         )
     if impl == "eager":
         return x * (1 + scale[:, None]) + shift[:, None]  # (B, N, D)
+    if impl == "fused_buggy":
+        # OpenDiT's Triton modulate picked the scale/shift row once per program block instead of
+        # per batch row: every sample gets sample 0's conditioning. Right at batch 1, wrong above;
+        # kept to reproduce that case and to prove the parity check (sweep.parity) catches it.
+        return x * (1 + scale[:1, None]) + shift[:1, None]  # (B, N, D), row 0 broadcast
     # Autocast does not touch custom ops, so align dtypes here: x is the tensor being
     # modulated and sets the working precision.
     return torch.ops.dit_sweep.modulate(x, shift.to(x.dtype), scale.to(x.dtype))  # (B, N, D)

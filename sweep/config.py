@@ -41,6 +41,7 @@ class AttentionBackend(str, Enum):
 class ModulateImpl(str, Enum):
     eager = "eager"
     fused = "fused"
+    fused_buggy = "fused_buggy"
 
 
 class Arch(str, Enum):
@@ -115,7 +116,8 @@ class AttentionConfig:
 @dataclass
 class ModulateConfig:
     impl: ModulateImpl = ModulateImpl.eager
-    """eager: x * (1 + scale) + shift; fused: one fused kernel (custom op)."""
+    """eager: x * (1 + scale) + shift; fused: one fused kernel (custom op); fused_buggy: OpenDiT's
+    per-block scale/shift indexing bug (sample 0's row for every sample), to reproduce that case."""
 
 
 @dataclass

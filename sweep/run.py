@@ -30,6 +30,7 @@ KERNEL_NAMES = {
     "flash": "sdpa:FLASH_ATTENTION", "math": "sdpa:MATH", "efficient": "sdpa:EFFICIENT_ATTENTION",
     "cudnn": "sdpa:CUDNN_ATTENTION", "eager": "eager:softmax(QK^T)",
 }
+MODULATE_NAMES = {"eager": "eager", "fused": "dit_sweep::modulate", "fused_buggy": "fused_buggy:row0-shift-scale"}
 
 
 def execute(run: RunConfig, out_dir: Path, params: dict, label: str = "") -> RunResult:
@@ -58,7 +59,7 @@ def execute(run: RunConfig, out_dir: Path, params: dict, label: str = "") -> Run
         train_seconds = time.perf_counter() - train_start
         # The kernels are forced (no fallback), so having trained means these are the ones that ran.
         result.kernels = {"attention": KERNEL_NAMES[run.attention.backend.value],
-                          "modulate": "dit_sweep::modulate" if run.modulate.impl.value == "fused" else "eager"}
+                          "modulate": MODULATE_NAMES[run.modulate.impl.value]}
         _fill_from_metrics(result, metrics, train_seconds)
         if divergence is None:
             result.status = "stable"
