@@ -68,6 +68,8 @@ def train(run: RunConfig, parts: RunParts, metrics: MetricsLog, progress: RunPro
                 torch._foreach_mul_(grads, run.optim.grad_clip / (norm_v + 1e-6))
             opt.step()
             verdict = monitor.after_update(step, params, grads)
+        if verdict is not None:  # before zero_grad: the explanation reads the gradients
+            first = first or _explain(verdict, model, pred)
         opt.zero_grad(set_to_none=True)
         checked = (step + 1) % run.monitor.stall_window == 0  # stall statistics exist on check steps only
         metrics.log(step=step, loss=loss_v, grad_norm=norm_v, lr=lr, loss_scale=scale if scaler.enabled else "",
@@ -75,17 +77,15 @@ def train(run: RunConfig, parts: RunParts, metrics: MetricsLog, progress: RunPro
                     unchanged_fraction=monitor.last_unchanged_fraction if checked else "",
                     zero_grad_fraction=monitor.last_zero_grad_fraction if checked else "")
         progress.update(step, loss_v, scale if scaler.enabled else None)
-        if verdict is not None:
-            first = first or _explain(verdict, model, pred)
-            if run.monitor.stop_on_divergence:
-                break
+        if verdict is not None and run.monitor.stop_on_divergence:
+            break
     return first
 
 
 def _explain(verdict: Divergence, model: torch.nn.Module, pred: torch.Tensor) -> Divergence:
     """Sharpen `cause` from what is at hand on the bad path only (full forensics replay is separate)."""
     if verdict.verdict == "nonfinite_loss":
-        name = _first_nonfinite(model.named_parameters(), lambda p: p)
+        name = _first_nonfinite(model.named_parameters())
         if name is not None and verdict.step == 0:  # no update yet: the weights came in broken
             verdict.cause = Cause("checkpoint", name.rsplit(".", 1)[0], f"weight {name} is non-finite before any update")
         elif name is not None:
@@ -97,17 +97,16 @@ def _explain(verdict: Divergence, model: torch.nn.Module, pred: torch.Tensor) ->
             verdict.cause = Cause("forward", None, "model output is non-finite with finite weights and inputs")
     elif verdict.verdict == "nonfinite_grad":
         # Backward runs the last layer first: the first non-finite gradient in that order is where it began.
-        names = [n for n, p in model.named_parameters() if p.grad is not None]
-        params = dict(model.named_parameters())
-        for name in reversed(names):
-            if not bool(torch.isfinite(params[name].grad).all()):
-                verdict.cause = Cause("backward", name.rsplit(".", 1)[0], f"non-finite gradient in {name}")
-                break
+        grads = [(n, p.grad) for n, p in model.named_parameters() if p.grad is not None]
+        name = _first_nonfinite(reversed(grads))
+        if name is not None:
+            verdict.cause = Cause("backward", name.rsplit(".", 1)[0], f"non-finite gradient in {name}")
     return verdict
 
 
-def _first_nonfinite(named, pick) -> str | None:
+def _first_nonfinite(named) -> str | None:
+    """The first name whose tensor holds a NaN/Inf, in the given order."""
     for name, t in named:
-        if not bool(torch.isfinite(pick(t)).all()):
+        if not bool(torch.isfinite(t).all()):
             return name
     return None

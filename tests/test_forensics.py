@@ -77,3 +77,13 @@ def test_replay_command_on_a_finished_run(tmp_path):
     bad = subprocess.run([sys.executable, "-m", "sweep.replay", str(tmp_path / "nope")], env=env,
                          capture_output=True, text=True, timeout=60)
     assert bad.returncode == 2 and len(bad.stderr.strip().splitlines()) == 1
+
+
+def test_nonfinite_gradient_names_a_parameter_with_forensics_off(tmp_path, monkeypatch):
+    """The cheap explanation alone (no replay) reads the gradients before they are cleared."""
+    def edit(model):  # an Inf gradient for one weight, finite loss
+        model.blocks[0].mlp.fc2.weight.register_hook(lambda g: g * float("inf"))
+
+    r = run_with_weights(tmp_path, monkeypatch, edit, "steps=3", "monitor.forensics=false")
+    assert r.verdict == "nonfinite_grad"
+    assert (r.cause["where"], r.cause["module"]) == ("backward", "blocks.0.mlp.fc2"), r.cause
