@@ -13,6 +13,7 @@ import math
 import time
 import traceback
 from pathlib import Path
+from typing import Sequence
 
 from models import KernelUnavailable, count_params
 
@@ -22,7 +23,7 @@ from .precision import PrecisionPolicy
 from .progress import RunProgress
 from .results import MetricsLog, RunResult, package_versions, write_result
 from .forensics import locate
-from .train import train
+from .train import StepHook, train
 
 log = logging.getLogger("sweep")
 
@@ -33,8 +34,11 @@ KERNEL_NAMES = {
 MODULATE_NAMES = {"eager": "eager", "fused": "dit_sweep::modulate", "fused_buggy": "fused_buggy:row0-shift-scale"}
 
 
-def execute(run: RunConfig, out_dir: Path, params: dict, label: str = "") -> RunResult:
-    """Run one config and write its files; the returned result is what result.json holds."""
+def execute(run: RunConfig, out_dir: Path, params: dict, label: str = "", hooks: Sequence[StepHook] = ()) -> RunResult:
+    """Run one config and write its files; the returned result is what result.json holds.
+
+    `hooks` act after every training step (sweep.train.StepHook).
+    """
     out_dir = Path(out_dir)
     start = time.perf_counter()
     result = RunResult(status="error", params=params, versions=package_versions(), seed=run.seed)
@@ -53,7 +57,7 @@ def execute(run: RunConfig, out_dir: Path, params: dict, label: str = "") -> Run
         progress = RunProgress(run.steps, run.progress, run.log_every, label)
         train_start = time.perf_counter()
         try:
-            divergence = train(run, parts, metrics, progress)
+            divergence = train(run, parts, metrics, progress, hooks=hooks)
         finally:
             progress.close()
         train_seconds = time.perf_counter() - train_start

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import math
+from typing import Protocol, Sequence
 
 import torch
 
@@ -29,12 +30,20 @@ def global_grad_norm(grads: list[torch.Tensor]) -> torch.Tensor:
     return torch.linalg.vector_norm(torch.stack(torch._foreach_norm(grads, 2, dtype=torch.float32)))
 
 
+class StepHook(Protocol):
+    """Something that acts after each step: saves a checkpoint, reports to a pruner, ..."""
+
+    def after_step(self, step: int, loss: float, parts: RunParts) -> bool:
+        """Called once the step is logged; True stops the run after this step (not a divergence)."""
+
+
 def train(run: RunConfig, parts: RunParts, metrics: MetricsLog, progress: RunProgress,
-          probe: tuple[int, contextlib.AbstractContextManager] | None = None) -> Divergence | None:
+          probe: tuple[int, contextlib.AbstractContextManager] | None = None,
+          hooks: Sequence[StepHook] = ()) -> Divergence | None:
     """Train `run.steps` steps; return the first divergence (None when stable).
 
     `probe=(step, ctx)` runs that step's forward and backward inside `ctx` (forensics' module hooks);
-    every other step runs hook-free.
+    every other step runs hook-free. `hooks` run after every step, in order, all of them.
     """
     model, opt, scaler, device, policy = parts.model, parts.optimizer, parts.scaler, parts.device, parts.policy
     params = [p for p in model.parameters() if p.requires_grad]
@@ -78,6 +87,8 @@ def train(run: RunConfig, parts: RunParts, metrics: MetricsLog, progress: RunPro
                     zero_grad_fraction=monitor.last_zero_grad_fraction if checked else "")
         progress.update(step, loss_v, scale if scaler.enabled else None)
         if verdict is not None and run.monitor.stop_on_divergence:
+            break
+        if any([hook.after_step(step, loss_v, parts) for hook in hooks]):  # a list: every hook runs
             break
     return first
 
