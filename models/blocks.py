@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+import contextlib
+import math
+
+import torch
 import torch.nn as nn
 from torch import Tensor
 
@@ -17,6 +21,62 @@ def check_kernel_names(attention: str | None = None, modulate_impl: str | None =
         raise ValueError(f"unknown attention backend {attention!r}; choose one of {ATTENTION_BACKENDS}")
     if modulate_impl is not None and modulate_impl not in MODULATE_IMPLS:
         raise ValueError(f"unknown modulate impl {modulate_impl!r}; choose one of {MODULATE_IMPLS}")
+
+
+class LogitStats:
+    """Max attention logit and lowest mean attention entropy over the attention layers it watches.
+
+    Logit growth (and the entropy collapse that follows it) is the classic instability of small
+    transformers at high lr (Wortsman et al. 2023). Flash kernels never materialise the logits, so
+    this recomputes QK^T in fp32 from the detached q/k: one extra matmul per layer, on the steps the
+    caller switches it on for only.
+    """
+
+    def __init__(self) -> None:
+        self.max_logit = -math.inf
+        self.min_entropy = math.inf
+        self._max: list[Tensor] = []
+        self._entropy: list[Tensor] = []
+
+    @torch.no_grad()
+    def observe(self, q: Tensor, k: Tensor) -> None:
+        logits = (q.float() @ k.float().transpose(-2, -1)) * q.shape[-1] ** -0.5  # (B, heads, N, N)
+        p = logits.softmax(-1)
+        entropy = -(p * p.clamp_min(1e-30).log()).sum(-1).mean()  # nats, mean over rows and heads
+        self._max.append(logits.amax())
+        self._entropy.append(entropy)
+
+    def collect(self) -> tuple[float, float]:
+        """(max logit, min entropy) since the last collect, fetched in one sync; NaN when nothing ran."""
+        if not self._max:
+            return math.nan, math.nan
+        max_logit, min_entropy = torch.stack([torch.stack(self._max).amax(), torch.stack(self._entropy).amin()]).tolist()
+        self._max, self._entropy = [], []
+        self.max_logit, self.min_entropy = max(self.max_logit, max_logit), min(self.min_entropy, min_entropy)
+        return max_logit, min_entropy
+
+
+def scale_query_key(model: nn.Module, gain: float) -> None:
+    """Multiply every attention layer's query and key weights by gain (logits grow by gain**2)."""
+    with torch.no_grad():
+        for m in model.modules():
+            if isinstance(m, Attention):
+                d = m.qkv.out_features // 3
+                m.qkv.weight[: 2 * d].mul_(gain)
+                m.qkv.bias[: 2 * d].mul_(gain)
+
+
+@contextlib.contextmanager
+def watching_logits(model: nn.Module, stats: LogitStats, on: bool = True):
+    """Every attention layer of model reports its logits to stats inside the block (when on)."""
+    layers = [m for m in model.modules() if isinstance(m, Attention)] if on else []
+    for m in layers:
+        m.logit_stats = stats
+    try:
+        yield stats
+    finally:
+        for m in layers:
+            m.logit_stats = None
 
 
 class Attention(nn.Module):
@@ -36,12 +96,15 @@ class Attention(nn.Module):
         self.q_norm = nn.LayerNorm(self.head_dim) if qk_norm else nn.Identity()
         self.k_norm = nn.LayerNorm(self.head_dim) if qk_norm else nn.Identity()
         self.proj = nn.Linear(dim, dim, bias=True)
+        self.logit_stats: LogitStats | None = None  # set by watch_logits on the steps that record them
 
     def forward(self, x: Tensor) -> Tensor:
         B, N, C = x.shape
         qkv = self.qkv(x).reshape(B, N, 3, self.num_heads, self.head_dim)  # (B, N, 3, heads, head_dim)
         q, k, v = qkv.permute(2, 0, 3, 1, 4).unbind(0)  # 3 x (B, heads, N, head_dim)
         q, k = self.q_norm(q), self.k_norm(k)
+        if self.logit_stats is not None:
+            self.logit_stats.observe(q, k)
         x = attend(q, k, v, self.backend)  # (B, heads, N, head_dim)
         x = x.transpose(1, 2).reshape(B, N, C)  # (B, N, D)
         return self.proj(x)  # (B, N, D)

@@ -10,17 +10,21 @@ from __future__ import annotations
 import math
 import os
 import random
+import tempfile
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Callable
 
 import numpy as np
 import torch
 
-from models import backend_unavailable_reason, build_model
+from models import backend_unavailable_reason, build_model, scale_query_key
 
+from . import checkpoint
 from .config import RunConfig, Schedule
 from .data import BatchOrder, Fault, SyntheticClips
 from .diffusion import DiffusionObjective
+from .monitor import DivergenceMonitor
 from .precision import LossScaler, PrecisionPolicy
 
 # Seed streams: independent generators for weights, data order and diffusion noise, so changing
@@ -90,16 +94,33 @@ class RunParts:
     objective: DiffusionObjective
     noise_gen: torch.Generator
     lr_at: Callable[[int], float]
+    monitor: DivergenceMonitor
+    start_step: int = 0
+    """The first step to run: 0, or a resumed checkpoint's step."""
+    loaded: str | None = None
+    """What weights were loaded (init_from or resume_from), for the result."""
 
 
-def build_parts(run: RunConfig, device: torch.device, policy: PrecisionPolicy) -> RunParts:
-    """Model (in the policy's param dtype), AdamW, data, objective and scaler for one run."""
+def build_parts(run: RunConfig, device: torch.device, policy: PrecisionPolicy, scratch: Path | None = None) -> RunParts:
+    """Model (in the policy's param dtype), AdamW, data, objective, scaler and monitor for one run.
+
+    Weights from `model.init_from` or a `checkpoint.resume_from` state are loaded (and verified) here,
+    so a corrupt file raises checkpoint.CorruptCheckpoint before any step. `scratch` is where a
+    fault-injected copy of that file goes (checkpoint.inject).
+    """
     d, m = run.data, run.model
     model = build_model(
         m.arch.value, m.size, input_size=d.height, in_channels=d.channels,
         num_frames=d.frames if m.arch.value == "video_dit" else None, patch_size=m.patch_size,
         qk_norm=m.qk_norm, attention=run.attention.backend.value, modulate=run.modulate.impl.value,
-    ).to(device=device, dtype=policy.param_dtype)
+    )
+    if m.qk_gain != 1.0:
+        scale_query_key(model, m.qk_gain)
+    model = model.to(device=device, dtype=policy.param_dtype)
+    init_from, resume_from = _maybe_corrupted(run, scratch)
+    if init_from:
+        state = checkpoint.load_weights(Path(init_from), verify=run.checkpoint.verify)
+        checkpoint.load_model_weights(model, state, init_from)
     o = run.optim
     # foreach=False: the single-tensor AdamW path is bit-stable across torch builds on CPU, and
     # keeps the optimizer state in the params' dtype (pure fp16/bf16 means exactly that).
@@ -113,7 +134,26 @@ def build_parts(run: RunConfig, device: torch.device, policy: PrecisionPolicy) -
     objective = DiffusionObjective(kind=j.kind.value, num_train_timesteps=j.num_train_timesteps,
                                    beta_schedule=j.beta_schedule, prediction=j.prediction, flow_shift=j.flow_shift)
     noise_gen = torch.Generator(device=device).manual_seed(stream_seed(run.seed, _NOISE_STREAM))
-    return RunParts(device=device, policy=policy, model=model, optimizer=optimizer,
-                    scaler=LossScaler(run.precision.scaler), dataset=dataset,
-                    order=BatchOrder(d.num_samples, d.batch_size, stream_seed(run.seed, _ORDER_STREAM)),
-                    objective=objective, noise_gen=noise_gen, lr_at=lr_schedule(run))
+    monitor = DivergenceMonitor(run.monitor)
+    monitor.start([p for p in model.parameters() if p.requires_grad])
+    parts = RunParts(device=device, policy=policy, model=model, optimizer=optimizer,
+                     scaler=LossScaler(run.precision.scaler), dataset=dataset,
+                     order=BatchOrder(d.num_samples, d.batch_size, stream_seed(run.seed, _ORDER_STREAM)),
+                     objective=objective, noise_gen=noise_gen, lr_at=lr_schedule(run), monitor=monitor,
+                     loaded=resume_from or init_from)
+    if resume_from:
+        parts.start_step = checkpoint.resume(parts, Path(resume_from), verify=run.checkpoint.verify)
+        if parts.start_step >= run.steps:
+            raise ValueError(f"checkpoint.resume_from is at step {parts.start_step}, steps={run.steps}: nothing left to run")
+    return parts
+
+
+def _maybe_corrupted(run: RunConfig, scratch: Path | None) -> tuple[str | None, str | None]:
+    """(init_from, resume_from), with the one being loaded replaced by a corrupted copy under checkpoint.inject."""
+    init_from, resume_from, c = run.model.init_from, run.checkpoint.resume_from, run.checkpoint
+    if c.inject is None:
+        return init_from, resume_from
+    dest = Path(scratch or tempfile.mkdtemp(prefix="dit-sweep-")) / "injected_checkpoint"
+    source = resume_from or init_from
+    corrupted, _ = checkpoint.inject_fault(Path(source), dest, c.inject, c.inject_tensor)
+    return (init_from, str(corrupted)) if resume_from else (str(corrupted), None)

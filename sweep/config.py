@@ -128,6 +128,11 @@ class ModelConfig:
     patch_size: int = 2
     qk_norm: bool = False
     """LayerNorm on queries and keys: the standard fix for attention-logit growth."""
+    qk_gain: float = 1.0
+    """Multiplies the initial query/key weights: a model whose attention logits are already large,
+    as in a pretrained checkpoint whose logits grew (the VideoChat2 case: fp16 overflows from step 0)."""
+    init_from: Optional[str] = None
+    """Initial weights: a checkpoint directory (manifest verified) or a .safetensors/.pt weights file."""
 
 
 @dataclass
@@ -154,6 +159,11 @@ class DataConfig:
     """Samples to corrupt: [{index: 17, kind: nan}, ...]."""
     range_limit: float = 1.001
     """A batch with |x| above this is bad input (data is expected in [-1, 1])."""
+    check: bool = True
+    """Check every batch before the forward (one reduction): a bad sample is `bad_input`, named. Off, it
+    reaches the model the way it does in most training scripts, and forensics still names it afterwards."""
+    drop_bad: bool = False
+    """Scan every sample once when the data is built (the data doctor's check) and leave the bad ones out."""
 
 
 @dataclass
@@ -196,6 +206,29 @@ class MonitorConfig:
     """Stop at the first bad step (the verdict and first_bad_step are the same either way)."""
     forensics: bool = True
     """On a non-finite loss/gradient, replay the run to its bad step with module hooks to find where."""
+    logit_every: int = 10
+    """Every this many steps, record the max attention logit and the lowest attention entropy (one extra
+    QK^T per layer on those steps): logit growth is the classic small-transformer instability."""
+
+
+@dataclass
+class CheckpointConfig:
+    """Saving and resuming runs (sweep/checkpoint.py): safetensors files plus a SHA-256 manifest."""
+
+    every: int = 0
+    """Save a checkpoint every this many steps into <run dir>/checkpoints/step_NNNNNN; 0 = never."""
+    keep: int = 0
+    """Keep only the newest this many checkpoints; 0 keeps all."""
+    resume_from: Optional[str] = None
+    """A checkpoint directory: continue from its step with its model, optimizer, scaler and RNG states."""
+    verify: bool = True
+    """Check the manifest's SHA-256 sums and scan for non-finite values before loading anything (a bad
+    file is verdict `corrupt_checkpoint` before any step). Off, files load as they are."""
+    inject: Optional[str] = None
+    """Fault injection: `bitflip` or `nan` corrupts one tensor of a copy of the file being loaded,
+    as a bad download or disk would (the Hallo case)."""
+    inject_tensor: Optional[str] = None
+    """The tensor `inject` corrupts; null = the first attention weight."""
 
 
 @dataclass
@@ -234,6 +267,7 @@ class RunConfig:
     optim: OptimConfig = field(default_factory=OptimConfig)
     objective: ObjectiveConfig = field(default_factory=ObjectiveConfig)
     monitor: MonitorConfig = field(default_factory=MonitorConfig)
+    checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
     ledger: LedgerConfig = field(default_factory=LedgerConfig)
 
 
@@ -272,6 +306,7 @@ def validate(run: RunConfig) -> RunConfig:
     m = run.model
     _require(m.size in MODEL_SIZES, "model.size", f"unknown size {m.size!r}; choose one of {', '.join(MODEL_SIZES)}")
     _require(m.patch_size > 0, "model.patch_size", f"must be > 0, got {m.patch_size}")
+    _require(m.qk_gain > 0, "model.qk_gain", f"must be > 0, got {m.qk_gain}")
     d = run.data
     for key in ("num_samples", "frames", "channels", "height", "width", "batch_size"):
         _require(getattr(d, key) > 0, f"data.{key}", f"must be > 0, got {getattr(d, key)}")
@@ -303,7 +338,14 @@ def validate(run: RunConfig) -> RunConfig:
     _require(mo.spike_factor > 1, "monitor.spike_factor", f"must be > 1, got {mo.spike_factor}")
     _require(0 <= mo.ema_beta < 1, "monitor.ema_beta", f"must be in [0, 1), got {mo.ema_beta}")
     _require(mo.stall_window > 0, "monitor.stall_window", f"must be > 0, got {mo.stall_window}")
+    _require(mo.logit_every > 0, "monitor.logit_every", f"must be > 0, got {mo.logit_every}")
     _require(0 < mo.stall_fraction <= 1, "monitor.stall_fraction", f"must be in (0, 1], got {mo.stall_fraction}")
+    c = run.checkpoint
+    _require(c.every >= 0, "checkpoint.every", f"must be >= 0 (0 = never), got {c.every}")
+    _require(c.keep >= 0, "checkpoint.keep", f"must be >= 0 (0 = keep all), got {c.keep}")
+    _require(c.inject in (None, "bitflip", "nan"), "checkpoint.inject", f"must be null, bitflip or nan, got {c.inject!r}")
+    _require(c.inject is None or c.resume_from or m.init_from, "checkpoint.inject",
+             "corrupts the file being loaded: set checkpoint.resume_from or model.init_from too")
     st = run.ledger.storage
     _require(st is None or "://" in st or st.endswith((".log", ".jsonl", ".journal")), "ledger.storage",
              f"must be a database URL (sqlite:///..., postgresql://...) or a journal file ending in .log, got {st!r}")

@@ -64,6 +64,18 @@ class DivergenceMonitor:
         self.last_unchanged_fraction = math.nan
         self.last_zero_grad_fraction = math.nan
         self._skip_start: int | None = None
+        self.updates = 0  # updates applied by this run (a non-finite weight with none applied came in that way)
+
+    _STATE = ("initial_loss", "ema", "ema_min", "_updates_since_snapshot", "_skip_start")  # not `updates`: per run
+
+    def state_dict(self) -> tuple[dict, dict[str, torch.Tensor]]:
+        """(JSON-able numbers, tensors) to checkpoint; a resumed run judges its steps as the original would."""
+        return {k: getattr(self, k) for k in self._STATE}, ({"snapshot": self._snapshot} if self._snapshot is not None else {})
+
+    def load_state_dict(self, numbers: dict, tensors: dict[str, torch.Tensor]) -> None:
+        for k in self._STATE:
+            setattr(self, k, numbers[k])
+        self._snapshot = tensors.get("snapshot")
 
     def observe(self, step: int, loss: float, grad_norm: float, event: ScalerEvent,
                 scaler_detail: str = "") -> Divergence | None:
@@ -114,6 +126,7 @@ class DivergenceMonitor:
     def after_update(self, step: int, params: list[torch.Tensor], grads: list[torch.Tensor]) -> Divergence | None:
         """Count an applied update; every `stall_window` steps, compare the weights with the last check."""
         self._updates_since_snapshot += 1
+        self.updates += 1
         if (step + 1) % self.cfg.stall_window != 0 or self._snapshot is None:
             return None
         now = _flat(params)

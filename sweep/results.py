@@ -17,7 +17,7 @@ from pathlib import Path
 RESULT_FILE = "result.json"
 METRICS_FILE = "metrics.csv"
 METRIC_COLUMNS = ("step", "loss", "grad_norm", "lr", "loss_scale", "skipped",
-                  "unchanged_fraction", "zero_grad_fraction")
+                  "unchanged_fraction", "zero_grad_fraction", "attn_max_logit", "attn_min_entropy")
 
 
 def _finite_or_none(x: float | None) -> float | None:
@@ -50,10 +50,19 @@ class RunResult:
     n_params: int | None = None
     headroom: list = field(default_factory=list)
     """Forensics of a non-finite run: the modules closest to their dtype's max at the bad step."""
+    max_attn_logit: float | None = None
+    """The largest attention logit seen (recorded every monitor.logit_every steps)."""
+    min_attn_entropy: float | None = None
+    """The lowest mean attention entropy (nats) seen; a collapse towards 0 follows logit growth."""
+    loaded: str | None = None
+    """The checkpoint or weights file this run started from."""
+    start_step: int = 0
+    """The step a resumed run started at."""
 
     def to_dict(self) -> dict:
         d = asdict(self)
-        for key in ("final_loss", "min_loss", "initial_loss", "max_grad_norm", "steps_per_second"):
+        for key in ("final_loss", "min_loss", "initial_loss", "max_grad_norm", "steps_per_second",
+                    "max_attn_logit", "min_attn_entropy"):
             d[key] = _finite_or_none(d[key])
         return d
 

@@ -8,6 +8,7 @@ started).
 from __future__ import annotations
 
 import dataclasses
+import json
 import logging
 import math
 import time
@@ -18,6 +19,7 @@ from typing import Sequence
 from models import KernelUnavailable, count_params
 
 from .build import build_parts, reset_process_state, resolve_device, unsupported_reason
+from .checkpoint import CheckpointHook, CorruptCheckpoint
 from .config import RunConfig
 from .precision import PrecisionPolicy
 from .progress import RunProgress
@@ -52,8 +54,16 @@ def execute(run: RunConfig, out_dir: Path, params: dict, label: str = "", hooks:
             result.status, result.reason = "skipped", reason
             return result
         reset_process_state(run, policy)
-        parts = build_parts(run, device, policy)
-        result.n_params = count_params(parts.model)
+        try:
+            parts = build_parts(run, device, policy, scratch=out_dir)
+        except CorruptCheckpoint as e:  # refused before any step: a result, not a crash
+            result.status, result.verdict = "diverged", "corrupt_checkpoint"
+            result.first_bad_step = _start_step(run)
+            result.cause = {"where": "checkpoint", "module": e.tensor, "detail": f"{e.file}: {e.detail}"}
+            return result
+        result.n_params, result.loaded, result.start_step = count_params(parts.model), parts.loaded, parts.start_step
+        if run.checkpoint.every:
+            hooks = [CheckpointHook(out_dir, run.checkpoint.every, run.checkpoint.keep), *hooks]
         progress = RunProgress(run.steps, run.progress, run.log_every, label)
         train_start = time.perf_counter()
         try:
@@ -71,7 +81,7 @@ def execute(run: RunConfig, out_dir: Path, params: dict, label: str = "", hooks:
             result.status = "diverged"
             result.verdict, result.first_bad_step = divergence.verdict, divergence.step
             result.cause = divergence.to_dict()["cause"]
-            result.steps_run = divergence.step + 1
+            result.steps_run = divergence.step + 1 - parts.start_step
             if run.monitor.forensics and result.cause["where"] in ("forward", "backward"):
                 cause, headroom = locate(run, divergence.verdict, divergence.step, device)
                 result.cause = dataclasses.asdict(cause) if cause else result.cause
@@ -100,3 +110,20 @@ def _fill_from_metrics(result: RunResult, metrics: MetricsLog, train_seconds: fl
     result.min_loss = min(finite) if finite else None
     result.max_grad_norm = max(norms) if norms else None
     result.steps_per_second = len(metrics.rows) / train_seconds if train_seconds > 0 and metrics.rows else None
+    logits = [r["attn_max_logit"] for r in metrics.rows if _is_number(r.get("attn_max_logit"))]
+    entropies = [r["attn_min_entropy"] for r in metrics.rows if _is_number(r.get("attn_min_entropy"))]
+    result.max_attn_logit = max(logits) if logits else None
+    result.min_attn_entropy = min(entropies) if entropies else None
+
+
+def _is_number(x) -> bool:
+    return isinstance(x, float) and math.isfinite(x)
+
+
+def _start_step(run: RunConfig) -> int:
+    """The step a run refused at load would have started at: the checkpoint's, as its manifest says."""
+    try:
+        manifest = Path(run.checkpoint.resume_from or "") / "manifest.json"
+        return int(json.loads(manifest.read_text())["step"]) if run.checkpoint.resume_from else 0
+    except (OSError, ValueError, KeyError, TypeError):
+        return 0

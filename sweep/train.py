@@ -10,14 +10,16 @@ from __future__ import annotations
 
 import contextlib
 import math
-from typing import Protocol, Sequence
+from typing import Callable, Protocol, Sequence
 
 import torch
 
 from .build import RunParts
 from .config import RunConfig
-from .data import check_batch, load_batch
-from .monitor import Cause, Divergence, DivergenceMonitor
+from models import LogitStats, watching_logits
+
+from .data import BatchIssue, check_batch, load_batch
+from .monitor import Cause, Divergence
 from .precision import ScalerEvent
 from .progress import RunProgress
 from .results import MetricsLog
@@ -47,20 +49,20 @@ def train(run: RunConfig, parts: RunParts, metrics: MetricsLog, progress: RunPro
     """
     model, opt, scaler, device, policy = parts.model, parts.optimizer, parts.scaler, parts.device, parts.policy
     params = [p for p in model.parameters() if p.requires_grad]
-    monitor = DivergenceMonitor(run.monitor)
-    monitor.start(params)
+    monitor, logits = parts.monitor, LogitStats()
     first: Divergence | None = None
-    for step in range(run.steps):
+    for step in range(parts.start_step, run.steps):
         indices = parts.order.indices(step)
         x0 = load_batch(parts.dataset, indices)
-        issue = check_batch(x0, run.data.range_limit, indices)  # on the host batch: no device sync
+        issue = check_batch(x0, run.data.range_limit, indices) if run.data.check else None  # host side: no sync
         if issue is not None:
             return Divergence("bad_input", step, Cause("data", None, issue.detail))
         noisy, t, target = parts.objective.sample(x0.to(device), parts.noise_gen)
         lr = parts.lr_at(step)
         for group in opt.param_groups:
-            group["lr"] = lr
-        with (probe[1] if probe and probe[0] == step else contextlib.nullcontext()):
+            group["lr"] = lr * group.get("lr_scale", 1.0)
+        watch = step % run.monitor.logit_every == 0
+        with (probe[1] if probe and probe[0] == step else contextlib.nullcontext()), watching_logits(model, logits, watch):
             with policy.autocast(device):
                 pred = model(noisy.to(policy.param_dtype), t)
             loss = parts.objective.loss(pred, target) * run.objective.loss_weight
@@ -70,6 +72,7 @@ def train(run: RunConfig, parts: RunParts, metrics: MetricsLog, progress: RunPro
         scaler.unscale_(grads)
         grad_norm = global_grad_norm(grads)
         loss_v, norm_v = torch.stack([loss.detach().float(), grad_norm.to(loss.device)]).tolist()  # the one sync
+        max_logit, min_entropy = logits.collect() if watch else ("", "")  # a second sync, every logit_every steps
         event = scaler.update(math.isfinite(loss_v) and math.isfinite(norm_v))
         verdict = monitor.observe(step, loss_v, norm_v, event, scaler.collapse_reason)
         if event is ScalerEvent.step and verdict is None:
@@ -78,13 +81,15 @@ def train(run: RunConfig, parts: RunParts, metrics: MetricsLog, progress: RunPro
             opt.step()
             verdict = monitor.after_update(step, params, grads)
         if verdict is not None:  # before zero_grad: the explanation reads the gradients
-            first = first or _explain(verdict, model, pred)
+            first = first or _explain(verdict, model, pred, lambda: check_batch(x0, run.data.range_limit, indices),
+                                      updated=monitor.updates > 0)
         opt.zero_grad(set_to_none=True)
         checked = (step + 1) % run.monitor.stall_window == 0  # stall statistics exist on check steps only
         metrics.log(step=step, loss=loss_v, grad_norm=norm_v, lr=lr, loss_scale=scale if scaler.enabled else "",
                     skipped=int(event is not ScalerEvent.step),
                     unchanged_fraction=monitor.last_unchanged_fraction if checked else "",
-                    zero_grad_fraction=monitor.last_zero_grad_fraction if checked else "")
+                    zero_grad_fraction=monitor.last_zero_grad_fraction if checked else "",
+                    attn_max_logit=max_logit, attn_min_entropy=min_entropy)
         progress.update(step, loss_v, scale if scaler.enabled else None)
         if verdict is not None and run.monitor.stop_on_divergence:
             break
@@ -93,15 +98,26 @@ def train(run: RunConfig, parts: RunParts, metrics: MetricsLog, progress: RunPro
     return first
 
 
-def _explain(verdict: Divergence, model: torch.nn.Module, pred: torch.Tensor) -> Divergence:
-    """Sharpen `cause` from what is at hand on the bad path only (full forensics replay is separate)."""
-    if verdict.verdict == "nonfinite_loss":
+def _explain(verdict: Divergence, model: torch.nn.Module, pred: torch.Tensor,
+             batch_issue: Callable[[], BatchIssue | None], updated: bool) -> Divergence:
+    """Sharpen `cause` from what is at hand on the bad path only (full forensics replay is separate).
+
+    `batch_issue` checks the batch again (it matters when data.check is off); `updated` says whether
+    this run applied any update yet: a non-finite weight before any update came in with the weights.
+    """
+    if verdict.verdict in ("nonfinite_loss", "scale_collapse"):
+        issue = batch_issue()
         name = _first_nonfinite(model.named_parameters())
-        if name is not None and verdict.step == 0:  # no update yet: the weights came in broken
-            verdict.cause = Cause("checkpoint", name.rsplit(".", 1)[0], f"weight {name} is non-finite before any update")
+        if issue is not None:  # the batch was bad and nobody checked it
+            verdict.cause = Cause("data", None, f"the batch held bad values: {issue.detail}")
+        elif name is not None and not updated:
+            verdict.cause = Cause("checkpoint", name.rsplit(".", 1)[0], f"weight {name} is non-finite before any update"
+                                  + (f" ({verdict.cause.detail})" if verdict.verdict == "scale_collapse" else ""))
         elif name is not None:
             verdict.cause = Cause("optimizer", name.rsplit(".", 1)[0],
                                   f"weight {name} is non-finite after the update of step {verdict.step - 1}")
+        elif verdict.verdict == "scale_collapse":
+            pass  # the scaler's own detail stands
         elif bool(torch.isfinite(pred).all()):
             verdict.cause = Cause("loss", None, "model output finite, loss non-finite")
         else:

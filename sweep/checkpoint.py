@@ -1,0 +1,298 @@
+"""Checkpoints you can trust: safetensors files, a SHA-256 manifest, and a check before anything loads.
+
+    python -m sweep checkpoint.every=10                                 # save every 10 steps
+    python -m sweep checkpoint.resume_from=outputs/runs/.../checkpoints/step_000010
+    python -m sweep model.init_from=outputs/runs/.../checkpoints/step_000050   # weights only
+
+One checkpoint is a directory, written under a temporary name and renamed when complete, so a
+reader never sees half of one:
+
+    model.safetensors      the weights (parameters and persistent buffers)
+    optimizer.safetensors  AdamW state by parameter name: <name>.exp_avg, <name>.exp_avg_sq, <name>.step
+    trainer.safetensors    RNG states (diffusion noise, torch CPU, CUDA) and the monitor's weight snapshot
+    trainer.json           the next step, the loss-scaler state, the monitor's numbers
+    manifest.json          format, step, and the SHA-256 of every file and of every tensor in it
+
+Nothing here unpickles: safetensors holds raw tensors only, and a `.pt` weights file is read with
+`torch.load(weights_only=True)`. Loading (`verify=True`) checks every file against the manifest and
+scans every floating tensor for NaN/Inf first; a mismatch names the file and the tensor (the
+per-tensor hashes find which tensor a flipped byte landed in) and the run ends with verdict
+`corrupt_checkpoint` before its first step. The Hallo post-mortem is what this prevents: a corrupted
+pretrained file loaded silently, NaN predictions, the loss scaler halving down to its minimum.
+
+With the data order a pure function of the step and every RNG state restored, a run resumed at step k
+computes exactly the losses the uninterrupted run computed from step k on (tests/test_checkpoint.py).
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import shutil
+import struct
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+from safetensors.torch import load_file, save_file
+
+FORMAT = "dit-sweep-checkpoint/1"
+MANIFEST = "manifest.json"
+MODEL_FILE, OPTIM_FILE, TRAINER_FILE, TRAINER_JSON = (
+    "model.safetensors", "optimizer.safetensors", "trainer.safetensors", "trainer.json")
+WEIGHT_SUFFIXES = (".safetensors", ".pt", ".pth", ".bin")
+
+
+class CorruptCheckpoint(Exception):
+    """A checkpoint or weights file that must not be loaded: verdict `corrupt_checkpoint`."""
+
+    def __init__(self, file: str, tensor: str | None, detail: str) -> None:
+        super().__init__(f"{file}: {detail}")
+        self.file, self.tensor, self.detail = file, tensor, detail
+
+
+# ---- hashing and the safetensors layout --------------------------------------------------------------
+
+def sha256_file(path: Path) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for chunk in iter(lambda: f.read(1 << 20), b""):
+            h.update(chunk)
+    return h.hexdigest()
+
+
+@dataclass(frozen=True)
+class TensorSpan:
+    """Where one tensor's bytes sit in a safetensors file."""
+
+    dtype: str
+    start: int  # absolute byte offsets
+    end: int
+
+
+def tensor_spans(path: Path) -> dict[str, TensorSpan]:
+    """Parse a safetensors header (an 8-byte little-endian length, then JSON) into absolute byte spans."""
+    raw = Path(path).read_bytes()
+    try:
+        (n,) = struct.unpack("<Q", raw[:8])
+        header = json.loads(raw[8:8 + n])
+        base = 8 + n
+        return {name: TensorSpan(e["dtype"], base + e["data_offsets"][0], base + e["data_offsets"][1])
+                for name, e in header.items() if name != "__metadata__"}
+    except (struct.error, ValueError, KeyError, TypeError) as e:
+        raise CorruptCheckpoint(Path(path).name, None, f"unreadable safetensors header ({type(e).__name__})") from e
+
+
+def tensor_digests(path: Path) -> dict[str, str]:
+    """SHA-256 of each tensor's raw bytes: the manifest keeps them so a bad byte is traced to its tensor."""
+    raw = Path(path).read_bytes()
+    return {name: hashlib.sha256(raw[s.start:s.end]).hexdigest() for name, s in tensor_spans(path).items()}
+
+
+def _scan_finite(file: str, tensors: dict[str, torch.Tensor]) -> None:
+    for name, t in tensors.items():
+        if t.is_floating_point() and not bool(torch.isfinite(t).all()):
+            bad = int((~torch.isfinite(t)).sum())
+            raise CorruptCheckpoint(file, name, f"tensor {name} holds {bad} non-finite value(s)")
+
+
+# ---- saving ------------------------------------------------------------------------------------------
+
+def save(directory: Path, parts, next_step: int) -> Path:
+    """Write a complete checkpoint of `parts` (sweep.build.RunParts) that resumes at `next_step`."""
+    directory = Path(directory)
+    tmp = directory.with_name(directory.name + ".tmp")
+    shutil.rmtree(tmp, ignore_errors=True)
+    tmp.mkdir(parents=True)
+    model, opt = parts.model, parts.optimizer
+    save_file({k: v.detach().contiguous().cpu() for k, v in model.state_dict().items()}, tmp / MODEL_FILE)
+    names = {p: n for n, p in model.named_parameters()}
+    optim = {f"{names[p]}.{k}": v.detach().contiguous().cpu()
+             for p, state in opt.state.items() for k, v in state.items() if torch.is_tensor(v)}
+    save_file(optim, tmp / OPTIM_FILE)
+    monitor_numbers, monitor_tensors = parts.monitor.state_dict()
+    trainer = {"rng.noise": parts.noise_gen.get_state(), "rng.torch": torch.get_rng_state()}
+    if torch.cuda.is_available():
+        trainer.update({f"rng.cuda.{i}": s for i, s in enumerate(torch.cuda.get_rng_state_all())})
+    trainer.update({f"monitor.{k}": v.contiguous().cpu() for k, v in monitor_tensors.items()})
+    save_file(trainer, tmp / TRAINER_FILE)
+    (tmp / TRAINER_JSON).write_text(json.dumps(
+        {"next_step": next_step, "scaler": parts.scaler.state_dict(), "monitor": monitor_numbers}, indent=2))
+    files = {}
+    for f in (MODEL_FILE, OPTIM_FILE, TRAINER_FILE, TRAINER_JSON):
+        entry = {"sha256": sha256_file(tmp / f), "bytes": (tmp / f).stat().st_size}
+        if f.endswith(".safetensors"):
+            entry["tensors"] = tensor_digests(tmp / f)
+        files[f] = entry
+    (tmp / MANIFEST).write_text(json.dumps({"format": FORMAT, "step": next_step, "files": files}, indent=2))
+    shutil.rmtree(directory, ignore_errors=True)
+    os.replace(tmp, directory)
+    return directory
+
+
+# ---- verifying and loading ---------------------------------------------------------------------------
+
+def read_manifest(directory: Path) -> dict:
+    path = Path(directory) / MANIFEST
+    if not path.is_file():
+        raise CorruptCheckpoint(MANIFEST, None, f"no {MANIFEST} in {directory}: nothing to verify against")
+    try:
+        manifest = json.loads(path.read_text())
+        assert manifest["format"] == FORMAT and isinstance(manifest["files"], dict)
+    except (ValueError, KeyError, TypeError, AssertionError) as e:
+        raise CorruptCheckpoint(MANIFEST, None, f"unreadable manifest ({type(e).__name__})") from e
+    return manifest
+
+
+def verify_file(directory: Path, name: str, entry: dict) -> None:
+    """Size and SHA-256 against the manifest; on a mismatch, the tensor whose bytes changed."""
+    path = Path(directory) / name
+    if not path.is_file():
+        raise CorruptCheckpoint(name, None, "listed in the manifest but missing")
+    size = path.stat().st_size
+    if size != entry["bytes"]:
+        raise CorruptCheckpoint(name, None, f"{size} bytes, the manifest says {entry['bytes']} (truncated or padded)")
+    if sha256_file(path) == entry["sha256"]:
+        return
+    for tensor, digest in tensor_digests(path).items():
+        if entry.get("tensors", {}).get(tensor) != digest:
+            raise CorruptCheckpoint(name, tensor, f"SHA-256 mismatch in tensor {tensor} (the file changed since it was saved)")
+    raise CorruptCheckpoint(name, None, "SHA-256 mismatch in the file header")
+
+
+def load_checked(directory: Path, name: str, verify: bool, manifest: dict | None) -> dict[str, torch.Tensor]:
+    """One safetensors file of a checkpoint, verified against the manifest and scanned when asked."""
+    if verify:
+        if name not in manifest["files"]:
+            raise CorruptCheckpoint(name, None, f"not listed in {MANIFEST}")
+        verify_file(directory, name, manifest["files"][name])
+    tensors = load_file(Path(directory) / name)
+    if verify:
+        _scan_finite(name, tensors)
+    return tensors
+
+
+def load_weights(path: Path, verify: bool = True) -> dict[str, torch.Tensor]:
+    """A state dict from a checkpoint directory, or from a .safetensors / .pt weights file.
+
+    A lone weights file is verified against a manifest beside it when there is one that lists it,
+    and is always scanned for non-finite values (when verify).
+    """
+    path = Path(path)
+    if path.is_dir():
+        return load_checked(path, MODEL_FILE, verify, read_manifest(path) if verify else None)
+    if not path.is_file():
+        raise FileNotFoundError(f"model.init_from: no such file or directory: {path}")
+    if path.suffix not in WEIGHT_SUFFIXES:
+        raise ValueError(f"model.init_from: {path.name} is not a checkpoint directory or a {'/'.join(WEIGHT_SUFFIXES)} file")
+    if verify and (path.parent / MANIFEST).is_file():
+        manifest = read_manifest(path.parent)
+        if path.name in manifest["files"]:
+            verify_file(path.parent, path.name, manifest["files"][path.name])
+    if path.suffix == ".safetensors":
+        tensors = load_file(path)
+    else:
+        try:  # weights_only: tensors and plain containers, never arbitrary pickled objects
+            tensors = torch.load(path, map_location="cpu", weights_only=True)
+        except Exception as e:  # noqa: BLE001: a torn zip, or a pickle that asks for code
+            raise CorruptCheckpoint(path.name, None, f"not loadable as weights only: {type(e).__name__}: {str(e).splitlines()[0]}") from e
+        tensors = tensors.get("state_dict", tensors) if isinstance(tensors, dict) else tensors
+        if not isinstance(tensors, dict) or not all(torch.is_tensor(v) for v in tensors.values()):
+            raise CorruptCheckpoint(path.name, None, "not a flat state dict of tensors")
+    if verify:
+        _scan_finite(path.name, tensors)
+    return tensors
+
+
+def load_model_weights(model: torch.nn.Module, state: dict[str, torch.Tensor], source: str) -> None:
+    """Copy a state dict into the model, keeping the model's dtypes; a mismatch is a plain error."""
+    missing, unexpected = model.load_state_dict(state, strict=False)
+    if missing or unexpected:
+        raise ValueError(f"{source} does not fit this model: missing {sorted(missing)[:3]}, unexpected {sorted(unexpected)[:3]}"
+                         " (was it saved by another model or size?)")
+
+
+def resume(parts, directory: Path, verify: bool = True) -> int:
+    """Restore model, optimizer, scaler, monitor and RNG states from a checkpoint; return the step to run next."""
+    directory = Path(directory)
+    if not directory.is_dir():
+        raise FileNotFoundError(f"checkpoint.resume_from: no such checkpoint directory: {directory}")
+    manifest = read_manifest(directory) if verify else None
+    load_model_weights(parts.model, load_checked(directory, MODEL_FILE, verify, manifest), str(directory))
+    optim = load_checked(directory, OPTIM_FILE, verify, manifest)
+    for name, p in parts.model.named_parameters():
+        state = {k: optim[f"{name}.{k}"].to(p.device) for k in ("step", "exp_avg", "exp_avg_sq") if f"{name}.{k}" in optim}
+        if state:
+            parts.optimizer.state[p] = state
+    trainer = load_checked(directory, TRAINER_FILE, verify, manifest)
+    if verify:
+        verify_file(directory, TRAINER_JSON, manifest["files"].get(TRAINER_JSON, {"bytes": -1}))
+    numbers = json.loads((directory / TRAINER_JSON).read_text())
+    parts.noise_gen.set_state(trainer["rng.noise"])
+    torch.set_rng_state(trainer["rng.torch"])
+    cuda = [trainer[k] for k in sorted(trainer) if k.startswith("rng.cuda.")]
+    if cuda and torch.cuda.is_available():
+        torch.cuda.set_rng_state_all(cuda)
+    parts.scaler.load_state_dict(numbers["scaler"])
+    snapshot = {k.removeprefix("monitor."): v.to(parts.device) for k, v in trainer.items() if k.startswith("monitor.")}
+    parts.monitor.load_state_dict(numbers["monitor"], snapshot)
+    return int(numbers["next_step"])
+
+
+# ---- fault injection (the Hallo scenario) ------------------------------------------------------------
+
+# Per dtype: (element size, NaN bit pattern, the top exponent bit) in the little-endian element.
+_DTYPE_BITS = {"F32": (4, 0x7FC00000, 1 << 30), "F16": (2, 0x7E00, 1 << 14), "BF16": (2, 0x7FC0, 1 << 14)}
+
+
+def inject_fault(source: Path, dest: Path, kind: str, tensor: str | None) -> tuple[Path, str]:
+    """Copy a checkpoint directory or weights file to dest and corrupt one element of one tensor in the copy.
+
+    kind "nan" writes a NaN (a non-finite scan finds it); "bitflip" flips the top exponent bit of an
+    element below 1 in magnitude, so 0.02 becomes ~7e36: finite, invisible to a NaN scan, found only by
+    the checksum. Returns (the path to load instead, the tensor corrupted).
+    """
+    source, dest = Path(source), Path(dest)
+    shutil.rmtree(dest, ignore_errors=True)
+    if source.is_dir():
+        shutil.copytree(source, dest)
+        target = dest / MODEL_FILE
+    else:
+        dest.mkdir(parents=True)
+        shutil.copy2(source, dest / source.name)
+        target = dest / source.name
+        if (source.parent / MANIFEST).is_file():
+            shutil.copy2(source.parent / MANIFEST, dest / MANIFEST)
+    if target.suffix != ".safetensors":
+        raise ValueError(f"checkpoint.inject needs a safetensors file, got {target.name}")
+    spans = tensor_spans(target)
+    floats = [n for n, s in spans.items() if s.dtype in _DTYPE_BITS and s.end > s.start]
+    name = tensor or next((n for n in floats if n.endswith("attn.qkv.weight")), floats[0] if floats else None)
+    if name not in spans or name not in floats:
+        raise ValueError(f"checkpoint.inject_tensor: no floating tensor {name!r} in {target.name}")
+    span = spans[name]
+    size, nan_bits, top_exponent = _DTYPE_BITS[span.dtype]
+    raw = bytearray(target.read_bytes())
+    values = load_file(target)[name].reshape(-1)
+    small = (values.float().abs() < 1).nonzero()
+    at = span.start + size * (int(small[0]) if len(small) else 0)
+    bits = int.from_bytes(raw[at:at + size], "little")
+    bits = nan_bits if kind == "nan" else bits ^ top_exponent
+    raw[at:at + size] = bits.to_bytes(size, "little")
+    target.write_bytes(bytes(raw))
+    return (dest if source.is_dir() else target), name
+
+
+class CheckpointHook:
+    """A sweep.train.StepHook that saves every `every` steps into <run dir>/checkpoints and keeps the newest `keep`."""
+
+    def __init__(self, run_dir: Path, every: int, keep: int = 0) -> None:
+        self.root, self.every, self.keep = Path(run_dir) / "checkpoints", every, keep
+        self.saved: list[Path] = []
+
+    def after_step(self, step: int, loss: float, parts) -> bool:
+        if (step + 1) % self.every == 0:
+            self.saved.append(save(self.root / f"step_{step + 1:06d}", parts, step + 1))
+            while self.keep and len(self.saved) > self.keep:
+                shutil.rmtree(self.saved.pop(0), ignore_errors=True)
+        return False

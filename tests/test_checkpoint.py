@@ -1,0 +1,124 @@
+"""Checkpoints: bit-identical resume, verified loads, and corrupt files refused before any step."""
+from __future__ import annotations
+
+import csv
+import json
+import pickle
+
+import pytest
+from safetensors.torch import save_file
+
+from models import build_model
+from sweep import checkpoint
+from sweep.run import execute
+
+from .conftest import make_run
+
+
+def losses(run_dir):
+    with open(run_dir / "metrics.csv") as f:
+        return {int(r["step"]): (r["loss"], r["grad_norm"], r["loss_scale"]) for r in csv.DictReader(f)}
+
+
+@pytest.fixture(scope="module")
+def trained(tmp_path_factory):
+    """A 12-step fp16_amp run (loss scaler live) that checkpoints every 6 steps."""
+    out = tmp_path_factory.mktemp("full")
+    r = execute(make_run("precision=fp16_amp", "steps=12", "checkpoint.every=6", "optim.lr=1e-3"), out, params={})
+    assert r.status == "stable"
+    return out
+
+
+def test_resume_gives_the_same_losses_bit_for_bit(trained, tmp_path):
+    ckpt = trained / "checkpoints" / "step_000006"
+    assert json.loads((ckpt / "manifest.json").read_text())["step"] == 6
+    r = execute(make_run("precision=fp16_amp", "steps=12", "optim.lr=1e-3", f"checkpoint.resume_from={ckpt}"),
+                tmp_path, params={})
+    assert (r.status, r.start_step, r.steps_run, r.loaded) == ("stable", 6, 6, str(ckpt))
+    full, resumed = losses(trained), losses(tmp_path)
+    assert sorted(resumed) == list(range(6, 12))
+    assert resumed == {s: full[s] for s in range(6, 12)}  # loss, grad norm and loss scale, as strings
+
+
+def test_keep_prunes_old_checkpoints(tmp_path):
+    execute(make_run("steps=6", "checkpoint.every=2", "checkpoint.keep=1"), tmp_path, params={})
+    assert [p.name for p in (tmp_path / "checkpoints").iterdir()] == ["step_000006"]
+
+
+@pytest.mark.parametrize("kind", ["bitflip", "nan"])
+def test_a_corrupted_checkpoint_is_refused_before_any_step(trained, tmp_path, kind):
+    ckpt = trained / "checkpoints" / "step_000006"
+    r = execute(make_run("precision=fp16_amp", "steps=12", f"checkpoint.resume_from={ckpt}", f"checkpoint.inject={kind}",
+                         "checkpoint.inject_tensor=blocks.1.attn.qkv.weight"), tmp_path, params={})
+    assert (r.status, r.verdict, r.first_bad_step, r.steps_run) == ("diverged", "corrupt_checkpoint", 6, 0)
+    assert r.cause["where"] == "checkpoint" and r.cause["module"] == "blocks.1.attn.qkv.weight"
+    assert r.cause["detail"].startswith("model.safetensors: SHA-256 mismatch in tensor blocks.1.attn.qkv.weight")
+    assert not (tmp_path / "metrics.csv").exists()
+
+
+def test_unverified_nan_checkpoint_collapses_the_loss_scale_and_is_traced_to_the_weights(trained, tmp_path):
+    """The Hallo case: load a corrupted file without checking; NaN predictions; the scaler halves to its floor."""
+    ckpt = trained / "checkpoints" / "step_000006"
+    r = execute(make_run("precision=fp16_amp", "steps=60", f"checkpoint.resume_from={ckpt}", "checkpoint.inject=nan",
+                         "checkpoint.verify=false", "checkpoint.inject_tensor=blocks.1.attn.qkv.weight"),
+                tmp_path, params={})
+    assert (r.status, r.verdict) == ("diverged", "scale_collapse")
+    assert (r.cause["where"], r.cause["module"]) == ("checkpoint", "blocks.1.attn.qkv"), r.cause
+    scales = [float(row[2]) for _, row in sorted(losses(tmp_path).items())]
+    assert scales[0] == 65536 and scales[-1] == 1.0 and scales == sorted(scales, reverse=True)
+
+
+def test_init_from_loads_weights_and_scans_a_bare_file(tmp_path):
+    model = build_model("video_dit", "tiny", input_size=8, in_channels=3, num_frames=4)
+    state = {k: v.contiguous() for k, v in model.state_dict().items()}
+    save_file(state, tmp_path / "pretrained.safetensors")
+    r = execute(make_run("steps=2", f"model.init_from={tmp_path / 'pretrained.safetensors'}"), tmp_path / "a", params={})
+    assert r.status == "stable" and r.loaded.endswith("pretrained.safetensors")
+    state["blocks.2.mlp.fc1.weight"][0, 0] = float("inf")
+    save_file(state, tmp_path / "bad.safetensors")  # no manifest: only the scan can catch it, and does
+    r = execute(make_run("steps=2", f"model.init_from={tmp_path / 'bad.safetensors'}"), tmp_path / "b", params={})
+    assert (r.verdict, r.first_bad_step, r.cause["module"]) == ("corrupt_checkpoint", 0, "blocks.2.mlp.fc1.weight")
+
+
+@pytest.mark.filterwarnings("ignore:Detected pickle protocol")
+def test_a_pickle_is_never_executed(tmp_path):
+    class Evil:
+        def __reduce__(self):
+            return (exec, ("open('pwned', 'w').write('x')",))
+
+    path = tmp_path / "weights.pt"
+    path.write_bytes(pickle.dumps({"w": Evil()}))
+    r = execute(make_run("steps=2", f"model.init_from={path}"), tmp_path / "run", params={})
+    assert (r.verdict, r.cause["where"]) == ("corrupt_checkpoint", "checkpoint")
+    assert "weights only" in r.cause["detail"] and not (tmp_path / "pwned").exists()
+
+
+def test_missing_manifest_and_truncation_are_named(trained, tmp_path):
+    import shutil
+
+    ckpt = tmp_path / "ckpt"
+    shutil.copytree(trained / "checkpoints" / "step_000006", ckpt)
+    with open(ckpt / "optimizer.safetensors", "r+b") as f:
+        f.truncate(1000)
+    with pytest.raises(checkpoint.CorruptCheckpoint, match="optimizer.safetensors: .*truncated"):
+        checkpoint.resume(_parts(), ckpt)
+    (ckpt / "manifest.json").unlink()
+    with pytest.raises(checkpoint.CorruptCheckpoint, match="no manifest.json"):
+        checkpoint.load_weights(ckpt)
+
+
+def _parts():
+    from sweep.build import build_parts, resolve_device
+    from sweep.precision import PrecisionPolicy
+
+    run = make_run("precision=fp16_amp")
+    return build_parts(run, resolve_device("cpu"), PrecisionPolicy.from_config(run.precision))
+
+
+def test_config_errors_are_one_line():
+    from sweep.config import ConfigError
+
+    with pytest.raises(ConfigError, match="checkpoint.inject: corrupts the file being loaded"):
+        make_run("checkpoint.inject=nan")
+    with pytest.raises(ConfigError, match="checkpoint.inject: must be null, bitflip or nan"):
+        make_run("checkpoint.inject=zap", "model.init_from=x")
