@@ -20,7 +20,10 @@ up to `n_trials` finished trials, or for `sampler.name=grid` exactly the cells w
 """
 from __future__ import annotations
 
+import contextlib
 import datetime
+import fcntl
+import hashlib
 import logging
 import math
 import threading
@@ -102,8 +105,8 @@ class Heartbeat:
         self._thread: Optional[threading.Thread] = None
 
     def beat(self) -> None:
-        storage = self.study._storage
-        if not isinstance(storage, optuna.storages.RDBStorage):
+        storage = rdb_storage(self.study)
+        if storage is None:
             return
         for trial_id in list(self.trial_ids):
             with_retries(lambda: storage.record_heartbeat(trial_id), "record_heartbeat")
@@ -129,8 +132,8 @@ def fail_stale_trials(study: optuna.Study, stale_after_s: int) -> list[int]:
     `stale_after_s` counts as stale, which is right only with one sweeper per study.
     """
     storage = study._storage
-    if isinstance(storage, optuna.storages.RDBStorage):
-        stale_ids = storage._get_stale_trial_ids(study._study_id)
+    if rdb_storage(study) is not None:
+        stale_ids = rdb_storage(study)._get_stale_trial_ids(study._study_id)
     else:
         now = datetime.datetime.now()
         stale_ids = [t._trial_id for t in study.get_trials(deepcopy=False, states=(TrialState.RUNNING,))
@@ -141,6 +144,50 @@ def fail_stale_trials(study: optuna.Study, stale_after_s: int) -> list[int]:
         if storage.set_trial_state_values(trial_id, TrialState.FAIL):
             failed.append(storage.get_trial_number_from_id(trial_id))
     return failed
+
+
+def rdb_storage(study: optuna.Study) -> Optional[optuna.storages.RDBStorage]:
+    """The study's RDBStorage (optuna.create_study wraps it in a cache), or None for other storages."""
+    storage = getattr(study._storage, "_backend", study._storage)
+    return storage if isinstance(storage, optuna.storages.RDBStorage) else None
+
+
+@contextlib.contextmanager
+def claim_lock(study: optuna.Study):
+    """Held while a sweeper reads which trials are missing and claims them (enqueue + ask).
+
+    Several sweepers may work on one study at once (one per node, or a rerun next to a live one);
+    without this lock two of them can see the same grid cell missing and both run it. PostgreSQL:
+    a session advisory lock, MySQL: GET_LOCK, both released by the server if the process dies;
+    SQLite and the journal file: an exclusive flock on a file beside the database (those storages
+    live on one machine anyway). An in-memory storage needs no lock.
+    """
+    key = f"dit-sweep claim {study.study_name}".encode()
+    rdb = rdb_storage(study)
+    if rdb is not None and rdb.engine.dialect.name in ("postgresql", "mysql"):
+        from sqlalchemy import text
+
+        pg = rdb.engine.dialect.name == "postgresql"
+        lock_id = int.from_bytes(hashlib.sha1(key).digest()[:8], "big", signed=True) if pg else hashlib.sha1(key).hexdigest()
+        take, free = (("SELECT pg_advisory_lock(:k)", "SELECT pg_advisory_unlock(:k)") if pg
+                      else ("SELECT GET_LOCK(:k, -1)", "SELECT RELEASE_LOCK(:k)"))
+        with rdb.engine.connect().execution_options(isolation_level="AUTOCOMMIT") as conn:
+            conn.execute(text(take), {"k": lock_id})
+            try:
+                yield
+            finally:
+                conn.execute(text(free), {"k": lock_id})
+        return
+    if rdb is not None and rdb.engine.dialect.name == "sqlite":
+        path = rdb.engine.url.database
+    else:
+        path = getattr(getattr(study._storage, "_backend", None), "_file_path", None)  # JournalFileBackend
+    if not path or path == ":memory:":
+        yield
+        return
+    with open(f"{path}.claim", "a") as f:
+        fcntl.flock(f, fcntl.LOCK_EX)  # released when the file closes, or when the process dies
+        yield
 
 
 class OptunaSweeper(Sweeper):
@@ -184,18 +231,20 @@ class OptunaSweeper(Sweeper):
         OmegaConf.save(self.config, Path(self.config.hydra.sweep.dir) / "multirun.yaml")
         study = self._study()
         study.sampler = make_sampler(self.sampler_conf, space)
-        stale = fail_stale_trials(study, self.stale_after_s)
+        with claim_lock(study):  # two sweepers starting at once must not both fail the same trial
+            stale = fail_stale_trials(study, self.stale_after_s)
         if stale:
             log.info("optuna sweeper: failed stale RUNNING trials %s (left by a killed sweep)", stale)
         grid = search_space.grid_cells(space) if self.sampler_conf.name == "grid" else None
         self._attempted: set = set()
         if self.mode == "frontier":
             self._check_frontier_space(space)
-        returns, job_idx = [], len(study.trials)
+        returns = []
         with Heartbeat(study, self.heartbeat_s) as heartbeat:
             while True:
-                batch = (self._frontier_batch(study, space) if self.mode == "frontier"
-                         else self._next_batch(study, space, grid))
+                with claim_lock(study):  # concurrent sweepers on one study never claim the same trial
+                    batch = (self._frontier_batch(study, space) if self.mode == "frontier"
+                             else self._next_batch(study, space, grid))
                 if not batch:
                     break
                 heartbeat.trial_ids = {t._trial_id for t in batch}
@@ -204,8 +253,8 @@ class OptunaSweeper(Sweeper):
                 overrides = [fixed + [search_space.as_override(k, v) for k, v in t.params.items()]
                              + ([f"ledger.trial_number={t.number}"] if ours else []) for t in batch]
                 self.validate_batch_is_legal(overrides)
-                results = self.launcher.launch(overrides, initial_job_idx=job_idx)
-                job_idx += len(batch)
+                # Job dirs are named by trial number: unique even with other sweepers on this study.
+                results = self.launcher.launch(overrides, initial_job_idx=batch[0].number)
                 for trial, ret in zip(batch, results):
                     self._settle(study, trial, ret)
                 returns.append(results)
