@@ -19,11 +19,13 @@ import numpy as np
 import torch
 
 from models import backend_unavailable_reason, build_model, scale_query_key
+from models.diffusers_zoo import ZOO, build_diffusers_model, modulate_unsupported_reason
 
 from . import checkpoint
 from .config import RunConfig, Schedule
 from .data import BatchOrder, Fault, SyntheticClips
 from .diffusion import DiffusionObjective
+from .finetune import apply_finetune, param_groups
 from .monitor import DivergenceMonitor
 from .precision import LossScaler, PrecisionPolicy
 
@@ -61,8 +63,10 @@ def reset_process_state(run: RunConfig, policy: PrecisionPolicy) -> None:
 
 def unsupported_reason(run: RunConfig, device: torch.device, policy: PrecisionPolicy) -> str | None:
     """Why this combination cannot run here as asked (a `skipped` run), or None."""
+    diffusers = run.model.arch.value == "diffusers"
     return (policy.unsupported_reason(device)
-            or backend_unavailable_reason(run.attention.backend.value, device, policy.compute_dtype))
+            or backend_unavailable_reason(run.attention.backend.value, device, policy.compute_dtype)
+            or (modulate_unsupported_reason(run.model.name, run.modulate.impl.value) if diffusers else None))
 
 
 def lr_schedule(run: RunConfig) -> Callable[[int], float]:
@@ -109,11 +113,16 @@ def build_parts(run: RunConfig, device: torch.device, policy: PrecisionPolicy, s
     fault-injected copy of that file goes (checkpoint.inject).
     """
     d, m = run.data, run.model
-    model = build_model(
-        m.arch.value, m.size, input_size=d.height, in_channels=d.channels,
-        num_frames=d.frames if m.arch.value == "video_dit" else None, patch_size=m.patch_size,
-        qk_norm=m.qk_norm, attention=run.attention.backend.value, modulate=run.modulate.impl.value,
-    )
+    if m.arch.value == "diffusers":
+        model = build_diffusers_model(m.name, channels=d.channels, frames=d.frames, height=d.height, width=d.width,
+                                      patch_size=m.patch_size, attention=run.attention.backend.value,
+                                      modulate=run.modulate.impl.value)
+    else:
+        model = build_model(
+            m.arch.value, m.size, input_size=d.height, in_channels=d.channels,
+            num_frames=d.frames if m.arch.value == "video_dit" else None, patch_size=m.patch_size,
+            qk_norm=m.qk_norm, attention=run.attention.backend.value, modulate=run.modulate.impl.value,
+        )
     if m.qk_gain != 1.0:
         scale_query_key(model, m.qk_gain)
     model = model.to(device=device, dtype=policy.param_dtype)
@@ -121,15 +130,16 @@ def build_parts(run: RunConfig, device: torch.device, policy: PrecisionPolicy, s
     if init_from:
         state = checkpoint.load_weights(Path(init_from), verify=run.checkpoint.verify)
         checkpoint.load_model_weights(model, state, init_from)
+    model = apply_finetune(run, model, policy.param_dtype)  # after init_from: adapters on the loaded base
     o = run.optim
     # foreach=False: the single-tensor AdamW path is bit-stable across torch builds on CPU, and
     # keeps the optimizer state in the params' dtype (pure fp16/bf16 means exactly that).
-    optimizer = torch.optim.AdamW(model.parameters(), lr=o.lr, betas=tuple(o.betas), eps=o.eps,
+    optimizer = torch.optim.AdamW(param_groups(run, model), lr=o.lr, betas=tuple(o.betas), eps=o.eps,
                                   weight_decay=o.weight_decay, foreach=False)
     faults = [Fault(index=f.index, kind=f.kind) for f in d.faults]
     dataset = SyntheticClips(num_samples=d.num_samples, frames=d.frames, channels=d.channels,
                              height=d.height, width=d.width, seed=d.seed, faults=faults,
-                             as_images=m.arch.value == "dit")
+                             as_images=m.arch.value == "dit" or (m.arch.value == "diffusers" and ZOO[m.name].is_image))
     j = run.objective
     objective = DiffusionObjective(kind=j.kind.value, num_train_timesteps=j.num_train_timesteps,
                                    beta_schedule=j.beta_schedule, prediction=j.prediction, flow_shift=j.flow_shift)

@@ -47,6 +47,7 @@ class ModulateImpl(str, Enum):
 class Arch(str, Enum):
     dit = "dit"
     video_dit = "video_dit"
+    diffusers = "diffusers"  # a tiny diffusers transformer, named by model.name (models/diffusers_zoo.py)
 
 
 class FaultKind(str, Enum):
@@ -125,6 +126,8 @@ class ModelConfig:
     arch: Arch = Arch.video_dit
     size: str = "tiny"
     """A key of models.MODEL_SIZES."""
+    name: Optional[str] = None
+    """arch=diffusers only: which one (dit, pixart, sana, latte, cogvideox, wan, ltx, hunyuan, allegro, mochi)."""
     patch_size: int = 2
     qk_norm: bool = False
     """LayerNorm on queries and keys: the standard fix for attention-logit growth."""
@@ -177,6 +180,24 @@ class OptimConfig:
     schedule: Schedule = Schedule.constant
     grad_clip: float = 0.0
     """Max global grad norm; 0 turns clipping off."""
+    lora_lr: Optional[float] = None
+    """lr of the LoRA adapters (finetune=lora); null = optim.lr. optim.lr stays the base weights' lr."""
+
+
+@dataclass
+class FinetuneConfig:
+    """How the model is trained: all weights (none), or LoRA adapters on a frozen base (sweep/finetune.py)."""
+
+    method: str = "none"
+    """none | lora."""
+    rank: int = 4
+    alpha: float = 4.0
+    """LoRA scaling is alpha / rank."""
+    dropout: float = 0.0
+    target_modules: Optional[List[str]] = None
+    """Module names LoRA wraps; null = the attention projections (to_q, to_k, to_v, to_out.0 in diffusers models)."""
+    train_base: bool = False
+    """Train the base weights too, at optim.lr (the adapters at optim.lora_lr)."""
 
 
 @dataclass
@@ -332,6 +353,7 @@ def validate(run: RunConfig) -> RunConfig:
     j = run.objective
     _require(j.num_train_timesteps > 1, "objective.num_train_timesteps", f"must be > 1, got {j.num_train_timesteps}")
     _require(j.prediction in ("epsilon", "v_prediction"), "objective.prediction",
+    finetune: FinetuneConfig = field(default_factory=FinetuneConfig)
              f"must be epsilon or v_prediction, got {j.prediction!r}")
     _require(j.loss_weight > 0, "objective.loss_weight", f"must be > 0, got {j.loss_weight}")
     mo = run.monitor
@@ -382,8 +404,53 @@ def to_run_config(cfg: DictConfig) -> RunConfig:
 def flatten(obj: Any, prefix: str = "") -> dict:
     """Nested dict -> {dotted.key: value}, for params and reports."""
     out = {}
+    _validate_diffusers(run)
     if isinstance(obj, dict):
         for k, v in obj.items():
             out.update(flatten(v, f"{prefix}{k}."))
         return out
     return {prefix[:-1]: obj}
+    _require(o.lora_lr is None or o.lora_lr > 0, "optim.lora_lr", f"must be > 0 (or null = optim.lr), got {o.lora_lr}")
+    f = run.finetune
+    _require(f.method in ("none", "lora"), "finetune.method", f"must be none or lora, got {f.method!r}")
+    _require(f.rank > 0, "finetune.rank", f"must be > 0, got {f.rank}")
+    _require(f.alpha > 0, "finetune.alpha", f"must be > 0, got {f.alpha}")
+    _require(0 <= f.dropout < 1, "finetune.dropout", f"must be in [0, 1), got {f.dropout}")
+    _require(f.method == "lora" or o.lora_lr is None, "optim.lora_lr", "only applies with finetune=lora")
+def validate_pruner(p: PrunerConfig, key: str) -> PrunerConfig:
+    """Reject pruner settings Optuna would refuse mid-run; `key` is where they came from (ledger.pruner, hydra.sweeper.pruner)."""
+    _require(p.name in PRUNERS, f"{key}.name", f"must be one of {', '.join(PRUNERS)}, got {p.name!r}")
+    _require(p.report_every > 0, f"{key}.report_every", f"must be > 0, got {p.report_every}")
+    for field_name in ("n_startup_trials", "n_warmup_steps", "min_early_stopping_rate"):
+        _require(getattr(p, field_name) >= 0, f"{key}.{field_name}", f"must be >= 0, got {getattr(p, field_name)}")
+    _require(p.n_min_trials >= 1, f"{key}.n_min_trials", f"must be >= 1, got {p.n_min_trials}")
+    _require(0 < p.percentile < 100, f"{key}.percentile", f"must be in (0, 100), got {p.percentile}")
+    if p.name == "threshold":
+        _require(p.lower is not None or p.upper is not None, f"{key}.upper", "the threshold pruner needs upper or lower")
+    _require(p.lower is None or p.upper is None or p.lower < p.upper, f"{key}.lower",
+             f"must be < upper={p.upper}, got {p.lower}")
+    _require(p.min_resource is None or p.min_resource >= 1, f"{key}.min_resource", f"must be >= 1 or null, got {p.min_resource}")
+    _require(p.max_resource is None or p.max_resource >= 1, f"{key}.max_resource", f"must be >= 1 or null, got {p.max_resource}")
+    _require(p.reduction_factor is None or p.reduction_factor >= 2, f"{key}.reduction_factor",
+             f"must be >= 2 or null, got {p.reduction_factor}")
+    return p
+
+
+def _validate_diffusers(run: RunConfig) -> None:
+    """model.name and the data shape a tiny diffusers transformer needs (models/diffusers_zoo.py)."""
+    m, d = run.model, run.data
+    if m.arch != Arch.diffusers:
+        _require(m.name is None, "model.name", f"names a diffusers model: only with model.arch=diffusers, got {m.name!r}")
+        return
+    from models.diffusers_zoo import ZOO
+
+    _require(m.name in ZOO, "model.name", f"unknown diffusers model {m.name!r}; choose one of {', '.join(ZOO)}")
+    _require(m.size == "tiny", "model.size", f"diffusers models have one size, tiny (models/diffusers_zoo.py), got {m.size!r}")
+    _require(not m.qk_norm, "model.qk_norm", "diffusers models keep their own query/key norm (models/diffusers_zoo.py): must be false")
+    _require(m.qk_gain == 1.0, "model.qk_gain", f"is implemented for the native models only, got {m.qk_gain}")
+    if ZOO[m.name].is_image:
+        _require(d.frames == 1, "data.frames", f"model.name={m.name} trains on images: use data=synthetic_image (frames=1), got {d.frames}")
+    else:
+        _require(d.frames > 1, "data.frames", f"model.name={m.name} is a video model: use data=synthetic_video (frames > 1), got {d.frames}")
+
+

@@ -74,6 +74,8 @@ def execute(run: RunConfig, out_dir: Path, params: dict, label: str = "", hooks:
         # The kernels are forced (no fallback), so having trained means these are the ones that ran.
         result.kernels = {"attention": KERNEL_NAMES[run.attention.backend.value],
                           "modulate": MODULATE_NAMES[run.modulate.impl.value]}
+        if callable(getattr(parts.model, "kernels", None)):  # a diffusers adapter (native models have a kernels property): what ran per attention kind, where modulate ran
+            result.kernels = parts.model.kernels(run.modulate.impl.value, MODULATE_NAMES[run.modulate.impl.value])
         _fill_from_metrics(result, metrics, train_seconds)
         if divergence is None:
             result.status = "stable"

@@ -22,7 +22,7 @@ def options(group: str) -> list[str]:
 @pytest.mark.parametrize("group,option", [(g, o) for g in GROUPS for o in options(g)])
 def test_every_option_composes_and_validates(group, option):
     extra = ["model=dit_tiny"] if option == "synthetic_image" else []
-    extra += ["data=synthetic_image"] if option.startswith("dit_") else []
+    extra += ["data=synthetic_image"] if option.startswith(("dit_", "diffusers_dit_", "pixart_", "sana_")) else []
     run = make_run(f"{group}={option}", *extra, fast=False)
     assert isinstance(run, RunConfig)
 

@@ -1,0 +1,177 @@
+"""The sweep's kernel axes inside diffusers transformers: a forced SDPA route and routed adaLN modulation.
+
+Attention. Every diffusers attention processor of these models ends in
+`torch.nn.functional.scaled_dot_product_attention` (directly, or through diffusers' dispatcher with
+its default "native" backend). `SdpaRoute` is a `TorchFunctionMode` active during the adapter's
+forward only: it sees each of those calls, counts them, and
+  * flash / math: runs it inside `sdpa_kernel([that one backend])` (no fallback: a refusal is
+    `KernelUnavailable`);
+  * eager: computes softmax(QK^T)V itself, in the working dtype (no fp32 upcast), like
+    models.attention's eager path.
+diffusers' own attention-backend setting is not used: it reaches only the models that route
+through its dispatcher (Wan, LTX, HunyuanVideo), silently does nothing for the others, and is
+process-global. A TorchFunctionMode is scoped to the `with` block of one forward. Backward kernels
+follow the forward's (autograd records the forward ops that ran).
+
+Modulation. `route_modulation` swaps the class of diffusers' adaLN modules (AdaLayerNormZero,
+AdaLayerNormZeroSingle, CogVideoXLayerNormZero, MochiRMSNormZero) for a subclass whose forward is
+the same code with `x * (1 + scale) + shift` replaced by models.modulate. Same parameters, same
+state_dict keys, so checkpoints load either way.
+"""
+
+from __future__ import annotations
+
+import contextlib
+
+import torch
+import torch.nn.functional as F
+from diffusers.models.normalization import AdaLayerNormZero, AdaLayerNormZeroSingle, CogVideoXLayerNormZero
+from diffusers.models.transformers.transformer_mochi import MochiRMSNormZero
+from torch import Tensor
+from torch.nn.attention import SDPBackend, sdpa_kernel
+from torch.overrides import TorchFunctionMode
+
+from models.attention import KernelUnavailable
+from models.modulate import modulate
+
+SDPA_KERNEL_NAMES = {
+    "flash": "sdpa:FLASH_ATTENTION", "math": "sdpa:MATH", "efficient": "sdpa:EFFICIENT_ATTENTION",
+    "cudnn": "sdpa:CUDNN_ATTENTION", "eager": "eager:softmax(QK^T)",
+}
+_SDPA_BACKENDS = {"flash": SDPBackend.FLASH_ATTENTION, "math": SDPBackend.MATH,
+                  "efficient": SDPBackend.EFFICIENT_ATTENTION, "cudnn": SDPBackend.CUDNN_ATTENTION}
+_NO_KERNEL_MESSAGES = ("No available kernel", "No viable backend")
+
+
+def eager_sdpa(query: Tensor, key: Tensor, value: Tensor, attn_mask: Tensor | None = None, dropout_p: float = 0.0,
+               is_causal: bool = False, scale: float | None = None, enable_gqa: bool = False) -> Tensor:
+    """F.scaled_dot_product_attention's contract, written out in the working dtype (fp16 logits can overflow)."""
+    if enable_gqa and key.shape[-3] != query.shape[-3]:
+        repeat = query.shape[-3] // key.shape[-3]
+        key, value = key.repeat_interleave(repeat, dim=-3), value.repeat_interleave(repeat, dim=-3)
+    scale = query.shape[-1] ** -0.5 if scale is None else scale
+    scores = (query @ key.transpose(-2, -1)) * scale  # (B, heads, Nq, Nk)
+    if is_causal:
+        causal = torch.ones(scores.shape[-2:], dtype=torch.bool, device=scores.device).tril()
+        scores = scores.masked_fill(~causal, float("-inf"))
+    if attn_mask is not None:
+        scores = scores.masked_fill(~attn_mask, float("-inf")) if attn_mask.dtype == torch.bool else scores + attn_mask
+    attn = scores.softmax(dim=-1)
+    if dropout_p > 0:
+        attn = F.dropout(attn, dropout_p)
+    return attn @ value  # (B, heads, Nq, head_dim)
+
+
+class SdpaRoute(TorchFunctionMode):
+    """`with route:` around a forward: every SDPA call in it runs the chosen backend, and is counted."""
+
+    def __init__(self, backend: str):
+        super().__init__()
+        if backend not in SDPA_KERNEL_NAMES:
+            raise ValueError(f"unknown attention backend {backend!r}; choose one of {tuple(SDPA_KERNEL_NAMES)}")
+        self.backend = backend
+        self.calls = 0
+        self.calls_last_forward = 0
+        self._stack: contextlib.ExitStack | None = None
+
+    @property
+    def kernel_name(self) -> str:
+        return SDPA_KERNEL_NAMES[self.backend]
+
+    def __enter__(self):
+        self.calls = 0
+        self._stack = contextlib.ExitStack()
+        if self.backend != "eager":
+            self._stack.enter_context(sdpa_kernel([_SDPA_BACKENDS[self.backend]]))
+        return super().__enter__()
+
+    def __exit__(self, *exc):
+        try:
+            return super().__exit__(*exc)
+        finally:
+            self.calls_last_forward = self.calls
+            self._stack.close()
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        if func is not F.scaled_dot_product_attention:
+            return func(*args, **kwargs)
+        self.calls += 1
+        if self.backend == "eager":
+            return eager_sdpa(*args, **kwargs)
+        try:
+            return func(*args, **kwargs)
+        except RuntimeError as err:
+            if any(m in str(err) for m in _NO_KERNEL_MESSAGES):
+                q = args[0] if args else kwargs["query"]
+                raise KernelUnavailable(f"SDPA {self.backend} attention refused q{tuple(q.shape)} {q.dtype} on "
+                                        f"{q.device}: {str(err).strip().splitlines()[0]}") from err
+            raise
+
+
+class RoutedAdaLayerNormZero(AdaLayerNormZero):
+    """AdaLayerNormZero.forward with its modulation through models.modulate."""
+
+    modulate_impl = "eager"
+
+    def forward(self, x, timestep=None, class_labels=None, hidden_dtype=None, emb=None):
+        if self.emb is not None:
+            emb = self.emb(timestep, class_labels, hidden_dtype=hidden_dtype)
+        emb = self.linear(self.silu(emb))
+        shift_msa, scale_msa, gate_msa, shift_mlp, scale_mlp, gate_mlp = emb.chunk(6, dim=1)
+        x = modulate(self.norm(x), shift_msa, scale_msa, self.modulate_impl)  # (B, N, D)
+        return x, gate_msa, shift_mlp, scale_mlp, gate_mlp
+
+
+class RoutedAdaLayerNormZeroSingle(AdaLayerNormZeroSingle):
+    """AdaLayerNormZeroSingle.forward with its modulation through models.modulate."""
+
+    modulate_impl = "eager"
+
+    def forward(self, x, emb=None):
+        emb = self.linear(self.silu(emb))
+        shift_msa, scale_msa, gate_msa = emb.chunk(3, dim=1)
+        return modulate(self.norm(x), shift_msa, scale_msa, self.modulate_impl), gate_msa
+
+
+class RoutedCogVideoXLayerNormZero(CogVideoXLayerNormZero):
+    """CogVideoXLayerNormZero.forward (video and text tokens) with its modulation through models.modulate."""
+
+    modulate_impl = "eager"
+
+    def forward(self, hidden_states, encoder_hidden_states, temb):
+        shift, scale, gate, enc_shift, enc_scale, enc_gate = self.linear(self.silu(temb)).chunk(6, dim=1)
+        hidden_states = modulate(self.norm(hidden_states), shift, scale, self.modulate_impl)  # (B, N, D)
+        encoder_hidden_states = modulate(self.norm(encoder_hidden_states), enc_shift, enc_scale, self.modulate_impl)
+        return hidden_states, encoder_hidden_states, gate[:, None, :], enc_gate[:, None, :]
+
+
+class RoutedMochiRMSNormZero(MochiRMSNormZero):
+    """MochiRMSNormZero.forward (scale only, in fp32 as Mochi does) with its modulation through models.modulate."""
+
+    modulate_impl = "eager"
+
+    def forward(self, hidden_states, emb):
+        dtype = hidden_states.dtype
+        emb = self.linear(self.silu(emb))
+        scale_msa, gate_msa, scale_mlp, gate_mlp = emb.chunk(4, dim=1)
+        scale = scale_msa.to(torch.float32)
+        hidden_states = modulate(self.norm(hidden_states.to(torch.float32)), torch.zeros_like(scale), scale,
+                                 self.modulate_impl)  # (B, N, D) in fp32, Mochi's upcast
+        return hidden_states.to(dtype), gate_msa, scale_mlp, gate_mlp
+
+
+ROUTED = {cls.__mro__[1]: cls for cls in (RoutedAdaLayerNormZero, RoutedAdaLayerNormZeroSingle,
+                                          RoutedCogVideoXLayerNormZero, RoutedMochiRMSNormZero)}
+
+
+def route_modulation(model: torch.nn.Module, class_names: tuple[str, ...], impl: str) -> int:
+    """Swap every module whose class is named in `class_names` for its routed subclass; returns how many."""
+    n = 0
+    for module in model.modules():
+        base = type(module)
+        if base.__name__ in class_names and base in ROUTED:
+            module.__class__ = ROUTED[base]
+            module.modulate_impl = impl
+            n += 1
+    return n
