@@ -286,6 +286,7 @@ class RunConfig:
     model: ModelConfig = field(default_factory=ModelConfig)
     data: DataConfig = field(default_factory=DataConfig)
     optim: OptimConfig = field(default_factory=OptimConfig)
+    finetune: FinetuneConfig = field(default_factory=FinetuneConfig)
     objective: ObjectiveConfig = field(default_factory=ObjectiveConfig)
     monitor: MonitorConfig = field(default_factory=MonitorConfig)
     checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
@@ -335,6 +336,7 @@ def validate(run: RunConfig) -> RunConfig:
              f"{m.patch_size} must divide data.height={d.height} and data.width={d.width}")
     if m.arch == Arch.dit:
         _require(d.frames == 1, "data.frames", f"model.arch=dit trains on images: use data=synthetic_image (frames=1), got {d.frames}")
+    _validate_diffusers(run)
     for i, f in enumerate(d.faults):
         _require(0 <= f.index < d.num_samples, f"data.faults[{i}].index",
                  f"must be in [0, data.num_samples={d.num_samples}), got {f.index}")
@@ -350,10 +352,16 @@ def validate(run: RunConfig) -> RunConfig:
     _require(o.weight_decay >= 0, "optim.weight_decay", f"must be >= 0, got {o.weight_decay}")
     _require(o.warmup_steps >= 0, "optim.warmup_steps", f"must be >= 0, got {o.warmup_steps}")
     _require(o.grad_clip >= 0, "optim.grad_clip", f"must be >= 0 (0 = off), got {o.grad_clip}")
+    _require(o.lora_lr is None or o.lora_lr > 0, "optim.lora_lr", f"must be > 0 (or null = optim.lr), got {o.lora_lr}")
+    f = run.finetune
+    _require(f.method in ("none", "lora"), "finetune.method", f"must be none or lora, got {f.method!r}")
+    _require(f.rank > 0, "finetune.rank", f"must be > 0, got {f.rank}")
+    _require(f.alpha > 0, "finetune.alpha", f"must be > 0, got {f.alpha}")
+    _require(0 <= f.dropout < 1, "finetune.dropout", f"must be in [0, 1), got {f.dropout}")
+    _require(f.method == "lora" or o.lora_lr is None, "optim.lora_lr", "only applies with finetune=lora")
     j = run.objective
     _require(j.num_train_timesteps > 1, "objective.num_train_timesteps", f"must be > 1, got {j.num_train_timesteps}")
     _require(j.prediction in ("epsilon", "v_prediction"), "objective.prediction",
-    finetune: FinetuneConfig = field(default_factory=FinetuneConfig)
              f"must be epsilon or v_prediction, got {j.prediction!r}")
     _require(j.loss_weight > 0, "objective.loss_weight", f"must be > 0, got {j.loss_weight}")
     mo = run.monitor
@@ -372,6 +380,24 @@ def validate(run: RunConfig) -> RunConfig:
     _require(st is None or "://" in st or st.endswith((".log", ".jsonl", ".journal")), "ledger.storage",
              f"must be a database URL (sqlite:///..., postgresql://...) or a journal file ending in .log, got {st!r}")
     return run
+
+
+def _validate_diffusers(run: RunConfig) -> None:
+    """model.name and the data shape a tiny diffusers transformer needs (models/diffusers_zoo.py)."""
+    m, d = run.model, run.data
+    if m.arch != Arch.diffusers:
+        _require(m.name is None, "model.name", f"names a diffusers model: only with model.arch=diffusers, got {m.name!r}")
+        return
+    from models.diffusers_zoo import ZOO
+
+    _require(m.name in ZOO, "model.name", f"unknown diffusers model {m.name!r}; choose one of {', '.join(ZOO)}")
+    _require(m.size == "tiny", "model.size", f"diffusers models have one size, tiny (models/diffusers_zoo.py), got {m.size!r}")
+    _require(not m.qk_norm, "model.qk_norm", "diffusers models keep their own query/key norm (models/diffusers_zoo.py): must be false")
+    _require(m.qk_gain == 1.0, "model.qk_gain", f"is implemented for the native models only, got {m.qk_gain}")
+    if ZOO[m.name].is_image:
+        _require(d.frames == 1, "data.frames", f"model.name={m.name} trains on images: use data=synthetic_image (frames=1), got {d.frames}")
+    else:
+        _require(d.frames > 1, "data.frames", f"model.name={m.name} is a video model: use data=synthetic_video (frames > 1), got {d.frames}")
 
 
 def enum_choices(dotted_key: str) -> Optional[list]:
@@ -404,53 +430,8 @@ def to_run_config(cfg: DictConfig) -> RunConfig:
 def flatten(obj: Any, prefix: str = "") -> dict:
     """Nested dict -> {dotted.key: value}, for params and reports."""
     out = {}
-    _validate_diffusers(run)
     if isinstance(obj, dict):
         for k, v in obj.items():
             out.update(flatten(v, f"{prefix}{k}."))
         return out
     return {prefix[:-1]: obj}
-    _require(o.lora_lr is None or o.lora_lr > 0, "optim.lora_lr", f"must be > 0 (or null = optim.lr), got {o.lora_lr}")
-    f = run.finetune
-    _require(f.method in ("none", "lora"), "finetune.method", f"must be none or lora, got {f.method!r}")
-    _require(f.rank > 0, "finetune.rank", f"must be > 0, got {f.rank}")
-    _require(f.alpha > 0, "finetune.alpha", f"must be > 0, got {f.alpha}")
-    _require(0 <= f.dropout < 1, "finetune.dropout", f"must be in [0, 1), got {f.dropout}")
-    _require(f.method == "lora" or o.lora_lr is None, "optim.lora_lr", "only applies with finetune=lora")
-def validate_pruner(p: PrunerConfig, key: str) -> PrunerConfig:
-    """Reject pruner settings Optuna would refuse mid-run; `key` is where they came from (ledger.pruner, hydra.sweeper.pruner)."""
-    _require(p.name in PRUNERS, f"{key}.name", f"must be one of {', '.join(PRUNERS)}, got {p.name!r}")
-    _require(p.report_every > 0, f"{key}.report_every", f"must be > 0, got {p.report_every}")
-    for field_name in ("n_startup_trials", "n_warmup_steps", "min_early_stopping_rate"):
-        _require(getattr(p, field_name) >= 0, f"{key}.{field_name}", f"must be >= 0, got {getattr(p, field_name)}")
-    _require(p.n_min_trials >= 1, f"{key}.n_min_trials", f"must be >= 1, got {p.n_min_trials}")
-    _require(0 < p.percentile < 100, f"{key}.percentile", f"must be in (0, 100), got {p.percentile}")
-    if p.name == "threshold":
-        _require(p.lower is not None or p.upper is not None, f"{key}.upper", "the threshold pruner needs upper or lower")
-    _require(p.lower is None or p.upper is None or p.lower < p.upper, f"{key}.lower",
-             f"must be < upper={p.upper}, got {p.lower}")
-    _require(p.min_resource is None or p.min_resource >= 1, f"{key}.min_resource", f"must be >= 1 or null, got {p.min_resource}")
-    _require(p.max_resource is None or p.max_resource >= 1, f"{key}.max_resource", f"must be >= 1 or null, got {p.max_resource}")
-    _require(p.reduction_factor is None or p.reduction_factor >= 2, f"{key}.reduction_factor",
-             f"must be >= 2 or null, got {p.reduction_factor}")
-    return p
-
-
-def _validate_diffusers(run: RunConfig) -> None:
-    """model.name and the data shape a tiny diffusers transformer needs (models/diffusers_zoo.py)."""
-    m, d = run.model, run.data
-    if m.arch != Arch.diffusers:
-        _require(m.name is None, "model.name", f"names a diffusers model: only with model.arch=diffusers, got {m.name!r}")
-        return
-    from models.diffusers_zoo import ZOO
-
-    _require(m.name in ZOO, "model.name", f"unknown diffusers model {m.name!r}; choose one of {', '.join(ZOO)}")
-    _require(m.size == "tiny", "model.size", f"diffusers models have one size, tiny (models/diffusers_zoo.py), got {m.size!r}")
-    _require(not m.qk_norm, "model.qk_norm", "diffusers models keep their own query/key norm (models/diffusers_zoo.py): must be false")
-    _require(m.qk_gain == 1.0, "model.qk_gain", f"is implemented for the native models only, got {m.qk_gain}")
-    if ZOO[m.name].is_image:
-        _require(d.frames == 1, "data.frames", f"model.name={m.name} trains on images: use data=synthetic_image (frames=1), got {d.frames}")
-    else:
-        _require(d.frames > 1, "data.frames", f"model.name={m.name} is a video model: use data=synthetic_video (frames > 1), got {d.frames}")
-
-
