@@ -316,22 +316,25 @@ class OptunaSweeper(Sweeper):
               f"needs {per_grid * len(table)} ({per_grid} per combination)\n"
               + table.to_string(index=False, float_format=lambda x: f"{x:.3g}", na_rep="-"), flush=True)
 
-    def _finished(self, study: optuna.Study) -> list:
-        return [t for t in study.get_trials(deepcopy=False)
+    def _finished(self, study: optuna.Study, trials: Optional[list] = None) -> list:
+        return [t for t in (study.get_trials(deepcopy=False) if trials is None else trials)
                 if t.state.is_finished() and not t.system_attrs.get(STALE_ATTR)]
 
     def _next_batch(self, study: optuna.Study, space: dict, grid: Optional[list]) -> list:
         """Ask for the next trials: the missing grid cells, or enough to reach n_trials."""
+        # One read of the trials: a run that finishes between two reads would look neither running nor done.
+        trials = study.get_trials(deepcopy=False)
+        running_trials = [t for t in trials if t.state is TrialState.RUNNING]
         if grid is not None:
-            done = {tuple(sorted(t.params.items())) for t in self._finished(study)
+            done = {tuple(sorted(t.params.items())) for t in self._finished(study, trials)
                     if t.state is not TrialState.FAIL}
-            running = {tuple(sorted(t.params.items())) for t in study.get_trials(deepcopy=False, states=(TrialState.RUNNING,))}
+            running = {tuple(sorted(t.params.items())) for t in running_trials}
             todo = [c for c in grid if tuple(sorted(c.items())) not in done | running | self._attempted][: self.n_jobs]
             self._attempted |= {tuple(sorted(c.items())) for c in todo}  # a failing cell is not retried in a loop
             for cell in todo:
                 study.enqueue_trial(cell, skip_if_exists=False)
             return [study.ask(space) for _ in todo]
-        missing = self.n_trials - len(self._finished(study)) - len(study.get_trials(deepcopy=False, states=(TrialState.RUNNING,)))
+        missing = self.n_trials - len(self._finished(study, trials)) - len(running_trials)
         return [study.ask(space) for _ in range(max(0, min(self.n_jobs, missing)))]
 
     def _settle(self, study: optuna.Study, trial: optuna.Trial, ret: Any) -> None:
