@@ -40,17 +40,22 @@ class LogitStats:
 
     @torch.no_grad()
     def observe(self, q: Tensor, k: Tensor) -> None:
-        logits = (q.float() @ k.float().transpose(-2, -1)) * q.shape[-1] ** -0.5  # (B, heads, N, N)
-        p = logits.softmax(-1)
-        entropy = -(p * p.clamp_min(1e-30).log()).sum(-1).mean()  # nats, mean over rows and heads
-        self._max.append(logits.amax())
+        with torch.autocast(q.device.type, enabled=False):  # true fp32 logits, even inside an fp16 forward
+            logits = (q.float() @ k.float().transpose(-2, -1)) * q.shape[-1] ** -0.5  # (B, heads, N, N)
+            p = logits.softmax(-1)
+        entropy = torch.nanmean(-(p * p.clamp_min(1e-30).log()).sum(-1))  # nats, mean over rows and heads
+        # NaN-blind: once an earlier layer went non-finite, later layers' NaN must not hide this one's value.
+        self._max.append(logits.nan_to_num(nan=-math.inf).amax())
         self._entropy.append(entropy)
 
     def collect(self) -> tuple[float, float]:
         """(max logit, min entropy) since the last collect, fetched in one sync; NaN when nothing ran."""
         if not self._max:
             return math.nan, math.nan
-        max_logit, min_entropy = torch.stack([torch.stack(self._max).amax(), torch.stack(self._entropy).amin()]).tolist()
+        max_logit, min_entropy = torch.stack([torch.stack(self._max).amax(),
+                                              torch.stack(self._entropy).nan_to_num(nan=math.inf).amin()]).tolist()
+        max_logit = max_logit if max_logit > -math.inf else math.nan
+        min_entropy = min_entropy if min_entropy < math.inf else math.nan
         self._max, self._entropy = [], []
         self.max_logit, self.min_entropy = max(self.max_logit, max_logit), min(self.min_entropy, min_entropy)
         return max_logit, min_entropy

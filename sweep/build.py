@@ -7,6 +7,7 @@ ran before it in the same process.
 """
 from __future__ import annotations
 
+import logging
 import math
 import os
 import random
@@ -28,6 +29,8 @@ from .diffusion import DiffusionObjective
 from .finetune import apply_finetune, param_groups
 from .monitor import DivergenceMonitor
 from .precision import LossScaler, PrecisionPolicy
+
+log = logging.getLogger("sweep")
 
 # Seed streams: independent generators for weights, data order and diffusion noise, so changing
 # one (e.g. the batch size) does not shift the others.
@@ -93,7 +96,7 @@ class RunParts:
     model: torch.nn.Module
     optimizer: torch.optim.Optimizer
     scaler: LossScaler
-    dataset: SyntheticClips
+    dataset: torch.utils.data.Dataset  # SyntheticClips, or a Subset of it without the bad samples
     order: BatchOrder
     objective: DiffusionObjective
     noise_gen: torch.Generator
@@ -140,6 +143,8 @@ def build_parts(run: RunConfig, device: torch.device, policy: PrecisionPolicy, s
     dataset = SyntheticClips(num_samples=d.num_samples, frames=d.frames, channels=d.channels,
                              height=d.height, width=d.width, seed=d.seed, faults=faults,
                              as_images=m.arch.value == "dit" or (m.arch.value == "diffusers" and ZOO[m.name].is_image))
+    if d.drop_bad:
+        dataset = drop_bad_samples(dataset, d.range_limit)
     j = run.objective
     objective = DiffusionObjective(kind=j.kind.value, num_train_timesteps=j.num_train_timesteps,
                                    beta_schedule=j.beta_schedule, prediction=j.prediction, flow_shift=j.flow_shift)
@@ -148,7 +153,7 @@ def build_parts(run: RunConfig, device: torch.device, policy: PrecisionPolicy, s
     monitor.start([p for p in model.parameters() if p.requires_grad])
     parts = RunParts(device=device, policy=policy, model=model, optimizer=optimizer,
                      scaler=LossScaler(run.precision.scaler), dataset=dataset,
-                     order=BatchOrder(d.num_samples, d.batch_size, stream_seed(run.seed, _ORDER_STREAM)),
+                     order=BatchOrder(len(dataset), d.batch_size, stream_seed(run.seed, _ORDER_STREAM)),
                      objective=objective, noise_gen=noise_gen, lr_at=lr_schedule(run), monitor=monitor,
                      loaded=resume_from or init_from)
     if resume_from:
@@ -156,6 +161,20 @@ def build_parts(run: RunConfig, device: torch.device, policy: PrecisionPolicy, s
         if parts.start_step >= run.steps:
             raise ValueError(f"checkpoint.resume_from is at step {parts.start_step}, steps={run.steps}: nothing left to run")
     return parts
+
+
+def drop_bad_samples(dataset, limit: float) -> torch.utils.data.Dataset:
+    """The dataset without the samples the data doctor's check rejects (NaN/Inf/out of range/constant)."""
+    from .doctor_checks import check_sample
+
+    kept = [i for i in range(len(dataset)) if not check_sample(dataset[i], limit)[0]]
+    dropped = len(dataset) - len(kept)
+    if dropped:
+        log.warning("data.drop_bad: left out %d of %d samples: %s", dropped, len(dataset),
+                    sorted(set(range(len(dataset))) - set(kept))[:20])
+    if not kept:
+        raise ValueError("data.drop_bad: every sample failed the data check")
+    return torch.utils.data.Subset(dataset, kept) if dropped else dataset
 
 
 def _maybe_corrupted(run: RunConfig, scratch: Path | None) -> tuple[str | None, str | None]:

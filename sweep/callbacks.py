@@ -41,3 +41,37 @@ class SweepSummary(Callback):
         saved = textwrap.fill(f"Saved in {sweep_dir}: {', '.join(p.name for p in written)}", WIDTH,
                               subsequent_indent="  ")
         print(f"\n{text}\n\n{saved}\nHTML report: python -m sweep.report {sweep_dir}", flush=True)
+
+
+class ScenarioCheck(Callback):
+    """For `+scenario=NAME` sweeps: pretrain before the runs if asked, and say after them whether the
+    scenario reproduced (sweep/scenario.py). Does nothing for other sweeps."""
+
+    def on_multirun_start(self, config: DictConfig, **kwargs: Any) -> None:
+        if config.get("scenario") is None or not config.scenario.get("name"):
+            return
+        from hydra.core.hydra_config import HydraConfig
+
+        from .config import to_run_config
+        from .scenario import pretrain
+
+        HydraConfig.instance().set_config(config)  # so ${hydra:sweep.dir} in the scenario resolves
+        run = to_run_config(config)
+        if run.scenario.pretrain_steps:
+            print(f"Scenario {run.scenario.name}: pretraining {run.scenario.pretrain_steps} steps first", flush=True)
+            pretrain(run, Path(config.hydra.sweep.dir))
+
+    def on_multirun_end(self, config: DictConfig, **kwargs: Any) -> None:
+        if config.get("scenario") is None or not config.scenario.get("name"):
+            return
+        import json
+
+        from .config import to_run_config
+        from .scenario import check, render, write
+
+        sweep_dir = Path(config.hydra.sweep.dir)
+        scenario = to_run_config(config).scenario
+        results = [json.loads(p.read_text()) for p in sorted(sweep_dir.glob("*/result.json"))]
+        outcomes = check(scenario.expect, results)
+        write(sweep_dir, scenario, outcomes)
+        print(f"\n{render(scenario, outcomes)}", flush=True)

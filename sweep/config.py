@@ -14,7 +14,7 @@ from __future__ import annotations
 import copy
 from dataclasses import dataclass, field
 from enum import Enum
-from typing import Any, List, Optional
+from typing import Any, Dict, List, Optional
 
 from hydra.core.config_store import ConfigStore
 from omegaconf import DictConfig, OmegaConf, open_dict, read_write
@@ -252,6 +252,40 @@ class CheckpointConfig:
     """The tensor `inject` corrupts; null = the first attention weight."""
 
 
+PRUNERS = ("none", "median", "percentile", "threshold", "successive_halving", "hyperband")
+
+
+@dataclass
+class PrunerConfig:
+    """Stops unpromising runs of an Optuna search early (sweep/pruning.py). Optuna does not keep the
+    pruner in the storage, so our sweeper passes its `hydra.sweeper.pruner` to every job as this node."""
+
+    name: str = "none"
+    """none | median | percentile | threshold | successive_halving | hyperband"""
+    report_every: int = 5
+    """Report the loss to the trial every this many steps (a storage round-trip each); the pruner decides on those steps only."""
+    n_startup_trials: int = 5
+    """median, percentile: prune nothing until this many trials have completed."""
+    n_warmup_steps: int = 0
+    """median, percentile, threshold: prune no run before this step."""
+    n_min_trials: int = 1
+    """median, percentile: trials that must have reported at a step before it is compared."""
+    percentile: float = 25.0
+    """percentile: prune a run whose best loss so far is worse than this percentile of the others' (median = 50)."""
+    lower: Optional[float] = None
+    """threshold: prune a run whose loss falls below this."""
+    upper: Optional[float] = None
+    """threshold: prune a run whose loss rises above this (e.g. 2x the initial loss: going nowhere good)."""
+    min_resource: Optional[int] = None
+    """successive_halving, hyperband: steps before the first rung; null = Optuna's default (auto, 1)."""
+    reduction_factor: Optional[int] = None
+    """successive_halving, hyperband: keep 1/this of the runs per rung; null = Optuna's default (4, 3)."""
+    min_early_stopping_rate: int = 0
+    """successive_halving: the first rung is min_resource x reduction_factor^this steps."""
+    max_resource: Optional[int] = None
+    """hyperband: steps of a full run; null = auto (the longest finished trial)."""
+
+
 @dataclass
 class LedgerConfig:
     """Where runs are recorded as Optuna trials (sweep/ledger.py)."""
@@ -264,6 +298,39 @@ class LedgerConfig:
     """null = the sweep directory's path."""
     trial_number: Optional[int] = None
     """Set by our Optuna sweeper: the trial this run finishes (null: the run adds a trial of its own)."""
+    pruner: PrunerConfig = field(default_factory=PrunerConfig)
+    """Set by our Optuna sweeper (hydra.sweeper.pruner): report the loss to the trial, stop when pruned."""
+
+
+@dataclass
+class ScenarioExpect:
+    """One expected outcome of a scenario: the runs whose params match `when` must end like this."""
+
+    when: Dict[str, Any] = field(default_factory=dict)
+    """Swept params to match, e.g. {precision: fp16_amp}; {} matches every run."""
+    status: str = "stable"
+    verdict: Optional[str] = None
+    cause_where: Optional[str] = None
+    cause_module: Optional[str] = None
+    """A prefix of cause.module, e.g. blocks (any block) or blocks.1.attn."""
+    same_step: bool = False
+    """Every matching run diverges at the same first_bad_step (a data fault does not care about lr)."""
+
+
+@dataclass
+class ScenarioConfig:
+    """A known failure reproduced on a tiny model, and its fix (conf/scenario/*.yaml, sweep/scenario.py)."""
+
+    name: Optional[str] = None
+    case: str = ""
+    """The real-world post-mortem this reproduces, in one sentence."""
+    fix: str = ""
+    """The documented fix, as the override that applies it."""
+    pretrain_steps: int = 0
+    """> 0: before the sweep, train the scenario's model this long and save it as <sweep dir>/pretrained
+    (its checkpoint is <sweep dir>/pretrained/checkpoints/step_<pretrain_steps>), for runs that start from
+    "pretrained" weights."""
+    expect: List[ScenarioExpect] = field(default_factory=list)
 
 
 @dataclass
@@ -290,6 +357,7 @@ class RunConfig:
     objective: ObjectiveConfig = field(default_factory=ObjectiveConfig)
     monitor: MonitorConfig = field(default_factory=MonitorConfig)
     checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
+    scenario: ScenarioConfig = field(default_factory=ScenarioConfig)
     ledger: LedgerConfig = field(default_factory=LedgerConfig)
 
 
@@ -379,7 +447,27 @@ def validate(run: RunConfig) -> RunConfig:
     st = run.ledger.storage
     _require(st is None or "://" in st or st.endswith((".log", ".jsonl", ".journal")), "ledger.storage",
              f"must be a database URL (sqlite:///..., postgresql://...) or a journal file ending in .log, got {st!r}")
+    validate_pruner(run.ledger.pruner, "ledger.pruner")
     return run
+
+
+def validate_pruner(p: PrunerConfig, key: str) -> PrunerConfig:
+    """Reject pruner settings Optuna would refuse mid-run; `key` is where they came from (ledger.pruner, hydra.sweeper.pruner)."""
+    _require(p.name in PRUNERS, f"{key}.name", f"must be one of {', '.join(PRUNERS)}, got {p.name!r}")
+    _require(p.report_every > 0, f"{key}.report_every", f"must be > 0, got {p.report_every}")
+    for field_name in ("n_startup_trials", "n_warmup_steps", "min_early_stopping_rate"):
+        _require(getattr(p, field_name) >= 0, f"{key}.{field_name}", f"must be >= 0, got {getattr(p, field_name)}")
+    _require(p.n_min_trials >= 1, f"{key}.n_min_trials", f"must be >= 1, got {p.n_min_trials}")
+    _require(0 < p.percentile < 100, f"{key}.percentile", f"must be in (0, 100), got {p.percentile}")
+    if p.name == "threshold":
+        _require(p.lower is not None or p.upper is not None, f"{key}.upper", "the threshold pruner needs upper or lower")
+    _require(p.lower is None or p.upper is None or p.lower < p.upper, f"{key}.lower",
+             f"must be < upper={p.upper}, got {p.lower}")
+    _require(p.min_resource is None or p.min_resource >= 1, f"{key}.min_resource", f"must be >= 1 or null, got {p.min_resource}")
+    _require(p.max_resource is None or p.max_resource >= 1, f"{key}.max_resource", f"must be >= 1 or null, got {p.max_resource}")
+    _require(p.reduction_factor is None or p.reduction_factor >= 2, f"{key}.reduction_factor",
+             f"must be >= 2 or null, got {p.reduction_factor}")
+    return p
 
 
 def _validate_diffusers(run: RunConfig) -> None:

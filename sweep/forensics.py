@@ -116,7 +116,7 @@ def locate(run: RunConfig, verdict: str, bad_step: int, device: torch.device) ->
     top = probe.closest_to_overflow()
     edge = next((t for t in top if t["dtype"] == "float16" and t["headroom"] > 0.5), None)
     overflow = f"; fp16 headroom: {edge['module']} reached {edge['amax']:.3g} of 65504" if edge else ""
-    if verdict == "nonfinite_loss" and probe.forward_origin:
+    if verdict in ("nonfinite_loss", "scale_collapse") and probe.forward_origin:
         module, detail = probe.forward_origin
         return Cause("forward", module, detail + overflow), top
     if probe.backward_origin:

@@ -79,6 +79,9 @@ def execute(run: RunConfig, out_dir: Path, params: dict, label: str = "", hooks:
         _fill_from_metrics(result, metrics, train_seconds)
         if divergence is None:
             result.status = "stable"
+            pruned = next((h.pruned for h in hooks if getattr(h, "pruned", None) is not None), None)
+            if pruned is not None:  # stopped early by the sweeper's pruner: not a verdict (sweep/pruning.py)
+                result.status, result.reason, result.pruned_at_step = "skipped", pruned.reason, pruned.step
         else:
             result.status = "diverged"
             result.verdict, result.first_bad_step = divergence.verdict, divergence.step

@@ -117,7 +117,8 @@ def _explain(verdict: Divergence, model: torch.nn.Module, pred: torch.Tensor,
             verdict.cause = Cause("optimizer", name.rsplit(".", 1)[0],
                                   f"weight {name} is non-finite after the update of step {verdict.step - 1}")
         elif verdict.verdict == "scale_collapse":
-            pass  # the scaler's own detail stands
+            if not bool(torch.isfinite(pred).all()):  # overflowing forward: no scale can fix that
+                verdict.cause = Cause("forward", None, f"model output non-finite with finite weights; {verdict.cause.detail}")
         elif bool(torch.isfinite(pred).all()):
             verdict.cause = Cause("loss", None, "model output finite, loss non-finite")
         else:
