@@ -25,6 +25,7 @@ from models.diffusers_zoo import ZOO, build_diffusers_model, modulate_unsupporte
 from . import checkpoint
 from .config import RunConfig, Schedule
 from .data import BatchOrder, Fault, SyntheticClips
+from .folder_data import FolderClips
 from .diffusion import DiffusionObjective
 from .finetune import apply_finetune, param_groups
 from .monitor import DivergenceMonitor
@@ -139,10 +140,14 @@ def build_parts(run: RunConfig, device: torch.device, policy: PrecisionPolicy, s
     # keeps the optimizer state in the params' dtype (pure fp16/bf16 means exactly that).
     optimizer = torch.optim.AdamW(param_groups(run, model), lr=o.lr, betas=tuple(o.betas), eps=o.eps,
                                   weight_decay=o.weight_decay, foreach=False)
-    faults = [Fault(index=f.index, kind=f.kind) for f in d.faults]
-    dataset = SyntheticClips(num_samples=d.num_samples, frames=d.frames, channels=d.channels,
-                             height=d.height, width=d.width, seed=d.seed, faults=faults,
-                             as_images=m.arch.value == "dit" or (m.arch.value == "diffusers" and ZOO[m.name].is_image))
+    image_data = m.arch.value == "dit" or (m.arch.value == "diffusers" and ZOO[m.name].is_image)
+    if d.source.value == "synthetic":
+        dataset = SyntheticClips(num_samples=d.num_samples, frames=d.frames, channels=d.channels, height=d.height,
+                                 width=d.width, seed=d.seed, faults=[Fault(index=f.index, kind=f.kind) for f in d.faults],
+                                 as_images=image_data)
+    else:
+        dataset = FolderClips(Path(d.path), d.source.value, frames=d.frames, channels=d.channels, height=d.height,
+                              width=d.width, as_images=image_data)
     if d.drop_bad:
         dataset = drop_bad_samples(dataset, d.range_limit)
     j = run.objective

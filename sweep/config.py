@@ -14,6 +14,7 @@ from __future__ import annotations
 import copy
 from dataclasses import dataclass, field
 from enum import Enum
+from pathlib import Path
 from typing import Any, Dict, List, Optional
 
 from hydra.core.config_store import ConfigStore
@@ -146,9 +147,19 @@ class FaultConfig:
     float, which a str field turns back into "nan"/"inf", so `data.faults=[{index:3,kind:nan}]` works."""
 
 
+class DataSource(str, Enum):
+    synthetic = "synthetic"
+    video_folder = "video_folder"
+    latent_folder = "latent_folder"
+
+
 @dataclass
 class DataConfig:
     name: str = "synthetic_video"
+    source: DataSource = DataSource.synthetic
+    """synthetic clips made from a seed, or every video / latent file under data.path (sweep/folder_data.py)."""
+    path: Optional[str] = None
+    """The folder for video_folder / latent_folder."""
     num_samples: int = 256
     frames: int = 8
     """1 gives single images (for arch=dit)."""
@@ -315,6 +326,9 @@ class ScenarioExpect:
     """A prefix of cause.module, e.g. blocks (any block) or blocks.1.attn."""
     same_step: bool = False
     """Every matching run diverges at the same first_bad_step (a data fault does not care about lr)."""
+    max_attn_logit_above: Optional[float] = None
+    """The run's largest attention logit exceeded this (logit growth)."""
+    max_attn_logit_below: Optional[float] = None
 
 
 @dataclass
@@ -398,7 +412,8 @@ def validate(run: RunConfig) -> RunConfig:
     _require(m.patch_size > 0, "model.patch_size", f"must be > 0, got {m.patch_size}")
     _require(m.qk_gain > 0, "model.qk_gain", f"must be > 0, got {m.qk_gain}")
     d = run.data
-    for key in ("num_samples", "frames", "channels", "height", "width", "batch_size"):
+    synthetic = d.source is DataSource.synthetic
+    for key in ("num_samples",) * synthetic + ("frames", "channels", "height", "width", "batch_size"):
         _require(getattr(d, key) > 0, f"data.{key}", f"must be > 0, got {getattr(d, key)}")
     _require(d.height % m.patch_size == 0 and d.width % m.patch_size == 0, "model.patch_size",
              f"{m.patch_size} must divide data.height={d.height} and data.width={d.width}")
@@ -411,6 +426,10 @@ def validate(run: RunConfig) -> RunConfig:
         _require(f.kind in FaultKind.__members__, f"data.faults[{i}].kind",
                  f"must be one of {', '.join(FaultKind.__members__)}, got {f.kind!r}")
     _require(d.range_limit > 0, "data.range_limit", f"must be > 0, got {d.range_limit}")
+    if d.source is not DataSource.synthetic:
+        _require(bool(d.path), "data.path", f"data={d.source.value} reads a folder: set data.path=DIR")
+        _require(Path(d.path).is_dir(), "data.path", f"no such directory: {d.path}")
+        _require(not d.faults, "data.faults", "fault injection is for synthetic data; a folder's bad files are real")
     o = run.optim
     _require(o.name == "adamw", "optim.name", f"only adamw is implemented, got {o.name!r}")
     _require(o.lr > 0, "optim.lr", f"must be > 0, got {o.lr}")

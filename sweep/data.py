@@ -272,3 +272,24 @@ def check_batch(x: Tensor, limit: float = 1.0 + 1e-3, indices: Sequence[int] | N
     shown = [describe(p) for p in positions[:3]]
     more = f"; +{len(positions) - 3} more" if len(positions) > 3 else ""
     return BatchIssue(kind=kind, positions=positions, amax=float(amax), detail="; ".join(shown) + more)
+
+
+def sample_labels(dataset: Dataset, indices: Sequence[int]) -> list:
+    """How each sample is named in a verdict: the dataset's label (a folder's file) or its index."""
+    label = getattr(dataset, "label", None)
+    return [label(i) for i in indices] if label else list(indices)
+
+
+def load_checked_batch(dataset: Dataset, indices: Sequence[int], limit: float,
+                       check: bool = True) -> tuple[Tensor, BatchIssue | None]:
+    """The batch, and what makes it bad input: a sample the dataset could not read (always), or
+    NaN/Inf/out-of-range values (when check; one reduction in the common case)."""
+    x = load_batch(dataset, indices)
+    problem = getattr(dataset, "problem", None)
+    unusable = [(p, problem(i)) for p, i in enumerate(indices) if problem and problem(i)] if problem else []
+    if unusable:
+        labels = sample_labels(dataset, [indices[p] for p, _ in unusable])
+        detail = "; ".join(f"sample {name}: {why}" for name, (_, why) in zip(labels[:3], unusable[:3]))
+        more = f"; +{len(unusable) - 3} more" if len(unusable) > 3 else ""
+        return x, BatchIssue(kind="unreadable", positions=[p for p, _ in unusable], amax=math.nan, detail=detail + more)
+    return x, check_batch(x, limit, sample_labels(dataset, indices)) if check else None

@@ -68,6 +68,8 @@ class Outcome:
         where = "/".join(x for x in (e.cause_where, e.cause_module) if x)
         want += f" (cause {where})" if where else ""
         want += ", all at the same step" if e.same_step else ""
+        want += f", max attention logit > {e.max_attn_logit_above:g}" if e.max_attn_logit_above is not None else ""
+        want += f", max attention logit < {e.max_attn_logit_below:g}" if e.max_attn_logit_below is not None else ""
         mark = "ok  " if self.ok else "FAIL"
         head = f"{mark} {when}: {want}: {self.matched - len(self.failures)}/{self.matched} runs"
         return head + "".join(f"\n       {f}" for f in self.failures[:4]) + ("" if self.matched else " (no run matched)")
@@ -86,13 +88,16 @@ def check(expects: list[ScenarioExpect], results: list[dict]) -> list[Outcome]:
         for r in runs:
             cause = r.get("cause") or {}
             got = (r.get("status"), r.get("verdict"), cause.get("where"), cause.get("module") or "")
+            logit = r.get("max_attn_logit")
             bad = (got[0] != e.status or (e.verdict and got[1] != e.verdict)
                    or (e.cause_where and got[2] != e.cause_where)
-                   or (e.cause_module and not got[3].startswith(e.cause_module)))
+                   or (e.cause_module and not got[3].startswith(e.cause_module))
+                   or (e.max_attn_logit_above is not None and not (logit is not None and logit > e.max_attn_logit_above))
+                   or (e.max_attn_logit_below is not None and not (logit is not None and logit < e.max_attn_logit_below)))
             if bad:
                 label = " ".join(f"{k}={v}" for k, v in (r.get("params") or {}).items())
                 failures.append(f"{label}: got {got[0]} {got[1] or ''} at step {r.get('first_bad_step')} "
-                                f"(cause {got[2]}/{got[3] or '-'})")
+                                f"(cause {got[2]}/{got[3] or '-'}, max attention logit {logit})")
         steps = {r.get("first_bad_step") for r in runs}
         if e.same_step and len(steps) > 1:
             failures.append(f"first_bad_step differs between runs: {sorted(steps, key=str)}")

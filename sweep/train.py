@@ -18,7 +18,7 @@ from .build import RunParts
 from .config import RunConfig
 from models import LogitStats, watching_logits
 
-from .data import BatchIssue, check_batch, load_batch
+from .data import BatchIssue, check_batch, load_checked_batch, sample_labels
 from .monitor import Cause, Divergence
 from .precision import ScalerEvent
 from .progress import RunProgress
@@ -53,8 +53,7 @@ def train(run: RunConfig, parts: RunParts, metrics: MetricsLog, progress: RunPro
     first: Divergence | None = None
     for step in range(parts.start_step, run.steps):
         indices = parts.order.indices(step)
-        x0 = load_batch(parts.dataset, indices)
-        issue = check_batch(x0, run.data.range_limit, indices) if run.data.check else None  # host side: no sync
+        x0, issue = load_checked_batch(parts.dataset, indices, run.data.range_limit, run.data.check)  # no sync
         if issue is not None:
             return Divergence("bad_input", step, Cause("data", None, issue.detail))
         noisy, t, target = parts.objective.sample(x0.to(device), parts.noise_gen)
@@ -81,7 +80,7 @@ def train(run: RunConfig, parts: RunParts, metrics: MetricsLog, progress: RunPro
             opt.step()
             verdict = monitor.after_update(step, params, grads)
         if verdict is not None:  # before zero_grad: the explanation reads the gradients
-            first = first or _explain(verdict, model, pred, lambda: check_batch(x0, run.data.range_limit, indices),
+            first = first or _explain(verdict, model, pred, lambda: check_batch(x0, run.data.range_limit, sample_labels(parts.dataset, indices)),
                                       updated=monitor.updates > 0)
         opt.zero_grad(set_to_none=True)
         checked = (step + 1) % run.monitor.stall_window == 0  # stall statistics exist on check steps only

@@ -1,0 +1,66 @@
+"""Training on a folder of real video files or latents: bad files are bad_input naming the file, drop_bad trains."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+from safetensors.torch import save_file
+
+from sweep.config import ConfigError
+from sweep.run import execute
+
+from .conftest import make_run
+from .test_doctor import FRAMES, SIZE, _encode, _uint8_frames
+
+VIDEO = ["data=video_folder", f"data.frames={FRAMES}", f"data.height={SIZE}", f"data.width={SIZE}",
+         "data.batch_size=4", "steps=3", "progress=none"]
+
+
+@pytest.fixture(scope="module")
+def clips(tmp_path_factory):
+    root = tmp_path_factory.mktemp("clips")
+    for i in range(4):
+        _encode(root / f"clip{i}.mp4", _uint8_frames(i))
+    return root
+
+
+def test_a_clean_video_folder_trains(clips, tmp_path):
+    r = execute(make_run(*VIDEO, f"data.path={clips}", fast=False), tmp_path, params={})
+    assert r.status == "stable" and r.steps_run == 3
+
+
+def test_a_truncated_file_is_bad_input_naming_it_even_unchecked(clips, tmp_path):
+    data = (clips / "clip0.mp4").read_bytes()
+    bad = tmp_path / "bad"
+    bad.mkdir()
+    for i in range(1, 4):
+        (bad / f"clip{i}.mp4").write_bytes((clips / f"clip{i}.mp4").read_bytes())
+    (bad / "clip0.mp4").write_bytes(data[: len(data) // 2])
+    r = execute(make_run(*VIDEO, f"data.path={bad}", "data.check=false", fast=False), tmp_path / "a", params={})
+    assert (r.verdict, r.first_bad_step, r.cause["where"]) == ("bad_input", 0, "data")
+    assert "(clip0.mp4): truncated" in r.cause["detail"]
+    r = execute(make_run(*VIDEO, f"data.path={bad}", "data.drop_bad=true", fast=False), tmp_path / "b", params={})
+    assert r.status == "stable"  # three good clips left; batches wrap around them
+
+
+def test_latent_folder_names_the_nan_file(tmp_path):
+    root = tmp_path / "latents"
+    root.mkdir()
+    g = torch.Generator().manual_seed(0)
+    for i in range(4):
+        x = torch.rand(4, 2, 8, 8, generator=g) * 1.8 - 0.9
+        if i == 2:
+            x[0, 1, 3, 3] = float("nan")
+        save_file({"latents": x}, str(root / f"z{i}.safetensors"))
+    np.save(root / "z4.npy", (torch.rand(4, 2, 8, 8, generator=g) * 1.8 - 0.9).numpy())
+    common = ["data=latent_folder", f"data.path={root}", "data.frames=2", "data.height=8", "data.width=8",
+              "data.batch_size=5", "steps=2", "progress=none"]
+    r = execute(make_run(*common, fast=False), tmp_path / "run", params={})
+    assert r.verdict == "bad_input" and "sample 2 (z2.safetensors): 1 NaN values" in r.cause["detail"]
+
+
+def test_folder_config_errors_are_one_line(tmp_path):
+    with pytest.raises(ConfigError, match="data.path: data=video_folder reads a folder"):
+        make_run("data=video_folder", fast=False)
+    with pytest.raises(ConfigError, match="data.path: no such directory"):
+        make_run("data=latent_folder", f"data.path={tmp_path / 'nope'}", fast=False)
