@@ -68,10 +68,11 @@ def parallel_threads(hc) -> int:
 
     Two torch processes with all cores' worth of OpenMP threads each run ~18x slower on 2 cores than
     one alone (measured), so parallel jobs must split the cores. 0 = leave torch's default.
+    A Slurm job (hydra/launcher=slurm) uses the cores it was given: torch would count the whole node.
     """
     n_jobs = OmegaConf.select(hc, "launcher.n_jobs", default=None)
     if not n_jobs or "joblib" not in str(OmegaConf.select(hc, "launcher._target_", default="")):
-        return 0
+        return int(os.environ.get("SLURM_CPUS_PER_TASK") or 0)
     cores = os.cpu_count() or 1
     workers = cores if n_jobs < 0 else min(n_jobs, cores)
     return max(1, cores // workers)
