@@ -29,6 +29,21 @@ def make_run(*overrides: str, fast: bool = True) -> RunConfig:
     return to_run_config(compose_cfg((FAST if fast else []) + list(overrides)))
 
 
+def multirun_in_process(sweep_dir: Path, *overrides: str) -> list:
+    """`python -m sweep -m ...` in this process (no interpreter start-up: seconds per test), with the
+    real conf/, our task function and the configured sweeper, launcher and end-of-sweep summary."""
+    from sweep.job import run_job
+
+    GlobalHydra.instance().clear()
+    try:
+        with initialize_config_dir(config_dir=CONF_DIR, version_base="1.3"):
+            return GlobalHydra.instance().hydra.multirun(
+                config_name="config", task_function=run_job, with_log_configuration=False,
+                overrides=["hydra.mode=MULTIRUN", *FAST, "threads=1", f"hydra.sweep.dir={sweep_dir}", *overrides])
+    finally:
+        GlobalHydra.instance().clear()
+
+
 @pytest.fixture(autouse=True)
 def _quiet_ci(monkeypatch):
     monkeypatch.setenv("CI", os.environ.get("CI", "1"))
