@@ -56,10 +56,13 @@ def run_job(cfg: DictConfig) -> dict:
     params = swept_params(cfg, list(hc.overrides.task), dict(hc.runtime.choices))
     label = " ".join(f"{k}={v}" for k, v in params.items())
     run_dir = Path(hc.runtime.output_dir)
-    result = execute(run, run_dir, params, label=label)
     multirun = hc.mode.name == "MULTIRUN"
+    sweep_dir = Path(hc.sweep.dir if multirun else run_dir)
+    from .pruning import pruning_hooks  # reports to the ledger's trial: only with our sweeper's pruner
+
+    result = execute(run, run_dir, params, label=label, hooks=pruning_hooks(run, sweep_dir))
     log.info("%s%s", f"[{hc.job.num}] {label}: " if multirun else "", result.headline())
-    record(run, Path(hc.sweep.dir if multirun else run_dir), run_dir, result.to_dict())
+    record(run, sweep_dir, run_dir, result.to_dict())
     return result.to_dict()
 
 

@@ -9,7 +9,8 @@ ending in `.log`/`.jsonl` for Optuna's journal file. How a run becomes a trial (
   constraint (+1). A stable run's loss never exceeded that (the monitor would have called it a
   spike), so the penalty ranks every diverged run below every stable one of the same setup. Never
   NaN: the sampler must learn that the region diverges, and Optuna's TPE ignores FAIL trials.
-- skipped (cannot run on this device): PRUNED, no value.
+- skipped (cannot run on this device): PRUNED, no value. A run our sweeper's pruner stopped is skipped
+  too, with `pruned_at_step`; its trial keeps the losses it reported, the last one as its value.
 - error (a bug or a crash): FAIL.
 
 `user_attrs` carry the verdict (status, verdict, first_bad_step, cause_where, cause_module,
@@ -111,7 +112,8 @@ def trial_user_attrs(result: dict, run_dir: Path) -> dict:
              "final_loss": result.get("final_loss"), "initial_loss": result.get("initial_loss"),
              "min_loss": result.get("min_loss"), "steps_run": result.get("steps_run"),
              "steps_per_second": result.get("steps_per_second"), "seed": result.get("seed"),
-             "reason": result.get("reason"), "run_dir": str(Path(run_dir).resolve()),
+             "reason": result.get("reason"), "pruned_at_step": result.get("pruned_at_step"),
+             "run_dir": str(Path(run_dir).resolve()),
              "params": result.get("params") or {}}
     return attrs
 

@@ -13,6 +13,10 @@ and an infeasible constraint, so the sampler learns where runs diverge and nothi
 sweeper uses the same study as the jobs: the primary config's `ledger.storage`/`ledger.study_name`
 (default: sqlite:///<sweep dir>/ledger.db), so it never passes a storage URL on a job's command line.
 
+Pruning: `hydra.sweeper.pruner.name=median` (or percentile, threshold, successive_halving, hyperband)
+reaches every job as `ledger.pruner.*` overrides; the job reports its loss to its trial every
+`pruner.report_every` steps through the storage and stops when pruned (sweep/pruning.py).
+
 Resume: run the same command again with the same `hydra.sweep.dir` (or the same ledger storage and
 study name). Trials left RUNNING by a killed sweep are failed once their heartbeat is older than
 `stale_after_s` (the sweeper and the jobs beat every `heartbeat_s`), and only what is missing runs:
@@ -40,8 +44,9 @@ from omegaconf import DictConfig, OmegaConf
 from optuna.trial import TrialState
 
 from . import search_space
-from .config import LedgerConfig
+from .config import LedgerConfig, PrunerConfig, validate_pruner
 from .ledger import CONSTRAINTS_KEY, mask_url, open_storage, storage_url, with_retries
+from .pruning import pruner_overrides
 
 log = logging.getLogger("sweep")
 # We beat for our trials ourselves (Heartbeat below) rather than through Study.optimize.
@@ -77,6 +82,9 @@ class OptunaSweepConf:
     """Stop bisecting when the largest stable and smallest diverged values are within this factor."""
     params: Optional[dict] = None
     """The search space in config form: {optim.lr: 'tag(log, interval(1e-5, 1e-1))', precision: 'fp32,bf16_amp'}."""
+    pruner: PrunerConfig = field(default_factory=PrunerConfig)
+    """Stop unpromising runs early (name=median|percentile|threshold|successive_halving|hyperband): every
+    job gets it as ledger.pruner.* and reports its loss to its trial through the storage (sweep/pruning.py)."""
 
 
 def make_sampler(conf: SamplerConf, space: dict) -> optuna.samplers.BaseSampler:
@@ -195,7 +203,7 @@ class OptunaSweeper(Sweeper):
 
     def __init__(self, sampler: Any, n_trials: int, n_jobs: int, heartbeat_s: int, stale_after_s: int,
                  mode: str = "search", frontier_param: str = "optim.lr", frontier_factor: float = 2.0,
-                 params: Optional[dict] = None):
+                 params: Optional[dict] = None, pruner: Any = None):
         if mode not in ("search", "frontier"):
             raise ValueError(f"hydra.sweeper.mode: must be search or frontier, got {mode!r}")
         if frontier_factor <= 1:
@@ -205,6 +213,11 @@ class OptunaSweeper(Sweeper):
         self.n_trials, self.n_jobs = n_trials, n_jobs
         self.heartbeat_s, self.stale_after_s = heartbeat_s, stale_after_s
         self.params = dict(params or {})
+        pruner = OmegaConf.to_container(pruner) if OmegaConf.is_config(pruner) else pruner
+        self.pruner_conf = validate_pruner(pruner if isinstance(pruner, PrunerConfig) else PrunerConfig(**(pruner or {})),
+                                           "hydra.sweeper.pruner")
+        if mode == "frontier" and self.pruner_conf.name != "none":  # a pruned probe decides no bracket
+            raise ValueError("hydra.sweeper.pruner: frontier mode needs every run to finish; prune in search mode")
 
     def setup(self, *, hydra_context: HydraContext, task_function: TaskFunction, config: DictConfig) -> None:
         self.hydra_context, self.config = hydra_context, config
@@ -251,7 +264,8 @@ class OptunaSweeper(Sweeper):
                 heartbeat.beat()
                 ours = "ledger" in self.config  # jobs of our app finish their own trial in the ledger
                 overrides = [fixed + [search_space.as_override(k, v) for k, v in t.params.items()]
-                             + ([f"ledger.trial_number={t.number}"] if ours else []) for t in batch]
+                             + ([f"ledger.trial_number={t.number}", *pruner_overrides(self.pruner_conf)] if ours else [])
+                             for t in batch]
                 self.validate_batch_is_legal(overrides)
                 # Job dirs are named by trial number: unique even with other sweepers on this study.
                 results = self.launcher.launch(overrides, initial_job_idx=batch[0].number)

@@ -58,6 +58,8 @@ class RunResult:
     """The checkpoint or weights file this run started from."""
     start_step: int = 0
     """The step a resumed run started at."""
+    pruned_at_step: int | None = None
+    """The step after which the sweeper's pruner stopped this run (status skipped; sweep/pruning.py)."""
 
     def to_dict(self) -> dict:
         d = asdict(self)

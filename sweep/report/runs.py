@@ -20,8 +20,8 @@ from ..results import METRICS_FILE, RESULT_FILE
 log = logging.getLogger("sweep")
 
 OUTCOME_COLUMNS = ["status", "verdict", "first_bad_step", "cause_where", "cause_module", "final_loss",
-                   "initial_loss", "min_loss", "steps_run", "steps_per_second", "seed", "run_dir"]
-INT_COLUMNS = ["first_bad_step", "steps_run", "seed"]
+                   "initial_loss", "min_loss", "steps_run", "steps_per_second", "seed", "run_dir", "pruned_at_step"]
+INT_COLUMNS = ["first_bad_step", "steps_run", "seed", "pruned_at_step"]
 FLOAT_COLUMNS = ["final_loss", "initial_loss", "min_loss", "steps_per_second"]
 RESULT_KEYS = [c for c in OUTCOME_COLUMNS if c not in ("status", "run_dir", "cause_where", "cause_module")]
 """Outcome columns that result.json holds under the same name."""

@@ -5,7 +5,7 @@ Axes are discovered from the params: any param that takes more than one value is
 the axis of the frontier; every other axis forms the *combinations*. Only `stable` and `diverged` runs
 decide anything; `skipped`, `error` and `running` runs are shown but never counted as either.
 
-1. divergence_map   rows lr, columns combinations; cell `stable`, `spike@4`, or `k/n div` with seeds
+1. divergence_map   rows lr, columns combinations; cell `stable`, `spike@4`, `pruned@19`, or `k/n div` with seeds
 2. frontier         per combination: largest stable lr, smallest diverging lr, loss at the former
 3. lr_sensitivity   per combination (Wortsman et al. 2023): mean over the lr grid of
                     min(final loss, initial loss) - best, diverged runs counted at the initial loss
@@ -126,12 +126,16 @@ def divergence_cells(runs: pd.DataFrame) -> pd.DataFrame:
 def cell_label(group: list[dict]) -> str:
     """`stable` or `kind@step` for one run; `k/n div` over the decided replicates of a cell.
 
-    A cell with no decided run shows its status (`running`, `skipped`, `ERROR`); a `*` marks a
-    replicated cell some of whose runs are still running.
+    A cell with no decided run shows its status (`running`, `skipped`, `ERROR`), or `pruned@19` when
+    the sweeper's pruner stopped it after step 19; a `*` marks a replicated cell some of whose runs
+    are still running.
     """
     decided = [r for r in group if r["status"] in DECIDED]
     if not decided:
         status = _mode([r["status"] for r in group])
+        pruned = [r["pruned_at_step"] for r in group if not pd.isna(r.get("pruned_at_step"))]
+        if status == "skipped" and pruned:
+            return f"pruned@{min(pruned)}"
         return {"error": "ERROR"}.get(status, status)
     if len(group) > 1:
         pending = PENDING_MARK if any(r["status"] == "running" for r in group) else ""
