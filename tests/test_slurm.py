@@ -63,7 +63,13 @@ def test_sweep_on_a_real_slurm_cluster_records_every_job(tmp_path, postgres_url,
 
 @pytest.mark.slow
 def test_sweep_through_submitit_local_records_every_job(tmp_path, postgres_url):
-    sweep_dir, proc = run_sweep(tmp_path, postgres_url, "hydra/launcher=submitit_local")
+    # Hydra's basic grid sweeper this time: each job adds its own trial (no trial asked beforehand)
+    sweep_dir = tmp_path / "sweep"
+    cmd = [c for c in sweep_cmd(sweep_dir, "hydra/launcher=submitit_local", "hydra.launcher.cpus_per_task=1",
+                                "precision=fp32,fp16_pure", "optim.lr=1e-4,1e-3", "steps=4", LEDGER_FROM_ENV)
+           if c != "hydra/sweeper=optuna_sweep"]
+    proc = subprocess.run(cmd, cwd=tmp_path, capture_output=True, text=True, timeout=300, env=sweep_env(postgres_url))
+    assert proc.returncode == 0, proc.stderr[-3000:]
     check_ledger_and_summary(postgres_url, sweep_dir, proc)
 
 

@@ -1,0 +1,69 @@
+"""The scenario library: every conf/scenario file reproduces its failure and its fix makes the run stable."""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+from sweep.config import ScenarioExpect
+from sweep.scenario import available, check
+
+from .conftest import REPO
+
+SCENARIOS = sorted(available())
+
+
+def run_scenario(name: str, sweep_dir, *overrides: str) -> subprocess.CompletedProcess:
+    env = {**os.environ, "PYTHONPATH": str(REPO), "CI": "1", "OMP_NUM_THREADS": "2"}
+    return subprocess.run([sys.executable, "-m", "sweep", f"+scenario={name}", f"hydra.sweep.dir={sweep_dir}",
+                           "ledger.enabled=false", *overrides],
+                          cwd=REPO, env=env, capture_output=True, text=True, timeout=600)
+
+
+def test_the_library_covers_every_known_case():
+    assert {"cogvideox_bad_samples", "videochat2_fp16_overflow", "sana_low_lr_pure_fp16",
+            "hallo_corrupt_checkpoint", "qk_norm_logit_growth"} <= set(SCENARIOS)
+    docs = (REPO / "docs" / "scenarios.md").read_text()
+    assert all(f"+scenario={name}" in docs for name in SCENARIOS)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", SCENARIOS)
+def test_scenario_reproduces_and_its_fix_is_stable(name, tmp_path):
+    proc = run_scenario(name, tmp_path)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    report = json.loads((tmp_path / "scenario.json").read_text())
+    assert report["reproduced"], proc.stdout[-3000:]
+    assert f"Scenario {name}: REPRODUCED" in proc.stdout
+    statuses = {e["status"] for e in report["expectations"]}
+    assert {"diverged", "stable"} <= statuses  # the failure and the fix, both observed
+    assert all(e["matched"] > 0 for e in report["expectations"])
+
+
+def result(params: dict, status: str, verdict=None, step=None, where=None, module=None) -> dict:
+    return {"params": params, "status": status, "verdict": verdict, "first_bad_step": step,
+            "cause": {"where": where, "module": module} if where else None}
+
+
+def test_check_fails_a_scenario_that_did_not_reproduce():
+    expects = [ScenarioExpect(when={"precision": "fp16_amp"}, status="diverged", verdict="scale_collapse",
+                              cause_where="forward", cause_module="blocks"),
+               ScenarioExpect(when={"data.check": False}, status="diverged", verdict="bad_input", same_step=True),
+               ScenarioExpect(when={"precision": "bf16_pure"}, status="stable")]
+    runs = [result({"precision": "fp16_amp", "data.check": True}, "diverged", "scale_collapse", 16, "forward", "blocks.0.attn"),
+            result({"precision": "fp16_amp", "data.check": True}, "diverged", "scale_collapse", 16, "scaler", None),
+            result({"precision": "bf16_amp", "data.check": False}, "diverged", "bad_input", 3, "data"),
+            result({"precision": "bf16_amp", "data.check": False}, "diverged", "bad_input", 5, "data")]
+    first, second, third = check(expects, runs)
+    assert not first.ok and first.matched == 2 and "cause scaler" in first.failures[0]
+    assert not second.ok and "first_bad_step differs" in second.failures[-1]
+    assert not third.ok and third.matched == 0  # an expectation no run matched proves nothing
+
+
+def test_listing_command():
+    proc = subprocess.run([sys.executable, "-m", "sweep.scenario"], cwd=REPO, capture_output=True, text=True,
+                          env={**os.environ, "PYTHONPATH": str(REPO)}, timeout=60)
+    assert proc.returncode == 0 and all(name in proc.stdout for name in SCENARIOS)
