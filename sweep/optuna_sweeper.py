@@ -46,7 +46,7 @@ from optuna.trial import TrialState
 from . import search_space
 from .config import LedgerConfig, PrunerConfig, validate_pruner
 from .ledger import CONSTRAINTS_KEY, mask_url, open_storage, storage_url, with_retries
-from .pruning import pruner_overrides
+from .pruning import make_pruner, pruner_overrides
 
 log = logging.getLogger("sweep")
 # We beat for our trials ourselves (Heartbeat below) rather than through Study.optimize.
@@ -244,6 +244,8 @@ class OptunaSweeper(Sweeper):
         OmegaConf.save(self.config, Path(self.config.hydra.sweep.dir) / "multirun.yaml")
         study = self._study()
         study.sampler = make_sampler(self.sampler_conf, space)
+        # The jobs prune; here the pruner only shapes asking (Hyperband gives each bracket its own sampler view).
+        study.pruner = make_pruner(self.pruner_conf) or optuna.pruners.NopPruner()
         with claim_lock(study):  # two sweepers starting at once must not both fail the same trial
             stale = fail_stale_trials(study, self.stale_after_s)
         if stale:
