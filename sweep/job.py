@@ -42,8 +42,21 @@ def swept_params(cfg: DictConfig, overrides: list[str], choices: dict) -> dict:
     return params
 
 
-def run_job(cfg: DictConfig) -> dict:
-    """Run the composed config in Hydra's job directory; returns result.json's content."""
+@dataclasses.dataclass
+class JobSpec:
+    """One Hydra job, converted at the boundary: what to run, where, and how it is named."""
+
+    run: RunConfig
+    run_dir: Path
+    sweep_dir: Path
+    params: dict
+    label: str
+    num: int
+    multirun: bool
+
+
+def job_spec(cfg: DictConfig) -> JobSpec:
+    """The current Hydra job as a JobSpec; a bad value exits with one line and status 2."""
     try:
         run = to_run_config(cfg)
     except ConfigError as e:
@@ -54,15 +67,25 @@ def run_job(cfg: DictConfig) -> dict:
     if run.threads == 0:
         run = dataclasses.replace(run, threads=parallel_threads(hc))
     params = swept_params(cfg, list(hc.overrides.task), dict(hc.runtime.choices))
-    label = " ".join(f"{k}={v}" for k, v in params.items())
     run_dir = Path(hc.runtime.output_dir)
     multirun = hc.mode.name == "MULTIRUN"
-    sweep_dir = Path(hc.sweep.dir if multirun else run_dir)
+    return JobSpec(run, run_dir, Path(hc.sweep.dir if multirun else run_dir), params,
+                   " ".join(f"{k}={v}" for k, v in params.items()), hc.job.num, multirun)
+
+
+def run_job(cfg: DictConfig) -> dict:
+    """Run the composed config in Hydra's job directory; returns result.json's content."""
+    job = job_spec(cfg)
     from .pruning import pruning_hooks  # reports to the ledger's trial: only with our sweeper's pruner
 
-    result = execute(run, run_dir, params, label=label, hooks=pruning_hooks(run, sweep_dir))
-    log.info("%s%s", f"[{hc.job.num}] {label}: " if multirun else "", result.headline())
-    record(run, sweep_dir, run_dir, result.to_dict())
+    result = execute(job.run, job.run_dir, job.params, label=job.label, hooks=pruning_hooks(job.run, job.sweep_dir))
+    return finish_job(job, result)
+
+
+def finish_job(job: JobSpec, result) -> dict:
+    """Log the run's headline and record it in the ledger; returns result.json's content."""
+    log.info("%s%s", f"[{job.num}] {job.label}: " if job.multirun else "", result.headline())
+    record(job.run, job.sweep_dir, job.run_dir, result.to_dict())
     return result.to_dict()
 
 
