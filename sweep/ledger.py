@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import logging
 import math
+import os
 import random
 import time
 from pathlib import Path
@@ -62,12 +63,40 @@ def storage_url(cfg: LedgerConfig, sweep_dir: Path) -> str:
     return cfg.storage or f"sqlite:///{Path(sweep_dir).resolve() / LEDGER_FILE}"
 
 
+# Storages this process opened: (pid, url, heartbeat_s, stale_after_s) -> (storage, identity of its file).
+_OPENED: dict[tuple, tuple[optuna.storages.BaseStorage, Optional[tuple[int, int]]]] = {}
+
+
 def open_storage(url: str, heartbeat_s: Optional[int] = None, stale_after_s: Optional[int] = None
                  ) -> optuna.storages.BaseStorage:
     """An Optuna storage for a URL or a journal file path, safe for concurrent writers.
 
     With `heartbeat_s`, an RDB storage can tell stale RUNNING trials (no heartbeat for `stale_after_s`).
+    Opened once per process: a new SQLAlchemy engine plus Optuna's schema check cost about half of
+    recording a run (docs/cluster.md), and multirun jobs share a process. The storage holds no trials
+    of its own (each study wraps it in a fresh cache), so other writers stay visible. A forked child,
+    or a database or journal file deleted or replaced since, gets a storage of its own.
     """
+    key = (os.getpid(), url, heartbeat_s, stale_after_s)
+    opened = _OPENED.get(key)
+    if opened is not None and opened[1] == _file_identity(url):
+        return opened[0]
+    storage = _open_storage(url, heartbeat_s, stale_after_s)
+    _OPENED[key] = (storage, _file_identity(url))
+    return storage
+
+
+def _file_identity(url: str) -> Optional[tuple[int, int]]:
+    """(device, inode) of a SQLite or journal file, None for a server URL or a missing file."""
+    path = url if "://" not in url else url.split(":///", 1)[1] if url.startswith("sqlite") else None
+    try:
+        st = os.stat(path) if path else None
+    except OSError:
+        return None
+    return (st.st_dev, st.st_ino) if st else None
+
+
+def _open_storage(url: str, heartbeat_s: Optional[int], stale_after_s: Optional[int]) -> optuna.storages.BaseStorage:
     if "://" not in url:
         if not url.endswith((".log", ".jsonl", ".journal")):
             raise ValueError(f"ledger.storage {url!r} is neither a database URL nor a journal file (.log)")

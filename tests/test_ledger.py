@@ -136,3 +136,34 @@ def test_password_from_the_environment_appears_in_no_output_file(tmp_path):
             assert "s3cret" not in path.read_text(errors="ignore"), path
     assert "s3cret" not in proc.stdout + proc.stderr
     assert json.loads((run_dir / "result.json").read_text())["status"] == "stable"
+
+
+def test_storage_is_opened_once_per_process_and_url(tmp_path):
+    from sweep.ledger import open_storage
+
+    a, b = f"sqlite:///{tmp_path / 'a' / 'ledger.db'}", f"sqlite:///{tmp_path / 'b' / 'ledger.db'}"
+    assert open_storage(a) is open_storage(a)
+    assert open_storage(a) is not open_storage(b)
+    assert open_storage(a, heartbeat_s=5, stale_after_s=20) is not open_storage(a)
+
+
+def test_cached_storage_keeps_two_sweeps_apart_and_sees_other_writers(tmp_path):
+    cfg = LedgerConfig()
+    for sweep in ("s1", "s2", "s1"):
+        record_run(cfg, tmp_path / sweep, tmp_path / sweep / "0", result("stable"))
+    url1 = storage_url(cfg, tmp_path / "s1")
+    assert len(only_study(url1).trials) == 2
+    assert len(only_study(storage_url(cfg, tmp_path / "s2")).trials) == 1
+    # Another writer (its own engine, as another process has) adds a trial: the next record sees it.
+    optuna.load_study(study_name=str(tmp_path / "s1"), storage=url1).add_trial(
+        optuna.trial.create_trial(value=1.0))
+    number = record_run(cfg, tmp_path / "s1", tmp_path / "s1" / "1", result("stable"))
+    assert number == 3 and len(only_study(url1).trials) == 4
+
+
+def test_a_deleted_ledger_file_is_opened_anew(tmp_path):
+    cfg = LedgerConfig()
+    record_run(cfg, tmp_path, tmp_path / "0", result("stable"))
+    (tmp_path / "ledger.db").unlink()  # the sweep dir wiped, then the same sweep again in this process
+    record_run(cfg, tmp_path, tmp_path / "0", result("stable"))
+    assert len(only_study(storage_url(cfg, tmp_path)).trials) == 1
