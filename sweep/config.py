@@ -329,6 +329,9 @@ class ScenarioExpect:
     max_attn_logit_above: Optional[float] = None
     """The run's largest attention logit exceeded this (logit growth)."""
     max_attn_logit_below: Optional[float] = None
+    modulate_parity: Optional[str] = None
+    """ok | mismatch: the kernel parity check (sweep.parity, batch 1-4, fp32/bf16/fp16) of the run's swept
+    `modulate` impl. A wrong kernel can train without any verdict (OpenDiT's fused_buggy): parity catches it."""
 
 
 @dataclass

@@ -19,6 +19,7 @@ import dataclasses
 import json
 import sys
 from dataclasses import dataclass
+from functools import lru_cache
 from pathlib import Path
 
 from .config import RunConfig, ScenarioConfig, ScenarioExpect
@@ -70,6 +71,7 @@ class Outcome:
         want += ", all at the same step" if e.same_step else ""
         want += f", max attention logit > {e.max_attn_logit_above:g}" if e.max_attn_logit_above is not None else ""
         want += f", max attention logit < {e.max_attn_logit_below:g}" if e.max_attn_logit_below is not None else ""
+        want += f", modulate kernel parity {e.modulate_parity}" if e.modulate_parity else ""
         mark = "ok  " if self.ok else "FAIL"
         head = f"{mark} {when}: {want}: {self.matched - len(self.failures)}/{self.matched} runs"
         return head + "".join(f"\n       {f}" for f in self.failures[:4]) + ("" if self.matched else " (no run matched)")
@@ -77,6 +79,16 @@ class Outcome:
 
 def _same(a, b) -> bool:
     return str(a).lower() == str(b).lower()
+
+
+@lru_cache(maxsize=None)
+def modulate_parity(impl: str) -> str:
+    """ok | mismatch: `python -m sweep.parity --modulate IMPL` (forward and backward, batch 1-4, every dtype)."""
+    from .parity import DTYPES, check as parity_check, resolve
+
+    fn = resolve("modulate", impl)
+    worst = max(max(parity_check("modulate", fn, dtype, batch)) for dtype in DTYPES for batch in (1, 2, 3, 4))
+    return "ok" if worst <= 1 else "mismatch"
 
 
 def check(expects: list[ScenarioExpect], results: list[dict]) -> list[Outcome]:
@@ -89,15 +101,19 @@ def check(expects: list[ScenarioExpect], results: list[dict]) -> list[Outcome]:
             cause = r.get("cause") or {}
             got = (r.get("status"), r.get("verdict"), cause.get("where"), cause.get("module") or "")
             logit = r.get("max_attn_logit")
+            impl = (r.get("params") or {}).get("modulate")
+            parity = modulate_parity(str(impl)) if e.modulate_parity and impl is not None else None
             bad = (got[0] != e.status or (e.verdict and got[1] != e.verdict)
                    or (e.cause_where and got[2] != e.cause_where)
                    or (e.cause_module and not got[3].startswith(e.cause_module))
                    or (e.max_attn_logit_above is not None and not (logit is not None and logit > e.max_attn_logit_above))
-                   or (e.max_attn_logit_below is not None and not (logit is not None and logit < e.max_attn_logit_below)))
+                   or (e.max_attn_logit_below is not None and not (logit is not None and logit < e.max_attn_logit_below))
+                   or (e.modulate_parity and parity != e.modulate_parity))
             if bad:
                 label = " ".join(f"{k}={v}" for k, v in (r.get("params") or {}).items())
                 failures.append(f"{label}: got {got[0]} {got[1] or ''} at step {r.get('first_bad_step')} "
-                                f"(cause {got[2]}/{got[3] or '-'}, max attention logit {logit})")
+                                f"(cause {got[2]}/{got[3] or '-'}, max attention logit {logit}"
+                                + (f", modulate parity {parity})" if e.modulate_parity else ")"))
         steps = {r.get("first_bad_step") for r in runs}
         if e.same_step and len(steps) > 1:
             failures.append(f"first_bad_step differs between runs: {sorted(steps, key=str)}")

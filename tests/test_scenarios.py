@@ -25,7 +25,7 @@ def run_scenario(name: str, sweep_dir, *overrides: str) -> subprocess.CompletedP
 
 def test_the_library_covers_every_known_case():
     assert {"cogvideox_bad_samples", "videochat2_fp16_overflow", "sana_low_lr_pure_fp16",
-            "hallo_corrupt_checkpoint", "qk_norm_logit_growth"} <= set(SCENARIOS)
+            "hallo_corrupt_checkpoint", "qk_norm_logit_growth", "opendit_fused_modulate_fp16"} <= set(SCENARIOS)
     docs = (REPO / "docs" / "scenarios.md").read_text()
     assert all(f"+scenario={name}" in docs for name in SCENARIOS)
 
@@ -39,7 +39,8 @@ def test_scenario_reproduces_and_its_fix_is_stable(name, tmp_path):
     assert report["reproduced"], proc.stdout[-3000:]
     assert f"Scenario {name}: REPRODUCED" in proc.stdout
     statuses = {e["status"] for e in report["expectations"]}
-    assert {"diverged", "stable"} <= statuses  # the failure and the fix, both observed
+    silent_bug = any(e["modulate_parity"] == "mismatch" for e in report["expectations"])  # a wrong kernel, no verdict
+    assert "stable" in statuses and ("diverged" in statuses or silent_bug)  # the failure and the fix, both observed
     assert all(e["matched"] > 0 for e in report["expectations"])
 
 
@@ -61,6 +62,17 @@ def test_check_fails_a_scenario_that_did_not_reproduce():
     assert not first.ok and first.matched == 2 and "cause scaler" in first.failures[0]
     assert not second.ok and "first_bad_step differs" in second.failures[-1]
     assert not third.ok and third.matched == 0  # an expectation no run matched proves nothing
+
+
+def test_modulate_parity_expectation_fails_a_correct_kernel_and_passes_the_buggy_one():
+    wants_mismatch = ScenarioExpect(when={}, status="stable", modulate_parity="mismatch")
+    wants_ok = ScenarioExpect(when={}, status="stable", modulate_parity="ok")
+    buggy, fused = result({"modulate": "fused_buggy"}, "stable"), result({"modulate": "fused"}, "stable")
+    assert check([wants_mismatch], [buggy])[0].ok and check([wants_ok], [fused])[0].ok
+    wrong, = check([wants_mismatch], [fused])  # a correct kernel cannot pass for the buggy one
+    assert not wrong.ok and "modulate parity ok" in wrong.failures[0]
+    assert not check([wants_ok], [buggy])[0].ok
+    assert not check([wants_mismatch], [result({"precision": "fp16_amp"}, "stable")])[0].ok  # modulate not swept
 
 
 def test_listing_command():
