@@ -118,6 +118,16 @@ def _render_clip(g: torch.Generator, channels: int, frames: int, height: int, wi
     return clip.contiguous()
 
 
+@lru_cache(maxsize=2)  # ~0.8 MB for the default data; a grid rarely sweeps more than one data config
+def _render_all(seed: int, num_samples: int, channels: int, frames: int, height: int, width: int) -> Tensor:
+    """Every clip, clean, as (N, C, F, H, W). Cached per process: the content is a pure function of these
+    arguments, and multirun jobs share a process and mostly the same data; callers get copies only."""
+    data = torch.empty(num_samples, channels, frames, height, width)
+    for i in range(num_samples):
+        data[i] = _render_clip(_generator(_stream_seed(seed, i)), channels, frames, height, width)
+    return data
+
+
 class SyntheticClips(Dataset):
     """Map-style dataset of synthetic clips (C, F, H, W), or images (C, H, W) with as_images."""
 
@@ -153,12 +163,9 @@ class SyntheticClips(Dataset):
         return (self.channels, self.frames, self.height, self.width)
 
     def _cache(self) -> Tensor:
-        """All clips as one (N, C, F, H, W) tensor, generated on first use."""
+        """All clips as one (N, C, F, H, W) tensor, made on first use: a copy of the process's rendering."""
         if self._data is None:
-            data = torch.empty(self.num_samples, self.channels, self.frames, self.height, self.width)
-            for i in range(self.num_samples):
-                g = _generator(_stream_seed(self.seed, i))
-                data[i] = _render_clip(g, self.channels, self.frames, self.height, self.width)
+            data = _render_all(self.seed, self.num_samples, self.channels, self.frames, self.height, self.width).clone()
             frame, rows, cols = _fault_region(self.frames, self.height, self.width)
             for fault in self.faults:
                 if fault.kind == "range":

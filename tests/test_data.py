@@ -235,3 +235,32 @@ def test_generation_is_fast() -> None:
     batch = load_batch(ds, BatchOrder(256, 32, seed=0).indices(0))
     assert check_batch(batch) is None
     assert time.perf_counter() - start < 0.1
+
+
+def test_rendering_is_cached_per_config_and_never_shared(monkeypatch) -> None:
+    """Jobs in one process reuse the rendering of identical data, but each dataset owns its copy."""
+    import sweep.data as data
+
+    data._render_all.cache_clear()
+    cold = _all(SyntheticClips(12, seed=3, **SHAPE))
+    rendered = []
+    monkeypatch.setattr(data, "_render_clip", lambda g, *shape: rendered.append(1) or torch.zeros(*shape))
+    a, b = SyntheticClips(12, seed=3, **SHAPE), SyntheticClips(12, seed=3, **SHAPE)
+    assert torch.equal(_all(a), cold) and torch.equal(_all(b), cold) and not rendered  # no new rendering
+    a._cache()[0].fill_(5.0)  # a dataset's tensor is its own: changing it reaches no other dataset
+    assert torch.equal(_all(b), cold) and torch.equal(_all(SyntheticClips(12, seed=3, **SHAPE)), cold)
+    # Another seed, size or shape is another rendering, not the cached one.
+    for other in (dict(seed=4, **SHAPE), dict(seed=3, frames=4, channels=3, height=16, width=16)):
+        n = len(rendered)
+        SyntheticClips(12, **other).clip(0)
+        assert len(rendered) - n == 12
+    SyntheticClips(13, seed=3, **SHAPE).clip(0)
+    assert len(rendered) == 12 + 12 + 13
+
+
+def test_faults_of_one_dataset_never_reach_the_cached_rendering() -> None:
+    faulty = _all(SyntheticClips(8, seed=5, faults=[Fault(2, "nan"), Fault(3, "range")], **SHAPE))
+    clean = _all(SyntheticClips(8, seed=5, **SHAPE))
+    assert faulty[2].isnan().any() and clean.isfinite().all() and clean.abs().amax() < 1
+    assert torch.equal(_all(SyntheticClips(8, seed=5, faults=[Fault(2, "nan"), Fault(3, "range")], **SHAPE)).nan_to_num(),
+                       faulty.nan_to_num())
