@@ -30,10 +30,15 @@ can be replayed bit for bit from a saved generator state.
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import torch
 import torch.nn.functional as F
-from diffusers import DDPMScheduler, FlowMatchEulerDiscreteScheduler
+from diffusers import DDPMScheduler
 from torch import Tensor
+
+if TYPE_CHECKING:
+    from diffusers import FlowMatchEulerDiscreteScheduler
 
 KINDS = ("ddpm", "flow")
 PREDICTIONS = ("epsilon", "v_prediction")
@@ -84,6 +89,9 @@ class DiffusionObjective:
             except NotImplementedError as e:  # diffusers' way of rejecting a schedule name
                 raise ValueError(f"unknown beta_schedule {beta_schedule!r}: {e}") from e
         else:
+            # Imported here: its module imports scipy.stats (1-4 s here), which a DDPM run never needs.
+            from diffusers import FlowMatchEulerDiscreteScheduler
+
             self.scheduler = FlowMatchEulerDiscreteScheduler(num_train_timesteps=num_train_timesteps, shift=flow_shift)
 
     def sample(self, x0: Tensor, generator: torch.Generator) -> tuple[Tensor, Tensor, Tensor]:
