@@ -70,7 +70,7 @@ def job_spec(cfg: DictConfig) -> JobSpec:
     run_dir = Path(hc.runtime.output_dir)
     multirun = hc.mode.name == "MULTIRUN"
     return JobSpec(run, run_dir, Path(hc.sweep.dir if multirun else run_dir), params,
-                   " ".join(f"{k}={v}" for k, v in params.items()), hc.job.num, multirun)
+                   " ".join(f"{k}={v}" for k, v in params.items()), hc.job.num if multirun else 0, multirun)
 
 
 def run_job(cfg: DictConfig) -> dict:
