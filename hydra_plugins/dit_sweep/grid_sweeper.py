@@ -12,6 +12,7 @@ from typing import Dict, Optional, Sequence
 
 from hydra.core.config_store import ConfigStore
 from hydra._internal.core_plugins.basic_sweeper import BasicSweeper
+from hydra.types import HydraContext
 
 
 @dataclass
@@ -24,16 +25,49 @@ class GridSweeperConf:
 ConfigStore.instance().store(group="hydra/sweeper", name="grid", node=GridSweeperConf, provider="dit_sweep")
 
 
+class ComposedOnce:
+    """Hydra's config loader, except that the launcher gets the config the cell check composed for a
+    cell (once: a later call composes anew), instead of composing every cell twice (~0.1-0.3 s each)."""
+
+    def __init__(self, loader) -> None:
+        self.loader, self.kept = loader, {}
+
+    def __getattr__(self, name):  # everything else is the real loader's
+        if name in ("loader", "kept"):
+            raise AttributeError(name)
+        return getattr(self.loader, name)
+
+    def __getstate__(self):  # a launcher that ships the context to workers (joblib, submitit) ships no configs
+        return {"loader": self.loader, "kept": {}}
+
+    def __setstate__(self, state) -> None:
+        self.__dict__.update(state)
+
+    def compose_and_keep(self, master, overrides):
+        cfg = self.kept[tuple(overrides)] = self.loader.load_sweep_config(master, list(overrides))
+        return cfg
+
+    def load_sweep_config(self, master, overrides):
+        cfg = self.kept.pop(tuple(overrides), None)
+        return cfg if cfg is not None else self.loader.load_sweep_config(master, overrides)
+
+
 class GridSweeper(BasicSweeper):
     """The basic grid sweeper that validates every cell's values up front."""
+
+    def setup(self, *, hydra_context, task_function, config) -> None:
+        context = HydraContext(config_loader=ComposedOnce(hydra_context.config_loader), callbacks=hydra_context.callbacks)
+        super().setup(hydra_context=context, task_function=task_function, config=config)
 
     def validate_batch_is_legal(self, batch: Sequence[Sequence[str]]) -> None:
         from omegaconf import OmegaConf
 
         from sweep.config import ConfigError, RunConfig, to_run_config  # late: plugin discovery stays cheap
 
+        loader = self.hydra_context.config_loader
+        compose = getattr(loader, "compose_and_keep", loader.load_sweep_config)
         for overrides in batch:
-            cfg = self.hydra_context.config_loader.load_sweep_config(self.config, list(overrides))
+            cfg = compose(self.config, list(overrides))
             if OmegaConf.get_type(cfg) is not RunConfig:  # another app's config: Hydra's checks only
                 continue
             try:
