@@ -23,6 +23,7 @@ from models import backend_unavailable_reason, build_model, scale_query_key
 from models.diffusers_zoo import ZOO, build_diffusers_model, modulate_unsupported_reason
 
 from . import checkpoint
+from .compiled import compile_unsupported_reason
 from .config import RunConfig, Schedule
 from .data import BatchOrder, Fault, SyntheticClips
 from .folder_data import FolderClips
@@ -70,7 +71,8 @@ def unsupported_reason(run: RunConfig, device: torch.device, policy: PrecisionPo
     diffusers = run.model.arch.value == "diffusers"
     return (policy.unsupported_reason(device)
             or backend_unavailable_reason(run.attention.backend.value, device, policy.compute_dtype)
-            or (modulate_unsupported_reason(run.model.name, run.modulate.impl.value) if diffusers else None))
+            or (modulate_unsupported_reason(run.model.name, run.modulate.impl.value) if diffusers else None)
+            or compile_unsupported_reason(run, device))
 
 
 def lr_schedule(run: RunConfig) -> Callable[[int], float]:
@@ -107,6 +109,8 @@ class RunParts:
     """The first step to run: 0, or a resumed checkpoint's step."""
     loaded: str | None = None
     """What weights were loaded (init_from or resume_from), for the result."""
+    kernels: dict | None = None
+    """compile=true: the kernels the profiled compiled graph ran (sweep/compiled.py); None = the forced ones."""
 
 
 def build_parts(run: RunConfig, device: torch.device, policy: PrecisionPolicy, scratch: Path | None = None) -> RunParts:

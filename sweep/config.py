@@ -362,6 +362,10 @@ class RunConfig:
     """torch.use_deterministic_algorithms: the same config gives the same loss curve bit for bit."""
     threads: int = 0
     """torch intra-op threads; 0 keeps torch's default."""
+    compile: bool = False
+    """torch.compile (inductor) the model's forward, once per run before step 0; the compiled graph is profiled
+    and the run records the kernels it really ran, or is skipped when that is not the requested one
+    (sweep/compiled.py, docs/compile.md)."""
     log_every: int = 10
     progress: Progress = Progress.auto
     precision: PrecisionConfig = field(default_factory=PrecisionConfig)

@@ -20,6 +20,7 @@ from models import KernelUnavailable, count_params
 
 from .build import build_parts, reset_process_state, resolve_device, unsupported_reason
 from .checkpoint import CheckpointHook, CorruptCheckpoint
+from .compiled import compile_run
 from .config import RunConfig
 from .precision import PrecisionPolicy
 from .progress import RunProgress
@@ -62,6 +63,8 @@ def execute(run: RunConfig, out_dir: Path, params: dict, label: str = "", hooks:
             result.cause = {"where": "checkpoint", "module": e.tensor, "detail": f"{e.file}: {e.detail}"}
             return result
         result.n_params, result.loaded, result.start_step = count_params(parts.model), parts.loaded, parts.start_step
+        if run.compile:  # raises KernelUnavailable (skipped) when the compiled graph runs another kernel
+            compile_run(run, parts)
         if run.checkpoint.every:
             hooks = [CheckpointHook(out_dir, run.checkpoint.every, run.checkpoint.keep), *hooks]
         progress = RunProgress(run.steps, run.progress, run.log_every, label)
@@ -76,6 +79,8 @@ def execute(run: RunConfig, out_dir: Path, params: dict, label: str = "", hooks:
                           "modulate": MODULATE_NAMES[run.modulate.impl.value]}
         if callable(getattr(parts.model, "kernels", None)):  # a diffusers adapter (native models have a kernels property): what ran per attention kind, where modulate ran
             result.kernels = parts.model.kernels(run.modulate.impl.value, MODULATE_NAMES[run.modulate.impl.value])
+        if parts.kernels:  # compile=true: what the profiled compiled graph ran (sweep/compiled.py)
+            result.kernels = parts.kernels
         _fill_from_metrics(result, metrics, train_seconds)
         if divergence is None:
             result.status = "stable"

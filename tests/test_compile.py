@@ -1,0 +1,140 @@
+"""compile=true: a compiled run records the attention kernel that really ran, or is skipped with its reason.
+
+The slow tests compile the tiny video DiT with inductor (tens of seconds cold; seconds from inductor's
+FX graph cache on a second run of the same shapes) and check result.json's claims against the
+profiler on the training loop's own compiled steps.
+"""
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+import torch.nn.functional as F
+from torch._dynamo.utils import counters
+
+from sweep import compiled
+from sweep.run import execute
+
+from .conftest import make_run
+
+FLASH = "aten::_scaled_dot_product_flash_attention_for_cpu"
+FLASH_BACKWARD = FLASH + "_backward"
+MATH = "aten::_scaled_dot_product_attention_math"
+MODULATE = "dit_sweep::modulate"
+
+SMALL = ["threads=1", "steps=3", "data.batch_size=2", "ledger.enabled=false"]
+
+
+class ProfileSteps:
+    """A step hook that profiles the training loop's steps after `start` up to `stop` (compiled ones)."""
+
+    def __init__(self, start: int, stop: int):
+        self.start, self.stop, self.ops = start, stop, set()
+        self.prof = torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU])
+
+    def after_step(self, step, loss, parts) -> bool:
+        if step == self.start:
+            self.prof.start()
+        elif step == self.stop:
+            self.prof.stop()
+            self.ops = {e.key for e in self.prof.key_averages()}
+        return False
+
+
+def test_compile_is_off_by_default_and_off_is_unchanged(tmp_path):
+    run = make_run(*SMALL, "steps=2")
+    assert run.compile is False
+    result = execute(run, tmp_path, {})
+    assert result.status == "stable"
+    assert result.kernels == {"attention": "sdpa:MATH", "modulate": "eager"}
+
+
+def test_compile_must_be_a_bool():
+    with pytest.raises(Exception):
+        make_run("compile=maybe")
+
+
+def test_diffusers_models_are_skipped_compiled_with_a_reason(tmp_path):
+    run = make_run(*SMALL, "model=diffusers_dit_tiny", "data=synthetic_image", "data.frames=1", "compile=true")
+    result = execute(run, tmp_path, {})
+    assert result.status == "skipped"
+    assert "compile=true" in result.reason and "model.arch=diffusers" in result.reason
+    assert json.loads((tmp_path / "result.json").read_text())["status"] == "skipped"
+
+
+@pytest.mark.parametrize("attention", ["math", "eager"])
+def test_a_combination_rewritten_into_flash_is_skipped(tmp_path, monkeypatch, attention):
+    """What the profiler of a compiled graph that ran flash for math/eager gives: skipped, never a claim."""
+    monkeypatch.setattr(compiled, "_compile_forward", lambda model: (lambda: None))
+    monkeypatch.setattr(compiled, "_profile_step", lambda run, parts: {FLASH, FLASH_BACKWARD})
+    result = execute(make_run(*SMALL, f"attention={attention}", "compile=true"), tmp_path, {})
+    assert result.status == "skipped"
+    assert result.reason == (f"compile=true rewrites attention={attention} into the flash kernel ({FLASH} in the "
+                             f"compiled graph); run it uncompiled")
+    assert result.kernels == {} and result.steps_run == 0
+
+
+def test_a_lost_flash_or_fused_modulate_is_skipped(tmp_path, monkeypatch):
+    monkeypatch.setattr(compiled, "_compile_forward", lambda model: (lambda: None))
+    monkeypatch.setattr(compiled, "_profile_step", lambda run, parts: {MATH})
+    flash = execute(make_run(*SMALL, "attention=flash", "compile=true"), tmp_path / "a", {})
+    assert flash.status == "skipped" and "attention=flash did not run" in flash.reason
+    fused = execute(make_run(*SMALL, "modulate=fused", "compile=true"), tmp_path / "b", {})
+    assert fused.status == "skipped" and f"lost the {MODULATE} op for modulate=fused" in fused.reason
+
+
+@pytest.mark.slow
+def test_inductor_rewrites_eager_attention_unless_the_pattern_matcher_is_off():
+    """The fact the kernel check exists for: inductor turns a plain softmax(QK^T)V into the flash op."""
+
+    def attention(q, k, v):
+        return ((q @ k.transpose(-2, -1)) * q.shape[-1] ** -0.5).softmax(-1) @ v
+
+    q, k, v = (torch.randn(2, 4, 16, 32, requires_grad=True) for _ in range(3))
+    seen = {}
+    for matcher in (True, False):
+        torch._dynamo.reset()
+        counters.clear()
+        fn = torch.compile(attention, options={"pattern_matcher": matcher})
+        fn(q, k, v).sum().backward()
+        with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as prof:
+            out = fn(q, k, v)
+            out.sum().backward()
+        seen[matcher] = {e.key for e in prof.key_averages()}
+        torch.testing.assert_close(out, F.scaled_dot_product_attention(q, k, v), atol=1e-5, rtol=1e-5)
+    assert {FLASH, FLASH_BACKWARD} <= seen[True]
+    assert FLASH not in seen[False] and FLASH_BACKWARD not in seen[False]
+    torch._dynamo.reset()
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("attention, modulate, claim", [
+    ("flash", "eager", {"attention": "sdpa:FLASH_ATTENTION (compiled)", "modulate": "eager (compiled)"}),
+    ("math", "fused", {"attention": "sdpa:MATH (compiled: inductor bmm+softmax)",
+                       "modulate": "dit_sweep::modulate (compiled)"}),
+])
+def test_compiled_run_records_the_kernels_that_ran(tmp_path, attention, modulate, claim):
+    run = make_run(*SMALL, f"attention={attention}", f"modulate={modulate}", "compile=true")
+    profile = ProfileSteps(start=0, stop=2)  # steps 1 and 2: compiled (step 0 watches logits, eager)
+    result = execute(run, tmp_path, {}, hooks=[profile])
+    assert result.status == "stable", result.reason
+    assert json.loads((tmp_path / "result.json").read_text())["kernels"] == claim
+    ran = profile.ops
+    if attention == "flash":
+        assert {FLASH, FLASH_BACKWARD} <= ran
+    else:  # inductor's own bmm + softmax: no SDPA op at all, flash least of all
+        assert not {FLASH, FLASH_BACKWARD, MATH} & ran and "aten::bmm" in ran
+    assert (MODULATE in ran) == (modulate == "fused")
+
+
+@pytest.mark.slow
+def test_compiled_run_is_deterministic_in_one_process(tmp_path):
+    """Same config twice in one process (the second compile comes from inductor's cache): same loss curve."""
+    losses = []
+    for i in range(2):
+        result = execute(make_run(*SMALL, "steps=4", "attention=math", "modulate=fused", "compile=true"),
+                         tmp_path / str(i), {})
+        assert result.status == "stable", result.reason
+        losses.append((tmp_path / str(i) / "metrics.csv").read_text().splitlines())
+    assert losses[0] == losses[1]
