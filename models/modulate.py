@@ -82,3 +82,31 @@ def modulate(x: Tensor, shift: Tensor, scale: Tensor, impl: str) -> Tensor:
     # Autocast does not touch custom ops, so align dtypes here: x is the tensor being
     # modulated and sets the working precision.
     return torch.ops.dit_sweep.modulate(x, shift.to(x.dtype), scale.to(x.dtype))  # (B, N, D)
+
+
+def _fold(info, in_dims, *tensors: Tensor) -> list[Tensor]:
+    """Move each vmapped dim to the front (broadcasting unbatched inputs) and fold it into the batch dim."""
+    out = []
+    for t, d in zip(tensors, in_dims):
+        t = t.movedim(d, 0) if d is not None else t.expand(info.batch_size, *t.shape)
+        out.append(t.reshape(-1, *t.shape[2:]))
+    return out
+
+
+def _unfold(t: Tensor, size: int) -> Tensor:
+    return t.reshape(size, -1, *t.shape[1:])
+
+
+# Trial packing (sweep/packed.py) vmaps the model over K stacked runs. Without these rules torch would
+# call the fused op once per run (its slow "batched fallback"); with them the pack is one call whose
+# batch is K*B rows, each with its own shift/scale row, so per-row semantics are unchanged.
+@torch.library.register_vmap("dit_sweep::modulate")
+def _fused_modulate_vmap(info, in_dims, x: Tensor, shift: Tensor, scale: Tensor):
+    out = torch.ops.dit_sweep.modulate(*_fold(info, in_dims, x, shift, scale))
+    return _unfold(out, info.batch_size), 0
+
+
+@torch.library.register_vmap("dit_sweep::modulate_backward")
+def _fused_modulate_backward_vmap(info, in_dims, grad: Tensor, x: Tensor, scale: Tensor):
+    outs = torch.ops.dit_sweep.modulate_backward(*_fold(info, in_dims, grad, x, scale))
+    return tuple(_unfold(o, info.batch_size) for o in outs), (0, 0, 0)

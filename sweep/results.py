@@ -58,6 +58,8 @@ class RunResult:
     """The checkpoint or weights file this run started from."""
     start_step: int = 0
     """The step a resumed run started at."""
+    packed: int | None = None
+    """Trial packing: how many runs trained together in this run's pack (sweep/packed.py); null when alone."""
     pruned_at_step: int | None = None
     """The step after which the sweeper's pruner stopped this run (status skipped; sweep/pruning.py)."""
 

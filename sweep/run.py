@@ -18,7 +18,7 @@ from typing import Sequence
 
 from models import KernelUnavailable, count_params
 
-from .build import build_parts, reset_process_state, resolve_device, unsupported_reason
+from .build import RunParts, build_parts, reset_process_state, resolve_device, unsupported_reason
 from .checkpoint import CheckpointHook, CorruptCheckpoint
 from .compiled import compile_run
 from .config import RunConfig
@@ -26,6 +26,7 @@ from .precision import PrecisionPolicy
 from .progress import RunProgress
 from .results import MetricsLog, RunResult, package_versions, write_result
 from .forensics import locate
+from .monitor import Divergence
 from .train import StepHook, train
 
 log = logging.getLogger("sweep")
@@ -44,25 +45,11 @@ def execute(run: RunConfig, out_dir: Path, params: dict, label: str = "", hooks:
     """
     out_dir = Path(out_dir)
     start = time.perf_counter()
-    result = RunResult(status="error", params=params, versions=package_versions(), seed=run.seed)
-    metrics = MetricsLog()
+    result, metrics = new_result(run, params), MetricsLog()
     try:
-        device = resolve_device(run.device)
-        policy = PrecisionPolicy.from_config(run.precision)
-        result.device = str(device)
-        reason = unsupported_reason(run, device, policy)
-        if reason is not None:
-            result.status, result.reason = "skipped", reason
+        parts = prepare(run, out_dir, result)
+        if parts is None:
             return result
-        reset_process_state(run, policy)
-        try:
-            parts = build_parts(run, device, policy, scratch=out_dir)
-        except CorruptCheckpoint as e:  # refused before any step: a result, not a crash
-            result.status, result.verdict = "diverged", "corrupt_checkpoint"
-            result.first_bad_step = _start_step(run)
-            result.cause = {"where": "checkpoint", "module": e.tensor, "detail": f"{e.file}: {e.detail}"}
-            return result
-        result.n_params, result.loaded, result.start_step = count_params(parts.model), parts.loaded, parts.start_step
         if run.compile:  # raises KernelUnavailable (skipped) when the compiled graph runs another kernel
             compile_run(run, parts)
         if run.checkpoint.every:
@@ -73,41 +60,86 @@ def execute(run: RunConfig, out_dir: Path, params: dict, label: str = "", hooks:
             divergence = train(run, parts, metrics, progress, hooks=hooks)
         finally:
             progress.close()
-        train_seconds = time.perf_counter() - train_start
-        # The kernels are forced (no fallback), so having trained means these are the ones that ran.
-        result.kernels = {"attention": KERNEL_NAMES[run.attention.backend.value],
-                          "modulate": MODULATE_NAMES[run.modulate.impl.value]}
-        if callable(getattr(parts.model, "kernels", None)):  # a diffusers adapter (native models have a kernels property): what ran per attention kind, where modulate ran
-            result.kernels = parts.model.kernels(run.modulate.impl.value, MODULATE_NAMES[run.modulate.impl.value])
-        if parts.kernels:  # compile=true: what the profiled compiled graph ran (sweep/compiled.py)
-            result.kernels = parts.kernels
-        _fill_from_metrics(result, metrics, train_seconds)
-        if divergence is None:
-            result.status = "stable"
-            pruned = next((h.pruned for h in hooks if getattr(h, "pruned", None) is not None), None)
-            if pruned is not None:  # stopped early by the sweeper's pruner: not a verdict (sweep/pruning.py)
-                result.status, result.reason, result.pruned_at_step = "skipped", pruned.reason, pruned.step
-        else:
-            result.status = "diverged"
-            result.verdict, result.first_bad_step = divergence.verdict, divergence.step
-            result.cause = divergence.to_dict()["cause"]
-            result.steps_run = divergence.step + 1 - parts.start_step
-            if run.monitor.forensics and result.cause["where"] in ("forward", "backward"):
-                cause, headroom = locate(run, divergence.verdict, divergence.step, device)
-                result.cause = dataclasses.asdict(cause) if cause else result.cause
-                result.headroom = headroom
-    except KernelUnavailable as e:  # a forced kernel refused these inputs: not a bug, not a result
-        result.status, result.reason = "skipped", str(e)
-    except Exception as e:  # a bug or a crash (OOM): recorded, never raised into the sweep
-        result.status, result.reason = "error", f"{type(e).__name__}: {e}"
-        log.error("run crashed:\n%s", traceback.format_exc())
+        conclude(result, run, parts, divergence, metrics, time.perf_counter() - train_start, hooks)
+    except Exception as e:  # noqa: BLE001  (see fail)
+        fail(result, e)
     finally:
-        result.seconds = time.perf_counter() - start
-        out_dir.mkdir(parents=True, exist_ok=True)
-        if metrics.rows:
-            metrics.write(out_dir)
-        write_result(out_dir, result)
+        write_outcome(out_dir, result, metrics, start)
     return result
+
+
+def new_result(run: RunConfig, params: dict) -> RunResult:
+    """A run's result before anything happened: an error until something better is known."""
+    return RunResult(status="error", params=params, versions=package_versions(), seed=run.seed)
+
+
+def prepare(run: RunConfig, out_dir: Path, result: RunResult) -> RunParts | None:
+    """Reset the process state and build the run; None when `result` is already final (skipped, refused)."""
+    device = resolve_device(run.device)
+    policy = PrecisionPolicy.from_config(run.precision)
+    result.device = str(device)
+    reason = unsupported_reason(run, device, policy)
+    if reason is not None:
+        result.status, result.reason = "skipped", reason
+        return None
+    reset_process_state(run, policy)
+    try:
+        parts = build_parts(run, device, policy, scratch=out_dir)
+    except CorruptCheckpoint as e:  # refused before any step: a result, not a crash
+        result.status, result.verdict = "diverged", "corrupt_checkpoint"
+        result.first_bad_step = _start_step(run)
+        result.cause = {"where": "checkpoint", "module": e.tensor, "detail": f"{e.file}: {e.detail}"}
+        return None
+    result.n_params, result.loaded, result.start_step = count_params(parts.model), parts.loaded, parts.start_step
+    return parts
+
+
+def conclude(result: RunResult, run: RunConfig, parts: RunParts, divergence: Divergence | None,
+             metrics: MetricsLog, train_seconds: float, hooks: Sequence[StepHook] = ()) -> None:
+    """Fill `result` from a finished training: kernels, metrics, the verdict, forensics of a NaN."""
+    # The kernels are forced (no fallback), so having trained means these are the ones that ran.
+    result.kernels = {"attention": KERNEL_NAMES[run.attention.backend.value],
+                      "modulate": MODULATE_NAMES[run.modulate.impl.value]}
+    if callable(getattr(parts.model, "kernels", None)):  # a diffusers adapter (native models have a kernels property): what ran per attention kind, where modulate ran
+        result.kernels = parts.model.kernels(run.modulate.impl.value, MODULATE_NAMES[run.modulate.impl.value])
+    if parts.kernels:  # compile=true: what the profiled compiled graph ran (sweep/compiled.py)
+        result.kernels = parts.kernels
+    _fill_from_metrics(result, metrics, train_seconds)
+    if divergence is None:
+        result.status = "stable"
+        pruned = next((h.pruned for h in hooks if getattr(h, "pruned", None) is not None), None)
+        if pruned is not None:  # stopped early by the sweeper's pruner: not a verdict (sweep/pruning.py)
+            result.status, result.reason, result.pruned_at_step = "skipped", pruned.reason, pruned.step
+    else:
+        result.status = "diverged"
+        result.verdict, result.first_bad_step = divergence.verdict, divergence.step
+        result.cause = divergence.to_dict()["cause"]
+        result.steps_run = divergence.step + 1 - parts.start_step
+        if run.monitor.forensics and result.cause["where"] in ("forward", "backward"):
+            cause, headroom = locate(run, divergence.verdict, divergence.step, parts.device)
+            result.cause = dataclasses.asdict(cause) if cause else result.cause
+            result.headroom = headroom
+
+
+def fail(result: RunResult, e: Exception) -> None:
+    """A forced kernel that refused its inputs is `skipped`; anything else (a bug, an OOM) is `error`.
+
+    Either way it is recorded, never raised into the sweep.
+    """
+    if isinstance(e, KernelUnavailable):  # not a bug, not a result
+        result.status, result.reason = "skipped", str(e)
+    else:
+        result.status, result.reason = "error", f"{type(e).__name__}: {e}"
+        log.error("run crashed:\n%s", "".join(traceback.format_exception(e)))
+
+
+def write_outcome(out_dir: Path, result: RunResult, metrics: MetricsLog, start: float) -> None:
+    """result.json always; metrics.csv once training started."""
+    result.seconds = time.perf_counter() - start
+    out_dir.mkdir(parents=True, exist_ok=True)
+    if metrics.rows:
+        metrics.write(out_dir)
+    write_result(out_dir, result)
 
 
 def _fill_from_metrics(result: RunResult, metrics: MetricsLog, train_seconds: float) -> None:

@@ -80,8 +80,9 @@ def train(run: RunConfig, parts: RunParts, metrics: MetricsLog, progress: RunPro
             opt.step()
             verdict = monitor.after_update(step, params, grads)
         if verdict is not None:  # before zero_grad: the explanation reads the gradients
-            first = first or _explain(verdict, model, pred, lambda: check_batch(x0, run.data.range_limit, sample_labels(parts.dataset, indices)),
-                                      updated=monitor.updates > 0)
+            first = first or explain(verdict, list(model.named_parameters()), pred,
+                                     lambda: check_batch(x0, run.data.range_limit, sample_labels(parts.dataset, indices)),
+                                     updated=monitor.updates > 0)
         opt.zero_grad(set_to_none=True)
         checked = (step + 1) % run.monitor.stall_window == 0  # stall statistics exist on check steps only
         metrics.log(step=step, loss=loss_v, grad_norm=norm_v, lr=lr, loss_scale=scale if scaler.enabled else "",
@@ -97,16 +98,17 @@ def train(run: RunConfig, parts: RunParts, metrics: MetricsLog, progress: RunPro
     return first
 
 
-def _explain(verdict: Divergence, model: torch.nn.Module, pred: torch.Tensor,
-             batch_issue: Callable[[], BatchIssue | None], updated: bool) -> Divergence:
+def explain(verdict: Divergence, named_params: list[tuple[str, torch.Tensor]], pred: torch.Tensor,
+            batch_issue: Callable[[], BatchIssue | None], updated: bool) -> Divergence:
     """Sharpen `cause` from what is at hand on the bad path only (full forensics replay is separate).
 
-    `batch_issue` checks the batch again (it matters when data.check is off); `updated` says whether
-    this run applied any update yet: a non-finite weight before any update came in with the weights.
+    `named_params` are the run's (name, weight) pairs, each weight with its `.grad`; `batch_issue`
+    checks the batch again (it matters when data.check is off); `updated` says whether this run
+    applied any update yet: a non-finite weight before any update came in with the weights.
     """
     if verdict.verdict in ("nonfinite_loss", "scale_collapse"):
         issue = batch_issue()
-        name = _first_nonfinite(model.named_parameters())
+        name = _first_nonfinite(named_params)
         if issue is not None:  # the batch was bad and nobody checked it
             verdict.cause = Cause("data", None, f"the batch held bad values: {issue.detail}")
         elif name is not None and not updated:
@@ -124,7 +126,7 @@ def _explain(verdict: Divergence, model: torch.nn.Module, pred: torch.Tensor,
             verdict.cause = Cause("forward", None, "model output is non-finite with finite weights and inputs")
     elif verdict.verdict == "nonfinite_grad":
         # Backward runs the last layer first: the first non-finite gradient in that order is where it began.
-        grads = [(n, p.grad) for n, p in model.named_parameters() if p.grad is not None]
+        grads = [(n, p.grad) for n, p in named_params if p.grad is not None]
         name = _first_nonfinite(reversed(grads))
         if name is not None:
             verdict.cause = Cause("backward", name.rsplit(".", 1)[0], f"non-finite gradient in {name}")

@@ -1,0 +1,79 @@
+"""Trial packing against running the same runs one after another, and against the machine's matmul limit.
+
+    python bench/packing.py [--model video_dit_tiny] [--precision fp32] [--packs 1,2,4,8,16] [--steps 10]
+
+For each pack size K: K runs that differ only in lr (log-spaced, all stable) run once one after
+another (sweep.run.execute, the path every lone run takes) and once as one pack
+(sweep.packing.execute_pack), both end to end (build, train, files). It prints the wall times, the
+speed-up, and the model FLOP/s the packed run achieves (K x the FLOPs of one forward+backward,
+counted by torch's FlopCounterMode, per second of training) as a fraction of a 2048x2048 matmul's
+FLOP/s measured in the same process and compute dtype.
+"""
+from __future__ import annotations
+
+import argparse
+import math
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from throughput import matmul_flops, run_config, step_flops  # noqa: E402
+
+from sweep.build import build_parts, reset_process_state, resolve_device  # noqa: E402
+from sweep.packing import execute_pack  # noqa: E402
+from sweep.precision import PrecisionPolicy  # noqa: E402
+from sweep.run import execute  # noqa: E402
+
+
+def runs_for(k: int, args) -> list:
+    lrs = [10 ** (-5 + 1.5 * i / max(1, k - 1)) for i in range(k)]  # 1e-5 .. 3e-4: stable everywhere
+    return [run_config([f"model={args.model}", f"precision={args.precision}", f"attention={args.attention}",
+                        f"steps={args.steps}", f"optim.lr={lr:.3g}", f"seed={i}", "progress=none",
+                        "monitor.forensics=false"]) for i, lr in enumerate(lrs)]
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--model", default="video_dit_tiny")
+    ap.add_argument("--precision", default="fp32")
+    ap.add_argument("--attention", default="math")
+    ap.add_argument("--packs", default="1,2,4,8,16")
+    ap.add_argument("--steps", type=int, default=10)
+    args = ap.parse_args()
+    device = resolve_device("auto")
+    one = runs_for(1, args)[0]
+    policy = PrecisionPolicy.from_config(one.precision)
+    reset_process_state(one, policy)
+    flops = step_flops(one, build_parts(one, device, policy))
+    peak = matmul_flops(policy.compute_dtype, device)
+    print(f"device {device}, torch {torch.__version__}, {torch.get_num_threads()} threads, model {args.model}, "
+          f"{args.precision}, attention {args.attention}, {args.steps} steps per run, "
+          f"{flops / 1e9:.2f} GFLOP per run-step, matmul {peak / 1e9:.0f} GFLOP/s")
+    print(f"{'K':>3}{'sequential s':>14}{'packed s':>10}{'speed-up':>10}{'packed run-steps/s':>20}"
+          f"{'model GFLOP/s':>15}{'of matmul':>11}{'verdicts equal':>16}")
+    with tempfile.TemporaryDirectory() as tmp:  # warm-up: allocator, vmap's first trace
+        execute_pack(runs_for(2, args)[:2], [Path(tmp) / "a", Path(tmp) / "b"], [{}, {}], ["", ""])
+    for k in (int(x) for x in args.packs.split(",")):
+        runs = runs_for(k, args)
+        with tempfile.TemporaryDirectory() as tmp:
+            start = time.perf_counter()
+            alone = [execute(r, Path(tmp) / f"seq{i}", {}) for i, r in enumerate(runs)]
+            sequential = time.perf_counter() - start
+            start = time.perf_counter()
+            packed = execute_pack(runs, [Path(tmp) / f"pack{i}" for i in range(k)], [{}] * k, [""] * k)
+            together = time.perf_counter() - start
+        same = all((a.status, a.verdict, a.first_bad_step) == (b.status, b.verdict, b.first_bad_step)
+                   for a, b in zip(alone, packed))
+        train_s = max(r.steps_run / r.steps_per_second for r in packed if r.steps_per_second) if k else math.nan
+        achieved = k * args.steps * flops / train_s
+        print(f"{k:>3}{sequential:>14.1f}{together:>10.1f}{sequential / together:>9.2f}x{k * args.steps / train_s:>20.1f}"
+              f"{achieved / 1e9:>15.1f}{achieved / peak:>11.1%}{str(same):>16}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,205 @@
+"""Trial packing: K runs of one architecture trained as one vectorised computation.
+
+    python -m sweep -m hydra/launcher=packed hydra.launcher.pack=8 optim.lr=1e-4,3e-4,1e-3,3e-3,1e-2,3e-2
+
+On tiny proxy models a training step is dominated by fixed per-op costs, so K runs one after another
+waste most of the machine. Here the K models' weights are stacked along a new leading dimension
+(`torch.func.stack_module_state`) and one `vmap(functional_call(...))` runs the forward and the
+backward of all K at once: every linear layer becomes one batched matmul, every attention call one
+SDPA call (vmap folds the pack into the batch, so the forced backend is the one that runs; the fused
+modulate op has its own vmap rule in models/modulate.py).
+
+What stays per run is everything that decides its verdict: its own initial weights, data order and
+noise (its own seed), its own loss scale (a per-run LossScaler: an overflow in one run neither skips
+the step nor halves the scale of the others), its own gradient norm and clipping, its own AdamW
+(torch's single-tensor kernel on its slice of the stacked weights, with its own lr schedule, betas,
+eps and weight decay), its own DivergenceMonitor, and it leaves the pack at its own first bad step
+(the stacked tensors are compacted) while the others go on. Runs are independent inside vmap, so a
+NaN in one never reaches another.
+
+What differs from running alone: the batched matmuls may round differently from the unbatched
+ones, so loss curves agree to a tolerance, not bit for bit (tests/test_packing.py measures it), and
+packed runs record no attention-logit statistics (the logit hooks cannot see inside vmap).
+"""
+from __future__ import annotations
+
+import copy
+import math
+from typing import Sequence
+
+import torch
+from torch.func import functional_call, stack_module_state, vmap
+from torch.optim.adam import adam
+
+from .build import RunParts
+from .config import RunConfig
+from .data import check_batch, load_checked_batch, sample_labels
+from .monitor import Cause, Divergence
+from .precision import ScalerEvent
+from .progress import RunProgress
+from .results import MetricsLog
+from .train import explain
+
+
+class PackedModel:
+    """K models of one architecture as stacked weights and one vmapped forward."""
+
+    def __init__(self, models: Sequence[torch.nn.Module]):
+        self.params, self.buffers = stack_module_state(list(models))  # {name: (K, ...)} leaves
+        self.base = copy.deepcopy(models[0]).to("meta")  # the module structure, no storage
+
+    def __call__(self, x: torch.Tensor, t: torch.Tensor) -> torch.Tensor:
+        """x (K, B, ...), t (K, B) -> prediction (K, B, ...), run k with weights k."""
+        def one(params, buffers, x, t):
+            return functional_call(self.base, (params, buffers), (x, t))
+        return vmap(one)(self.params, self.buffers, x, t)
+
+    def keep(self, positions: list[int]) -> None:
+        """Keep only the runs at these positions (in this order): runs that left the pack stop costing."""
+        index = torch.tensor(positions, dtype=torch.long)
+        self.params = {n: p.detach()[index].requires_grad_(p.requires_grad) for n, p in self.params.items()}
+        self.buffers = {n: b[index] for n, b in self.buffers.items()}
+
+    def grads(self) -> list[torch.Tensor]:
+        return [p.grad for p in self.params.values() if p.grad is not None]
+
+    def run_params(self, i: int) -> list[tuple[str, torch.Tensor]]:
+        """Run i's (name, weight) slices, each with its gradient slice as `.grad` (for sweep.train.explain)."""
+        named = []
+        for name, p in self.params.items():
+            w = p.detach()[i]
+            w.grad = p.grad[i] if p.grad is not None else None
+            named.append((name, w))
+        return named
+
+    def zero_grad(self) -> None:
+        for p in self.params.values():
+            p.grad = None
+
+
+class StackedAdamW:
+    """Every run's AdamW as one update of the stacked weights, with per-run lr, betas, eps and weight decay.
+
+    It is torch's single-tensor AdamW (the one sweep.build configures) op for op: each per-run scalar
+    is computed in double as torch does, each op computes in fp32 and rounds to the weight's dtype,
+    as torch's CPU kernels do for fp16/bf16. So pure fp16 still turns eps=1e-8 into 0 and divides 0
+    by 0, and pure bf16 still loses updates below its resolution. A run whose step is skipped
+    (overflow, verdict) keeps its weights and moments untouched.
+    """
+
+    def __init__(self, parts: Sequence[RunParts], params: dict[str, torch.Tensor]):
+        self.hyper = []  # per run: (betas, eps, weight_decay)
+        for p in parts:
+            (group,) = p.optimizer.param_groups  # packable runs have one group (sweep.packing.refusal)
+            self.hyper.append((group["betas"], group["eps"], group["weight_decay"]))
+        self.moments = {n: (torch.zeros_like(w), torch.zeros_like(w)) for n, w in params.items() if w.requires_grad}
+        self.steps = [0] * len(parts)
+
+    def keep(self, positions: list[int]) -> None:
+        index = torch.tensor(positions, dtype=torch.long)
+        self.moments = {n: (m[index], v[index]) for n, (m, v) in self.moments.items()}
+
+    @torch.no_grad()
+    def step(self, runs: list[int], stepping: list[bool], lrs: list[float], params: dict[str, torch.Tensor]) -> None:
+        """Update the packed runs `runs` (run ids, in pack order) whose `stepping` is True, at their `lrs`."""
+        for k, go in zip(runs, stepping):
+            self.steps[k] += go
+        cols = []  # per run, in double as torch computes them: the decay, 1-beta1, beta2, 1-beta2, sqrt(bias2), eps, -step size
+        for k, lr in zip(runs, lrs):
+            (b1, b2), eps, wd = self.hyper[k]
+            n = max(self.steps[k], 1)
+            cols.append((1 - lr * wd, 1 - b1, b2, 1 - b2, (1 - b2 ** n) ** 0.5, eps, -(lr / (1 - b1 ** n))))
+        keep = [i for i, go in enumerate(stepping) if not go]
+        for name, (m, v) in self.moments.items():
+            w, g = params[name].detach(), params[name].grad
+            if g is None:
+                continue
+            saved = [t[keep].clone() for t in (w, m, v)] if keep else None
+            decay, omb1, b2, omb2, bc2, eps, neg_step = (_per_run(list(c), w).float() for c in zip(*cols))
+            dt, f = w.dtype, (lambda t: t.float())
+            if any(hyper[2] for hyper in (self.hyper[k] for k in runs)):
+                w.copy_(f(w) * decay)
+            m.copy_(torch.lerp(f(m), f(g), omb1))
+            v.copy_(f(v) * b2)
+            v.copy_(f(v) + omb2 * f(g) * f(g))
+            denom = ((f(v).sqrt().to(dt).float() / bc2).to(dt).float() + eps).to(dt)
+            w.copy_(f(w) + neg_step * f(m) / f(denom))
+            if saved:
+                for t, old in zip((w, m, v), saved):
+                    t[keep] = old
+
+
+def run_grad_norms(grads: list[torch.Tensor]) -> torch.Tensor:
+    """Each run's global L2 gradient norm (K,), accumulated in fp32 like sweep.train.global_grad_norm."""
+    per_tensor = [torch.linalg.vector_norm(g.reshape(g.shape[0], -1), dim=1, dtype=torch.float32) for g in grads]
+    return torch.linalg.vector_norm(torch.stack(per_tensor), dim=0)
+
+
+def _per_run(values: list[float], like: torch.Tensor) -> torch.Tensor:
+    """A (K,) vector shaped to broadcast against a stacked (K, ...) tensor."""
+    return torch.tensor(values, dtype=like.dtype, device=like.device).view(-1, *[1] * (like.dim() - 1))
+
+
+def train_packed(runs: Sequence[RunConfig], parts: Sequence[RunParts], metrics: Sequence[MetricsLog],
+                 progress: RunProgress) -> list[Divergence | None]:
+    """Train the runs together; each one's first divergence (None when stable), as sweep.train.train would."""
+    device, policy = parts[0].device, parts[0].policy
+    model = PackedModel([p.model for p in parts])
+    opt = StackedAdamW(parts, model.params)
+    first: list[Divergence | None] = [None] * len(runs)
+    live, packed = list(range(len(runs))), list(range(len(runs)))  # runs still training; runs in the tensors
+    for step in range(max(r.steps for r in runs)):
+        live = [k for k in live if step < runs[k].steps and not (first[k] and runs[k].monitor.stop_on_divergence)]
+        batches = {}
+        for k in live:  # each run's own batch, data check and noise, in its own order
+            x0, issue = load_checked_batch(parts[k].dataset, parts[k].order.indices(step), runs[k].data.range_limit, runs[k].data.check)
+            if issue is not None:
+                first[k] = Divergence("bad_input", step, Cause("data", None, issue.detail))
+                continue
+            batches[k] = (x0, *parts[k].objective.sample(x0.to(device), parts[k].noise_gen))
+        live = list(batches)
+        if not live:
+            break
+        if live != packed:
+            model.keep([packed.index(k) for k in live])
+            opt.keep([packed.index(k) for k in live])
+            packed = live
+        noisy, t, target = (torch.stack([batches[k][j] for k in live]) for j in (1, 2, 3))
+        with policy.autocast(device):
+            pred = model(noisy.to(policy.param_dtype), t)  # (L, B, ...)
+        loss = vmap(parts[0].objective.loss)(pred, target) * torch.tensor([runs[k].objective.loss_weight for k in live])
+        scales = [parts[k].scaler.scale for k in live]
+        (loss * torch.tensor(scales, dtype=loss.dtype)).sum().backward()  # runs are independent: each gets its own scaled grads
+        grads = model.grads()
+        if any(parts[k].scaler.enabled for k in live):
+            for g in grads:
+                g.mul_(_per_run([1.0 / s for s in scales], g))  # powers of two: exact in any dtype
+        losses, norms = torch.stack([loss.detach().float(), run_grad_norms(grads).to(loss.device)]).tolist()  # the one sync
+        events, verdicts = [], []
+        for i, k in enumerate(live):  # each run's scaler and monitor decide its step
+            run, scaler = runs[k], parts[k].scaler
+            events.append(scaler.update(math.isfinite(losses[i]) and math.isfinite(norms[i])))
+            verdicts.append(parts[k].monitor.observe(step, losses[i], norms[i], events[i], scaler.collapse_reason))
+            if events[i] is ScalerEvent.step and verdicts[i] is None and 0 < run.optim.grad_clip < norms[i]:
+                torch._foreach_mul_([g[i] for g in grads], run.optim.grad_clip / (norms[i] + 1e-6))
+        stepping = [e is ScalerEvent.step and v is None for e, v in zip(events, verdicts)]
+        lrs = [parts[k].lr_at(step) for k in live]
+        opt.step(live, stepping, lrs, model.params)
+        for i, k in enumerate(live):
+            run, monitor, verdict = runs[k], parts[k].monitor, verdicts[i]
+            if stepping[i]:
+                verdict = monitor.after_update(step, [p.detach()[i] for p in model.params.values() if p.requires_grad],
+                                               [g[i] for g in grads])
+            if verdict is not None and first[k] is None:  # before zero_grad: the explanation reads the gradients
+                x0, indices = batches[k][0], parts[k].order.indices(step)
+                first[k] = explain(verdict, model.run_params(i), pred[i], updated=monitor.updates > 0,
+                                   batch_issue=lambda: check_batch(x0, run.data.range_limit, sample_labels(parts[k].dataset, indices)))
+            checked = (step + 1) % run.monitor.stall_window == 0
+            metrics[k].log(step=step, loss=losses[i], grad_norm=norms[i], lr=lrs[i],
+                           loss_scale=scales[i] if parts[k].scaler.enabled else "", skipped=int(events[i] is not ScalerEvent.step),
+                           unchanged_fraction=monitor.last_unchanged_fraction if checked else "",
+                           zero_grad_fraction=monitor.last_zero_grad_fraction if checked else "",
+                           attn_max_logit="", attn_min_entropy="")
+        model.zero_grad()
+        progress.update(step, min(losses), None)
+    return first

@@ -1,0 +1,114 @@
+"""Which runs can share a pack, and one pack from configs to files (the training itself: sweep/packed.py).
+
+Runs share a pack when they build the same computation: same model, precision policy, kernels, data
+shapes, device and process settings. What may differ is everything that is per run anyway: seed,
+steps, the whole `optim` node (lr, schedule, warmup, clipping, betas, eps, weight decay), the
+`monitor`, the loss scaler's knobs, the objective, the data's content (seed, faults, size, checks)
+and init weights. Runs that need a per-step hook (checkpointing, pruning), a resume, LoRA or
+torch.compile are never packed: they run alone, as they would without packing.
+
+Each packed run ends exactly like a lone run: its own result.json and metrics.csv in its own job
+directory, and its own trial (sweep.job.finish_job).
+"""
+from __future__ import annotations
+
+import dataclasses
+import json
+import logging
+import time
+from pathlib import Path
+from typing import Sequence
+
+from .config import RunConfig
+from .packed import train_packed
+from .progress import RunProgress
+from .results import MetricsLog, RunResult
+from .run import conclude, execute, fail, new_result, prepare, write_outcome
+
+log = logging.getLogger("sweep")
+
+# Top-level RunConfig keys that may differ inside a pack (each run has its own copy of these anyway).
+PER_RUN_KEYS = ("seed", "steps", "optim", "monitor", "objective", "ledger", "scenario", "progress", "log_every")
+PER_RUN_SUBKEYS = {"precision": ("scaler",), "data": ("seed", "faults", "num_samples", "drop_bad", "check", "range_limit"),
+                   "model": ("init_from", "qk_gain")}
+
+
+def refusal(run: RunConfig) -> str | None:
+    """Why this run must train alone (None when it can be packed)."""
+    if run.model.arch.value not in ("dit", "video_dit"):
+        return f"model {run.model.name} is a diffusers model: packing supports the native dit/video_dit models"
+    if run.finetune.method != "none":
+        return "finetune=lora freezes part of the weights: not packed"
+    if run.compile:
+        return "compile=true: a compiled run trains alone"
+    c = run.checkpoint
+    if c.every or c.resume_from or c.inject:
+        return "checkpointing or resuming: not packed"
+    if run.ledger.enabled and run.ledger.pruner.name != "none":
+        return "a pruned run reports every few steps to its own trial: not packed"
+    return None
+
+
+def pack_key(run: RunConfig) -> str:
+    """Equal for runs that build the same computation (and so may share a pack)."""
+    d = dataclasses.asdict(run)
+    for key in PER_RUN_KEYS:
+        d.pop(key, None)
+    for node, keys in PER_RUN_SUBKEYS.items():
+        for key in keys:
+            d[node].pop(key, None)
+    return json.dumps(d, sort_keys=True, default=str)
+
+
+def plan(runs: Sequence[RunConfig], pack: int) -> list[list[int]]:
+    """Indices of `runs` grouped into packs of at most `pack` (in sweep order); a run that cannot be packed is alone."""
+    groups: dict[str, list[int]] = {}
+    alone: list[list[int]] = []
+    for i, run in enumerate(runs):
+        if pack <= 1 or refusal(run) is not None:
+            alone.append([i])
+        else:
+            groups.setdefault(pack_key(run), []).append(i)
+    packs = [members[j:j + pack] for members in groups.values() for j in range(0, len(members), pack)]
+    return sorted(packs + alone, key=lambda p: p[0])
+
+
+def execute_pack(runs: Sequence[RunConfig], out_dirs: Sequence[Path], params: Sequence[dict],
+                 labels: Sequence[str]) -> list[RunResult]:
+    """Train the runs as one pack and write each run's files; a pack of one is sweep.run.execute."""
+    if len(runs) == 1:
+        return [execute(runs[0], out_dirs[0], params[0], label=labels[0])]
+    start = time.perf_counter()
+    results = [new_result(run, p) for run, p in zip(runs, params)]
+    metrics = [MetricsLog() for _ in runs]
+    built = []  # (index, parts) of the runs that reached training
+    for i, run in enumerate(runs):
+        try:
+            parts = prepare(run, Path(out_dirs[i]), results[i])
+            if parts is not None:
+                built.append((i, parts))
+        except Exception as e:  # noqa: BLE001  (one run's bad file must not take the pack down)
+            fail(results[i], e)
+    members = [i for i, _ in built]
+    if members:
+        progress = RunProgress(max(runs[i].steps for i in members), runs[members[0]].progress, runs[members[0]].log_every,
+                               f"pack of {len(members)}")
+        train_start = time.perf_counter()
+        try:
+            divergences = train_packed([runs[i] for i in members], [p for _, p in built],
+                                       [metrics[i] for i in members], progress)
+            seconds = time.perf_counter() - train_start
+            for (i, parts), divergence in zip(built, divergences):
+                results[i].packed = len(members)
+                try:
+                    conclude(results[i], runs[i], parts, divergence, metrics[i], seconds)
+                except Exception as e:  # noqa: BLE001
+                    fail(results[i], e)
+        except Exception as e:  # noqa: BLE001  (a kernel that refused, or a bug: every run of the pack says so)
+            for i in members:
+                fail(results[i], e)
+        finally:
+            progress.close()
+    for i, result in enumerate(results):
+        write_outcome(Path(out_dirs[i]), result, metrics[i], start)
+    return results
