@@ -65,6 +65,7 @@ def storage_url(cfg: LedgerConfig, sweep_dir: Path) -> str:
 
 # Storages this process opened: (pid, url, heartbeat_s, stale_after_s) -> (storage, identity of its file).
 _OPENED: dict[tuple, tuple[optuna.storages.BaseStorage, Optional[tuple[int, int]]]] = {}
+_KEEP_OPEN = 8
 
 
 def open_storage(url: str, heartbeat_s: Optional[int] = None, stale_after_s: Optional[int] = None
@@ -82,7 +83,10 @@ def open_storage(url: str, heartbeat_s: Optional[int] = None, stale_after_s: Opt
     if opened is not None and opened[1] == _file_identity(url):
         return opened[0]
     storage = _open_storage(url, heartbeat_s, stale_after_s)
+    _OPENED.pop(key, None)
     _OPENED[key] = (storage, _file_identity(url))
+    while len(_OPENED) > _KEEP_OPEN:  # a long process (a test session) opens many: keep the newest
+        _OPENED.pop(next(iter(_OPENED)))
     return storage
 
 

@@ -167,3 +167,13 @@ def test_a_deleted_ledger_file_is_opened_anew(tmp_path):
     (tmp_path / "ledger.db").unlink()  # the sweep dir wiped, then the same sweep again in this process
     record_run(cfg, tmp_path, tmp_path / "0", result("stable"))
     assert len(only_study(storage_url(cfg, tmp_path)).trials) == 1
+
+
+def test_a_process_keeps_only_its_newest_storages_open(tmp_path):
+    from sweep import ledger
+
+    first = ledger.open_storage(f"sqlite:///{tmp_path / 'first.db'}")
+    for i in range(ledger._KEEP_OPEN):
+        ledger.open_storage(f"sqlite:///{tmp_path / f'{i}.db'}")
+    assert len(ledger._OPENED) <= ledger._KEEP_OPEN
+    assert ledger.open_storage(f"sqlite:///{tmp_path / 'first.db'}") is not first  # evicted, opened anew
