@@ -1,6 +1,6 @@
 """Trial packing against running the same runs one after another, and against the machine's matmul limit.
 
-    python bench/packing.py [--model video_dit_tiny] [--precision fp32] [--packs 1,2,4,8,16] [--steps 10]
+    python bench/packing.py [--model video_dit_tiny] [--precision fp32] [--packs 1,2,4,8,16] [--steps 10] [OVERRIDE ...]
 
 For each pack size K: K runs that differ only in lr (log-spaced, all stable) run once one after
 another (sweep.run.execute, the path every lone run takes) and once as one pack
@@ -34,7 +34,7 @@ def runs_for(k: int, args) -> list:
     lrs = [10 ** (-5 + 1.5 * i / max(1, k - 1)) for i in range(k)]  # 1e-5 .. 3e-4: stable everywhere
     return [run_config([f"model={args.model}", f"precision={args.precision}", f"attention={args.attention}",
                         f"steps={args.steps}", f"optim.lr={lr:.3g}", f"seed={i}", "progress=none",
-                        "monitor.forensics=false"]) for i, lr in enumerate(lrs)]
+                        "monitor.forensics=false", *args.override]) for i, lr in enumerate(lrs)]
 
 
 def main() -> None:
@@ -44,6 +44,7 @@ def main() -> None:
     ap.add_argument("--attention", default="math")
     ap.add_argument("--packs", default="1,2,4,8,16")
     ap.add_argument("--steps", type=int, default=10)
+    ap.add_argument("override", nargs="*", help="config overrides for every run, e.g. data.frames=4 data.height=8 data.width=8")
     args = ap.parse_args()
     device = resolve_device("auto")
     one = runs_for(1, args)[0]
@@ -52,7 +53,7 @@ def main() -> None:
     flops = step_flops(one, build_parts(one, device, policy))
     peak = matmul_flops(policy.compute_dtype, device)
     print(f"device {device}, torch {torch.__version__}, {torch.get_num_threads()} threads, model {args.model}, "
-          f"{args.precision}, attention {args.attention}, {args.steps} steps per run, "
+          f"{args.precision}, attention {args.attention}, {args.steps} steps per run, {' '.join(args.override)} "
           f"{flops / 1e9:.2f} GFLOP per run-step, matmul {peak / 1e9:.0f} GFLOP/s")
     print(f"{'K':>3}{'sequential s':>14}{'packed s':>10}{'speed-up':>10}{'packed run-steps/s':>20}"
           f"{'model GFLOP/s':>15}{'of matmul':>11}{'verdicts equal':>16}")

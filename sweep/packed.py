@@ -109,21 +109,27 @@ class StackedAdamW:
             (b1, b2), eps, wd = self.hyper[k]
             n = max(self.steps[k], 1)
             cols.append((1 - lr * wd, 1 - b1, b2, 1 - b2, (1 - b2 ** n) ** 0.5, eps, -(lr / (1 - b1 ** n))))
+        cols = torch.tensor(cols, dtype=torch.float32).T  # (7, L): fp32 scalars, as torch's CPU kernels take them
+        decays = any(self.hyper[k][2] for k in runs)
         keep = [i for i, go in enumerate(stepping) if not go]
         for name, (m, v) in self.moments.items():
             w, g = params[name].detach(), params[name].grad
             if g is None:
                 continue
             saved = [t[keep].clone() for t in (w, m, v)] if keep else None
-            decay, omb1, b2, omb2, bc2, eps, neg_step = (_per_run(list(c), w).float() for c in zip(*cols))
-            dt, f = w.dtype, (lambda t: t.float())
-            if any(hyper[2] for hyper in (self.hyper[k] for k in runs)):
-                w.copy_(f(w) * decay)
-            m.copy_(torch.lerp(f(m), f(g), omb1))
-            v.copy_(f(v) * b2)
-            v.copy_(f(v) + omb2 * f(g) * f(g))
-            denom = ((f(v).sqrt().to(dt).float() / bc2).to(dt).float() + eps).to(dt)
-            w.copy_(f(w) + neg_step * f(m) / f(denom))
+            decay, omb1, b2, omb2, bc2, eps, neg_step = cols.view(7, -1, *[1] * (w.dim() - 1)).to(w.device)
+            # In place with fp32 operands: each op computes in fp32 and rounds once to the weight's dtype,
+            # as torch's kernels do with their Python-scalar operands. The operand order is theirs too:
+            # addcmul is self + (value*t1)*t2, addcdiv is self + (value*t1)/t2.
+            if decays:
+                w.mul_(decay)
+            if m.dtype == omb1.dtype:
+                m.lerp_(g, omb1)
+            else:  # lerp wants one dtype: compute it in fp32 and round, as the kernel does with a scalar weight
+                m.copy_(torch.lerp(m.float(), g.float(), omb1))
+            v.mul_(b2).addcmul_(g * omb2, g)
+            denom = v.sqrt().div_(bc2).add_(eps)
+            w.addcdiv_(m * neg_step, denom)
             if saved:
                 for t, old in zip((w, m, v), saved):
                     t[keep] = old
