@@ -12,7 +12,6 @@ FLOP/s measured in the same process and compute dtype.
 from __future__ import annotations
 
 import argparse
-import math
 import sys
 import tempfile
 import time
@@ -70,7 +69,7 @@ def main() -> None:
             together = time.perf_counter() - start
         same = all((a.status, a.verdict, a.first_bad_step) == (b.status, b.verdict, b.first_bad_step)
                    for a, b in zip(alone, packed))
-        train_s = max(r.steps_run / r.steps_per_second for r in packed if r.steps_per_second) if k else math.nan
+        train_s = max(r.steps_run / r.steps_per_second for r in packed if r.steps_per_second)
         achieved = k * args.steps * flops / train_s
         print(f"{k:>3}{sequential:>14.1f}{together:>10.1f}{sequential / together:>9.2f}x{k * args.steps / train_s:>20.1f}"
               f"{achieved / 1e9:>15.1f}{achieved / peak:>11.1%}{str(same):>16}")
