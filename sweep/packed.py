@@ -19,7 +19,9 @@ NaN in one never reaches another.
 
 What differs from running alone: the batched matmuls may round differently from the unbatched
 ones, so loss curves agree to a tolerance, not bit for bit (tests/test_packing.py measures it), and
-packed runs record no attention-logit statistics (the logit hooks cannot see inside vmap).
+packed runs record no attention-logit statistics (the logit hooks cannot see inside vmap). Under
+AMP every module outputs the dtype it outputs alone: linear and conv layers cast their operands
+themselves, since autocast misses them under vmap (_cast_like_autocast).
 """
 from __future__ import annotations
 
@@ -41,12 +43,34 @@ from .results import MetricsLog
 from .train import explain
 
 
+def _cast_like_autocast(m: torch.nn.Module):
+    """m.forward with autocast's cast of a whole linear/conv made explicit: input, weight and bias.
+
+    Under vmap a linear with batched weights decomposes into matmul + bias add and autocast casts only
+    the matmul, so an fp32 bias lifts the activations back to fp32 (pytorch/pytorch#192617), and a conv
+    with batched weights reaches no autocast rule at all. Packed AMP activations would then be fp32
+    where the lone run's are fp16: no overflow where the lone run has one.
+    """
+    def forward(x: torch.Tensor) -> torch.Tensor:
+        w, b = m.weight, m.bias
+        if torch.is_autocast_enabled(x.device.type):
+            dtype = torch.get_autocast_dtype(x.device.type)
+            x, w, b = x.to(dtype), w.to(dtype), None if b is None else b.to(dtype)
+        if isinstance(m, torch.nn.Linear):
+            return torch.nn.functional.linear(x, w, b)
+        return m._conv_forward(x, w, b)
+    return forward
+
+
 class PackedModel:
     """K models of one architecture as stacked weights and one vmapped forward."""
 
     def __init__(self, models: Sequence[torch.nn.Module]):
         self.params, self.buffers = stack_module_state(list(models))  # {name: (K, ...)} leaves
         self.base = copy.deepcopy(models[0]).to("meta")  # the module structure, no storage
+        for m in self.base.modules():
+            if isinstance(m, (torch.nn.Linear, torch.nn.Conv1d, torch.nn.Conv2d, torch.nn.Conv3d)):
+                m.forward = _cast_like_autocast(m)
 
     def __call__(self, x: torch.Tensor, t: torch.Tensor) -> torch.Tensor:
         """x (K, B, ...), t (K, B) -> prediction (K, B, ...), run k with weights k."""
@@ -56,7 +80,7 @@ class PackedModel:
 
     def keep(self, positions: list[int]) -> None:
         """Keep only the runs at these positions (in this order): runs that left the pack stop costing."""
-        index = torch.tensor(positions, dtype=torch.long)
+        index = torch.tensor(positions, dtype=torch.long, device=next(iter(self.params.values())).device)
         self.params = {n: p.detach()[index].requires_grad_(p.requires_grad) for n, p in self.params.items()}
         self.buffers = {n: b[index] for n, b in self.buffers.items()}
 
@@ -93,10 +117,11 @@ class StackedAdamW:
             (group,) = p.optimizer.param_groups  # packable runs have one group (sweep.packing.refusal)
             self.hyper.append((group["betas"], group["eps"], group["weight_decay"]))
         self.moments = {n: (torch.zeros_like(w), torch.zeros_like(w)) for n, w in params.items() if w.requires_grad}
+        self.device = next(iter(params.values())).device
         self.steps = [0] * len(parts)
 
     def keep(self, positions: list[int]) -> None:
-        index = torch.tensor(positions, dtype=torch.long)
+        index = torch.tensor(positions, dtype=torch.long, device=self.device)
         self.moments = {n: (m[index], v[index]) for n, (m, v) in self.moments.items()}
 
     @torch.no_grad()
@@ -109,7 +134,7 @@ class StackedAdamW:
             (b1, b2), eps, wd = self.hyper[k]
             n = max(self.steps[k], 1)
             cols.append((1 - lr * wd, 1 - b1, b2, 1 - b2, (1 - b2 ** n) ** 0.5, eps, -(lr / (1 - b1 ** n))))
-        cols = torch.tensor(cols, dtype=torch.float32).T  # (7, L): fp32 scalars, as torch's CPU kernels take them
+        cols = torch.tensor(cols, dtype=torch.float32, device=self.device).T  # (7, L): fp32 scalars, as torch's kernels take them
         decays = any(self.hyper[k][2] for k in runs)
         keep = [i for i, go in enumerate(stepping) if not go]
         for name, (m, v) in self.moments.items():
@@ -117,7 +142,7 @@ class StackedAdamW:
             if g is None:
                 continue
             saved = [t[keep].clone() for t in (w, m, v)] if keep else None
-            decay, omb1, b2, omb2, bc2, eps, neg_step = cols.view(7, -1, *[1] * (w.dim() - 1)).to(w.device)
+            decay, omb1, b2, omb2, bc2, eps, neg_step = cols.view(7, -1, *[1] * (w.dim() - 1))
             # In place with fp32 operands: each op computes in fp32 and rounds once to the weight's dtype,
             # as torch's kernels do with their Python-scalar operands. The operand order is theirs too:
             # addcmul is self + (value*t1)*t2, addcdiv is self + (value*t1)/t2.
@@ -173,9 +198,10 @@ def train_packed(runs: Sequence[RunConfig], parts: Sequence[RunParts], metrics: 
         noisy, t, target = (torch.stack([batches[k][j] for k in live]) for j in (1, 2, 3))
         with policy.autocast(device):
             pred = model(noisy.to(policy.param_dtype), t)  # (L, B, ...)
-        loss = vmap(parts[0].objective.loss)(pred, target) * torch.tensor([runs[k].objective.loss_weight for k in live])
+        loss = vmap(parts[0].objective.loss)(pred, target)  # (L,)
+        loss = loss * torch.tensor([runs[k].objective.loss_weight for k in live], device=loss.device)
         scales = [parts[k].scaler.scale for k in live]
-        (loss * torch.tensor(scales, dtype=loss.dtype)).sum().backward()  # runs are independent: each gets its own scaled grads
+        (loss * _per_run(scales, loss)).sum().backward()  # runs are independent: each gets its own scaled grads
         grads = model.grads()
         if any(parts[k].scaler.enabled for k in live):
             for g in grads:

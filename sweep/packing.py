@@ -5,7 +5,8 @@ shapes, device and process settings. What may differ is everything that is per r
 steps, the whole `optim` node (lr, schedule, warmup, clipping, betas, eps, weight decay), the
 `monitor`, the loss scaler's knobs, the objective, the data's content (seed, faults, size, checks)
 and init weights. Runs that need a per-step hook (checkpointing, pruning), a resume, LoRA or
-torch.compile are never packed: they run alone, as they would without packing.
+torch.compile are never packed: they run alone, as they would without packing. So are, on CUDA, the
+two SDPA kernels whose vmap fails there (cuda_vmap_failure).
 
 Each packed run ends exactly like a lone run: its own result.json and metrics.csv in its own job
 directory, and its own trial (sweep.job.finish_job).
@@ -19,8 +20,12 @@ import time
 from pathlib import Path
 from typing import Sequence
 
+import torch
+
+from .build import resolve_device
 from .config import RunConfig
 from .packed import train_packed
+from .precision import PrecisionPolicy
 from .progress import RunProgress
 from .results import MetricsLog, RunResult
 from .run import conclude, execute, fail, new_result, prepare, write_outcome
@@ -33,8 +38,8 @@ PER_RUN_SUBKEYS = {"precision": ("scaler",), "data": ("seed", "faults", "num_sam
                    "model": ("init_from", "qk_gain")}
 
 
-def refusal(run: RunConfig) -> str | None:
-    """Why this run must train alone (None when it can be packed)."""
+def refusal(run: RunConfig, device: torch.device | None = None) -> str | None:
+    """Why this run must train alone (None when it can be packed); `device` defaults to the run's own."""
     if run.model.arch.value not in ("dit", "video_dit"):
         return f"model {run.model.name} is a diffusers model: packing supports the native dit/video_dit models"
     if run.finetune.method != "none":
@@ -46,6 +51,19 @@ def refusal(run: RunConfig) -> str | None:
         return "checkpointing or resuming: not packed"
     if run.ledger.enabled and run.ledger.pruner.name != "none":
         return "a pruned run reports every few steps to its own trial: not packed"
+    return cuda_vmap_failure(run, device or resolve_device(run.device))
+
+
+def cuda_vmap_failure(run: RunConfig, device: torch.device) -> str | None:
+    """SDPA kernels that train alone on CUDA but fail under vmap (seen on an H100 with torch 2.11)."""
+    if device.type != "cuda":
+        return None
+    backend = run.attention.backend.value
+    if backend == "efficient":
+        return "attention=efficient: torch's vmap of SDPA's memory-efficient kernel fails on CUDA (LSE is not correctly aligned)"
+    if backend == "math" and PrecisionPolicy.from_config(run.precision).compute_dtype == torch.bfloat16:
+        return ("attention=math in bf16 on CUDA: torch's vmap of SDPA's math kernel fails in the softmax backward "
+                "(bf16 input with an fp32 gradient)")
     return None
 
 

@@ -83,6 +83,47 @@ def test_a_bad_sample_stops_only_its_own_run_at_its_own_step(tmp_path):
     assert packed[2].status == "diverged"
 
 
+def module_output_dtypes(model: torch.nn.Module, forward) -> dict[str, torch.dtype]:
+    """Each submodule's output dtype during one forward (hooks see through vmap's batched tensors)."""
+    seen = {}
+
+    def record(name):
+        def hook(module, inputs, output):
+            seen.setdefault(name, getattr(output, "dtype", None))  # returns None: the output stays
+        return hook
+    hooks = [m.register_forward_hook(record(name)) for name, m in model.named_modules() if name]
+    try:
+        forward()
+    finally:
+        for h in hooks:
+            h.remove()
+    return {n: d for n, d in seen.items() if isinstance(d, torch.dtype)}
+
+
+@pytest.mark.parametrize("precision", ["bf16_amp", "fp16_amp"])
+def test_packed_autocast_gives_every_module_the_dtype_it_has_alone(precision):
+    """Under vmap a linear with batched weights is matmul + add and autocast casts only the matmul, so an
+    fp32 bias would lift the packed activations to fp32 (pytorch#192617): a packed fp16 run that never
+    overflows where the lone one does. Every module must output what it outputs alone."""
+    from sweep.build import build_parts, reset_process_state
+    from sweep.packed import PackedModel
+    from sweep.precision import PrecisionPolicy
+
+    run = make_run(f"precision={precision}", "threads=1")
+    policy = PrecisionPolicy.from_config(run.precision)
+    reset_process_state(run, policy)
+    device = torch.device("cpu")
+    models = [build_parts(run, device, policy).model for _ in range(2)]
+    x0 = torch.stack([build_parts(run, device, policy).dataset[i] for i in range(2)])  # (B, ...)
+    x, t = torch.stack([x0, x0]), torch.tensor([[3, 500], [3, 500]])  # (K=2, B, ...), (K, B)
+    packed = PackedModel(models)
+    with policy.autocast(device):
+        alone = module_output_dtypes(models[0], lambda: models[0](x[0], t[0]))
+        together = module_output_dtypes(packed.base, lambda: packed(x, t))
+    assert together == alone
+    assert torch.float32 in alone.values() and policy.compute_dtype in alone.values()  # both really occur
+
+
 def test_plan_packs_runs_of_one_computation_and_leaves_the_rest_alone():
     fp32 = [make_run(f"optim.lr={lr}", f"seed={s}", "optim.grad_clip=1.0") for lr in (1e-4, 1e-3) for s in (0, 1)]
     other = [make_run("precision=bf16_amp"), make_run("attention=flash"), make_run("checkpoint.every=5"),
@@ -92,6 +133,19 @@ def test_plan_packs_runs_of_one_computation_and_leaves_the_rest_alone():
     assert refusal(other[2]) and refusal(other[3]) and refusal(fp32[0]) is None
     assert plan(fp32 + other, pack=3) == [[0, 1, 2], [3], [4], [5], [6], [7]]
     assert plan(fp32, pack=1) == [[0], [1], [2], [3]]
+
+
+def test_kernels_whose_vmap_fails_on_cuda_train_alone_there_and_only_there():
+    """Measured on an H100 (torch 2.11): packed forward+backward fails for SDPA efficient (any dtype) and
+    for SDPA math in bf16; everything else packs (docs/packing.md). The CPU is unaffected."""
+    cuda, cpu = torch.device("cuda"), torch.device("cpu")
+    refused = [("efficient", "fp16_amp"), ("efficient", "fp32"), ("math", "bf16_amp"), ("math", "bf16_pure")]
+    packed = [("math", "fp16_amp"), ("math", "fp32"), ("math", "tf32"), ("flash", "bf16_amp"), ("eager", "bf16_amp")]
+    for attention, precision in refused:
+        run = make_run(f"attention={attention}", f"precision={precision}")
+        assert f"attention={attention}" in refusal(run, cuda) and refusal(run, cpu) is None
+    for attention, precision in packed:
+        assert refusal(make_run(f"attention={attention}", f"precision={precision}"), cuda) is None
 
 
 def test_fused_modulate_vmaps_to_one_call_with_the_per_row_result():
