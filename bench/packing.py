@@ -6,8 +6,8 @@ For each pack size K: K runs that differ only in lr (log-spaced, all stable) run
 another (sweep.run.execute, the path every lone run takes) and once as one pack
 (sweep.packing.execute_pack), both end to end (build, train, files). It prints the wall times, the
 speed-up, and the model FLOP/s the packed run achieves (K x the FLOPs of one forward+backward,
-counted by torch's FlopCounterMode, per second of training) as a fraction of a 2048x2048 matmul's
-FLOP/s measured in the same process and compute dtype.
+counted by torch's FlopCounterMode, per second of training) as a fraction of a large matmul's
+FLOP/s (2048² on the CPU, 8192² on a GPU) measured in the same process and compute dtype.
 """
 from __future__ import annotations
 
@@ -24,7 +24,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from throughput import matmul_flops, run_config, step_flops  # noqa: E402
 
 from sweep.build import build_parts, reset_process_state, resolve_device  # noqa: E402
-from sweep.packing import execute_pack  # noqa: E402
+from sweep.packing import execute_pack, refusal  # noqa: E402
 from sweep.precision import PrecisionPolicy  # noqa: E402
 from sweep.run import execute  # noqa: E402
 
@@ -47,6 +47,8 @@ def main() -> None:
     args = ap.parse_args()
     device = resolve_device("auto")
     one = runs_for(1, args)[0]
+    if (reason := refusal(one, device)) is not None:
+        sys.exit(f"bench/packing.py: these runs would train alone, not packed: {reason}")
     policy = PrecisionPolicy.from_config(one.precision)
     reset_process_state(one, policy)
     flops = step_flops(one, build_parts(one, device, policy))
@@ -69,6 +71,10 @@ def main() -> None:
             together = time.perf_counter() - start
         same = all((a.status, a.verdict, a.first_bad_step) == (b.status, b.verdict, b.first_bad_step)
                    for a, b in zip(alone, packed))
+        if any(r.status == "error" for r in packed + alone):
+            errors = {r.reason or "" for r in packed + alone if r.status == "error"}
+            print(f"{k:>3}  runs ended with status error, no figure: {'; '.join(sorted(errors))[:200]}")
+            continue
         train_s = max(r.steps_run / r.steps_per_second for r in packed if r.steps_per_second)
         achieved = k * args.steps * flops / train_s
         print(f"{k:>3}{sequential:>14.1f}{together:>10.1f}{sequential / together:>9.2f}x{k * args.steps / train_s:>20.1f}"

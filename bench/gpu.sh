@@ -1,0 +1,20 @@
+#!/usr/bin/env bash
+# The GPU figures in docs/packing.md and the README: trial packing and throughput per precision and
+# attention kernel, on whatever CUDA device torch sees.
+#   bash bench/gpu.sh [packing|throughput]      (default: both; PYTHON=python3 to pick the interpreter)
+# Each line is the command one table came from; run it alone to redo that table.
+set -uo pipefail  # one failing table does not stop the others
+PY=${PYTHON:-python}
+cd "$(dirname "$0")/.."
+part=${1:-all}
+if [[ $part == all || $part == packing ]]; then
+  "$PY" bench/packing.py --precision bf16_amp --attention flash --steps 20 --packs 1,2,4,8,16,32,64
+  "$PY" bench/packing.py --precision fp16_amp --attention flash --steps 20 --packs 1,8,64
+  "$PY" bench/packing.py --precision fp32 --attention math --steps 20 --packs 1,2,4,8,16,32
+  "$PY" bench/packing.py --precision tf32 --attention math --steps 20 --packs 1,8,32
+fi
+if [[ $part == all || $part == throughput ]]; then
+  "$PY" bench/throughput.py --precisions fp32,tf32,bf16_amp,fp16_amp,bf16_pure --attention math
+  "$PY" bench/throughput.py --precisions bf16_amp,fp16_amp --attention flash
+  "$PY" bench/throughput.py --model video_dit_s --precisions fp32,bf16_amp,fp16_amp --attention math
+fi
