@@ -227,9 +227,9 @@ class MonitorConfig:
     """When a run counts as diverged."""
 
     spike_factor: float = 10.0
-    """loss_spike: a finite loss above this multiple of the smoothed running minimum (or the initial loss)."""
+    """loss_spike: the smoothed loss above this multiple of its running minimum, or a loss above it x the initial loss."""
     ema_beta: float = 0.9
-    """Smoothing of the loss whose running minimum the spike test uses."""
+    """Smoothing of the loss for the spike test (an EMA; 0.9 averages ~10 steps)."""
     stall_window: int = 20
     """Every this many steps, compare the weights with the previous check."""
     stall_fraction: float = 0.9
