@@ -5,9 +5,8 @@
 For each precision: steps/second of the real training loop (sweep.train.train, monitor included),
 the model FLOP/s it achieves (FLOPs of one forward+backward counted by torch's FlopCounterMode) as
 a fraction of a large matmul's FLOP/s (2048² on the CPU, 8192² on a GPU) measured in the same
-process and compute dtype, and the
-overhead of the divergence monitor: the same steps in a bare loop (forward, backward, optimizer
-step; no gradient norm, no sync, no checks) versus the monitored loop.
+process and compute dtype, and the overhead of the divergence monitor: the same steps in a bare loop
+(forward, backward, optimizer step; no gradient norm, no sync, no checks) versus the monitored loop.
 """
 from __future__ import annotations
 

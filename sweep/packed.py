@@ -68,6 +68,7 @@ class PackedModel:
     def __init__(self, models: Sequence[torch.nn.Module]):
         self.params, self.buffers = stack_module_state(list(models))  # {name: (K, ...)} leaves
         self.base = copy.deepcopy(models[0]).to("meta")  # the module structure, no storage
+        self.device = next(iter(self.params.values())).device
         for m in self.base.modules():
             if isinstance(m, (torch.nn.Linear, torch.nn.Conv1d, torch.nn.Conv2d, torch.nn.Conv3d)):
                 m.forward = _cast_like_autocast(m)
@@ -80,7 +81,7 @@ class PackedModel:
 
     def keep(self, positions: list[int]) -> None:
         """Keep only the runs at these positions (in this order): runs that left the pack stop costing."""
-        index = torch.tensor(positions, dtype=torch.long, device=next(iter(self.params.values())).device)
+        index = torch.tensor(positions, dtype=torch.long, device=self.device)
         self.params = {n: p.detach()[index].requires_grad_(p.requires_grad) for n, p in self.params.items()}
         self.buffers = {n: b[index] for n, b in self.buffers.items()}
 

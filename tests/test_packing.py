@@ -113,8 +113,9 @@ def test_packed_autocast_gives_every_module_the_dtype_it_has_alone(precision):
     policy = PrecisionPolicy.from_config(run.precision)
     reset_process_state(run, policy)
     device = torch.device("cpu")
-    models = [build_parts(run, device, policy).model for _ in range(2)]
-    x0 = torch.stack([build_parts(run, device, policy).dataset[i] for i in range(2)])  # (B, ...)
+    parts = [build_parts(run, device, policy) for _ in range(2)]
+    models = [p.model for p in parts]
+    x0 = torch.stack([parts[0].dataset[i] for i in range(2)])  # (B, ...)
     x, t = torch.stack([x0, x0]), torch.tensor([[3, 500], [3, 500]])  # (K=2, B, ...), (K, B)
     packed = PackedModel(models)
     with policy.autocast(device):
