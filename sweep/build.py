@@ -166,7 +166,8 @@ def build_parts(run: RunConfig, device: torch.device, policy: PrecisionPolicy, s
                      objective=objective, noise_gen=noise_gen, lr_at=lr_schedule(run), monitor=monitor,
                      loaded=resume_from or init_from)
     if resume_from:
-        parts.start_step = checkpoint.resume(parts, Path(resume_from), verify=run.checkpoint.verify)
+        parts.start_step = checkpoint.resume(parts, Path(resume_from), verify=run.checkpoint.verify,
+                                             optimizer=run.checkpoint.resume_optimizer)
         if parts.start_step >= run.steps:
             raise ValueError(f"checkpoint.resume_from is at step {parts.start_step}, steps={run.steps}: nothing left to run")
     return parts

@@ -52,14 +52,17 @@ class ScenarioCheck(Callback):
             return
         from hydra.core.hydra_config import HydraConfig
 
-        from .config import to_run_config
-        from .scenario import pretrain
+        from .scenario import pretrain, pretrain_config
 
         HydraConfig.instance().set_config(config)  # so ${hydra:sweep.dir} in the scenario resolves
-        run = to_run_config(config)
-        if run.scenario.pretrain_steps:
-            print(f"Scenario {run.scenario.name}: pretraining {run.scenario.pretrain_steps} steps first", flush=True)
-            pretrain(run, Path(config.hydra.sweep.dir))
+        name = config.scenario.name
+        try:
+            run = pretrain_config(config)
+            if run.scenario.pretrain_steps:
+                print(f"Scenario {name}: pretraining {run.scenario.pretrain_steps} steps first", flush=True)
+                pretrain(run, Path(config.hydra.sweep.dir))
+        except (ValueError, RuntimeError) as e:  # Hydra would only warn and run every cell without its weights
+            raise SystemExit(f"Scenario {name}: {e}") from None
 
     def on_multirun_end(self, config: DictConfig, **kwargs: Any) -> None:
         if config.get("scenario") is None or not config.scenario.get("name"):

@@ -212,14 +212,17 @@ def load_model_weights(model: torch.nn.Module, state: dict[str, torch.Tensor], s
                          " (was it saved by another model or size?)")
 
 
-def resume(parts, directory: Path, verify: bool = True) -> int:
-    """Restore model, optimizer, scaler, monitor and RNG states from a checkpoint; return the step to run next."""
+def resume(parts, directory: Path, verify: bool = True, optimizer: bool = True) -> int:
+    """Restore model, optimizer, scaler, monitor and RNG states from a checkpoint; return the step to run next.
+
+    optimizer=False leaves AdamW's state empty: its moments (and bias correction) start afresh.
+    """
     directory = Path(directory)
     if not directory.is_dir():
         raise FileNotFoundError(f"checkpoint.resume_from: no such checkpoint directory: {directory}")
     manifest = read_manifest(directory) if verify else None
     load_model_weights(parts.model, load_checked(directory, MODEL_FILE, verify, manifest), str(directory))
-    optim = load_checked(directory, OPTIM_FILE, verify, manifest)
+    optim = load_checked(directory, OPTIM_FILE, verify, manifest) if optimizer else {}
     for name, p in parts.model.named_parameters():
         state = {k: optim[f"{name}.{k}"].to(p.device) for k in ("step", "exp_avg", "exp_avg_sq") if f"{name}.{k}" in optim}
         if state:

@@ -12,6 +12,8 @@ configs cheaply.
 from __future__ import annotations
 
 import copy
+import dataclasses
+import typing
 from dataclasses import dataclass, field
 from enum import Enum
 from pathlib import Path
@@ -253,6 +255,10 @@ class CheckpointConfig:
     """Keep only the newest this many checkpoints; 0 keeps all."""
     resume_from: Optional[str] = None
     """A checkpoint directory: continue from its step with its model, optimizer, scaler and RNG states."""
+    resume_optimizer: bool = True
+    """False: resume weights, step, scaler, monitor and RNG, but start AdamW's moments afresh (a trainer's
+    "reset optimizer"): a changed batch size or data mix then gets a second moment estimated from its own
+    gradients, not the old ones (the adamw_beta2_loss_spike scenario)."""
     verify: bool = True
     """Check the manifest's SHA-256 sums and scan for non-finite values before loading anything (a bad
     file is verdict `corrupt_checkpoint` before any step). Off, files load as they are."""
@@ -347,6 +353,9 @@ class ScenarioConfig:
     """> 0: before the sweep, train the scenario's model this long and save it as <sweep dir>/pretrained
     (its checkpoint is <sweep dir>/pretrained/checkpoints/step_<pretrain_steps>), for runs that start from
     "pretrained" weights."""
+    pretrain_overrides: Dict[str, Any] = field(default_factory=dict)
+    """Dotted keys set for the pretraining run only, e.g. {data.batch_size: 16}: the earlier stage of
+    training differed from the resumed one (more GPUs, a lower resolution)."""
     expect: List[ScenarioExpect] = field(default_factory=list)
 
 
@@ -393,6 +402,15 @@ register_schemas()
 def _require(ok: bool, key: str, message: str) -> None:
     if not ok:
         raise ConfigError(f"{key}: {message}")
+
+
+def _has_field(cls: type, dotted: str) -> bool:
+    """Whether `dotted` (e.g. data.batch_size) names a field of the dataclass `cls`, node by node."""
+    head, _, rest = dotted.partition(".")
+    hints = typing.get_type_hints(cls)  # field types are strings here (postponed annotations)
+    if head not in hints:
+        return False
+    return not rest or (dataclasses.is_dataclass(hints[head]) and _has_field(hints[head], rest))
 
 
 def validate(run: RunConfig) -> RunConfig:
@@ -464,6 +482,8 @@ def validate(run: RunConfig) -> RunConfig:
     _require(mo.stall_window > 0, "monitor.stall_window", f"must be > 0, got {mo.stall_window}")
     _require(mo.logit_every > 0, "monitor.logit_every", f"must be > 0, got {mo.logit_every}")
     _require(0 < mo.stall_fraction <= 1, "monitor.stall_fraction", f"must be in (0, 1], got {mo.stall_fraction}")
+    for key in flatten(run.scenario.pretrain_overrides):  # {data.batch_size: 16} or {data: {batch_size: 16}}
+        _require(_has_field(RunConfig, key), "scenario.pretrain_overrides", f"no config key {key!r}")
     c = run.checkpoint
     _require(c.every >= 0, "checkpoint.every", f"must be >= 0 (0 = never), got {c.every}")
     _require(c.keep >= 0, "checkpoint.keep", f"must be >= 0 (0 = keep all), got {c.keep}")

@@ -11,10 +11,12 @@ tables print as for any sweep, then one block says whether every expectation was
 `scenario.json` in the sweep directory records it. docs/scenarios.md describes each one.
 
 A scenario that fine-tunes or resumes "pretrained" weights sets `pretrain_steps`: before its runs,
-the scenario's model trains that long and saves `<sweep dir>/pretrained/checkpoints/step_<N>`.
+the scenario's model trains that long and saves `<sweep dir>/pretrained/checkpoints/step_<N>`;
+`pretrain_overrides` (dotted keys) say how that earlier stage differed, e.g. a larger batch.
 """
 from __future__ import annotations
 
+import copy
 import dataclasses
 import json
 import sys
@@ -22,9 +24,24 @@ from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
 
-from .config import RunConfig, ScenarioConfig, ScenarioExpect
+from omegaconf import DictConfig, OmegaConf
+from omegaconf.errors import OmegaConfBaseException
+
+from .config import ConfigError, RunConfig, ScenarioConfig, ScenarioExpect, flatten, to_run_config
 
 CONF_DIR = Path(__file__).resolve().parents[1] / "conf" / "scenario"
+
+
+def pretrain_config(config: DictConfig) -> RunConfig:
+    """The run a scenario pretrains: its composed config with `scenario.pretrain_overrides` set."""
+    cfg = copy.deepcopy(config)
+    overrides = OmegaConf.to_container(config.scenario.pretrain_overrides)
+    for key, value in flatten(overrides).items():  # {data.batch_size: 16} or {data: {batch_size: 16}}
+        try:
+            OmegaConf.update(cfg, key, value, merge=False)
+        except OmegaConfBaseException as e:
+            raise ConfigError(f"scenario.pretrain_overrides: {key}: {str(e).splitlines()[0]}") from None
+    return to_run_config(cfg)
 
 
 def pretrain(run: RunConfig, sweep_dir: Path) -> Path | None:
@@ -78,7 +95,7 @@ class Outcome:
 
 
 def _same(a, b) -> bool:
-    return str(a).lower() == str(b).lower()
+    return str(a).lower().replace(" ", "") == str(b).lower().replace(" ", "")  # [0.9, 0.95] is [0.9,0.95]
 
 
 @lru_cache(maxsize=None)

@@ -40,6 +40,22 @@ def test_resume_gives_the_same_losses_bit_for_bit(trained, tmp_path):
     assert resumed == {s: full[s] for s in range(6, 12)}  # loss, grad norm and loss scale, as strings
 
 
+def test_resume_without_the_optimizer_state_starts_adamw_afresh(trained, tmp_path):
+    from sweep.build import build_parts, resolve_device
+    from sweep.precision import PrecisionPolicy
+
+    ckpt = trained / "checkpoints" / "step_000006"
+    run = make_run("precision=fp16_amp", "steps=12", "optim.lr=1e-3", f"checkpoint.resume_from={ckpt}",
+                   "checkpoint.resume_optimizer=false")
+    parts = build_parts(run, resolve_device("cpu"), PrecisionPolicy.from_config(run.precision))
+    assert parts.start_step == 6 and not parts.optimizer.state  # weights resumed, moments and step count not
+    r = execute(run, tmp_path, params={})
+    assert (r.status, r.start_step, r.steps_run) == ("stable", 6, 6)
+    full, fresh = losses(trained), losses(tmp_path)
+    assert fresh[6] == full[6]  # the same weights, batch, noise and loss scale...
+    assert fresh[7][0] != full[7][0]  # ...but a different first update: bias correction from step 1
+
+
 def test_keep_prunes_old_checkpoints(tmp_path):
     execute(make_run("steps=6", "checkpoint.every=2", "checkpoint.keep=1"), tmp_path, params={})
     assert [p.name for p in (tmp_path / "checkpoints").iterdir()] == ["step_000006"]

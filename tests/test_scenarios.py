@@ -25,7 +25,8 @@ def run_scenario(name: str, sweep_dir, *overrides: str) -> subprocess.CompletedP
 
 def test_the_library_covers_every_known_case():
     assert {"cogvideox_bad_samples", "videochat2_fp16_overflow", "sana_low_lr_pure_fp16",
-            "hallo_corrupt_checkpoint", "qk_norm_logit_growth", "opendit_fused_modulate_fp16"} <= set(SCENARIOS)
+            "hallo_corrupt_checkpoint", "qk_norm_logit_growth", "opendit_fused_modulate_fp16",
+            "adamw_beta2_loss_spike"} <= set(SCENARIOS)
     docs = (REPO / "docs" / "scenarios.md").read_text()
     assert all(f"+scenario={name}" in docs for name in SCENARIOS)
 
@@ -62,6 +63,43 @@ def test_check_fails_a_scenario_that_did_not_reproduce():
     assert not first.ok and first.matched == 2 and "cause scaler" in first.failures[0]
     assert not second.ok and "first_bad_step differs" in second.failures[-1]
     assert not third.ok and third.matched == 0  # an expectation no run matched proves nothing
+
+
+def test_a_list_param_matches_however_it_is_spaced():
+    spike = ScenarioExpect(when={"optim.betas": "[0.9,0.999]"}, status="diverged", verdict="loss_spike")
+    ok, = check([spike], [result({"optim.betas": [0.9, 0.999]}, "diverged", "loss_spike", 313, "optimizer"),
+                          result({"optim.betas": [0.9, 0.95]}, "stable")])
+    assert ok.ok and ok.matched == 1
+
+
+def test_the_pretraining_run_gets_the_scenario_pretrain_overrides(tmp_path):
+    from hydra import compose, initialize_config_dir
+    from hydra.core.global_hydra import GlobalHydra
+    from hydra.core.hydra_config import HydraConfig
+
+    from sweep.config import ConfigError, to_run_config
+    from sweep.scenario import pretrain_config
+
+    def composed(*overrides):
+        GlobalHydra.instance().clear()
+        with initialize_config_dir(config_dir=str(REPO / "conf"), version_base="1.3"):
+            cfg = compose("config", ["+scenario=adamw_beta2_loss_spike", f"hydra.sweep.dir={tmp_path}", *overrides],
+                          return_hydra_config=True)
+        HydraConfig.instance().set_config(cfg)
+        return cfg
+
+    cfg = composed()
+    run, pre = to_run_config(cfg), pretrain_config(cfg)
+    assert (run.data.batch_size, pre.data.batch_size) == (1, 16)  # the earlier stage had the larger batch
+    assert pre.optim == run.optim and pre.checkpoint.resume_from == f"{tmp_path}/pretrained/checkpoints/step_000300"
+    with pytest.raises(ConfigError, match="scenario.pretrain_overrides: no config key 'data.batch'"):
+        to_run_config(composed("+scenario.pretrain_overrides.data.batch=16"))
+    from sweep.callbacks import ScenarioCheck
+
+    with pytest.raises(SystemExit, match="adamw_beta2_loss_spike: data.batch_size: must be > 0"):
+        ScenarioCheck().on_multirun_start(composed("scenario.pretrain_overrides={data.batch_size: 0}"))  # not a warning
+    assert not (tmp_path / "pretrained").exists()
+    GlobalHydra.instance().clear()
 
 
 def test_modulate_parity_expectation_fails_a_correct_kernel_and_passes_the_buggy_one():
