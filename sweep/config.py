@@ -12,9 +12,8 @@ configs cheaply.
 from __future__ import annotations
 
 import copy
-import dataclasses
 import typing
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, is_dataclass
 from enum import Enum
 from pathlib import Path
 from typing import Any, Dict, List, Optional
@@ -410,7 +409,7 @@ def _has_field(cls: type, dotted: str) -> bool:
     hints = typing.get_type_hints(cls)  # field types are strings here (postponed annotations)
     if head not in hints:
         return False
-    return not rest or (dataclasses.is_dataclass(hints[head]) and _has_field(hints[head], rest))
+    return not rest or (is_dataclass(hints[head]) and _has_field(hints[head], rest))
 
 
 def validate(run: RunConfig) -> RunConfig:
