@@ -14,6 +14,8 @@ the previous check. The first criterion met becomes the run's verdict (design.md
   1-2 a tenth of a healthy run's batches land above 10x the smoothed minimum (measured: median 0.05,
   90th percentile 0.54), so a raw-loss test calls healthy small-batch runs diverged. Those batches stay
   near the untrained model's loss, though, and a real explosion goes far above it: that is the raw test.
+  The monitor keeps the last RECENT squared gradient norms, so the cause can say whether AdamW's second
+  moment had kept up (sweep.adam_lag).
 - stalled: at least `stall_fraction` of the weights (by magnitude) did not change over a window in
   which updates were applied: either the gradients underflowed to exact zeros (fp16 without loss scaling)
   or the updates were below the weights' resolution (pure bf16 at small lr).
@@ -70,8 +72,11 @@ class DivergenceMonitor:
         self._skip_start: int | None = None
         self._above_since: int | None = None  # first step of the current run of raw losses above the threshold
         self.updates = 0  # updates applied by this run (a non-finite weight with none applied came in that way)
+        self.recent_sq: list[tuple[int, float]] = []  # (step, squared gradient norm) of the last RECENT finite ones (sweep.adam_lag)
 
-    _STATE = ("initial_loss", "ema", "ema_min", "_updates_since_snapshot", "_skip_start", "_above_since")  # not `updates`: per run
+    RECENT = 32
+    _STATE = ("initial_loss", "ema", "ema_min", "_updates_since_snapshot", "_skip_start", "_above_since",
+              "recent_sq")  # not `updates`: per run
 
     def state_dict(self) -> tuple[dict, dict[str, torch.Tensor]]:
         """(JSON-able numbers, tensors) to checkpoint; a resumed run judges its steps as the original would."""
@@ -79,7 +84,9 @@ class DivergenceMonitor:
 
     def load_state_dict(self, numbers: dict, tensors: dict[str, torch.Tensor]) -> None:
         for k in self._STATE:
-            setattr(self, k, numbers.get(k) if k == "_above_since" else numbers[k])  # absent from older checkpoints
+            setattr(self, k, numbers.get(k, [] if k == "recent_sq" else None) if k in ("_above_since", "recent_sq")
+                    else numbers[k])  # absent from older checkpoints
+        self.recent_sq = [(int(s), float(q)) for s, q in self.recent_sq]  # JSON made the pairs lists
         self._snapshot = tensors.get("snapshot")
 
     def observe(self, step: int, loss: float, grad_norm: float, event: ScalerEvent,
@@ -95,6 +102,8 @@ class DivergenceMonitor:
             return Divergence("scale_collapse", step, Cause("scaler", None, scaler_detail + since))
         if self.initial_loss is None and math.isfinite(loss):
             self.initial_loss = self.ema = loss
+        if math.isfinite(grad_norm):
+            self.recent_sq = (self.recent_sq + [(step, grad_norm * grad_norm)])[-self.RECENT:]
         spike = self._spike(step, loss)
         if event is ScalerEvent.skip:
             # The scaler skips the update, but a finite loss far above the running minimum is still a

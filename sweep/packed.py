@@ -33,6 +33,7 @@ import torch
 from torch.func import functional_call, stack_module_state, vmap
 from torch.optim.adam import adam
 
+from .adam_lag import lag_note
 from .build import RunParts
 from .config import RunConfig
 from .data import check_batch, load_checked_batch, sample_labels
@@ -124,6 +125,10 @@ class StackedAdamW:
     def keep(self, positions: list[int]) -> None:
         index = torch.tensor(positions, dtype=torch.long, device=self.device)
         self.moments = {n: (m[index], v[index]) for n, (m, v) in self.moments.items()}
+
+    def second_moment(self, position: int, run: int) -> tuple[float, int, float]:
+        """Run `run`'s (at `position` in the pack) sum of v, step count and beta2, as sweep.adam_lag.adamw_second_moment."""
+        return sum(float(v[position].float().sum()) for _, v in self.moments.values()), self.steps[run], self.hyper[run][0][1]
 
     @torch.no_grad()
     def step(self, runs: list[int], stepping: list[bool], lrs: list[float], params: dict[str, torch.Tensor]) -> None:
@@ -226,7 +231,9 @@ def train_packed(runs: Sequence[RunConfig], parts: Sequence[RunParts], metrics: 
             if verdict is not None and first[k] is None:  # before zero_grad: the explanation reads the gradients
                 x0, indices = batches[k][0], parts[k].order.indices(step)
                 first[k] = explain(verdict, model.run_params(i), pred[i], updated=monitor.updates > 0,
-                                   batch_issue=lambda: check_batch(x0, run.data.range_limit, sample_labels(parts[k].dataset, indices)))
+                                   batch_issue=lambda: check_batch(x0, run.data.range_limit, sample_labels(parts[k].dataset, indices)),
+                                   second_moment=lambda: lag_note(*opt.second_moment(i, k), monitor.recent_sq,
+                                                                  verdict.step, step, run.optim.grad_clip))
             checked = (step + 1) % run.monitor.stall_window == 0
             metrics[k].log(step=step, loss=losses[i], grad_norm=norms[i], lr=lrs[i],
                            loss_scale=scales[i] if parts[k].scaler.enabled else "", skipped=int(events[i] is not ScalerEvent.step),

@@ -14,6 +14,7 @@ from typing import Callable, Protocol, Sequence
 
 import torch
 
+from .adam_lag import adamw_second_moment, lag_note
 from .build import RunParts
 from .config import RunConfig
 from models import LogitStats, watching_logits
@@ -82,7 +83,9 @@ def train(run: RunConfig, parts: RunParts, metrics: MetricsLog, progress: RunPro
         if verdict is not None:  # before zero_grad: the explanation reads the gradients
             first = first or explain(verdict, list(model.named_parameters()), pred,
                                      lambda: check_batch(x0, run.data.range_limit, sample_labels(parts.dataset, indices)),
-                                     updated=monitor.updates > 0)
+                                     updated=monitor.updates > 0,
+                                     second_moment=lambda: lag_note(*adamw_second_moment(opt), monitor.recent_sq,
+                                                                    verdict.step, step, run.optim.grad_clip))
         opt.zero_grad(set_to_none=True)
         checked = (step + 1) % run.monitor.stall_window == 0  # stall statistics exist on check steps only
         metrics.log(step=step, loss=loss_v, grad_norm=norm_v, lr=lr, loss_scale=scale if scaler.enabled else "",
@@ -99,14 +102,18 @@ def train(run: RunConfig, parts: RunParts, metrics: MetricsLog, progress: RunPro
 
 
 def explain(verdict: Divergence, named_params: list[tuple[str, torch.Tensor]], pred: torch.Tensor,
-            batch_issue: Callable[[], BatchIssue | None], updated: bool) -> Divergence:
+            batch_issue: Callable[[], BatchIssue | None], updated: bool,
+            second_moment: Callable[[], str] = str) -> Divergence:
     """Sharpen `cause` from what is at hand on the bad path only (full forensics replay is separate).
 
     `named_params` are the run's (name, weight) pairs, each weight with its `.grad`; `batch_issue`
     checks the batch again (it matters when data.check is off); `updated` says whether this run
-    applied any update yet: a non-finite weight before any update came in with the weights.
+    applied any update yet: a non-finite weight before any update came in with the weights;
+    `second_moment` says whether AdamW's second moment kept up (sweep.adam_lag), for a loss spike.
     """
-    if verdict.verdict in ("nonfinite_loss", "scale_collapse"):
+    if verdict.verdict == "loss_spike":
+        verdict.cause.detail += second_moment()
+    elif verdict.verdict in ("nonfinite_loss", "scale_collapse"):
         issue = batch_issue()
         name = _first_nonfinite(named_params)
         if issue is not None:  # the batch was bad and nobody checked it

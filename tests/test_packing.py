@@ -38,7 +38,9 @@ def alone_and_packed(tmp_path, runs):
 
 
 def outcome(r):
-    return r.status, r.verdict, r.first_bad_step, (r.cause or {}).get("where")
+    detail = (r.cause or {}).get("detail", "")
+    adam = detail.split("AdamW's second moment ")[1].split(":")[0] if "AdamW's second moment " in detail else None
+    return r.status, r.verdict, r.first_bad_step, (r.cause or {}).get("where"), adam  # adam: lagged | kept up
 
 
 @pytest.mark.slow

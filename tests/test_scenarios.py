@@ -43,6 +43,10 @@ def test_scenario_reproduces_and_its_fix_is_stable(name, tmp_path):
     silent_bug = any(e["modulate_parity"] == "mismatch" for e in report["expectations"])  # a wrong kernel, no verdict
     assert "stable" in statuses and ("diverged" in statuses or silent_bug)  # the failure and the fix, both observed
     assert all(e["matched"] > 0 for e in report["expectations"])
+    if name == "adamw_beta2_loss_spike":  # the cause names the mechanism, not just the spike
+        spiked = [json.loads(p.read_text()) for p in tmp_path.glob("*/result.json")]
+        spiked = [r["cause"]["detail"] for r in spiked if r["status"] == "diverged"]
+        assert spiked and all("AdamW's second moment lagged" in d for d in spiked)
 
 
 def result(params: dict, status: str, verdict=None, step=None, where=None, module=None) -> dict:
