@@ -200,4 +200,4 @@ def test_pure_low_precision_updates_stall_and_nan_in_a_pack_as_alone(tmp_path):
     assert packed[0].verdict == "stalled" and packed[1].status == "stable"
     runs = [make_run("precision=fp16_pure", f"optim.lr={lr}", "steps=4", "threads=1") for lr in (1e-4, 1e-2)]
     alone, packed, _ = alone_and_packed(tmp_path / "fp16", runs)
-    assert [outcome(r) for r in packed] == [outcome(r) for r in alone] == [("diverged", "nonfinite_loss", 1, "optimizer")] * 2
+    assert [outcome(r) for r in packed] == [outcome(r) for r in alone] == [("diverged", "nonfinite_loss", 1, "optimizer", None)] * 2
