@@ -77,6 +77,7 @@ class DivergenceMonitor:
     RECENT = 32
     _STATE = ("initial_loss", "ema", "ema_min", "_updates_since_snapshot", "_skip_start", "_above_since",
               "recent_sq")  # not `updates`: per run
+    _NEWER = {"_above_since": None, "recent_sq": []}  # absent from older checkpoints: their defaults
 
     def state_dict(self) -> tuple[dict, dict[str, torch.Tensor]]:
         """(JSON-able numbers, tensors) to checkpoint; a resumed run judges its steps as the original would."""
@@ -84,8 +85,7 @@ class DivergenceMonitor:
 
     def load_state_dict(self, numbers: dict, tensors: dict[str, torch.Tensor]) -> None:
         for k in self._STATE:
-            setattr(self, k, numbers.get(k, [] if k == "recent_sq" else None) if k in ("_above_since", "recent_sq")
-                    else numbers[k])  # absent from older checkpoints
+            setattr(self, k, numbers.get(k, self._NEWER[k]) if k in self._NEWER else numbers[k])
         self.recent_sq = [(int(s), float(q)) for s, q in self.recent_sq]  # JSON made the pairs lists
         self._snapshot = tensors.get("snapshot")
 
@@ -103,7 +103,8 @@ class DivergenceMonitor:
         if self.initial_loss is None and math.isfinite(loss):
             self.initial_loss = self.ema = loss
         if math.isfinite(grad_norm):
-            self.recent_sq = (self.recent_sq + [(step, grad_norm * grad_norm)])[-self.RECENT:]
+            self.recent_sq.append((step, grad_norm * grad_norm))
+            del self.recent_sq[:-self.RECENT]
         spike = self._spike(step, loss)
         if event is ScalerEvent.skip:
             # The scaler skips the update, but a finite loss far above the running minimum is still a

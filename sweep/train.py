@@ -103,7 +103,7 @@ def train(run: RunConfig, parts: RunParts, metrics: MetricsLog, progress: RunPro
 
 def explain(verdict: Divergence, named_params: list[tuple[str, torch.Tensor]], pred: torch.Tensor,
             batch_issue: Callable[[], BatchIssue | None], updated: bool,
-            second_moment: Callable[[], str] = str) -> Divergence:
+            second_moment: Callable[[], str] = lambda: "") -> Divergence:
     """Sharpen `cause` from what is at hand on the bad path only (full forensics replay is separate).
 
     `named_params` are the run's (name, weight) pairs, each weight with its `.grad`; `batch_issue`
