@@ -63,6 +63,12 @@ class ObjectiveKind(str, Enum):
     flow = "flow"
 
 
+class CpuGemm(str, Enum):
+    auto = "auto"  # emulated where the CPU lacks matrix instructions for the compute dtype (sweep/gemm.py)
+    native = "native"
+    emulated = "emulated"
+
+
 class Schedule(str, Enum):
     constant = "constant"
     cosine = "cosine"
@@ -108,6 +114,10 @@ class PrecisionConfig:
     tf32: bool = False
     """Allow TF32 tensor cores for fp32 matmuls/convs (CUDA Ampere+ only)."""
     scaler: LossScalerConfig = field(default_factory=LossScalerConfig)
+    cpu_gemm: CpuGemm = CpuGemm.auto
+    """bf16/fp16 GEMMs on a CPU: native kernels, or emulated as fp32 GEMMs on the rounded inputs, rounded
+    once (sweep/gemm.py: same numerics up to summation order, ~30x faster on CPUs without AVX512-BF16/FP16
+    or AMX). auto emulates exactly there; GPU runs, fp32 and compile=true runs are always native."""
 
 
 @dataclass
@@ -431,6 +441,8 @@ def validate(run: RunConfig) -> RunConfig:
     _require(s.hysteresis >= 1, "precision.scaler.hysteresis", f"must be >= 1, got {s.hysteresis}")
     _require(s.max_consecutive_skips >= 1, "precision.scaler.max_consecutive_skips",
              f"must be >= 1, got {s.max_consecutive_skips}")
+    _require(not (run.compile and run.precision.cpu_gemm is CpuGemm.emulated), "precision.cpu_gemm",
+             "emulated is for eager runs; compile=true runs inductor's own kernels (use auto or native)")
     m = run.model
     _require(m.size in MODEL_SIZES, "model.size", f"unknown size {m.size!r}; choose one of {', '.join(MODEL_SIZES)}")
     _require(m.patch_size > 0, "model.patch_size", f"must be > 0, got {m.patch_size}")

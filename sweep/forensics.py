@@ -100,7 +100,7 @@ def replay(run: RunConfig, bad_step: int, device: torch.device) -> ModuleProbe:
     """Re-run `run` from the start to `bad_step`, probing that step only."""
     from .train import train  # train imports nothing from here; late import keeps the modules apart
 
-    policy = PrecisionPolicy.from_config(run.precision)
+    policy = PrecisionPolicy.from_config(run.precision, device, run.compile)
     reset_process_state(run, policy)
     parts = build_parts(run, device, policy)
     probe = ModuleProbe(parts.model)

@@ -202,12 +202,13 @@ def train_packed(runs: Sequence[RunConfig], parts: Sequence[RunParts], metrics: 
             opt.keep([packed.index(k) for k in live])
             packed = live
         noisy, t, target = (torch.stack([batches[k][j] for k in live]) for j in (1, 2, 3))
-        with policy.autocast(device):
-            pred = model(noisy.to(policy.param_dtype), t)  # (L, B, ...)
-        loss = vmap(parts[0].objective.loss)(pred, target)  # (L,)
-        loss = loss * torch.tensor([runs[k].objective.loss_weight for k in live], device=loss.device)
         scales = [parts[k].scaler.scale for k in live]
-        (loss * _per_run(scales, loss)).sum().backward()  # runs are independent: each gets its own scaled grads
+        with policy.gemm_mode():
+            with policy.autocast(device):
+                pred = model(noisy.to(policy.param_dtype), t)  # (L, B, ...)
+            loss = vmap(parts[0].objective.loss)(pred, target)  # (L,)
+            loss = loss * torch.tensor([runs[k].objective.loss_weight for k in live], device=loss.device)
+            (loss * _per_run(scales, loss)).sum().backward()  # runs are independent: each gets its own scaled grads
         grads = model.grads()
         if any(parts[k].scaler.enabled for k in live):
             for g in grads:

@@ -18,11 +18,13 @@ It is our own because GradScaler has neither, and because the monitor must see e
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 from dataclasses import dataclass
 from enum import Enum
 
 import torch
 
+from . import gemm
 from .config import LossScalerConfig, PrecisionConfig
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
@@ -36,11 +38,18 @@ class PrecisionPolicy:
     param_dtype: torch.dtype
     autocast_dtype: torch.dtype | None
     tf32: bool
+    gemm: str = "native"
+    """How bf16/fp16 GEMMs run: "native" kernels or "emulated" in fp32, rounded once (sweep/gemm.py)."""
 
     @classmethod
-    def from_config(cls, cfg: PrecisionConfig) -> "PrecisionPolicy":
+    def from_config(cls, cfg: PrecisionConfig, device: torch.device | None = None,
+                    compiled: bool = False) -> "PrecisionPolicy":
+        """The policy of `cfg` for a run on `device` (None: no device yet, GEMMs native)."""
         autocast = DTYPES[cfg.autocast_dtype.value] if cfg.autocast_dtype is not None else None
-        return cls(cfg.name, DTYPES[cfg.param_dtype.value], autocast, cfg.tf32)
+        policy = cls(cfg.name, DTYPES[cfg.param_dtype.value], autocast, cfg.tf32)
+        if device is None or compiled:  # inductor picks its own kernels: nothing to emulate under
+            return policy
+        return dataclasses.replace(policy, gemm=gemm.resolve(cfg.cpu_gemm.value, device, policy.compute_dtype))
 
     @property
     def compute_dtype(self) -> torch.dtype:
@@ -70,6 +79,10 @@ class PrecisionPolicy:
         if self.autocast_dtype is None:
             return contextlib.nullcontext()
         return torch.autocast(device.type, dtype=self.autocast_dtype)
+
+    def gemm_mode(self) -> contextlib.AbstractContextManager:
+        """The context the forward and backward run in: emulated low-precision GEMMs, or a no-op."""
+        return gemm.EmulatedGemm(self.compute_dtype) if self.gemm == "emulated" else contextlib.nullcontext()
 
 
 class ScalerEvent(str, Enum):

@@ -22,6 +22,7 @@ from .build import RunParts, build_parts, reset_process_state, resolve_device, u
 from .checkpoint import CheckpointHook, CorruptCheckpoint
 from .compiled import compile_run
 from .config import RunConfig
+from .gemm import LOW_PRECISION
 from .precision import PrecisionPolicy
 from .progress import RunProgress
 from .results import MetricsLog, RunResult, package_versions, write_result
@@ -76,7 +77,7 @@ def new_result(run: RunConfig, params: dict) -> RunResult:
 def prepare(run: RunConfig, out_dir: Path, result: RunResult) -> RunParts | None:
     """Reset the process state and build the run; None when `result` is already final (skipped, refused)."""
     device = resolve_device(run.device)
-    policy = PrecisionPolicy.from_config(run.precision)
+    policy = PrecisionPolicy.from_config(run.precision, device, run.compile)
     result.device = str(device)
     reason = unsupported_reason(run, device, policy)
     if reason is not None:
@@ -104,6 +105,8 @@ def conclude(result: RunResult, run: RunConfig, parts: RunParts, divergence: Div
         result.kernels = parts.model.kernels(run.modulate.impl.value, MODULATE_NAMES[run.modulate.impl.value])
     if parts.kernels:  # compile=true: what the profiled compiled graph ran (sweep/compiled.py)
         result.kernels = parts.kernels
+    if parts.policy.compute_dtype in LOW_PRECISION:  # bf16/fp16 GEMMs: native kernels or emulated (sweep/gemm.py)
+        result.kernels = {**result.kernels, "gemm": parts.policy.gemm}
     _fill_from_metrics(result, metrics, train_seconds)
     if divergence is None:
         result.status = "stable"

@@ -62,7 +62,8 @@ def train(run: RunConfig, parts: RunParts, metrics: MetricsLog, progress: RunPro
         for group in opt.param_groups:
             group["lr"] = lr * group.get("lr_scale", 1.0)
         watch = step % run.monitor.logit_every == 0
-        with (probe[1] if probe and probe[0] == step else contextlib.nullcontext()), watching_logits(model, logits, watch):
+        with (probe[1] if probe and probe[0] == step else contextlib.nullcontext()), watching_logits(model, logits, watch), \
+                policy.gemm_mode():
             with policy.autocast(device):
                 pred = model(noisy.to(policy.param_dtype), t)
             loss = parts.objective.loss(pred, target) * run.objective.loss_weight
