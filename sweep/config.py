@@ -12,11 +12,12 @@ configs cheaply.
 from __future__ import annotations
 
 import copy
+import math
 import typing
 from dataclasses import dataclass, field, is_dataclass
 from enum import Enum
 from pathlib import Path
-from typing import Any, Dict, List, Optional
+from typing import Any, Dict, Iterator, List, Optional
 
 from hydra.core.config_store import ConfigStore
 from omegaconf import DictConfig, OmegaConf, open_dict, read_write
@@ -412,10 +413,34 @@ def _has_field(cls: type, dotted: str) -> bool:
     return not rest or (is_dataclass(hints[head]) and _has_field(hints[head], rest))
 
 
+def nonfinite_floats(node: Any, key: str = "") -> Iterator[tuple[str, float]]:
+    """Every inf/nan float under a config object, as (dotted key, value), in field order.
+
+    Hydra's grammar reads `inf` and `nan` as floats, so any float key (and any `+key=inf` added outside
+    the schema, which OmegaConf.to_object keeps as an attribute) can hold one; no run can use one, and
+    a comparison like `lr > 0` lets inf through. Walks the values, not a list of keys, so a field added
+    to a schema later is covered without touching this.
+    """
+    if isinstance(node, float):
+        if not math.isfinite(node):
+            yield key, node
+    elif is_dataclass(node):
+        for name, value in vars(node).items():
+            yield from nonfinite_floats(value, f"{key}.{name}" if key else name)
+    elif isinstance(node, dict):
+        for name, value in node.items():
+            yield from nonfinite_floats(value, f"{key}.{name}" if key else str(name))
+    elif isinstance(node, (list, tuple)):
+        for i, value in enumerate(node):
+            yield from nonfinite_floats(value, f"{key}[{i}]")
+
+
 def validate(run: RunConfig) -> RunConfig:
     """Reject values no run can use; each message names the dotted key."""
     from models.registry import MODEL_SIZES  # no torch import: the registry is a plain dict
 
+    for key, value in nonfinite_floats(run):  # the first one: one line names one key
+        raise ConfigError(f"{key}: must be a finite number, got {value}")
     _require(run.steps > 0, "steps", f"must be > 0, got {run.steps}")
     _require(run.log_every > 0, "log_every", f"must be > 0, got {run.log_every}")
     _require(run.threads >= 0, "threads", f"must be >= 0, got {run.threads}")

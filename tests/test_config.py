@@ -60,6 +60,25 @@ def test_bad_values_are_rejected_naming_the_key(override, key):
         make_run(override)
 
 
+@pytest.mark.parametrize("override,key", [
+    ("optim.lr=inf", "optim.lr"),
+    ("optim.weight_decay=inf", "optim.weight_decay"),
+    ("optim.eps=nan", "optim.eps"),
+    ("optim.betas=[0.9,nan]", "optim.betas[1]"),
+    ("monitor.spike_factor=inf", "monitor.spike_factor"),
+    ("precision.scaler.init_scale=inf", "precision.scaler.init_scale"),
+    ("data.range_limit=inf", "data.range_limit"),
+    ("model.qk_gain=inf", "model.qk_gain"),
+    ("objective.flow_shift=-inf", "objective.flow_shift"),
+    ("ledger.pruner.upper=inf", "ledger.pruner.upper"),
+    ("+tag=inf", "tag"),  # a key outside the schema too
+])
+def test_every_float_key_must_be_finite(override, key):
+    """Hydra reads inf/nan as floats; no float key may take one (the check walks the config, not a key list)."""
+    with pytest.raises(ConfigError, match="^" + re.escape(key) + ": must be a finite number, got "):
+        make_run(override)
+
+
 def test_fault_kinds_parse_from_the_command_line():
     """Hydra reads a bare nan/inf as a float; the fault kind still comes out as the word."""
     run = make_run("data.faults=[{index:3,kind:nan},{index:4,kind:inf},{index:5,kind:range}]")
@@ -77,6 +96,8 @@ def _sweep(*args: str, cwd: Path) -> subprocess.CompletedProcess:
     (["precision=fp8"], "precision"),  # unknown option
     (["optim.lr=-1"], "optim.lr"),  # bad value
     (["-m", "optim.lr=1e-3,-1", "steps=1"], "optim.lr"),  # bad value in one cell of a grid
+    (["optim.lr=inf"], "optim.lr"),  # not finite
+    (["-m", "optim.lr=1e-3,inf", "steps=1"], "optim.lr"),  # not finite, in one cell of a grid
 ])
 def test_user_mistake_is_one_line_without_traceback(args, key, tmp_path):
     proc = _sweep(*args, f"hydra.run.dir={tmp_path}/run", f"hydra.sweep.dir={tmp_path}/sweep", cwd=tmp_path)
