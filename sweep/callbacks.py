@@ -27,6 +27,8 @@ class SweepSummary(Callback):
 
         sweep_dir = Path(config.hydra.sweep.dir)
         runs = runs_from_dirs(sweep_dir)
+        for line in runs.attrs.get("skipped", []):
+            log.warning("summary: skipped %s", line)
         if runs.empty:
             log.warning("no run of this sweep wrote a result.json (%s)", sweep_dir)
             return
