@@ -189,6 +189,16 @@ def test_a_malformed_result_json_is_skipped_and_named(tmp_path, capsys, name, co
     assert "Traceback" not in err
 
 
+def test_summary_md_escapes_strings_from_result_json(tmp_path, capsys):
+    root = tmp_path / "s"
+    write_run(root, 0, {"optim.lr": 1e-3, "attention": "<script>alert(1)</script>"},
+              {"status": "<script>alert(2)</script>", "final_loss": 0.5})
+    write_run(root, 1, {"optim.lr": 1e-2, "attention": "math"}, {"status": "stable", "final_loss": 0.5})
+    assert main([str(root), "--write"]) == 0
+    for path in (root / "summary.md", root / "report.html"):
+        assert "<script>alert" not in path.read_text(), path
+
+
 def test_sweep_summary_is_still_the_same_command(sweep, tmp_path, capsys):
     from sweep.summary import main as summary_main
 
