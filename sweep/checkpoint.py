@@ -36,11 +36,12 @@ from pathlib import Path
 import torch
 from safetensors.torch import load_file, save_file
 
+from .config import WEIGHT_SUFFIXES
+
 FORMAT = "dit-sweep-checkpoint/1"
 MANIFEST = "manifest.json"
 MODEL_FILE, OPTIM_FILE, TRAINER_FILE, TRAINER_JSON = (
     "model.safetensors", "optimizer.safetensors", "trainer.safetensors", "trainer.json")
-WEIGHT_SUFFIXES = (".safetensors", ".pt", ".pth", ".bin")
 
 
 class CorruptCheckpoint(Exception):

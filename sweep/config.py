@@ -521,6 +521,32 @@ def validate(run: RunConfig) -> RunConfig:
     return run
 
 
+WEIGHT_SUFFIXES = (".safetensors", ".pt", ".pth", ".bin")
+"""The weights files model.init_from takes besides a checkpoint directory (sweep/checkpoint.py)."""
+
+
+def check_inputs(run: RunConfig) -> RunConfig:
+    """Files a run will load must be there: checked just before the runs start, not in validate().
+
+    The grid sweeper calls this for every cell before the first run, and sweep.job for each run, so a
+    missing or wrong-kind path is one line and exit status 2, not a run error found at load time. It
+    is not part of validate() because a config names files that do not exist yet when it is composed:
+    a scenario's `${hydra:sweep.dir}/pretrained/...` checkpoint is written by its pretraining, after
+    composition and before the sweep (sweep/scenario.py). What is inside the files is the checkpoint
+    verifier's business (a bad one is verdict `corrupt_checkpoint`).
+    """
+    init = run.model.init_from
+    if init is not None:
+        path = Path(init)
+        _require(path.exists(), "model.init_from", f"no such file or directory: {init}")
+        _require(path.is_dir() or path.suffix in WEIGHT_SUFFIXES, "model.init_from",
+                 f"{init} is not a checkpoint directory or a {'/'.join(WEIGHT_SUFFIXES)} weights file")
+    resume = run.checkpoint.resume_from
+    if resume is not None:
+        _require(Path(resume).is_dir(), "checkpoint.resume_from", f"no such checkpoint directory: {resume}")
+    return run
+
+
 def validate_pruner(p: PrunerConfig, key: str) -> PrunerConfig:
     """Reject pruner settings Optuna would refuse mid-run; `key` is where they came from (ledger.pruner, hydra.sweeper.pruner)."""
     _require(p.name in PRUNERS, f"{key}.name", f"must be one of {', '.join(PRUNERS)}, got {p.name!r}")

@@ -20,7 +20,7 @@ from hydra.core.hydra_config import HydraConfig
 from hydra.core.override_parser.overrides_parser import OverridesParser
 from omegaconf import DictConfig, OmegaConf
 
-from .config import ConfigError, RunConfig, enum_choices, to_run_config
+from .config import ConfigError, RunConfig, check_inputs, enum_choices, to_run_config
 from .run import execute
 
 log = logging.getLogger("sweep")
@@ -58,7 +58,7 @@ class JobSpec:
 def job_spec(cfg: DictConfig) -> JobSpec:
     """The current Hydra job as a JobSpec; a bad value exits with one line and status 2."""
     try:
-        run = to_run_config(cfg)
+        run = check_inputs(to_run_config(cfg))
     except ConfigError as e:
         # Exit here: raised, Hydra would print "Error executing job with overrides" before our line.
         print(f"sweep: config error: {e}", file=sys.stderr)

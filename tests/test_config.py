@@ -107,3 +107,32 @@ def test_user_mistake_is_one_line_without_traceback(args, key, tmp_path):
     assert lines[0].startswith("sweep: config error:") and key in lines[0], lines[0]
     assert "Traceback" not in proc.stderr
     assert not list(tmp_path.rglob("result.json")), "no run may start when the config is wrong"
+
+
+def test_files_a_run_loads_are_checked_before_it_starts(tmp_path):
+    from sweep.config import check_inputs
+
+    (tmp_path / "notes.txt").write_text("not weights")
+    (tmp_path / "w.safetensors").write_bytes(b"")
+    for override, message in [
+        (f"model.init_from={tmp_path}/nope.safetensors", f"model.init_from: no such file or directory: {tmp_path}/nope"),
+        (f"model.init_from={tmp_path}/notes.txt", f"model.init_from: {tmp_path}/notes.txt is not a checkpoint directory"),
+        (f"checkpoint.resume_from={tmp_path}/nope", f"checkpoint.resume_from: no such checkpoint directory: {tmp_path}/nope"),
+    ]:
+        with pytest.raises(ConfigError, match="^" + re.escape(message)):
+            check_inputs(make_run(override))
+    # what is inside is the checkpoint verifier's business (verdict corrupt_checkpoint), not a config error
+    check_inputs(make_run(f"model.init_from={tmp_path}/w.safetensors", f"checkpoint.resume_from={tmp_path}"))
+
+
+@pytest.mark.parametrize("args", [
+    ["model.init_from=nope.safetensors"],
+    ["-m", "steps=1", "optim.lr=1e-3,1e-2", "model.init_from=notes.txt"],
+])
+def test_a_missing_or_wrong_init_from_is_one_line_before_any_run(args, tmp_path):
+    (tmp_path / "notes.txt").write_text("not weights")
+    proc = _sweep(*args, f"hydra.run.dir={tmp_path}/run", f"hydra.sweep.dir={tmp_path}/sweep", cwd=tmp_path)
+    lines = [ln for ln in proc.stderr.splitlines() if ln.strip()]
+    assert proc.returncode == 2 and len(lines) == 1, proc.stderr
+    assert lines[0].startswith("sweep: config error: model.init_from: "), lines[0]
+    assert not list(tmp_path.rglob("result.json")), "no run may start when an input file is missing"

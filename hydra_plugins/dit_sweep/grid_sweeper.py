@@ -2,7 +2,8 @@
 
 Hydra's basic sweeper already composes every job of a batch before launching it (so a typo'd key
 fails early); this one also converts each composed config with sweep.config.to_run_config, so a bad
-value (optim.lr=-1 in one cell of a 72-cell grid) fails before any run instead of at that cell.
+value (optim.lr=-1 in one cell of a 72-cell grid) fails before any run instead of at that cell, and
+checks the files each cell will load exist (sweep.config.check_inputs).
 Selected by default in conf/config.yaml (`override hydra/sweeper: grid`). No `from __future__ import
 annotations` here: Hydra execs plugin modules outside sys.modules, where string annotations break dataclasses.
 """
@@ -62,7 +63,7 @@ class GridSweeper(BasicSweeper):
     def validate_batch_is_legal(self, batch: Sequence[Sequence[str]]) -> None:
         from omegaconf import OmegaConf
 
-        from sweep.config import ConfigError, RunConfig, to_run_config  # late: plugin discovery stays cheap
+        from sweep.config import ConfigError, RunConfig, check_inputs, to_run_config  # late: discovery stays cheap
 
         loader = self.hydra_context.config_loader
         compose = getattr(loader, "compose_and_keep", loader.load_sweep_config)
@@ -71,6 +72,6 @@ class GridSweeper(BasicSweeper):
             if OmegaConf.get_type(cfg) is not RunConfig:  # another app's config: Hydra's checks only
                 continue
             try:
-                to_run_config(cfg)
+                check_inputs(to_run_config(cfg))  # after a scenario's pretraining: its checkpoint exists now
             except ConfigError as e:
                 raise ConfigError(f"{e} (in the sweep cell {' '.join(overrides)})") from None
