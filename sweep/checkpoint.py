@@ -90,6 +90,16 @@ def tensor_digests(path: Path) -> dict[str, str]:
     return {name: hashlib.sha256(raw[s.start:s.end]).hexdigest() for name, s in tensor_spans(path).items()}
 
 
+def load_safetensors(path: Path) -> dict[str, torch.Tensor]:
+    """A safetensors file's tensors; one safetensors cannot parse (empty, cut short, not safetensors at
+    all) is a CorruptCheckpoint like a torn .pt, not a crash with the library's own message."""
+    try:
+        return load_file(path)
+    except Exception as e:  # noqa: BLE001: SafetensorError, or OSError from a torn memory map
+        reason = (str(e).strip().splitlines() or [type(e).__name__])[0]
+        raise CorruptCheckpoint(Path(path).name, None, f"empty or corrupt weights file {path} ({reason})") from e
+
+
 def _scan_finite(file: str, tensors: dict[str, torch.Tensor]) -> None:
     for name, t in tensors.items():
         if t.is_floating_point() and not bool(torch.isfinite(t).all()):
@@ -167,7 +177,7 @@ def load_checked(directory: Path, name: str, verify: bool, manifest: dict | None
         if name not in manifest["files"]:
             raise CorruptCheckpoint(name, None, f"not listed in {MANIFEST}")
         verify_file(directory, name, manifest["files"][name])
-    tensors = load_file(Path(directory) / name)
+    tensors = load_safetensors(Path(directory) / name)
     if verify:
         _scan_finite(name, tensors)
     return tensors
@@ -191,7 +201,7 @@ def load_weights(path: Path, verify: bool = True) -> dict[str, torch.Tensor]:
         if path.name in manifest["files"]:
             verify_file(path.parent, path.name, manifest["files"][path.name])
     if path.suffix == ".safetensors":
-        tensors = load_file(path)
+        tensors = load_safetensors(path)
     else:
         try:  # weights_only: tensors and plain containers, never arbitrary pickled objects
             tensors = torch.load(path, map_location="cpu", weights_only=True)

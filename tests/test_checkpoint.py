@@ -123,6 +123,15 @@ def test_missing_manifest_and_truncation_are_named(trained, tmp_path):
         checkpoint.load_weights(ckpt)
 
 
+@pytest.mark.parametrize("content", [b"", b"just some text, not safetensors\n"])
+def test_an_empty_or_foreign_safetensors_file_is_a_corrupt_checkpoint(tmp_path, content):
+    path = tmp_path / "w.safetensors"
+    path.write_bytes(content)
+    r = execute(make_run("steps=2", f"model.init_from={path}"), tmp_path / "run", params={})
+    assert (r.status, r.verdict, r.first_bad_step, r.cause["where"]) == ("diverged", "corrupt_checkpoint", 0, "checkpoint")
+    assert f"empty or corrupt weights file {path}" in r.cause["detail"], r.cause
+
+
 def _parts():
     from sweep.build import build_parts, resolve_device
     from sweep.precision import PrecisionPolicy
