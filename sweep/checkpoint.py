@@ -155,18 +155,32 @@ def read_manifest(directory: Path) -> dict:
     return manifest
 
 
+def check_entry(name: str, entry) -> None:
+    """A manifest entry must give the file's size and SHA-256: without them there is nothing to verify
+    against (a hand-edited or foreign manifest), which is as untrustworthy as a wrong sum."""
+    if not isinstance(entry, dict):
+        raise CorruptCheckpoint(name, None, f"its {MANIFEST} entry is not an object")
+    size, digest = entry.get("bytes"), entry.get("sha256")
+    if not isinstance(size, int) or isinstance(size, bool):
+        raise CorruptCheckpoint(name, None, f"its {MANIFEST} entry has no 'bytes' (the file size) to verify against")
+    if not isinstance(digest, str):
+        raise CorruptCheckpoint(name, None, f"its {MANIFEST} entry has no 'sha256' to verify against")
+
+
 def verify_file(directory: Path, name: str, entry: dict) -> None:
     """Size and SHA-256 against the manifest; on a mismatch, the tensor whose bytes changed."""
     path = Path(directory) / name
     if not path.is_file():
         raise CorruptCheckpoint(name, None, "listed in the manifest but missing")
+    check_entry(name, entry)
     size = path.stat().st_size
     if size != entry["bytes"]:
         raise CorruptCheckpoint(name, None, f"{size} bytes, the manifest says {entry['bytes']} (truncated or padded)")
     if sha256_file(path) == entry["sha256"]:
         return
+    tensors = entry.get("tensors") if isinstance(entry.get("tensors"), dict) else {}
     for tensor, digest in tensor_digests(path).items():
-        if entry.get("tensors", {}).get(tensor) != digest:
+        if tensors.get(tensor) != digest:
             raise CorruptCheckpoint(name, tensor, f"SHA-256 mismatch in tensor {tensor} (the file changed since it was saved)")
     raise CorruptCheckpoint(name, None, "SHA-256 mismatch in the file header")
 

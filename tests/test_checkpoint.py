@@ -132,6 +132,21 @@ def test_an_empty_or_foreign_safetensors_file_is_a_corrupt_checkpoint(tmp_path, 
     assert f"empty or corrupt weights file {path}" in r.cause["detail"], r.cause
 
 
+@pytest.mark.parametrize("drop", ["bytes", "sha256"])
+def test_a_manifest_entry_without_size_or_sum_is_a_corrupt_checkpoint(trained, tmp_path, drop):
+    import shutil
+
+    ckpt = tmp_path / "ckpt"
+    shutil.copytree(trained / "checkpoints" / "step_000006", ckpt)
+    manifest = json.loads((ckpt / "manifest.json").read_text())
+    del manifest["files"]["model.safetensors"][drop]
+    (ckpt / "manifest.json").write_text(json.dumps(manifest))
+    r = execute(make_run("precision=fp16_amp", "steps=8", f"checkpoint.resume_from={ckpt}"), tmp_path / "run", params={})
+    assert (r.verdict, r.cause["where"]) == ("corrupt_checkpoint", "checkpoint"), r.reason
+    assert r.cause["detail"] == f"model.safetensors: its manifest.json entry has no '{drop}'" + (
+        " (the file size) to verify against" if drop == "bytes" else " to verify against")
+
+
 def _parts():
     from sweep.build import build_parts, resolve_device
     from sweep.precision import PrecisionPolicy
