@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import copy
 import math
+import os
 import typing
 from dataclasses import dataclass, field, is_dataclass
 from enum import Enum
@@ -545,6 +546,35 @@ def check_inputs(run: RunConfig) -> RunConfig:
     if resume is not None:
         _require(Path(resume).is_dir(), "checkpoint.resume_from", f"no such checkpoint directory: {resume}")
     return run
+
+
+ROOM_INSIDE = 64
+"""Bytes kept free under PATH_MAX for what a run writes inside its directory
+(checkpoints/step_000010.tmp/optimizer.safetensors)."""
+
+
+def check_output_dir(path: str, key: str) -> None:
+    """A run or sweep directory the file system can create: Hydra makes it before any of our code runs,
+    so a 300-character name would end in `OSError: File name too long` (a traceback, or a run error)."""
+    name_max, path_max = _path_limits(path)
+    for part in Path(path).parts:
+        size = len(os.fsencode(part))
+        _require(size <= name_max, key, f"a path component of {size} bytes is longer than the file system's "
+                 f"limit of {name_max}: {part[:24]}...")
+    size = len(os.fsencode(os.path.abspath(path)))
+    _require(size + ROOM_INSIDE <= path_max, key,
+             f"the path is {size} bytes; the file system allows {path_max} with the files a run writes inside")
+
+
+def _path_limits(path: str) -> tuple[int, int]:
+    """(NAME_MAX, PATH_MAX) of the file system the path would be created on (its nearest existing parent)."""
+    probe = Path(os.path.abspath(path))
+    while not os.path.exists(probe) and probe != probe.parent:  # os.path: False, not a raise, on a too-long name
+        probe = probe.parent
+    try:
+        return os.pathconf(probe, "PC_NAME_MAX"), os.pathconf(probe, "PC_PATH_MAX")
+    except (OSError, ValueError, AttributeError):  # no pathconf (Windows) or no answer: the common limits
+        return 255, 4096
 
 
 def validate_pruner(p: PrunerConfig, key: str) -> PrunerConfig:

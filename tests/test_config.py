@@ -136,3 +136,27 @@ def test_a_missing_or_wrong_init_from_is_one_line_before_any_run(args, tmp_path)
     assert proc.returncode == 2 and len(lines) == 1, proc.stderr
     assert lines[0].startswith("sweep: config error: model.init_from: "), lines[0]
     assert not list(tmp_path.rglob("result.json")), "no run may start when an input file is missing"
+
+
+def test_an_output_dir_the_file_system_cannot_create_is_a_config_error(tmp_path):
+    from sweep.config import check_output_dir
+
+    check_output_dir(str(tmp_path / ("a" * 200) / "0"), "hydra.run.dir")
+    with pytest.raises(ConfigError, match=r"^hydra.run.dir: a path component of 300 bytes is longer than .* 255"):
+        check_output_dir(str(tmp_path / ("a" * 300)), "hydra.run.dir")
+    with pytest.raises(ConfigError, match=r"^hydra.sweep.dir: the path is \d+ bytes"):
+        check_output_dir(str(tmp_path.joinpath(*["b" * 250] * 17)), "hydra.sweep.dir")
+
+
+@pytest.mark.parametrize("args,key", [
+    (["hydra.run.dir=RUN/" + "a" * 300], "hydra.run.dir"),
+    (["-m", "steps=1", "optim.lr=1e-3,1e-2", "hydra.sweep.dir=SWEEP", "hydra.sweep.subdir=${hydra.job.num}_" + "a" * 300],
+     "hydra.sweep.subdir"),
+])
+def test_a_too_long_output_dir_is_one_line_before_any_run(args, key, tmp_path):
+    args = [a.replace("RUN", f"{tmp_path}/run").replace("SWEEP", f"{tmp_path}/sweep") for a in args]
+    proc = _sweep(*args, cwd=tmp_path)
+    lines = [ln for ln in proc.stderr.splitlines() if ln.strip()]
+    assert proc.returncode == 2 and len(lines) == 1, proc.stderr
+    assert lines[0].startswith(f"sweep: config error: {key}: a path component of 30"), lines[0]
+    assert not list(tmp_path.rglob("result.json"))

@@ -9,6 +9,7 @@ annotations` here: Hydra execs plugin modules outside sys.modules, where string 
 """
 
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Dict, Optional, Sequence
 
 from hydra.core.config_store import ConfigStore
@@ -67,11 +68,29 @@ class GridSweeper(BasicSweeper):
 
         loader = self.hydra_context.config_loader
         compose = getattr(loader, "compose_and_keep", loader.load_sweep_config)
-        for overrides in batch:
+        for num, overrides in enumerate(batch):
             cfg = compose(self.config, list(overrides))
             if OmegaConf.get_type(cfg) is not RunConfig:  # another app's config: Hydra's checks only
                 continue
             try:
                 check_inputs(to_run_config(cfg))  # after a scenario's pretraining: its checkpoint exists now
+                check_job_dir(cfg, num)
             except ConfigError as e:
                 raise ConfigError(f"{e} (in the sweep cell {' '.join(overrides)})") from None
+
+
+def check_job_dir(cfg, job_num: int) -> None:
+    """The cell's job directory, <sweep dir>/<subdir>, can be created: a subdir such as
+    ${hydra.job.override_dirname} grows with the overrides. hydra.job.num is set only at launch, so a
+    copy gets one (the cell's place in its batch: as many digits, near enough)."""
+    import copy
+
+    from omegaconf import OmegaConf, open_dict, read_write
+
+    from sweep.config import check_output_dir
+
+    cfg = copy.deepcopy(cfg)  # the launcher gets the composed cell (ComposedOnce): leave it as it was
+    with read_write(cfg), open_dict(cfg):
+        cfg.hydra.job.num = job_num
+    subdir = OmegaConf.select(cfg, "hydra.sweep.subdir", default="", throw_on_resolution_failure=False)
+    check_output_dir(str(Path(str(cfg.hydra.sweep.dir)) / str(subdir or "")), "hydra.sweep.subdir")
