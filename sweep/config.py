@@ -414,6 +414,14 @@ def _has_field(cls: type, dotted: str) -> bool:
     return not rest or (is_dataclass(hints[head]) and _has_field(hints[head], rest))
 
 
+MAX_THREADS = 1024
+"""More than any machine this runs on has cores; torch.set_num_threads(100000) segfaults (rc 139).
+A fixed bound, not os.cpu_count(): a Slurm sweep is validated on a smaller login node."""
+MAX_SEED = 2**32 - 1
+"""numpy's seed range, the narrowest of the seeds a run feeds (torch takes 64 bits); a seed of 10**26
+also overflowed the ledger's SQLite integer and lost the run's trial."""
+
+
 def nonfinite_floats(node: Any, key: str = "") -> Iterator[tuple[str, float]]:
     """Every inf/nan float under a config object, as (dotted key, value), in field order.
 
@@ -444,7 +452,9 @@ def validate(run: RunConfig) -> RunConfig:
         raise ConfigError(f"{key}: must be a finite number, got {value}")
     _require(run.steps > 0, "steps", f"must be > 0, got {run.steps}")
     _require(run.log_every > 0, "log_every", f"must be > 0, got {run.log_every}")
-    _require(run.threads >= 0, "threads", f"must be >= 0, got {run.threads}")
+    _require(0 <= run.threads <= MAX_THREADS, "threads", f"must be in [0, {MAX_THREADS}] (0 = auto), got {run.threads}")
+    for key, seed in (("seed", run.seed), ("data.seed", run.data.seed)):
+        _require(0 <= seed <= MAX_SEED, key, f"must be in [0, {MAX_SEED}] (2**32 - 1), got {seed}")
     _require(run.device == "auto" or run.device == "cpu" or run.device.startswith("cuda"),
              "device", f"must be auto, cpu, cuda or cuda:N, got {run.device!r}")
     s = run.precision.scaler

@@ -54,6 +54,10 @@ def test_precision_policies_mean_what_they_say():
     ("data.faults=[{index:999,kind:nan}]", "data.faults[0].index"),
     ("data.faults=[{index:3,kind:zero}]", "data.faults[0].kind"),
     ("precision.scaler.backoff_factor=2", "precision.scaler.backoff_factor"),
+    ("threads=100000", "threads"),  # torch.set_num_threads(100000) segfaulted
+    ("seed=100000000000000000000000000", "seed"),  # 10**26 overflowed the ledger and lost the trial
+    ("seed=-1", "seed"),
+    ("data.seed=4294967296", "data.seed"),
 ])
 def test_bad_values_are_rejected_naming_the_key(override, key):
     with pytest.raises(ConfigError, match="^" + re.escape(key) + ": "):
@@ -96,6 +100,7 @@ def _sweep(*args: str, cwd: Path) -> subprocess.CompletedProcess:
     (["precision=fp8"], "precision"),  # unknown option
     (["optim.lr=-1"], "optim.lr"),  # bad value
     (["-m", "optim.lr=1e-3,-1", "steps=1"], "optim.lr"),  # bad value in one cell of a grid
+    (["threads=100000"], "threads"),  # segfaulted torch (rc 139)
     (["optim.lr=inf"], "optim.lr"),  # not finite
     (["-m", "optim.lr=1e-3,inf", "steps=1"], "optim.lr"),  # not finite, in one cell of a grid
 ])
