@@ -51,15 +51,44 @@ def user_error_line(exc: BaseException) -> str | None:
 
 
 def literal_password_arg(argv: list[str]) -> str | None:
-    """The first command-line argument that spells out a storage password, if any.
+    """The key of the first command-line override that spells out a storage password, if any.
 
     Hydra writes every override into .hydra/overrides.yaml, multirun.yaml and its log before any of
-    our code runs, so a password must come in through the environment instead.
+    our code runs, so a password must come in through the environment instead. Every URL in an
+    override's value counts, however it is written (ledger.storage=URL, ledger={storage:URL}, a sweep
+    of URLs), and a password counts wherever the URL carries it (user:secret@, ?password=).
     """
+    from .ledger import url_has_password
+
     for arg in argv:
-        if re.search(r"^[+~]*ledger\.storage=.*://[^/@:]*:[^/@]+@", arg):
-            return arg.split("=", 1)[0]
+        if "://" in arg and any(url_has_password(url) for url in urls_in_override(arg)):
+            return arg.split("=", 1)[0].strip("'\"")
     return None
+
+
+def urls_in_override(arg: str) -> list[str]:
+    """The URL-looking strings in an override's value: parsed with Hydra's grammar, or, where that
+    fails (an unquoted ?password=... is not valid grammar, yet still reaches Hydra's log), found in the text."""
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+
+    try:
+        (override,) = OverridesParser.create().parse_overrides([arg])
+        return [s for s in _strings(override.value()) if "://" in s]
+    except Exception:  # noqa: BLE001  (any parse failure: fall back to the raw text)
+        return re.findall(r"[A-Za-z][\w+.-]*://[^\s'\"{}\[\],]*", arg)
+
+
+def _strings(value) -> list[str]:
+    """Every string inside a parsed override value (dicts, lists, a choice sweep's options)."""
+    from hydra.core.override_parser.types import ChoiceSweep
+
+    if isinstance(value, str):
+        return [value]
+    if isinstance(value, ChoiceSweep):
+        value = value.list
+    if isinstance(value, dict):
+        value = list(value.values())
+    return [s for v in value for s in _strings(v)] if isinstance(value, (list, tuple)) else []
 
 
 def main() -> None:

@@ -17,6 +17,31 @@ from omegaconf import DictConfig
 log = logging.getLogger("sweep")
 
 
+class OutputDirCheck(Callback):
+    """Before anything is written: the run or sweep directory must be creatable (sweep.config.check_output_dir).
+
+    Hydra creates the job directory before the task function runs, so this cannot wait for sweep.job.
+    Listed first in conf/config.yaml: start hooks run in order, so it comes before a scenario's pretraining
+    writes into the sweep directory. The grid sweeper checks each cell's own subdirectory.
+    """
+
+    def on_run_start(self, config: DictConfig, **kwargs: Any) -> None:
+        self._check(str(config.hydra.run.dir), "hydra.run.dir")
+
+    def on_multirun_start(self, config: DictConfig, **kwargs: Any) -> None:
+        self._check(str(config.hydra.sweep.dir), "hydra.sweep.dir")
+
+    @staticmethod
+    def _check(path: str, key: str) -> None:
+        from .config import ConfigError, check_output_dir
+        from .job import exit_config_error
+
+        try:
+            check_output_dir(path, key)
+        except ConfigError as e:  # raised, Hydra would only warn and go on to fail on mkdir
+            exit_config_error(e)
+
+
 class SweepSummary(Callback):
     """At the end of every multirun: the tables on the terminal, summary.md/.csv/.parquet in the sweep dir."""
 
@@ -27,6 +52,8 @@ class SweepSummary(Callback):
 
         sweep_dir = Path(config.hydra.sweep.dir)
         runs = runs_from_dirs(sweep_dir)
+        for line in runs.attrs.get("skipped", []):
+            log.warning("summary: skipped %s", line)
         if runs.empty:
             log.warning("no run of this sweep wrote a result.json (%s)", sweep_dir)
             return

@@ -36,11 +36,12 @@ from pathlib import Path
 import torch
 from safetensors.torch import load_file, save_file
 
+from .config import WEIGHT_SUFFIXES
+
 FORMAT = "dit-sweep-checkpoint/1"
 MANIFEST = "manifest.json"
 MODEL_FILE, OPTIM_FILE, TRAINER_FILE, TRAINER_JSON = (
     "model.safetensors", "optimizer.safetensors", "trainer.safetensors", "trainer.json")
-WEIGHT_SUFFIXES = (".safetensors", ".pt", ".pth", ".bin")
 
 
 class CorruptCheckpoint(Exception):
@@ -87,6 +88,16 @@ def tensor_digests(path: Path) -> dict[str, str]:
     """SHA-256 of each tensor's raw bytes: the manifest keeps them so a bad byte is traced to its tensor."""
     raw = Path(path).read_bytes()
     return {name: hashlib.sha256(raw[s.start:s.end]).hexdigest() for name, s in tensor_spans(path).items()}
+
+
+def load_safetensors(path: Path) -> dict[str, torch.Tensor]:
+    """A safetensors file's tensors; one safetensors cannot parse (empty, cut short, not safetensors at
+    all) is a CorruptCheckpoint like a torn .pt, not a crash with the library's own message."""
+    try:
+        return load_file(path)
+    except Exception as e:  # noqa: BLE001: SafetensorError, or OSError from a torn memory map
+        reason = (str(e).strip().splitlines() or [type(e).__name__])[0]
+        raise CorruptCheckpoint(Path(path).name, None, f"empty or corrupt weights file {path} ({reason})") from e
 
 
 def _scan_finite(file: str, tensors: dict[str, torch.Tensor]) -> None:
@@ -144,18 +155,32 @@ def read_manifest(directory: Path) -> dict:
     return manifest
 
 
+def check_entry(name: str, entry) -> None:
+    """A manifest entry must give the file's size and SHA-256: without them there is nothing to verify
+    against (a hand-edited or foreign manifest), which is as untrustworthy as a wrong sum."""
+    if not isinstance(entry, dict):
+        raise CorruptCheckpoint(name, None, f"its {MANIFEST} entry is not an object")
+    size, digest = entry.get("bytes"), entry.get("sha256")
+    if not isinstance(size, int) or isinstance(size, bool):
+        raise CorruptCheckpoint(name, None, f"its {MANIFEST} entry has no 'bytes' (the file size) to verify against")
+    if not isinstance(digest, str):
+        raise CorruptCheckpoint(name, None, f"its {MANIFEST} entry has no 'sha256' to verify against")
+
+
 def verify_file(directory: Path, name: str, entry: dict) -> None:
     """Size and SHA-256 against the manifest; on a mismatch, the tensor whose bytes changed."""
     path = Path(directory) / name
     if not path.is_file():
         raise CorruptCheckpoint(name, None, "listed in the manifest but missing")
+    check_entry(name, entry)
     size = path.stat().st_size
     if size != entry["bytes"]:
         raise CorruptCheckpoint(name, None, f"{size} bytes, the manifest says {entry['bytes']} (truncated or padded)")
     if sha256_file(path) == entry["sha256"]:
         return
+    tensors = entry.get("tensors") if isinstance(entry.get("tensors"), dict) else {}
     for tensor, digest in tensor_digests(path).items():
-        if entry.get("tensors", {}).get(tensor) != digest:
+        if tensors.get(tensor) != digest:
             raise CorruptCheckpoint(name, tensor, f"SHA-256 mismatch in tensor {tensor} (the file changed since it was saved)")
     raise CorruptCheckpoint(name, None, "SHA-256 mismatch in the file header")
 
@@ -166,7 +191,7 @@ def load_checked(directory: Path, name: str, verify: bool, manifest: dict | None
         if name not in manifest["files"]:
             raise CorruptCheckpoint(name, None, f"not listed in {MANIFEST}")
         verify_file(directory, name, manifest["files"][name])
-    tensors = load_file(Path(directory) / name)
+    tensors = load_safetensors(Path(directory) / name)
     if verify:
         _scan_finite(name, tensors)
     return tensors
@@ -190,7 +215,7 @@ def load_weights(path: Path, verify: bool = True) -> dict[str, torch.Tensor]:
         if path.name in manifest["files"]:
             verify_file(path.parent, path.name, manifest["files"][path.name])
     if path.suffix == ".safetensors":
-        tensors = load_file(path)
+        tensors = load_safetensors(path)
     else:
         try:  # weights_only: tensors and plain containers, never arbitrary pickled objects
             tensors = torch.load(path, map_location="cpu", weights_only=True)

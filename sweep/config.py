@@ -12,11 +12,13 @@ configs cheaply.
 from __future__ import annotations
 
 import copy
+import math
+import os
 import typing
 from dataclasses import dataclass, field, is_dataclass
 from enum import Enum
 from pathlib import Path
-from typing import Any, Dict, List, Optional
+from typing import Any, Dict, Iterator, List, Optional
 
 from hydra.core.config_store import ConfigStore
 from omegaconf import DictConfig, OmegaConf, open_dict, read_write
@@ -422,13 +424,47 @@ def _has_field(cls: type, dotted: str) -> bool:
     return not rest or (is_dataclass(hints[head]) and _has_field(hints[head], rest))
 
 
+MAX_THREADS = 1024
+"""More than any machine this runs on has cores; torch.set_num_threads(100000) segfaults (rc 139).
+A fixed bound, not os.cpu_count(): a Slurm sweep is validated on a smaller login node."""
+MAX_SEED = 2**32 - 1
+"""numpy's seed range, the narrowest of the seeds a run feeds (torch takes 64 bits); a seed of 10**26
+also overflowed the ledger's SQLite integer and lost the run's trial."""
+
+
+def nonfinite_floats(node: Any, key: str = "") -> Iterator[tuple[str, float]]:
+    """Every inf/nan float under a config object, as (dotted key, value), in field order.
+
+    Hydra's grammar reads `inf` and `nan` as floats, so any float key (and any `+key=inf` added outside
+    the schema, which OmegaConf.to_object keeps as an attribute) can hold one; no run can use one, and
+    a comparison like `lr > 0` lets inf through. Walks the values, not a list of keys, so a field added
+    to a schema later is covered without touching this.
+    """
+    if isinstance(node, float):
+        if not math.isfinite(node):
+            yield key, node
+    elif is_dataclass(node):
+        for name, value in vars(node).items():
+            yield from nonfinite_floats(value, f"{key}.{name}" if key else name)
+    elif isinstance(node, dict):
+        for name, value in node.items():
+            yield from nonfinite_floats(value, f"{key}.{name}" if key else str(name))
+    elif isinstance(node, (list, tuple)):
+        for i, value in enumerate(node):
+            yield from nonfinite_floats(value, f"{key}[{i}]")
+
+
 def validate(run: RunConfig) -> RunConfig:
     """Reject values no run can use; each message names the dotted key."""
     from models.registry import MODEL_SIZES  # no torch import: the registry is a plain dict
 
+    for key, value in nonfinite_floats(run):  # the first one: one line names one key
+        raise ConfigError(f"{key}: must be a finite number, got {value}")
     _require(run.steps > 0, "steps", f"must be > 0, got {run.steps}")
     _require(run.log_every > 0, "log_every", f"must be > 0, got {run.log_every}")
-    _require(run.threads >= 0, "threads", f"must be >= 0, got {run.threads}")
+    _require(0 <= run.threads <= MAX_THREADS, "threads", f"must be in [0, {MAX_THREADS}] (0 = auto), got {run.threads}")
+    for key, seed in (("seed", run.seed), ("data.seed", run.data.seed)):
+        _require(0 <= seed <= MAX_SEED, key, f"must be in [0, {MAX_SEED}] (2**32 - 1), got {seed}")
     _require(run.device == "auto" or run.device == "cpu" or run.device.startswith("cuda"),
              "device", f"must be auto, cpu, cuda or cuda:N, got {run.device!r}")
     s = run.precision.scaler
@@ -506,6 +542,61 @@ def validate(run: RunConfig) -> RunConfig:
              f"must be a database URL (sqlite:///..., postgresql://...) or a journal file ending in .log, got {st!r}")
     validate_pruner(run.ledger.pruner, "ledger.pruner")
     return run
+
+
+WEIGHT_SUFFIXES = (".safetensors", ".pt", ".pth", ".bin")
+"""The weights files model.init_from takes besides a checkpoint directory (sweep/checkpoint.py)."""
+
+
+def check_inputs(run: RunConfig) -> RunConfig:
+    """Files a run will load must be there: checked just before the runs start, not in validate().
+
+    The grid sweeper calls this for every cell before the first run, and sweep.job for each run, so a
+    missing or wrong-kind path is one line and exit status 2, not a run error found at load time. It
+    is not part of validate() because a config names files that do not exist yet when it is composed:
+    a scenario's `${hydra:sweep.dir}/pretrained/...` checkpoint is written by its pretraining, after
+    composition and before the sweep (sweep/scenario.py). What is inside the files is the checkpoint
+    verifier's business (a bad one is verdict `corrupt_checkpoint`).
+    """
+    init = run.model.init_from
+    if init is not None:
+        path = Path(init)
+        _require(path.exists(), "model.init_from", f"no such file or directory: {init}")
+        _require(path.is_dir() or path.suffix in WEIGHT_SUFFIXES, "model.init_from",
+                 f"{init} is not a checkpoint directory or a {'/'.join(WEIGHT_SUFFIXES)} weights file")
+    resume = run.checkpoint.resume_from
+    if resume is not None:
+        _require(Path(resume).is_dir(), "checkpoint.resume_from", f"no such checkpoint directory: {resume}")
+    return run
+
+
+ROOM_INSIDE = 64
+"""Bytes kept free under PATH_MAX for what a run writes inside its directory
+(checkpoints/step_000010.tmp/optimizer.safetensors)."""
+
+
+def check_output_dir(path: str, key: str) -> None:
+    """A run or sweep directory the file system can create: Hydra makes it before any of our code runs,
+    so a 300-character name would end in `OSError: File name too long` (a traceback, or a run error)."""
+    name_max, path_max = _path_limits(path)
+    for part in Path(path).parts:
+        size = len(os.fsencode(part))
+        _require(size <= name_max, key, f"a path component of {size} bytes is longer than the file system's "
+                 f"limit of {name_max}: {part[:24]}...")
+    size = len(os.fsencode(os.path.abspath(path)))
+    _require(size + ROOM_INSIDE <= path_max, key,
+             f"the path is {size} bytes; the file system allows {path_max} with the files a run writes inside")
+
+
+def _path_limits(path: str) -> tuple[int, int]:
+    """(NAME_MAX, PATH_MAX) of the file system the path would be created on (its nearest existing parent)."""
+    probe = Path(os.path.abspath(path))
+    while not os.path.exists(probe) and probe != probe.parent:  # os.path: False, not a raise, on a too-long name
+        probe = probe.parent
+    try:
+        return os.pathconf(probe, "PC_NAME_MAX"), os.pathconf(probe, "PC_PATH_MAX")
+    except (OSError, ValueError, AttributeError):  # no pathconf (Windows) or no answer: the common limits
+        return 255, 4096
 
 
 def validate_pruner(p: PrunerConfig, key: str) -> PrunerConfig:

@@ -14,13 +14,14 @@ import os
 import sys
 from enum import Enum
 from pathlib import Path
+from typing import NoReturn
 
 from hydra.core.global_hydra import GlobalHydra
 from hydra.core.hydra_config import HydraConfig
 from hydra.core.override_parser.overrides_parser import OverridesParser
 from omegaconf import DictConfig, OmegaConf
 
-from .config import ConfigError, RunConfig, enum_choices, to_run_config
+from .config import ConfigError, RunConfig, check_inputs, enum_choices, to_run_config
 from .run import execute
 
 log = logging.getLogger("sweep")
@@ -58,11 +59,10 @@ class JobSpec:
 def job_spec(cfg: DictConfig) -> JobSpec:
     """The current Hydra job as a JobSpec; a bad value exits with one line and status 2."""
     try:
-        run = to_run_config(cfg)
+        run = check_inputs(to_run_config(cfg))
     except ConfigError as e:
         # Exit here: raised, Hydra would print "Error executing job with overrides" before our line.
-        print(f"sweep: config error: {e}", file=sys.stderr)
-        sys.exit(2)
+        exit_config_error(e)
     hc = HydraConfig.get()
     if run.threads == 0:
         run = dataclasses.replace(run, threads=parallel_threads(hc))
@@ -71,6 +71,16 @@ def job_spec(cfg: DictConfig) -> JobSpec:
     multirun = hc.mode.name == "MULTIRUN"
     return JobSpec(run, run_dir, Path(hc.sweep.dir if multirun else run_dir), params,
                    " ".join(f"{k}={v}" for k, v in params.items()), hc.job.num if multirun else 0, multirun)
+
+
+def exit_config_error(e: ConfigError) -> NoReturn:
+    """Print a user mistake as the one line `python -m sweep` prints, and exit with status 2.
+
+    For code Hydra calls where a raised error would not reach sweep.__main__ as it is: the task function
+    (Hydra adds its own report first) and callbacks (Hydra turns their exceptions into a warning).
+    """
+    print(f"sweep: config error: {e}", file=sys.stderr)
+    sys.exit(2)
 
 
 def run_job(cfg: DictConfig) -> dict:

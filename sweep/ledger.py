@@ -26,6 +26,7 @@ import logging
 import math
 import os
 import random
+import re
 import time
 from pathlib import Path
 from typing import Any, Callable, Optional, TypeVar
@@ -46,17 +47,36 @@ LEDGER_FILE = "ledger.db"
 INFEASIBLE, FEASIBLE = 1.0, -1.0
 
 
+SECRET_QUERY_KEYS = ("password", "passwd", "pwd")
+"""Query parameters that carry a password (postgresql://ann@db/sweeps?password=...): libpq and the
+MySQL drivers accept one there as well as in the user info."""
+
+
+def url_has_password(url: str) -> bool:
+    """Whether a storage URL spells out a password, in its user info or as a query parameter."""
+    try:
+        from sqlalchemy.engine import make_url
+
+        parsed = make_url(url)
+    except Exception:  # not an SQLAlchemy URL: user:secret@ anywhere after the scheme
+        return bool(re.search(r"://[^@]*:[^@]*@", url))
+    return parsed.password is not None or any(k.lower() in SECRET_QUERY_KEYS for k in parsed.query)
+
+
 def mask_url(url: str) -> str:
-    """The storage URL with its password replaced by ***, for anything printed or saved."""
+    """The storage URL with its password (user info or query) replaced by ***, for anything printed or saved."""
     if "://" not in url:
         return url
     try:
         from sqlalchemy.engine import make_url
 
-        return make_url(url).render_as_string(hide_password=True)
-    except Exception:  # not an SQLAlchemy URL: hide everything between scheme and host
+        parsed = make_url(url)
+        parsed = parsed.update_query_dict({k: "***" for k in parsed.query if k.lower() in SECRET_QUERY_KEYS})
+        return parsed.render_as_string(hide_password=True).replace("%2A%2A%2A", "***")
+    except Exception:  # not an SQLAlchemy URL: hide everything between scheme and host, and any query
         scheme, rest = url.split("://", 1)
-        return f"{scheme}://***@{rest.rsplit('@', 1)[1]}" if "@" in rest else url
+        rest = rest.split("?", 1)[0] + ("?***" if "?" in rest else "")
+        return f"{scheme}://***@{rest.rsplit('@', 1)[1]}" if "@" in rest else f"{scheme}://{rest}"
 
 
 def storage_url(cfg: LedgerConfig, sweep_dir: Path) -> str:

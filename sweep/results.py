@@ -1,8 +1,14 @@
 """What one run leaves behind: `result.json` and `metrics.csv` in its Hydra job directory.
 
 The fields of result.json are a contract (design.md, "Files of one run"); the report, the ledger and
-the acceptance checks read them. Non-finite numbers are written as null: JSON has no NaN, and the
-verdict already says the loss went non-finite.
+the acceptance checks read them. JSON has no NaN or Infinity, and result.json must be written whatever
+a run held, so values are made JSON-safe on the way out (`json_safe`):
+- a non-finite measured number (final_loss, min_loss, initial_loss, max_grad_norm, steps_per_second,
+  max_attn_logit, min_attn_entropy) is null: the verdict already says the loss went non-finite;
+- a non-finite float anywhere else (a param, a cause, a headroom entry) is the string "inf", "-inf"
+  or "nan", so the value is not lost;
+- an integer outside the signed 64-bit range is its decimal string (readers such as pandas, SQL or
+  JavaScript cannot hold it as a number), and any other non-JSON value (a Path, an enum) its str().
 """
 from __future__ import annotations
 
@@ -20,8 +26,26 @@ METRIC_COLUMNS = ("step", "loss", "grad_norm", "lr", "loss_scale", "skipped",
                   "unchanged_fraction", "zero_grad_fraction", "attn_max_logit", "attn_min_entropy")
 
 
+INT64 = 2 ** 63
+
+
 def _finite_or_none(x: float | None) -> float | None:
     return x if x is not None and math.isfinite(x) else None
+
+
+def json_safe(value):
+    """`value` with every part strict JSON can hold as it is, and the rest as text (module docstring)."""
+    if value is None or isinstance(value, (bool, str)):
+        return value
+    if isinstance(value, float):
+        return value if math.isfinite(value) else str(value)  # "inf", "-inf", "nan"
+    if isinstance(value, int):
+        return value if -INT64 <= value < INT64 else str(value)
+    if isinstance(value, dict):
+        return {str(k): json_safe(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [json_safe(v) for v in value]
+    return str(value)
 
 
 @dataclass
@@ -95,7 +119,7 @@ def write_result(out_dir: Path, result: RunResult) -> Path:
     path = Path(out_dir) / RESULT_FILE
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_suffix(".tmp")
-    tmp.write_text(json.dumps(result.to_dict(), indent=2, allow_nan=False) + "\n")
+    tmp.write_text(json.dumps(json_safe(result.to_dict()), indent=2, allow_nan=False) + "\n")
     tmp.replace(path)  # a reader never sees half a file
     return path
 

@@ -123,6 +123,30 @@ def test_missing_manifest_and_truncation_are_named(trained, tmp_path):
         checkpoint.load_weights(ckpt)
 
 
+@pytest.mark.parametrize("content", [b"", b"just some text, not safetensors\n"])
+def test_an_empty_or_foreign_safetensors_file_is_a_corrupt_checkpoint(tmp_path, content):
+    path = tmp_path / "w.safetensors"
+    path.write_bytes(content)
+    r = execute(make_run("steps=2", f"model.init_from={path}"), tmp_path / "run", params={})
+    assert (r.status, r.verdict, r.first_bad_step, r.cause["where"]) == ("diverged", "corrupt_checkpoint", 0, "checkpoint")
+    assert f"empty or corrupt weights file {path}" in r.cause["detail"], r.cause
+
+
+@pytest.mark.parametrize("drop", ["bytes", "sha256"])
+def test_a_manifest_entry_without_size_or_sum_is_a_corrupt_checkpoint(trained, tmp_path, drop):
+    import shutil
+
+    ckpt = tmp_path / "ckpt"
+    shutil.copytree(trained / "checkpoints" / "step_000006", ckpt)
+    manifest = json.loads((ckpt / "manifest.json").read_text())
+    del manifest["files"]["model.safetensors"][drop]
+    (ckpt / "manifest.json").write_text(json.dumps(manifest))
+    r = execute(make_run("precision=fp16_amp", "steps=8", f"checkpoint.resume_from={ckpt}"), tmp_path / "run", params={})
+    assert (r.verdict, r.cause["where"]) == ("corrupt_checkpoint", "checkpoint"), r.reason
+    assert r.cause["detail"] == f"model.safetensors: its manifest.json entry has no '{drop}'" + (
+        " (the file size) to verify against" if drop == "bytes" else " to verify against")
+
+
 def _parts():
     from sweep.build import build_parts, resolve_device
     from sweep.precision import PrecisionPolicy

@@ -54,9 +54,32 @@ def test_precision_policies_mean_what_they_say():
     ("data.faults=[{index:999,kind:nan}]", "data.faults[0].index"),
     ("data.faults=[{index:3,kind:zero}]", "data.faults[0].kind"),
     ("precision.scaler.backoff_factor=2", "precision.scaler.backoff_factor"),
+    ("threads=100000", "threads"),  # torch.set_num_threads(100000) segfaulted
+    ("seed=100000000000000000000000000", "seed"),  # 10**26 overflowed the ledger and lost the trial
+    ("seed=-1", "seed"),
+    ("data.seed=4294967296", "data.seed"),
 ])
 def test_bad_values_are_rejected_naming_the_key(override, key):
     with pytest.raises(ConfigError, match="^" + re.escape(key) + ": "):
+        make_run(override)
+
+
+@pytest.mark.parametrize("override,key", [
+    ("optim.lr=inf", "optim.lr"),
+    ("optim.weight_decay=inf", "optim.weight_decay"),
+    ("optim.eps=nan", "optim.eps"),
+    ("optim.betas=[0.9,nan]", "optim.betas[1]"),
+    ("monitor.spike_factor=inf", "monitor.spike_factor"),
+    ("precision.scaler.init_scale=inf", "precision.scaler.init_scale"),
+    ("data.range_limit=inf", "data.range_limit"),
+    ("model.qk_gain=inf", "model.qk_gain"),
+    ("objective.flow_shift=-inf", "objective.flow_shift"),
+    ("ledger.pruner.upper=inf", "ledger.pruner.upper"),
+    ("+tag=inf", "tag"),  # a key outside the schema too
+])
+def test_every_float_key_must_be_finite(override, key):
+    """Hydra reads inf/nan as floats; no float key may take one (the check walks the config, not a key list)."""
+    with pytest.raises(ConfigError, match="^" + re.escape(key) + ": must be a finite number, got "):
         make_run(override)
 
 
@@ -77,6 +100,9 @@ def _sweep(*args: str, cwd: Path) -> subprocess.CompletedProcess:
     (["precision=fp8"], "precision"),  # unknown option
     (["optim.lr=-1"], "optim.lr"),  # bad value
     (["-m", "optim.lr=1e-3,-1", "steps=1"], "optim.lr"),  # bad value in one cell of a grid
+    (["threads=100000"], "threads"),  # segfaulted torch (rc 139)
+    (["optim.lr=inf"], "optim.lr"),  # not finite
+    (["-m", "optim.lr=1e-3,inf", "steps=1"], "optim.lr"),  # not finite, in one cell of a grid
 ])
 def test_user_mistake_is_one_line_without_traceback(args, key, tmp_path):
     proc = _sweep(*args, f"hydra.run.dir={tmp_path}/run", f"hydra.sweep.dir={tmp_path}/sweep", cwd=tmp_path)
@@ -86,3 +112,56 @@ def test_user_mistake_is_one_line_without_traceback(args, key, tmp_path):
     assert lines[0].startswith("sweep: config error:") and key in lines[0], lines[0]
     assert "Traceback" not in proc.stderr
     assert not list(tmp_path.rglob("result.json")), "no run may start when the config is wrong"
+
+
+def test_files_a_run_loads_are_checked_before_it_starts(tmp_path):
+    from sweep.config import check_inputs
+
+    (tmp_path / "notes.txt").write_text("not weights")
+    (tmp_path / "w.safetensors").write_bytes(b"")
+    for override, message in [
+        (f"model.init_from={tmp_path}/nope.safetensors", f"model.init_from: no such file or directory: {tmp_path}/nope"),
+        (f"model.init_from={tmp_path}/notes.txt", f"model.init_from: {tmp_path}/notes.txt is not a checkpoint directory"),
+        (f"checkpoint.resume_from={tmp_path}/nope", f"checkpoint.resume_from: no such checkpoint directory: {tmp_path}/nope"),
+    ]:
+        with pytest.raises(ConfigError, match="^" + re.escape(message)):
+            check_inputs(make_run(override))
+    # what is inside is the checkpoint verifier's business (verdict corrupt_checkpoint), not a config error
+    check_inputs(make_run(f"model.init_from={tmp_path}/w.safetensors", f"checkpoint.resume_from={tmp_path}"))
+
+
+@pytest.mark.parametrize("args", [
+    ["model.init_from=nope.safetensors"],
+    ["-m", "steps=1", "optim.lr=1e-3,1e-2", "model.init_from=notes.txt"],
+])
+def test_a_missing_or_wrong_init_from_is_one_line_before_any_run(args, tmp_path):
+    (tmp_path / "notes.txt").write_text("not weights")
+    proc = _sweep(*args, f"hydra.run.dir={tmp_path}/run", f"hydra.sweep.dir={tmp_path}/sweep", cwd=tmp_path)
+    lines = [ln for ln in proc.stderr.splitlines() if ln.strip()]
+    assert proc.returncode == 2 and len(lines) == 1, proc.stderr
+    assert lines[0].startswith("sweep: config error: model.init_from: "), lines[0]
+    assert not list(tmp_path.rglob("result.json")), "no run may start when an input file is missing"
+
+
+def test_an_output_dir_the_file_system_cannot_create_is_a_config_error(tmp_path):
+    from sweep.config import check_output_dir
+
+    check_output_dir(str(tmp_path / ("a" * 200) / "0"), "hydra.run.dir")
+    with pytest.raises(ConfigError, match=r"^hydra.run.dir: a path component of 300 bytes is longer than .* 255"):
+        check_output_dir(str(tmp_path / ("a" * 300)), "hydra.run.dir")
+    with pytest.raises(ConfigError, match=r"^hydra.sweep.dir: the path is \d+ bytes"):
+        check_output_dir(str(tmp_path.joinpath(*["b" * 250] * 17)), "hydra.sweep.dir")
+
+
+@pytest.mark.parametrize("args,key", [
+    (["hydra.run.dir=RUN/" + "a" * 300], "hydra.run.dir"),
+    (["-m", "steps=1", "optim.lr=1e-3,1e-2", "hydra.sweep.dir=SWEEP", "hydra.sweep.subdir=${hydra.job.num}_" + "a" * 300],
+     "hydra.sweep.subdir"),
+])
+def test_a_too_long_output_dir_is_one_line_before_any_run(args, key, tmp_path):
+    args = [a.replace("RUN", f"{tmp_path}/run").replace("SWEEP", f"{tmp_path}/sweep") for a in args]
+    proc = _sweep(*args, cwd=tmp_path)
+    lines = [ln for ln in proc.stderr.splitlines() if ln.strip()]
+    assert proc.returncode == 2 and len(lines) == 1, proc.stderr
+    assert lines[0].startswith(f"sweep: config error: {key}: a path component of 30"), lines[0]
+    assert not list(tmp_path.rglob("result.json"))

@@ -95,8 +95,38 @@ def test_mask_url_hides_the_password():
     assert mask_url("sqlite:///tmp/ledger.db") == "sqlite:///tmp/ledger.db"
 
 
-def test_password_on_the_command_line_is_refused_before_hydra_writes_it(tmp_path):
-    proc = subprocess.run([sys.executable, "-m", "sweep", "ledger.storage=postgresql://u:s3cret@localhost/db",
+def test_mask_url_hides_a_password_in_the_query_or_with_a_slash():
+    assert mask_url("postgresql://ann@db/sweeps?password=s3cret") == "postgresql://ann@db/sweeps?password=***"
+    assert mask_url("postgresql://ann:s3/cret@db/sweeps") == "postgresql://ann:***@db/sweeps"
+    assert "s3cret" not in mask_url("mysql://ann@h/db?sslmode=require&PASSWORD=s3cret")
+
+
+@pytest.mark.parametrize("arg,key", [
+    ("ledger.storage=postgresql://u:s3cret@localhost/db", "ledger.storage"),
+    ("ledger.storage=postgresql://u@localhost/db?password=s3cret", "ledger.storage"),  # not valid grammar, still logged
+    ("'ledger.storage=\"postgresql://u@localhost/db?password=s3cret\"'", "ledger.storage"),
+    ('ledger={storage:"postgresql://u:s3cret@localhost/db"}', "ledger"),
+    ("ledger.storage=postgresql://u:s3/cret@localhost/db", "ledger.storage"),
+    ("+ledger.storage=sqlite:///a.db,postgresql://u:s3cret@h/db", "+ledger.storage"),
+])
+def test_every_spelling_of_a_password_on_the_command_line_is_found(arg, key):
+    from sweep.__main__ import literal_password_arg
+
+    assert literal_password_arg(["-m", "optim.lr=1e-3", arg]) == key
+
+
+@pytest.mark.parametrize("arg", ["ledger.storage=postgresql://u@localhost/db", "ledger.storage=${oc.env:SWEEP_LEDGER_URL}",
+                                 "ledger.storage=sqlite:///x.db", "ledger.storage=runs/ledger.log", "optim.lr=1e-3"])
+def test_a_storage_without_a_password_is_not_refused(arg):
+    from sweep.__main__ import literal_password_arg
+
+    assert literal_password_arg([arg]) is None
+
+
+@pytest.mark.parametrize("arg", ["ledger.storage=postgresql://u:s3cret@localhost/db",
+                                 "ledger.storage='postgresql://u@localhost/db?password=s3cret'"])
+def test_password_on_the_command_line_is_refused_before_hydra_writes_it(tmp_path, arg):
+    proc = subprocess.run([sys.executable, "-m", "sweep", arg,
                            f"hydra.run.dir={tmp_path}/run"], cwd=tmp_path, capture_output=True, text=True,
                           env={**os.environ, "PYTHONPATH": str(REPO)}, timeout=120)
     assert proc.returncode == 2 and "oc.env" in proc.stderr and "s3cret" not in proc.stderr

@@ -161,6 +161,44 @@ def test_html_escapes_every_config_string(tmp_path, capsys):
     assert "&lt;img src=x onerror=&quot;alert(1)&quot;&gt;" in page
 
 
+@pytest.mark.parametrize("name,content,why", [
+    ("list", "[1, 2]", "not a JSON object (a JSON array)"),
+    ("cause", {"cause": "boom"}, "cause is not an object or null (a JSON string)"),
+    ("params", {"params": [1, 2]}, "params is not an object or null (a JSON array)"),
+    ("huge", {"steps_run": 10 ** 30}, "steps_run is not a 64-bit integer or null (got an integer of 31 digits)"),
+    ("loss", {"final_loss": "low"}, "final_loss is not a number or null"),
+    ("status", {"status": ["stable"]}, "status is not a string"),
+    ("module", {"cause": {"where": "forward", "module": ["a"]}}, "cause.module is not a string or null"),
+    ("truncated", '{"status": "sta', "unreadable (JSONDecodeError"),
+])
+def test_a_malformed_result_json_is_skipped_and_named(tmp_path, capsys, name, content, why):
+    """One damaged or foreign result.json: the report uses the other runs, names it and counts them."""
+    root = tmp_path / "s"
+    write_run(root, 0, {"optim.lr": 1e-3}, {"status": "stable", "final_loss": 0.5})
+    write_run(root, 1, {"optim.lr": 1e-2}, diverged("loss_spike", 2, "forward"))
+    bad = write_run(root, 2, {"optim.lr": 1e-1}, {"status": "stable"}) / "result.json"
+    if isinstance(content, dict):
+        content = json.dumps({**json.loads(bad.read_text()), **content})
+    bad.write_text(content)
+    assert main([str(root), "--no-html"]) == 0
+    out, err = capsys.readouterr()
+    assert out.startswith("2 runs: 1 stable, 1 diverged")  # not counted, not "running" either
+    lines = err.strip().splitlines()
+    assert lines[0].startswith(f"sweep.report: skipped {bad}: {why}"), lines
+    assert lines[-1].startswith("sweep.report: 2 runs from ") and "1 result.json skipped" in lines[-1]
+    assert "Traceback" not in err
+
+
+def test_summary_md_escapes_strings_from_result_json(tmp_path, capsys):
+    root = tmp_path / "s"
+    write_run(root, 0, {"optim.lr": 1e-3, "attention": "<script>alert(1)</script>"},
+              {"status": "<script>alert(2)</script>", "final_loss": 0.5})
+    write_run(root, 1, {"optim.lr": 1e-2, "attention": "math"}, {"status": "stable", "final_loss": 0.5})
+    assert main([str(root), "--write"]) == 0
+    for path in (root / "summary.md", root / "report.html"):
+        assert "<script>alert" not in path.read_text(), path
+
+
 def test_sweep_summary_is_still_the_same_command(sweep, tmp_path, capsys):
     from sweep.summary import main as summary_main
 

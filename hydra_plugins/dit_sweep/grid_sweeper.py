@@ -2,12 +2,14 @@
 
 Hydra's basic sweeper already composes every job of a batch before launching it (so a typo'd key
 fails early); this one also converts each composed config with sweep.config.to_run_config, so a bad
-value (optim.lr=-1 in one cell of a 72-cell grid) fails before any run instead of at that cell.
+value (optim.lr=-1 in one cell of a 72-cell grid) fails before any run instead of at that cell, and
+checks the files each cell will load exist (sweep.config.check_inputs).
 Selected by default in conf/config.yaml (`override hydra/sweeper: grid`). No `from __future__ import
 annotations` here: Hydra execs plugin modules outside sys.modules, where string annotations break dataclasses.
 """
 
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Dict, Optional, Sequence
 
 from hydra.core.config_store import ConfigStore
@@ -62,15 +64,33 @@ class GridSweeper(BasicSweeper):
     def validate_batch_is_legal(self, batch: Sequence[Sequence[str]]) -> None:
         from omegaconf import OmegaConf
 
-        from sweep.config import ConfigError, RunConfig, to_run_config  # late: plugin discovery stays cheap
+        from sweep.config import ConfigError, RunConfig, check_inputs, to_run_config  # late: discovery stays cheap
 
         loader = self.hydra_context.config_loader
         compose = getattr(loader, "compose_and_keep", loader.load_sweep_config)
-        for overrides in batch:
+        for num, overrides in enumerate(batch):
             cfg = compose(self.config, list(overrides))
             if OmegaConf.get_type(cfg) is not RunConfig:  # another app's config: Hydra's checks only
                 continue
             try:
-                to_run_config(cfg)
+                check_inputs(to_run_config(cfg))  # after a scenario's pretraining: its checkpoint exists now
+                check_job_dir(cfg, num)
             except ConfigError as e:
                 raise ConfigError(f"{e} (in the sweep cell {' '.join(overrides)})") from None
+
+
+def check_job_dir(cfg, job_num: int) -> None:
+    """The cell's job directory, <sweep dir>/<subdir>, can be created: a subdir such as
+    ${hydra.job.override_dirname} grows with the overrides. hydra.job.num is set only at launch, so a
+    copy gets one (the cell's place in its batch: as many digits, near enough)."""
+    import copy
+
+    from omegaconf import OmegaConf, open_dict, read_write
+
+    from sweep.config import check_output_dir
+
+    cfg = copy.deepcopy(cfg)  # the launcher gets the composed cell (ComposedOnce): leave it as it was
+    with read_write(cfg), open_dict(cfg):
+        cfg.hydra.job.num = job_num
+    subdir = OmegaConf.select(cfg, "hydra.sweep.subdir", default="", throw_on_resolution_failure=False)
+    check_output_dir(str(Path(str(cfg.hydra.sweep.dir)) / str(subdir or "")), "hydra.sweep.subdir")

@@ -30,7 +30,8 @@ def parser(prog: str = "python -m sweep.report") -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog=prog, description=__doc__.split("\n\n")[0],
         epilog="A directory is read as run directories (<n>/result.json; a started job without one\n"
-               "counts as running). A storage is a URL (sqlite:///, postgresql://, mysql://), a SQLite\n"
+               "counts as running; an unreadable or malformed result.json is skipped and named).\n"
+               "A storage is a URL (sqlite:///, postgresql://, mysql://), a SQLite\n"
                "file (.db, .sqlite) or an Optuna journal file (.log, .jsonl); the tables come from its\n"
                "trials, the curves from the run directories the trials name, where they exist.",
         formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -80,8 +81,11 @@ def main(argv: list[str] | None = None, prog: str = "python -m sweep.report") ->
     except SourceError as e:
         print(f"{name}: {e}", file=sys.stderr)
         return 2
+    skipped = runs.attrs.get("skipped", [])
+    for line in skipped:
+        print(f"{name}: skipped {line}", file=sys.stderr)
     if runs.empty:
-        print(f"{name}: no runs in {source}", file=sys.stderr)
+        print(f"{name}: no runs in {source}" + _skipped_note(skipped), file=sys.stderr)
         return 2
     summary = summarize(runs)
     print(render_text(summary, args.width), flush=True)
@@ -92,9 +96,14 @@ def main(argv: list[str] | None = None, prog: str = "python -m sweep.report") ->
         from .html import write_report
 
         written.append(write_report(args.html or Path(out_dir) / REPORT_FILE, summary, title, source))
-    print(f"{name}: {len(runs)} runs from {source}" + (f"; wrote {', '.join(map(str, written))}" if written else ""),
-          file=sys.stderr)
+    print(f"{name}: {len(runs)} runs from {source}" + _skipped_note(skipped)
+          + (f"; wrote {', '.join(map(str, written))}" if written else ""), file=sys.stderr)
     return 0
+
+
+def _skipped_note(skipped: list[str]) -> str:
+    """How many result.json files were left out, for the line that says how many runs were used."""
+    return f" ({len(skipped)} result.json skipped: unreadable or malformed, named above)" if skipped else ""
 
 
 if __name__ == "__main__":

@@ -4,7 +4,10 @@ Every table of the report is computed from this one DataFrame, whichever source 
 directories here, the Optuna study in `study.py`): the outcome columns below, then one `param:<dotted
 key>` column per swept or overridden config value. A job directory that Hydra started but that has no
 result.json yet is a `running` run (its params come from `.hydra/overrides.yaml`), so a report of a
-sweep in progress shows what is still missing.
+sweep in progress shows what is still missing. A result.json that cannot be read, is cut short, or
+does not have the contract's shape (design.md, "Files of one run") is left out and named in
+`runs.attrs["skipped"]`, for the caller to report: one foreign or damaged file must not stop the
+report of the others.
 """
 from __future__ import annotations
 
@@ -60,25 +63,98 @@ def outcome_row(status: str, run_dir: str | None, params: dict, **outcome) -> di
 
 
 def runs_from_dirs(sweep_dir: Path) -> pd.DataFrame:
-    """Every run under `sweep_dir`: finished ones from result.json, started ones as `running`."""
+    """Every run under `sweep_dir`: finished ones from result.json, started ones as `running`.
+
+    `attrs["skipped"]` lists "<path>: <why>" for each result.json left out (see the module docstring).
+    """
     sweep_dir = Path(sweep_dir)
-    rows, finished = [], set()
-    for path in sweep_dir.rglob(RESULT_FILE):
+    rows, finished, skipped = [], set(), []
+    for path in sorted(sweep_dir.rglob(RESULT_FILE)):
+        finished.add(path.parent.resolve())  # a damaged result.json still means the job ended: not running
         try:
             r = json.loads(path.read_text())
-        except (OSError, ValueError) as e:  # written atomically, so only a foreign file gets here
-            log.warning("skipping unreadable %s: %s", path, e)
+        except (OSError, ValueError) as e:  # written atomically, so only a foreign or damaged file gets here
+            skipped.append(f"{path}: unreadable ({type(e).__name__}: {_first_line(e)})")
+            continue
+        problem = result_problem(r)
+        if problem is not None:
+            skipped.append(f"{path}: {problem}")
             continue
         cause = r.get("cause") or {}
         rows.append(outcome_row(r.get("status", "error"), str(path.parent.resolve()), r.get("params") or {},
                                 cause_where=cause.get("where"), cause_module=cause.get("module"),
                                 **{k: r.get(k) for k in RESULT_KEYS if k in r}))
-        finished.add(path.parent.resolve())
     for overrides in sweep_dir.rglob(".hydra/overrides.yaml"):
         job_dir = overrides.parent.parent.resolve()
         if job_dir not in finished:
             rows.append(outcome_row("running", str(job_dir), _params_from_overrides(overrides)))
-    return runs_frame(rows)
+    runs = runs_frame(rows)
+    runs.attrs["skipped"] = skipped
+    return runs
+
+
+def result_problem(r) -> str | None:
+    """Why a parsed result.json cannot be a row of the runs table, or None when it can.
+
+    Checks what the tables rely on: an object, a string status and verdict, cause and params as
+    objects, cause.where/module as strings, and the outcome numbers as numbers an Int64 or a float
+    column can hold (a hand-edited 10**30 overflowed pandas).
+    """
+    if not isinstance(r, dict):
+        return f"not a JSON object (a JSON {_json_type(r)})"
+    if not isinstance(r.get("status", "error"), str):
+        return "status is not a string"
+    if r.get("verdict") is not None and not isinstance(r["verdict"], str):
+        return "verdict is not a string or null"
+    for key in ("cause", "params"):
+        if r.get(key) is not None and not isinstance(r[key], dict):
+            return f"{key} is not an object or null (a JSON {_json_type(r[key])})"
+    for key in ("where", "module"):
+        value = (r.get("cause") or {}).get(key)
+        if value is not None and not isinstance(value, str):
+            return f"cause.{key} is not a string or null"
+    for key in INT_COLUMNS:
+        if not _is_int64_or_none(r.get(key)):
+            return f"{key} is not a 64-bit integer or null (got {_short(r.get(key))})"
+    for key in FLOAT_COLUMNS:
+        if not _is_float_or_none(r.get(key)):
+            return f"{key} is not a number or null (got {_short(r.get(key))})"
+    return None
+
+
+def _is_int64_or_none(v) -> bool:
+    return v is None or (isinstance(v, int) and not isinstance(v, bool) and -2 ** 63 <= v < 2 ** 63)
+
+
+def _is_float_or_none(v) -> bool:
+    """None, a float, or an int that has a float (one past 1.8e308 has none)."""
+    if v is None or isinstance(v, float):
+        return True
+    if not isinstance(v, int) or isinstance(v, bool):
+        return False
+    try:
+        float(v)
+    except OverflowError:
+        return False
+    return True
+
+
+def _short(v) -> str:
+    """A value for a one-line message: a huge integer by its size, anything else cut at 40 characters."""
+    if isinstance(v, int) and not isinstance(v, bool) and abs(v) >= 10 ** 30:
+        return f"an integer of {len(str(abs(v)))} digits"
+    text = repr(v)
+    return text if len(text) <= 40 else text[:37] + "..."
+
+
+def _json_type(v) -> str:
+    """A parsed JSON value's type in JSON's words (array, not list)."""
+    names = {bool: "boolean", int: "number", float: "number", str: "string", list: "array", dict: "object"}
+    return names.get(type(v), type(v).__name__)
+
+
+def _first_line(e: Exception) -> str:
+    return (str(e).strip().splitlines() or [""])[0]
 
 
 def _params_from_overrides(path: Path) -> dict:

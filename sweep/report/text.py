@@ -70,7 +70,7 @@ def table_text(table: pd.DataFrame, index: bool = True, width: int = WIDTH) -> s
 
 def render_markdown(s: Summary, title: str = "Sweep summary") -> str:
     notes = explanations(s)
-    md = [f"# {md_escape(title)}", "", s.counts_line() + "."]
+    md = [f"# {md_escape(title)}", "", md_escape(s.counts_line()) + "."]  # statuses come from result.json files
     for key, table in tables(s).items():
         if not table.empty:
             md += ["", f"## {TITLES[key]}", "", md_escape(notes[key]) + ".", "",
