@@ -27,6 +27,7 @@ log), SDPA's math path on CPU (torch already computes it in fp32 there), and fp3
 from __future__ import annotations
 
 import functools
+import json
 from pathlib import Path
 
 import torch
@@ -125,3 +126,32 @@ def _narrow(out, dtype: torch.dtype):
     if isinstance(out, (tuple, list)):  # convolution_backward: (grad_input, grad_weight, grad_bias), some None
         return type(out)(_narrow(o, dtype) for o in out)
     return out
+
+
+# Verdict agreement: what "emulation gives the same verdicts" means, for bench/gemm_verdicts.py and the tests.
+TOLERANCE = 2
+"""Steps by which an emulated run's first bad step may differ from the native one's. Summation order
+differs, so a loss that crosses a spike threshold at the edge could cross one step apart; every
+scenario and the demo grid measured here agreed exactly (docs/cpu_gemm.md)."""
+
+
+def cell_outcomes(sweep_dir: Path) -> dict[str, list]:
+    """{cell: [status, verdict, first_bad_step]} of a sweep directory; a cell is its swept params as JSON,
+    precision.cpu_gemm left out."""
+    out = {}
+    for path in sorted(Path(sweep_dir).glob("*/result.json")):
+        r = json.loads(path.read_text())
+        params = {k: v for k, v in r["params"].items() if k != "precision.cpu_gemm"}
+        out[json.dumps(params, sort_keys=True)] = [r["status"], r.get("verdict"), r.get("first_bad_step")]
+    return out
+
+
+def verdict_differences(native: dict[str, list], emulated: dict[str, list]) -> list[str]:
+    """One line per cell whose emulated outcome is not the native one's (status, verdict, first bad step
+    within TOLERANCE); empty when they agree."""
+    diffs = [f"{cell}: only in {'native' if cell in native else 'emulated'}" for cell in native.keys() ^ emulated.keys()]
+    for cell in native.keys() & emulated.keys():
+        (s1, v1, b1), (s2, v2, b2) = native[cell], emulated[cell]
+        if (s1, v1) != (s2, v2) or (b1 is None) != (b2 is None) or (b1 is not None and abs(b1 - b2) > TOLERANCE):
+            diffs.append(f"{cell}: native {s1} {v1} @{b1}, emulated {s2} {v2} @{b2}")
+    return sorted(diffs)

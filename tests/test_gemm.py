@@ -6,14 +6,16 @@ fp32 summation-order error (n * 2**-24 * sum|a||b| per output) plus one ulp of t
 from __future__ import annotations
 
 import contextlib
+import itertools
 
 import pytest
 import torch
 import torch.nn.functional as F
 
 from sweep.build import build_parts, resolve_device
-from sweep.gemm import GEMM_OPS, EmulatedGemm, has_native_gemm, resolve
+from sweep.gemm import GEMM_OPS, TOLERANCE, EmulatedGemm, cell_outcomes, has_native_gemm, resolve, verdict_differences
 from sweep.precision import PrecisionPolicy
+from sweep.run import execute
 
 from .conftest import make_run
 
@@ -178,3 +180,32 @@ def test_the_op_list_covers_a_training_step():
     gemm_like = {op for op in ops if op.overloadpacket.__name__ in
                  ("mm", "addmm", "bmm", "baddbmm", "convolution", "convolution_backward", "matmul", "linear")}
     assert gemm_like and gemm_like <= GEMM_OPS
+
+
+def test_verdict_differences_names_every_disagreement():
+    native = {"a": ["stable", None, None], "b": ["diverged", "loss_spike", 4], "c": ["diverged", "nonfinite_loss", 1]}
+    assert verdict_differences(native, {**native, "b": ["diverged", "loss_spike", 4 + TOLERANCE]}) == []
+    assert len(verdict_differences(native, {**native, "b": ["diverged", "loss_spike", 5 + TOLERANCE]})) == 1
+    assert len(verdict_differences(native, {**native, "c": ["diverged", "nonfinite_grad", 1]})) == 1
+    assert len(verdict_differences(native, {**native, "a": ["diverged", "loss_spike", 29]})) == 1
+    assert verdict_differences(native, {"a": native["a"], "b": native["b"]}) == ['c: only in native']
+
+
+@pytest.mark.slow
+def test_the_demo_grid_gets_the_same_verdicts_emulated_as_native(tmp_path):
+    """The demo's low-precision cells (precision x lr x attention) at test size: stable, spiking and NaN
+    runs alike, with the same first bad steps. (Every scenario is held to recorded native outcomes in
+    test_scenarios.py; bench/gemm_verdicts.py compares the full-size demo and every scenario live.)"""
+    outcomes = {}
+    for gemm in ("native", "emulated"):
+        for precision, lr, attention in itertools.product(("bf16_amp", "fp16_amp", "fp16_pure"), ("1e-4", "1e-3", "3e-2"),
+                                                          ("flash", "math")):
+            params = {"precision": precision, "optim.lr": float(lr), "attention": attention}
+            run = make_run(f"precision={precision}", f"optim.lr={lr}", f"attention={attention}", "model=video_dit_tiny",
+                           "steps=12", "threads=1", f"precision.cpu_gemm={gemm}")
+            r = execute(run, tmp_path / gemm / f"{precision}-{lr}-{attention}", params)
+            assert r.kernels["gemm"] == gemm
+        outcomes[gemm] = cell_outcomes(tmp_path / gemm)
+    verdicts = {tuple(o[:2]) for o in outcomes["native"].values()}
+    assert verdicts == {("stable", None), ("diverged", "loss_spike"), ("diverged", "nonfinite_loss")}  # all kinds met
+    assert verdict_differences(outcomes["native"], outcomes["emulated"]) == []
