@@ -51,7 +51,7 @@ class SweepSummary(Callback):
         from .report.text import WIDTH, render_text, write_summary
 
         sweep_dir = Path(config.hydra.sweep.dir)
-        runs = runs_from_dirs(sweep_dir)
+        runs = runs_from_dirs(sweep_dir, starting_s=0)  # every job of this sweep has returned
         for line in runs.attrs.get("skipped", []):
             log.warning("summary: skipped %s", line)
         if runs.empty:
