@@ -30,6 +30,16 @@ class OutputDirCheck(Callback):
 
     def on_multirun_start(self, config: DictConfig, **kwargs: Any) -> None:
         self._check(str(config.hydra.sweep.dir), "hydra.sweep.dir")
+        from .config import ConfigError
+        from .job import exit_config_error
+
+        try:
+            claim_sweep_dir(config)
+        except ConfigError as e:
+            exit_config_error(e)
+
+    def on_multirun_end(self, config: DictConfig, **kwargs: Any) -> None:
+        release_sweep_dir(Path(config.hydra.sweep.dir))
 
     @staticmethod
     def _check(path: str, key: str) -> None:
@@ -42,6 +52,100 @@ class OutputDirCheck(Callback):
             exit_config_error(e)
 
 
+NOT_WHAT_RUNS = ("threads", "progress", "log_every")
+"""Overrides that say how a grid's runs go, not which runs it makes: the same sweep may change them."""
+SWEEP_FILE = "multirun.yaml"  # Hydra's (and our Optuna sweeper's) saved config of the sweep owning the directory
+_ALIVE = ".sweep.alive"
+_ALIVE_HELD: dict[str, int] = {}
+
+
+def sweep_identity(config: DictConfig) -> list[str]:
+    """What makes two sweeps the same sweep, as a list of strings (the sweeper first, then overrides).
+
+    Grid (Hydra's basic sweeper, ours): the command's overrides in order (it numbers its job directories
+    in that order, from 0), less NOT_WHAT_RUNS. Optuna sweeper: its cells, i.e. the swept axes (a resume
+    may change a fixed value such as steps, or n_trials, as README "Resume" says), in any order; job
+    directories are numbered by trial of the study, which the same sweep shares.
+    """
+    from omegaconf import OmegaConf
+
+    overrides = [str(o) for o in OmegaConf.select(config, "hydra.overrides.task", default=None) or []]
+    target = str(OmegaConf.select(config, "hydra.sweeper._target_", default="") or "")
+    if "optuna" not in target:
+        return [target, *(o for o in overrides if not o.split("=", 1)[0].lstrip("+~").startswith(NOT_WHAT_RUNS))]
+    from .search_space import parse
+
+    params = OmegaConf.select(config, "hydra.sweeper.params", default=None)
+    args = [f"{k}={v}" for k, v in (OmegaConf.to_container(params) if params is not None else {}).items()] + overrides
+    try:
+        _, fixed = parse(args)
+    except Exception:  # noqa: BLE001  (the sweeper reports a bad search space itself)
+        return [target, *args]
+    return [target, *sorted(a for a in args if a not in fixed)]
+
+
+def claim_sweep_dir(config: DictConfig) -> None:
+    """Refuse a hydra.sweep.dir that belongs to another sweep, before any run (raises ConfigError).
+
+    Both sweepers number job directories from what they know of their own sweep only (the grid from 0,
+    the Optuna sweeper by trial number of its study), so two sweeps in one directory overwrite each
+    other's <n>/result.json and mix their summaries. The directory belongs to the sweep whose
+    multirun.yaml it holds, once that sweep has started a job there or while it is still live (it holds
+    .sweep.alive); the same command again, the only way to resume (README, "Resume"), is the same sweep.
+    """
+    import fcntl
+    import os
+
+    from omegaconf import OmegaConf
+
+    from .config import ConfigError
+
+    sweep_dir = Path(str(config.hydra.sweep.dir))
+    sweep_dir.mkdir(parents=True, exist_ok=True)
+    with open(sweep_dir / ".sweep.lock", "a") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)  # two sweeps starting at once decide one after the other
+        saved = sweep_dir / SWEEP_FILE
+        if saved.is_file():
+            try:
+                theirs = sweep_identity(OmegaConf.load(saved))
+            except Exception:  # noqa: BLE001  (a damaged or foreign file: nothing to compare)
+                theirs = None
+            started = next(sweep_dir.rglob(".hydra/overrides.yaml"), None) is not None
+            if theirs is not None and theirs != sweep_identity(config) and (started or _sweep_alive(sweep_dir)):
+                raise ConfigError(
+                    f"hydra.sweep.dir: {sweep_dir} holds another sweep ({' '.join(theirs[1:]) or 'no overrides'}); "
+                    "give this one its own hydra.sweep.dir, or resume that one with its own command")
+        fd = os.open(sweep_dir / _ALIVE, os.O_CREAT | os.O_RDWR, 0o644)
+        fcntl.flock(fd, fcntl.LOCK_SH)  # dropped at the end of the sweep, or when this process dies
+        _ALIVE_HELD[str(sweep_dir)] = fd
+
+
+def _sweep_alive(sweep_dir: Path) -> bool:
+    """Whether a live sweep holds the directory (a shared lock on .sweep.alive)."""
+    import fcntl
+    import os
+
+    try:
+        fd = os.open(sweep_dir / _ALIVE, os.O_RDONLY)
+    except OSError:
+        return False
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        return False
+    except OSError:
+        return True
+    finally:
+        os.close(fd)
+
+
+def release_sweep_dir(sweep_dir: Path) -> None:
+    import os
+
+    fd = _ALIVE_HELD.pop(str(sweep_dir), None)
+    if fd is not None:
+        os.close(fd)
+
+
 class SweepSummary(Callback):
     """At the end of every multirun: the tables on the terminal, summary.md/.csv/.parquet in the sweep dir."""
 
@@ -51,7 +155,7 @@ class SweepSummary(Callback):
         from .report.text import WIDTH, render_text, write_summary
 
         sweep_dir = Path(config.hydra.sweep.dir)
-        runs = runs_from_dirs(sweep_dir)
+        runs = runs_from_dirs(sweep_dir, starting_s=0)  # every job of this sweep has returned
         for line in runs.attrs.get("skipped", []):
             log.warning("summary: skipped %s", line)
         if runs.empty:

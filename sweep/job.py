@@ -22,6 +22,7 @@ from hydra.core.override_parser.overrides_parser import OverridesParser
 from omegaconf import DictConfig, OmegaConf
 
 from .config import ConfigError, RunConfig, check_inputs, enum_choices, to_run_config
+from .results import hold_run_dir, release_run_dir
 from .run import execute
 
 log = logging.getLogger("sweep")
@@ -68,6 +69,7 @@ def job_spec(cfg: DictConfig) -> JobSpec:
         run = dataclasses.replace(run, threads=parallel_threads(hc))
     params = swept_params(cfg, list(hc.overrides.task), dict(hc.runtime.choices))
     run_dir = Path(hc.runtime.output_dir)
+    hold_run_dir(run_dir)  # a report tells this job (running) from a killed one (interrupted); finish_job releases
     multirun = hc.mode.name == "MULTIRUN"
     return JobSpec(run, run_dir, Path(hc.sweep.dir if multirun else run_dir), params,
                    " ".join(f"{k}={v}" for k, v in params.items()), hc.job.num if multirun else 0, multirun)
@@ -95,7 +97,10 @@ def run_job(cfg: DictConfig) -> dict:
 def finish_job(job: JobSpec, result) -> dict:
     """Log the run's headline and record it in the ledger; returns result.json's content."""
     log.info("%s%s", f"[{job.num}] {job.label}: " if job.multirun else "", result.headline())
-    record(job.run, job.sweep_dir, job.run_dir, result.to_dict())
+    try:
+        record(job.run, job.sweep_dir, job.run_dir, result.to_dict())
+    finally:
+        release_run_dir(job.run_dir)
     return result.to_dict()
 
 

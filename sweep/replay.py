@@ -5,6 +5,10 @@
 Rebuilds the run from its saved config (.hydra/config.yaml), re-trains it deterministically to the
 step, and prints where the values first went non-finite (forward or backward, which module) and the
 modules closest to their dtype's overflow edge. Writes forensics.json into the run directory.
+
+A run that did not diverge has nothing to replay unless `--step N` asks for a step, and then the
+replay says whether the values stayed finite. `--step` must be a step the run ran (0 to steps_run - 1):
+anything else is one line and exit status 2, never a retrain of that many steps.
 """
 from __future__ import annotations
 
@@ -42,12 +46,23 @@ def main(argv: list[str] | None = None) -> int:
         print(f"sweep.replay: config error: {e}", file=sys.stderr)
         return 2
     result = json.loads((run_dir / RESULT_FILE).read_text())
+    steps_run = result.get("steps_run") or 0
+    if args.step is not None and not 0 <= args.step < steps_run:
+        print(f"sweep.replay: --step {args.step}: {run_dir} ran steps 0 to {steps_run - 1}" if steps_run
+              else f"sweep.replay: --step {args.step}: {run_dir} ran no step", file=sys.stderr)
+        return 2
+    diverged = result.get("status") == "diverged"
+    if args.step is None and not diverged:
+        print(f"{run_dir}: {result.get('status')} after {steps_run} steps - nothing went non-finite, nothing to "
+              "replay (--step N probes a step's overflow headroom)")
+        return 0
     step = args.step if args.step is not None else (
-        result.get("first_bad_step") if result.get("first_bad_step") is not None else max(0, result.get("steps_run", 1) - 1))
-    verdict = result.get("verdict") or "nonfinite_loss"
-    cause, headroom = locate(run, verdict, step, resolve_device(run.device))
+        result.get("first_bad_step") if result.get("first_bad_step") is not None else max(0, steps_run - 1))
+    # A stable run has no verdict: the replay blames only what it sees go non-finite.
+    cause, headroom = locate(run, result.get("verdict") if diverged else None, step, resolve_device(run.device))
     print(f"{run_dir}: {result['status']} {result.get('verdict') or ''} - probed step {step}")
-    print(f"cause: {cause.where} / {cause.module} / {cause.detail}" if cause else "cause: nothing non-finite at that step")
+    print(f"cause: {cause.where} / {cause.module} / {cause.detail}" if cause
+          else "cause: nothing non-finite at that step (the values stayed finite)")
     print("closest to overflow (max |activation| / dtype max):")
     for h in headroom:
         print(f"  {h['module']:<32} {h['headroom']:>9.3g}  amax {h['amax']:.3g} ({h['dtype']})")

@@ -13,8 +13,10 @@ a run held, so values are made JSON-safe on the way out (`json_safe`):
 from __future__ import annotations
 
 import csv
+import fcntl
 import json
 import math
+import os
 import platform
 from dataclasses import asdict, dataclass, field
 from importlib import metadata
@@ -22,6 +24,10 @@ from pathlib import Path
 
 RESULT_FILE = "result.json"
 METRICS_FILE = "metrics.csv"
+RUNNING_LOCK = ".running.lock"
+"""Locked (flock) by the process running a job, from its start until its result is recorded. A job
+directory without result.json whose lock no process holds was interrupted (kill -9, a crash, a lost
+node), not running: the kernel drops the lock when its process dies, however it dies."""
 METRIC_COLUMNS = ("step", "loss", "grad_norm", "lr", "loss_scale", "skipped",
                   "unchanged_fraction", "zero_grad_fraction", "attn_max_logit", "attn_min_entropy")
 
@@ -122,6 +128,56 @@ def write_result(out_dir: Path, result: RunResult) -> Path:
     tmp.write_text(json.dumps(json_safe(result.to_dict()), indent=2, allow_nan=False) + "\n")
     tmp.replace(path)  # a reader never sees half a file
     return path
+
+
+_HELD: dict[str, int] = {}
+"""Lock files this process holds, by path: their open descriptors."""
+
+
+def hold_run_dir(run_dir: Path) -> None:
+    """Mark the job directory as being written by this process until `release_run_dir` (or its death)."""
+    path = Path(run_dir) / RUNNING_LOCK
+    if str(path) in _HELD:
+        return
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fd = os.open(path, os.O_CREAT | os.O_RDWR, 0o644)
+    except OSError:  # a read-only or odd file system: the run matters more than its liveness mark
+        return
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except OSError:  # another live process writes this directory: it keeps the mark
+        os.close(fd)
+        return
+    _HELD[str(path)] = fd
+
+
+def release_run_dir(run_dir: Path) -> None:
+    """The job's result is written and recorded: nobody writes its directory any more."""
+    path = Path(run_dir) / RUNNING_LOCK
+    fd = _HELD.pop(str(path), None)
+    if fd is None:
+        return
+    try:
+        path.unlink()
+    except OSError:
+        pass
+    os.close(fd)  # drops the lock
+
+
+def is_being_written(run_dir: Path) -> bool:
+    """Whether a live process holds the job directory's lock (see RUNNING_LOCK)."""
+    try:
+        fd = os.open(Path(run_dir) / RUNNING_LOCK, os.O_RDONLY)
+    except OSError:
+        return False
+    try:
+        fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+        return False
+    except OSError:
+        return True
+    finally:
+        os.close(fd)
 
 
 def read_result(run_dir: Path) -> dict:

@@ -87,3 +87,30 @@ def test_nonfinite_gradient_names_a_parameter_with_forensics_off(tmp_path, monke
     r = run_with_weights(tmp_path, monkeypatch, edit, "steps=3", "monitor.forensics=false")
     assert r.verdict == "nonfinite_grad"
     assert (r.cause["where"], r.cause["module"]) == ("backward", "blocks.0.mlp.fc2"), r.cause
+
+
+def test_replay_is_honest_about_a_stable_run_and_bad_steps(tmp_path, capsys):
+    """A stable run has nothing non-finite to find; a step the run never reached, or a negative one,
+    is a one-line mistake (exit 2) instead of a retrain of that many steps."""
+    from sweep import replay
+
+    run_dir = tmp_path / "run"
+    env = {**os.environ, "PYTHONPATH": str(REPO), "CI": "1", "OMP_NUM_THREADS": "1"}
+    subprocess.run([sys.executable, "-m", "sweep", "steps=3", "threads=1", *FAST, f"hydra.run.dir={run_dir}"],
+                   check=True, env=env, capture_output=True, timeout=300)
+    assert json.loads((run_dir / "result.json").read_text())["status"] == "stable"
+
+    assert replay.main([str(run_dir)]) == 0
+    out = capsys.readouterr().out
+    assert "nothing to replay" in out and "non-finite" not in out.replace("nothing went non-finite", "")
+    assert not (run_dir / "forensics.json").exists()
+
+    assert replay.main([str(run_dir), "--step", "1"]) == 0  # asked for: replayed, and it stayed finite
+    out = capsys.readouterr().out
+    assert "stayed finite" in out and "loss itself went non-finite" not in out
+    assert json.loads((run_dir / "forensics.json").read_text())["cause"] is None
+
+    for step in ("999", "3", "-3"):
+        assert replay.main([str(run_dir), "--step", step]) == 2, step
+        err = capsys.readouterr().err.strip().splitlines()
+        assert len(err) == 1 and "--step" in err[0], err

@@ -4,6 +4,8 @@ from __future__ import annotations
 import json
 import pickle
 
+import pytest
+
 from hydra._internal.config_loader_impl import ConfigLoaderImpl
 
 from .conftest import multirun_in_process
@@ -33,3 +35,40 @@ def test_the_loader_ships_to_workers_without_its_kept_configs():
     loader.kept[("a=1",)] = "a composed config"
     shipped = pickle.loads(pickle.dumps(loader))
     assert shipped.kept == {} and shipped.loader == ["the real loader"] and shipped.count("the real loader") == 1
+
+
+def test_a_sweep_dir_holding_another_sweep_is_refused_before_any_run(tmp_path, capsys):
+    """Two sweeps in one hydra.sweep.dir overwrote each other's <n>/result.json; the same command again
+    (a resume) still runs there, a different one is one line and exit 2, whether the other sweep has
+    started a run there or is still starting (live)."""
+    import fcntl
+    import os
+
+    from .conftest import multirun_in_process
+
+    sweep_dir = tmp_path / "s"
+    multirun_in_process(sweep_dir, "steps=2", "optim.lr=1e-4")
+    first = (sweep_dir / "0" / "result.json").read_text()
+    capsys.readouterr()
+    with pytest.raises(SystemExit) as exit_:
+        multirun_in_process(sweep_dir, "steps=2", "optim.lr=1e-3")
+    assert exit_.value.code == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "hydra.sweep.dir" in err[0] and "optim.lr=1e-4" in err[0], err
+    assert (sweep_dir / "0" / "result.json").read_text() == first and not (sweep_dir / "1").exists()
+
+    multirun_in_process(sweep_dir, "steps=2", "optim.lr=1e-4", "threads=1")  # the same sweep: resumes
+    # Another sweep, live but with no job directory yet (two sweeps started at once).
+    other = tmp_path / "t"
+    other.mkdir()
+    (other / "multirun.yaml").write_text("hydra:\n  overrides:\n    task: [optim.lr=1e-2]\n")
+    fd = os.open(other / ".sweep.alive", os.O_CREAT | os.O_RDWR)
+    fcntl.flock(fd, fcntl.LOCK_SH)
+    try:
+        with pytest.raises(SystemExit):
+            multirun_in_process(other, "steps=2", "optim.lr=1e-3")
+    finally:
+        os.close(fd)
+    assert not (other / "0").exists()
+    multirun_in_process(other, "steps=2", "optim.lr=1e-3")  # it died before any run: the directory is free
+    assert (other / "0" / "result.json").is_file()

@@ -326,3 +326,63 @@ def test_no_margin_below_the_lowest_stable_lr_is_said(tmp_path):
     rec = recommend(runs_from_dirs(root))
     assert rec.settings == {"precision": "fp32", "optim.lr": 1e-3} and not rec.margin
     assert "with no margin" in rec.line and "[frontier: all]" in rec.line
+
+
+def test_killed_and_resumed_sweep_interrupted_runs(tmp_path):
+    """kill -9 of a sweep, then the same command again: the killed jobs' directories have no result.json.
+
+    The Optuna sweeper redoes a killed cell as a new trial in a new directory (18 here): the old one is
+    interrupted and superseded by it. A cell nobody redid, with no live process, is interrupted; only a
+    directory whose job holds its lock is running."""
+    import os
+
+    from sweep.results import hold_run_dir, release_run_dir
+
+    root = make_grid(tmp_path / "s", running={("fp32", 1e-3, "math", 0), ("bf16_amp", 1e-2, "flash", 0),
+                                              ("fp16_pure", 1e-4, "math", 0)})
+    redone = {"precision": "fp32", "optim.lr": 1e-3, "attention": "math", "steps": 8}
+    write_run(root, 18, {**redone, "ledger.trial_number": 18}, outcome("fp32", 1e-3, "math"))
+    result = json.loads((root / "18" / "result.json").read_text())
+    result["params"] = redone  # a job's params leave ledger.* out
+    (root / "18" / "result.json").write_text(json.dumps(result))
+    long_ago = 1_000_000_000
+    for job in root.iterdir():
+        os.utime(job / ".hydra" / "overrides.yaml", (long_ago, long_ago))
+    live = next(r for r in root.iterdir() if "fp16_pure" in (r / ".hydra" / "overrides.yaml").read_text()
+                and "attention=math" in (r / ".hydra" / "overrides.yaml").read_text()
+                and not (r / "result.json").exists())
+    hold_run_dir(live)
+    try:
+        runs = runs_from_dirs(root)
+    finally:
+        release_run_dir(live)
+    by_dir = runs.set_index(runs.run_dir.map(lambda d: Path(d).name))
+    assert len(runs) == 19 and (runs.status == "running").sum() == 1 and by_dir.loc[live.name, "status"] == "running"
+    killed = by_dir[by_dir.status == "interrupted"]
+    assert len(killed) == 2
+    superseded = killed[killed.superseded_by.notna()]
+    assert len(superseded) == 1 and Path(superseded.superseded_by.iloc[0]).name == "18"
+    assert superseded.iloc[0]["param:precision"] == "fp32" and superseded.iloc[0]["param:optim.lr"] == 1e-3
+    text = render_text(summarize(runs))
+    assert text.startswith("19 runs: 8 stable, 8 diverged, 1 running, 2 interrupted (1 superseded)"), text[:80]
+    table, _ = divergence_map(summarize(runs).runs)
+    assert table.loc[1e-2, ("bf16_amp", "flash")] == "interrupted"
+
+    # Nothing holds a lock once the sweep is over: the summary at its end counts no run as running.
+    runs = runs_from_dirs(root, starting_s=0)
+    assert (runs.status == "running").sum() == 0 and (runs.status == "interrupted").sum() == 3
+
+
+def test_resumed_grid_summary_is_every_cell_once(tmp_path):
+    """The issue's sweep: 12 cells, one killed mid-run and redone by the same command."""
+    root = tmp_path / "s"
+    n = 0
+    for p in ["fp32", "bf16_amp"]:
+        for lr in LRS:
+            for a in ATTENTIONS:
+                write_run(root, n, {"precision": p, "optim.lr": lr, "attention": a},
+                          None if n == 5 else outcome(p, lr, a))
+                n += 1
+    write_run(root, 12, {"precision": "fp32", "optim.lr": 1e-2, "attention": "math"}, outcome("fp32", 1e-2, "math"))
+    runs = runs_from_dirs(root, starting_s=0)
+    assert summarize(runs).counts_line() == "13 runs: 9 stable, 3 diverged, 1 interrupted (superseded)"

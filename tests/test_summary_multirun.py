@@ -61,3 +61,24 @@ def test_real_multirun_ends_with_the_summary_and_both_sources_agree(tmp_path, ca
     assert from_dirs.split("\n\nRecommendation")[0] in printed  # the same tables as at the end of the sweep
     page = (sweep_dir / "report.html").read_text()
     assert page.count('id="curves-') == 2  # fp32 and fp16_pure, curves read from the trials' run dirs
+
+
+def test_a_job_marks_its_directory_as_being_written_until_recorded(tmp_path, monkeypatch, capsys):
+    """What tells a running job from a killed one: the job's lock, held from its start to its record."""
+    import sweep.job
+    from sweep.report.runs import runs_from_dirs
+    from sweep.results import RUNNING_LOCK, is_being_written
+
+    from .conftest import multirun_in_process
+
+    seen, real = [], sweep.job.execute
+
+    def execute(run, out_dir, *a, **k):
+        seen.append((is_being_written(out_dir), runs_from_dirs(tmp_path / "s", starting_s=0).status.tolist()))
+        return real(run, out_dir, *a, **k)
+
+    monkeypatch.setattr(sweep.job, "execute", execute)
+    multirun_in_process(tmp_path / "s", "steps=2", "optim.lr=1e-4,1e-3")
+    assert seen == [(True, ["running"]), (True, ["stable", "running"])]
+    assert not any((tmp_path / "s" / n / RUNNING_LOCK).exists() for n in ("0", "1"))
+    assert "2 runs: 2 stable" in capsys.readouterr().out

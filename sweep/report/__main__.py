@@ -30,7 +30,8 @@ def parser(prog: str = "python -m sweep.report") -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog=prog, description=__doc__.split("\n\n")[0],
         epilog="A directory is read as run directories (<n>/result.json; a started job without one\n"
-               "counts as running; an unreadable or malformed result.json is skipped and named).\n"
+               "is running while its process lives, else interrupted (superseded when a later run redid\n"
+               "its cell); an unreadable or malformed result.json is skipped and named).\n"
                "A storage is a URL (sqlite:///, postgresql://, mysql://), a SQLite\n"
                "file (.db, .sqlite) or an Optuna journal file (.log, .jsonl); the tables come from its\n"
                "trials, the curves from the run directories the trials name, where they exist.",

@@ -14,23 +14,28 @@ from __future__ import annotations
 import json
 import logging
 import re
+import time
 from pathlib import Path
 
 import pandas as pd
 
-from ..results import METRICS_FILE, RESULT_FILE
+from ..results import METRICS_FILE, RESULT_FILE, is_being_written
 
 log = logging.getLogger("sweep")
 
 OUTCOME_COLUMNS = ["status", "verdict", "first_bad_step", "cause_where", "cause_module", "final_loss",
-                   "initial_loss", "min_loss", "steps_run", "steps_per_second", "seed", "run_dir", "pruned_at_step"]
+                   "initial_loss", "min_loss", "steps_run", "steps_per_second", "seed", "run_dir", "pruned_at_step",
+                   "superseded_by"]
 INT_COLUMNS = ["first_bad_step", "steps_run", "seed", "pruned_at_step"]
 FLOAT_COLUMNS = ["final_loss", "initial_loss", "min_loss", "steps_per_second"]
-RESULT_KEYS = [c for c in OUTCOME_COLUMNS if c not in ("status", "run_dir", "cause_where", "cause_module")]
+RESULT_KEYS = [c for c in OUTCOME_COLUMNS if c not in ("status", "run_dir", "cause_where", "cause_module",
+                                                        "superseded_by")]
 """Outcome columns that result.json holds under the same name."""
 PARAM = "param:"
 DECIDED = ("stable", "diverged")
-"""Statuses that say something about stability; skipped, error and running runs do not."""
+"""Statuses that say something about stability; skipped, error, running and interrupted runs do not."""
+STARTING_S = 10.0
+"""How long after Hydra made a job directory it counts as running without holding its lock."""
 
 
 def runs_frame(rows: list[dict]) -> pd.DataFrame:
@@ -50,7 +55,7 @@ def runs_frame(rows: list[dict]) -> pd.DataFrame:
         df[c] = pd.array([None if _missing(v) else int(v) for v in df[c]], dtype="Int64")
     for c in FLOAT_COLUMNS:
         df[c] = pd.to_numeric(df[c], errors="coerce").astype(float)
-    for c in ["status", "verdict", "cause_where", "cause_module", "run_dir", *params]:
+    for c in ["status", "verdict", "cause_where", "cause_module", "run_dir", "superseded_by", *params]:
         df[c] = df[c].astype(object).where(df[c].notna(), None)
     return df.reset_index(drop=True)
 
@@ -62,8 +67,10 @@ def outcome_row(status: str, run_dir: str | None, params: dict, **outcome) -> di
     return row
 
 
-def runs_from_dirs(sweep_dir: Path) -> pd.DataFrame:
-    """Every run under `sweep_dir`: finished ones from result.json, started ones as `running`.
+def runs_from_dirs(sweep_dir: Path, starting_s: float = STARTING_S) -> pd.DataFrame:
+    """Every run under `sweep_dir`: finished ones from result.json, started ones as `running` or
+    `interrupted` (see the module docstring; the end-of-sweep summary passes starting_s=0: every job of
+    its sweep has returned).
 
     `attrs["skipped"]` lists "<path>: <why>" for each result.json left out (see the module docstring).
     """
@@ -84,13 +91,35 @@ def runs_from_dirs(sweep_dir: Path) -> pd.DataFrame:
         rows.append(outcome_row(r.get("status", "error"), str(path.parent.resolve()), r.get("params") or {},
                                 cause_where=cause.get("where"), cause_module=cause.get("module"),
                                 **{k: r.get(k) for k in RESULT_KEYS if k in r}))
+    done = {}  # a cell (its params) -> the first finished run of it
+    for r in rows:
+        done.setdefault(_cell(r), r["run_dir"])
     for overrides in sweep_dir.rglob(".hydra/overrides.yaml"):
         job_dir = overrides.parent.parent.resolve()
-        if job_dir not in finished:
-            rows.append(outcome_row("running", str(job_dir), _params_from_overrides(overrides)))
+        if job_dir in finished:
+            continue
+        row = outcome_row("running", str(job_dir), _params_from_overrides(overrides))
+        twin = done.get(_cell(row))
+        if twin is not None:
+            row.update(status="interrupted", superseded_by=twin)
+        elif not is_being_written(job_dir) and not _younger_than(overrides, starting_s):
+            row["status"] = "interrupted"
+        rows.append(row)
     runs = runs_frame(rows)
     runs.attrs["skipped"] = skipped
     return runs
+
+
+def _cell(row: dict) -> frozenset:
+    """What identifies a run's cell: its swept params (result.json `params`, or the job's overrides)."""
+    return frozenset((k, v) for k, v in row.items() if k.startswith(PARAM))
+
+
+def _younger_than(path: Path, seconds: float) -> bool:
+    try:
+        return time.time() - path.stat().st_mtime < seconds
+    except OSError:
+        return False
 
 
 def result_problem(r) -> str | None:

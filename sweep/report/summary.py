@@ -9,7 +9,7 @@ from .recommend import Recommendation, recommend
 from .tables import (divergence_cells, divergence_map, frontier, frontier_records, lr_sensitivity,
                      root_causes, swept_axes, toggle_effects)
 
-STATUSES = ("stable", "diverged", "skipped", "error", "running")
+STATUSES = ("stable", "diverged", "skipped", "error", "running", "interrupted")
 
 
 @dataclass
@@ -29,15 +29,23 @@ class Summary:
     def counts_line(self) -> str:
         counts = self.runs.status.value_counts()
         known = [f"{counts[k]} {k}" for k in STATUSES if k in counts]
+        superseded = int(self.runs.superseded_by.notna().sum()) if "superseded_by" in self.runs else 0
+        if superseded:  # killed, and its cell redone by a later run: nothing is missing
+            known = [f"{k} ({'superseded' if superseded == counts['interrupted'] else f'{superseded} superseded'})"
+                     if k.endswith(" interrupted") else k for k in known]
         other = [f"{n} {k}" for k, n in counts.items() if k not in STATUSES]
         return f"{len(self.runs)} runs: " + ", ".join(known + other)
 
 
 def summarize(runs: pd.DataFrame) -> Summary:
-    """Every table of the summary (the runs table must not be empty)."""
+    """Every table of the summary (the runs table must not be empty). A superseded run (killed, its cell
+    redone) is counted, but the tables are computed without it."""
+    all_runs = runs
+    if "superseded_by" in runs:
+        runs = runs[runs.superseded_by.isna()].reset_index(drop=True)
     cells, recs = divergence_cells(runs), frontier_records(runs)
     dmap, legend = divergence_map(runs, cells)
     toggles = toggle_effects(runs, recs)
-    return Summary(runs=runs, axes=swept_axes(runs), cells=cells, divergence_map=dmap, map_columns=legend,
+    return Summary(runs=all_runs, axes=swept_axes(runs), cells=cells, divergence_map=dmap, map_columns=legend,
                    frontier=frontier(runs, recs), lr_sensitivity=lr_sensitivity(runs), toggles=toggles,
                    root_causes=root_causes(runs), recommendation=recommend(runs, recs, toggles))
