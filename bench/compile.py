@@ -50,7 +50,8 @@ def main() -> None:
                      f"threads={args.threads}", f"compile={str(compiled).lower()}", "progress=none"]
         with initialize_config_dir(config_dir=conf, version_base="1.3"):
             run = to_run_config(compose(config_name="config", overrides=overrides))
-        device, policy = resolve_device(run.device), PrecisionPolicy.from_config(run.precision)
+        device = resolve_device(run.device)
+        policy = PrecisionPolicy.from_config(run.precision, device, run.compile)
         reset_process_state(run, policy)
         parts = build_parts(run, device, policy)
         start = time.perf_counter()

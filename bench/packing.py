@@ -49,7 +49,7 @@ def main() -> None:
     one = runs_for(1, args)[0]
     if (reason := refusal(one, device)) is not None:
         sys.exit(f"bench/packing.py: these runs would train alone, not packed: {reason}")
-    policy = PrecisionPolicy.from_config(one.precision)
+    policy = PrecisionPolicy.from_config(one.precision, device)
     reset_process_state(one, policy)
     flops = step_flops(one, build_parts(one, device, policy))
     peak = matmul_flops(policy.compute_dtype, device)

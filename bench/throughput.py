@@ -72,9 +72,10 @@ def bare_steps(run, parts, steps: int) -> float:
     start = time.perf_counter()
     for x0 in batches:
         noisy, t, target = parts.objective.sample(x0.to(device), parts.noise_gen)
-        with policy.autocast(device):
-            loss = parts.objective.loss(model(noisy.to(policy.param_dtype), t), target)
-        (loss * parts.scaler.scale).backward()
+        with policy.gemm_mode():  # the run's GEMM path (sweep/gemm.py), as the loop has it
+            with policy.autocast(device):
+                loss = parts.objective.loss(model(noisy.to(policy.param_dtype), t), target)
+            (loss * parts.scaler.scale).backward()
         opt.step()
         opt.zero_grad(set_to_none=True)
     if device.type == "cuda":
@@ -98,7 +99,7 @@ def main() -> None:
         # lr small enough that every precision stays stable for the whole figure
         run = run_config([f"precision={name}", f"model={args.model}", f"attention={args.attention}",
                           f"steps={args.steps}", "optim.lr=1e-5", "progress=none", "monitor.stall_fraction=1.0"])
-        policy = PrecisionPolicy.from_config(run.precision)
+        policy = PrecisionPolicy.from_config(run.precision, device, run.compile)
         reset_process_state(run, policy)
         parts = build_parts(run, device, policy)
         flops = step_flops(run, parts)
@@ -114,7 +115,9 @@ def main() -> None:
         reset_process_state(run, policy)
         parts = build_parts(run, device, policy)
         bare = bare_steps(run, parts, run.steps) / run.steps
-        peak = matmul_flops(policy.compute_dtype, device)
+        with policy.gemm_mode():  # the peak the run's own GEMM path can reach
+            peak = matmul_flops(policy.compute_dtype, device)
+        name = f"{name} (emul.)" if policy.gemm == "emulated" else name
         print(f"{name:<17}{1 / monitored:>9.2f}{monitored * 1e3:>9.1f}{flops / 1e9:>12.2f}"
               f"{flops / monitored / 1e9:>15.1f}{peak / 1e9:>16.1f}{flops / monitored / peak:>11.1%}"
               f"{bare * 1e3:>14.1f}{(monitored - bare) / bare:>+14.1%}")
