@@ -123,19 +123,10 @@ def claim_sweep_dir(config: DictConfig) -> None:
 def _sweep_alive(sweep_dir: Path) -> bool:
     """Whether a live sweep holds the directory (a shared lock on .sweep.alive)."""
     import fcntl
-    import os
 
-    try:
-        fd = os.open(sweep_dir / _ALIVE, os.O_RDONLY)
-    except OSError:
-        return False
-    try:
-        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        return False
-    except OSError:
-        return True
-    finally:
-        os.close(fd)
+    from .results import lock_held
+
+    return lock_held(sweep_dir / _ALIVE, fcntl.LOCK_EX)
 
 
 def release_sweep_dir(sweep_dir: Path) -> None:

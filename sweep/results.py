@@ -167,12 +167,18 @@ def release_run_dir(run_dir: Path) -> None:
 
 def is_being_written(run_dir: Path) -> bool:
     """Whether a live process holds the job directory's lock (see RUNNING_LOCK)."""
+    return lock_held(Path(run_dir) / RUNNING_LOCK, fcntl.LOCK_SH)
+
+
+def lock_held(path: Path, probe: int) -> bool:
+    """Whether a live process holds a flock on `path` that conflicts with `probe` (LOCK_SH or LOCK_EX);
+    a missing file is no lock. The probe itself is released at once."""
     try:
-        fd = os.open(Path(run_dir) / RUNNING_LOCK, os.O_RDONLY)
+        fd = os.open(path, os.O_RDONLY)
     except OSError:
         return False
     try:
-        fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+        fcntl.flock(fd, probe | fcntl.LOCK_NB)
         return False
     except OSError:
         return True
