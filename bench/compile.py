@@ -6,8 +6,8 @@ Per precision, in one process: an eager run, then two compiled runs of the same 
 run 1 starts from an empty inductor cache (a fresh TORCHINDUCTOR_CACHE_DIR, unless --cache-dir
 names one); run 2 is a new run of the same shapes after torch._dynamo.reset(), as the next job of a
 multirun is, so its compile comes from inductor's FX graph cache and AOTAutograd's cache.
-"compile s" is sweep.compiled.compile_run (compile + the profiled kernel check) before step 0;
-steps/s is the real training loop (sweep.train.train) after it, logit-watch steps (every
+"compile s" is sweep.run.compiled.compile_run (compile + the profiled kernel check) before step 0;
+steps/s is the real training loop (sweep.run.train.train) after it, logit-watch steps (every
 monitor.logit_every, eager) included.
 """
 from __future__ import annotations
@@ -35,13 +35,13 @@ def main() -> None:
 
     from hydra import compose, initialize_config_dir
 
-    from sweep.build import build_parts, reset_process_state, resolve_device
-    from sweep.compiled import compile_run
+    from sweep.run.build import build_parts, reset_process_state, resolve_device
+    from sweep.run.compiled import compile_run
     from sweep.config import Progress, to_run_config
-    from sweep.precision import PrecisionPolicy
-    from sweep.progress import RunProgress
-    from sweep.results import MetricsLog
-    from sweep.train import train
+    from sweep.run.precision import PrecisionPolicy
+    from sweep.run.progress import RunProgress
+    from sweep.run.results import MetricsLog
+    from sweep.run.train import train
 
     conf = str(Path(__file__).resolve().parents[1] / "conf")
 

@@ -3,7 +3,7 @@
     OMP_NUM_THREADS=1 python bench/diffusers_models.py [--steps 10] [--threads 1] [--models cogvideox,sana]
         [--precisions fp32,bf16_amp,fp16_amp]
 
-Each cell is one real run (sweep.run.execute: the training loop with its monitor, attention=math,
+Each cell is one real run (sweep.run.execute.execute: the training loop with its monitor, attention=math,
 modulate=eager) on the default data: synthetic_video (4 x 3 x 8 x 16 x 16) for the video models,
 synthetic_image (4 x 3 x 16 x 16) for the image models. A 2-step run first warms up the process
 (imports, allocator); the figure is steps_per_second of the timed run. Prints a Markdown table.
@@ -22,7 +22,7 @@ from hydra.core.global_hydra import GlobalHydra  # noqa: E402
 
 from models.diffusers_zoo import DIFFUSERS_MODELS, ZOO  # noqa: E402
 from sweep.config import to_run_config  # noqa: E402
-from sweep.run import execute  # noqa: E402
+from sweep.run.execute import execute  # noqa: E402
 
 CONF = str(Path(__file__).resolve().parents[1] / "conf")
 

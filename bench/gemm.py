@@ -1,4 +1,4 @@
-"""GEMM speed on this CPU: fp32, native bf16/fp16, and emulated bf16/fp16 (sweep/gemm.py), one thread.
+"""GEMM speed on this CPU: fp32, native bf16/fp16, and emulated bf16/fp16 (sweep/run/gemm.py), one thread.
 
     python bench/gemm.py [--sizes 512,2048]
 
@@ -14,7 +14,7 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from sweep.gemm import EmulatedGemm, cpu_flags, has_native_gemm  # noqa: E402
+from sweep.run.gemm import EmulatedGemm, cpu_flags, has_native_gemm  # noqa: E402
 
 
 def gflops(a: torch.Tensor, b: torch.Tensor, seconds: float = 1.0) -> float:

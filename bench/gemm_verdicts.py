@@ -26,7 +26,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from sweep.gemm import TOLERANCE, cell_outcomes, cpu_flags, verdict_differences  # noqa: E402
+from sweep.run.gemm import TOLERANCE, cell_outcomes, cpu_flags, verdict_differences  # noqa: E402
 from sweep.scenario import available  # noqa: E402
 
 RECORD = REPO / "tests" / "data" / "native_verdicts.json"

@@ -9,7 +9,7 @@ and Slurm on this node (hydra/launcher=slurm, 1 CPU per run, all 24 runs as one 
 cluster comes from scripts/slurm.sh). Runs per minute = 24 / wall time of the whole command
 (interpreter start, every run, the ledger, the end summary).
 
-Ledger overhead: the time `sweep.ledger.record_run` takes to record one finished run (open the
+Ledger overhead: the time `sweep.search.ledger.record_run` takes to record one finished run (open the
 storage, load the study, add the trial with its attributes), as every job does, averaged over
 --records runs, on a SQLite file and on the PostgreSQL server of scripts/postgres.sh.
 """
@@ -64,7 +64,7 @@ def run_grid(name: str, steps: int, out: Path) -> tuple[float, Path]:
 def ledger_overhead(url: str, result: dict, run_dir: Path, records: int) -> list[float]:
     """Seconds per record_run into a fresh study at `url`."""
     from sweep.config import LedgerConfig
-    from sweep.ledger import record_run
+    from sweep.search.ledger import record_run
 
     cfg = LedgerConfig(storage=url, study_name=f"bench-ledger-{os.getpid()}-{time.time_ns()}")
     record_run(cfg, run_dir.parent, run_dir, result)  # creates the study and its tables: not timed

@@ -52,12 +52,12 @@ PHASES = [
     ("hydra: compose per job", "ConfigLoader.load_sweep_config (validation and launch)"),
     ("hydra: job setup", "hydra.core.utils.run_job: job dir, .hydra/*.yaml, logging, HydraConfig"),
     ("job: config + params", "sweep.job.run_job itself: to_run_config, swept params, pruning hooks"),
-    ("run: setup", "sweep.run.execute itself: device, policy, state reset, progress, result"),
-    ("run: package versions", "sweep.results.package_versions"),
-    ("model build", "sweep.build.build_parts: model, optimizer, objective, monitor (data lazily)"),
+    ("run: setup", "sweep.run.execute.execute itself: device, policy, state reset, progress, result"),
+    ("run: package versions", "sweep.run.results.package_versions"),
+    ("model build", "sweep.run.build.build_parts: model, optimizer, objective, monitor (data lazily)"),
     ("data generation", "SyntheticClips rendering, at the first batch"),
-    ("training steps", "sweep.train.train (the loop; data generation excluded)"),
-    ("forensics", "sweep.forensics.locate: replay of a non-finite run"),
+    ("training steps", "sweep.run.train.train (the loop; data generation excluded)"),
+    ("forensics", "sweep.run.forensics.locate: replay of a non-finite run"),
     ("result files", "result.json and metrics.csv"),
     ("ledger write", "sweep.job.record: open the storage, load the study, add the trial"),
     ("end-of-sweep summary", "SweepSummary.on_multirun_end: tables and summary files"),
@@ -106,12 +106,12 @@ def child(report: Path, sweep_argv: list[str]) -> None:
     from hydra._internal.config_loader_impl import ConfigLoaderImpl
     from hydra.core.plugins import Plugins
 
-    import sweep.build
+    import sweep.run.build
     import sweep.callbacks
-    import sweep.data
+    import sweep.data.synthetic
     import sweep.job
-    import sweep.results
-    import sweep.run
+    import sweep.run.results
+    import sweep.run.execute
 
     # Hydra execs plugin modules itself (outside sys.modules): patch the classes it registered.
     t0 = time.perf_counter()
@@ -126,15 +126,15 @@ def child(report: Path, sweep_argv: list[str]) -> None:
     launcher_globals["run_job"] = phases.wrap("hydra: job setup", launcher_globals["run_job"])
     phases.patch(entry, "run_job", "job: config + params")
     phases.patch(sweep.job, "execute", "run: setup")
-    phases.patch(sweep.run, "package_versions", "run: package versions")
-    phases.patch(sweep.run, "build_parts", "model build")
-    cache, timed_cache = sweep.data.SyntheticClips._cache, phases.wrap("data generation", sweep.data.SyntheticClips._cache)
+    phases.patch(sweep.run.execute, "package_versions", "run: package versions")
+    phases.patch(sweep.run.execute, "build_parts", "model build")
+    cache, timed_cache = sweep.data.synthetic.SyntheticClips._cache, phases.wrap("data generation", sweep.data.synthetic.SyntheticClips._cache)
     # Timed only when it renders: afterwards every __getitem__ calls it to index the cached tensor.
-    sweep.data.SyntheticClips._cache = lambda self: cache(self) if self._data is not None else timed_cache(self)
-    phases.patch(sweep.run, "train", "training steps")
-    phases.patch(sweep.run, "locate", "forensics")
-    phases.patch(sweep.run, "write_result", "result files")
-    phases.patch(sweep.results.MetricsLog, "write", "result files")
+    sweep.data.synthetic.SyntheticClips._cache = lambda self: cache(self) if self._data is not None else timed_cache(self)
+    phases.patch(sweep.run.execute, "train", "training steps")
+    phases.patch(sweep.run.execute, "locate", "forensics")
+    phases.patch(sweep.run.execute, "write_result", "result files")
+    phases.patch(sweep.run.results.MetricsLog, "write", "result files")
     phases.patch(sweep.job, "record", "ledger write")
     phases.patch(sweep.callbacks.SweepSummary, "on_multirun_end", "end-of-sweep summary")
 

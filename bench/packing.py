@@ -3,8 +3,8 @@
     python bench/packing.py [--model video_dit_tiny] [--precision fp32] [--packs 1,2,4,8,16] [--steps 10] [OVERRIDE ...]
 
 For each pack size K: K runs that differ only in lr (log-spaced, all stable) run once one after
-another (sweep.run.execute, the path every lone run takes) and once as one pack
-(sweep.packing.execute_pack), both end to end (build, train, files). It prints the wall times, the
+another (sweep.run.execute.execute, the path every lone run takes) and once as one pack
+(sweep.run.packing.execute_pack), both end to end (build, train, files). It prints the wall times, the
 speed-up, and the model FLOP/s the packed run achieves (K x the FLOPs of one forward+backward,
 counted by torch's FlopCounterMode, per second of training) as a fraction of a large matmul's
 FLOP/s (2048² on the CPU, 8192² on a GPU) measured in the same process and compute dtype.
@@ -23,10 +23,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from throughput import matmul_flops, run_config, step_flops  # noqa: E402
 
-from sweep.build import build_parts, reset_process_state, resolve_device  # noqa: E402
-from sweep.packing import execute_pack, refusal  # noqa: E402
-from sweep.precision import PrecisionPolicy  # noqa: E402
-from sweep.run import execute  # noqa: E402
+from sweep.run.build import build_parts, reset_process_state, resolve_device  # noqa: E402
+from sweep.run.packing import execute_pack, refusal  # noqa: E402
+from sweep.run.precision import PrecisionPolicy  # noqa: E402
+from sweep.run.execute import execute  # noqa: E402
 
 
 def runs_for(k: int, args) -> list:

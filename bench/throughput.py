@@ -2,7 +2,7 @@
 
     python bench/throughput.py [--steps 20] [--model video_dit_tiny] [--precisions fp32,bf16_amp,...]
 
-For each precision: steps/second of the real training loop (sweep.train.train, monitor included),
+For each precision: steps/second of the real training loop (sweep.run.train.train, monitor included),
 the model FLOP/s it achieves (FLOPs of one forward+backward counted by torch's FlopCounterMode) as
 a fraction of a large matmul's FLOP/s (2048² on the CPU, 8192² on a GPU) measured in the same
 process and compute dtype, and the overhead of the divergence monitor: the same steps in a bare loop
@@ -22,12 +22,12 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from hydra import compose, initialize_config_dir  # noqa: E402
 
-from sweep.build import build_parts, reset_process_state, resolve_device  # noqa: E402
+from sweep.run.build import build_parts, reset_process_state, resolve_device  # noqa: E402
 from sweep.config import Progress, to_run_config  # noqa: E402
-from sweep.precision import PrecisionPolicy  # noqa: E402
-from sweep.progress import RunProgress  # noqa: E402
-from sweep.results import MetricsLog  # noqa: E402
-from sweep.train import train  # noqa: E402
+from sweep.run.precision import PrecisionPolicy  # noqa: E402
+from sweep.run.progress import RunProgress  # noqa: E402
+from sweep.run.results import MetricsLog  # noqa: E402
+from sweep.run.train import train  # noqa: E402
 
 CONF = str(Path(__file__).resolve().parents[1] / "conf")
 
@@ -72,7 +72,7 @@ def bare_steps(run, parts, steps: int) -> float:
     start = time.perf_counter()
     for x0 in batches:
         noisy, t, target = parts.objective.sample(x0.to(device), parts.noise_gen)
-        with policy.gemm_mode():  # the run's GEMM path (sweep/gemm.py), as the loop has it
+        with policy.gemm_mode():  # the run's GEMM path (sweep/run/gemm.py), as the loop has it
             with policy.autocast(device):
                 loss = parts.objective.loss(model(noisy.to(policy.param_dtype), t), target)
             (loss * parts.scaler.scale).backward()

@@ -97,7 +97,7 @@ def _unfold(t: Tensor, size: int) -> Tensor:
     return t.reshape(size, -1, *t.shape[1:])
 
 
-# Trial packing (sweep/packed.py) vmaps the model over K stacked runs. Without these rules torch would
+# Trial packing (sweep/run/packed.py) vmaps the model over K stacked runs. Without these rules torch would
 # call the fused op once per run (its slow "batched fallback"); with them the pack is one call whose
 # batch is K*B rows, each with its own shift/scale row, so per-row semantics are unchanged.
 @torch.library.register_vmap("dit_sweep::modulate")

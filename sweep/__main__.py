@@ -20,9 +20,9 @@ from hydra.errors import HydraException
 from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
-from . import config as _schemas  # noqa: F401  (registers the schema before Hydra composes)
-from .config import ConfigError
-from .job import run_job
+from sweep import config as _schemas  # noqa: F401  (registers the schema before Hydra composes)
+from sweep.config import ConfigError
+from sweep.job import run_job
 
 CONF_DIR = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "conf")
 
@@ -58,7 +58,7 @@ def literal_password_arg(argv: list[str]) -> str | None:
     override's value counts, however it is written (ledger.storage=URL, ledger={storage:URL}, a sweep
     of URLs), and a password counts wherever the URL carries it (user:secret@, ?password=).
     """
-    from .ledger import url_has_password
+    from sweep.search.ledger import url_has_password
 
     for arg in argv:
         if "://" in arg and any(url_has_password(url) for url in urls_in_override(arg)):

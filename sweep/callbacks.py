@@ -30,8 +30,8 @@ class OutputDirCheck(Callback):
 
     def on_multirun_start(self, config: DictConfig, **kwargs: Any) -> None:
         self._check(str(config.hydra.sweep.dir), "hydra.sweep.dir")
-        from .config import ConfigError
-        from .job import exit_config_error
+        from sweep.config import ConfigError
+        from sweep.job import exit_config_error
 
         try:
             claim_sweep_dir(config)
@@ -43,8 +43,8 @@ class OutputDirCheck(Callback):
 
     @staticmethod
     def _check(path: str, key: str) -> None:
-        from .config import ConfigError, check_output_dir
-        from .job import exit_config_error
+        from sweep.config import ConfigError, check_output_dir
+        from sweep.job import exit_config_error
 
         try:
             check_output_dir(path, key)
@@ -73,7 +73,7 @@ def sweep_identity(config: DictConfig) -> list[str]:
     target = str(OmegaConf.select(config, "hydra.sweeper._target_", default="") or "")
     if "optuna" not in target:
         return [target, *(o for o in overrides if not o.split("=", 1)[0].lstrip("+~").startswith(NOT_WHAT_RUNS))]
-    from .search_space import parse
+    from sweep.search.space import parse
 
     params = OmegaConf.select(config, "hydra.sweeper.params", default=None)
     args = [f"{k}={v}" for k, v in (OmegaConf.to_container(params) if params is not None else {}).items()] + overrides
@@ -98,7 +98,7 @@ def claim_sweep_dir(config: DictConfig) -> None:
 
     from omegaconf import OmegaConf
 
-    from .config import ConfigError
+    from sweep.config import ConfigError
 
     sweep_dir = Path(str(config.hydra.sweep.dir))
     sweep_dir.mkdir(parents=True, exist_ok=True)
@@ -124,7 +124,7 @@ def _sweep_alive(sweep_dir: Path) -> bool:
     """Whether a live sweep holds the directory (a shared lock on .sweep.alive)."""
     import fcntl
 
-    from .results import lock_held
+    from sweep.run.results import lock_held
 
     return lock_held(sweep_dir / _ALIVE, fcntl.LOCK_EX)
 
@@ -141,9 +141,9 @@ class SweepSummary(Callback):
     """At the end of every multirun: the tables on the terminal, summary.md/.csv/.parquet in the sweep dir."""
 
     def on_multirun_end(self, config: DictConfig, **kwargs: Any) -> None:
-        from .report.runs import runs_from_dirs
-        from .report.summary import summarize
-        from .report.text import WIDTH, render_text, write_summary
+        from sweep.report.runs import runs_from_dirs
+        from sweep.report.summary import summarize
+        from sweep.report.text import WIDTH, render_text, write_summary
 
         sweep_dir = Path(config.hydra.sweep.dir)
         runs = runs_from_dirs(sweep_dir, starting_s=0)  # every job of this sweep has returned
@@ -174,7 +174,7 @@ class ScenarioCheck(Callback):
             return
         from hydra.core.hydra_config import HydraConfig
 
-        from .scenario import pretrain, pretrain_config
+        from sweep.scenario import pretrain, pretrain_config
 
         HydraConfig.instance().set_config(config)  # so ${hydra:sweep.dir} in the scenario resolves
         name = config.scenario.name
@@ -191,8 +191,8 @@ class ScenarioCheck(Callback):
             return
         import json
 
-        from .config import to_run_config
-        from .scenario import check, render, write
+        from sweep.config import to_run_config
+        from sweep.scenario import check, render, write
 
         sweep_dir = Path(config.hydra.sweep.dir)
         scenario = to_run_config(config).scenario

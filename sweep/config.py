@@ -66,7 +66,7 @@ class ObjectiveKind(str, Enum):
 
 
 class CpuGemm(str, Enum):
-    auto = "auto"  # emulated where the CPU lacks matrix instructions for the compute dtype (sweep/gemm.py)
+    auto = "auto"  # emulated where the CPU lacks matrix instructions for the compute dtype (sweep/run/gemm.py)
     native = "native"
     emulated = "emulated"
 
@@ -118,7 +118,7 @@ class PrecisionConfig:
     scaler: LossScalerConfig = field(default_factory=LossScalerConfig)
     cpu_gemm: CpuGemm = CpuGemm.auto
     """bf16/fp16 GEMMs on a CPU: native kernels, or emulated as fp32 GEMMs on the rounded inputs, rounded
-    once (sweep/gemm.py: same numerics up to summation order, ~30x faster on CPUs without AVX512-BF16/FP16
+    once (sweep/run/gemm.py: same numerics up to summation order, ~30x faster on CPUs without AVX512-BF16/FP16
     or AMX). auto emulates exactly there; GPU runs, fp32 and compile=true runs are always native."""
 
 
@@ -170,7 +170,7 @@ class DataSource(str, Enum):
 class DataConfig:
     name: str = "synthetic_video"
     source: DataSource = DataSource.synthetic
-    """synthetic clips made from a seed, or every video / latent file under data.path (sweep/folder_data.py)."""
+    """synthetic clips made from a seed, or every video / latent file under data.path (sweep/data/folder.py)."""
     path: Optional[str] = None
     """The folder for video_folder / latent_folder."""
     num_samples: int = 256
@@ -210,7 +210,7 @@ class OptimConfig:
 
 @dataclass
 class FinetuneConfig:
-    """How the model is trained: all weights (none), or LoRA adapters on a frozen base (sweep/finetune.py)."""
+    """How the model is trained: all weights (none), or LoRA adapters on a frozen base (sweep/run/finetune.py)."""
 
     method: str = "none"
     """none | lora."""
@@ -258,7 +258,7 @@ class MonitorConfig:
 
 @dataclass
 class CheckpointConfig:
-    """Saving and resuming runs (sweep/checkpoint.py): safetensors files plus a SHA-256 manifest."""
+    """Saving and resuming runs (sweep/run/checkpoint.py): safetensors files plus a SHA-256 manifest."""
 
     every: int = 0
     """Save a checkpoint every this many steps into <run dir>/checkpoints/step_NNNNNN; 0 = never."""
@@ -285,7 +285,7 @@ PRUNERS = ("none", "median", "percentile", "threshold", "successive_halving", "h
 
 @dataclass
 class PrunerConfig:
-    """Stops unpromising runs of an Optuna search early (sweep/pruning.py). Optuna does not keep the
+    """Stops unpromising runs of an Optuna search early (sweep/search/pruning.py). Optuna does not keep the
     pruner in the storage, so our sweeper passes its `hydra.sweeper.pruner` to every job as this node."""
 
     name: str = "none"
@@ -316,7 +316,7 @@ class PrunerConfig:
 
 @dataclass
 class LedgerConfig:
-    """Where runs are recorded as Optuna trials (sweep/ledger.py)."""
+    """Where runs are recorded as Optuna trials (sweep/search/ledger.py)."""
 
     enabled: bool = True
     storage: Optional[str] = None
@@ -385,7 +385,7 @@ class RunConfig:
     compile: bool = False
     """torch.compile (inductor) the model's forward, once per run before step 0; the compiled graph is profiled
     and the run records the kernels it really ran, or is skipped when that is not the requested one
-    (sweep/compiled.py, docs/compile.md)."""
+    (sweep/run/compiled.py, docs/compile.md)."""
     log_every: int = 10
     progress: Progress = Progress.auto
     precision: PrecisionConfig = field(default_factory=PrecisionConfig)
@@ -545,7 +545,7 @@ def validate(run: RunConfig) -> RunConfig:
 
 
 WEIGHT_SUFFIXES = (".safetensors", ".pt", ".pth", ".bin")
-"""The weights files model.init_from takes besides a checkpoint directory (sweep/checkpoint.py)."""
+"""The weights files model.init_from takes besides a checkpoint directory (sweep/run/checkpoint.py)."""
 
 
 def check_inputs(run: RunConfig) -> RunConfig:

@@ -8,7 +8,7 @@ Subfolders are scanned too. Per sample it reports, by kind:
 - ``unreadable`` / ``truncated`` / ``empty``: the file cannot be decoded or loaded, is cut short,
   or holds nothing (a ``.pt`` that pickles anything but tensors is refused, never run);
 - ``nan`` / ``inf`` / ``range``: what the training loop's ``bad_input`` check
-  (``sweep.data.check_batch``) would reject, through the shared ``check_sample``; videos are
+  (``sweep.data.checks.check_batch``) would reject, through the shared ``check_sample``; videos are
   mapped to [-1, 1] as a loader would (``uint8 / 127.5 - 1``), so ``range`` is mostly about
   latents, e.g. [0, 255] data where [-1, 1] was expected;
 - ``shape`` / ``frames``: a shape or frame count unlike the expected one (``--channels/--frames/
@@ -32,10 +32,10 @@ from pathlib import Path
 
 from tqdm import tqdm
 
-from .config import Progress
-from .doctor_checks import CONSTANT_TOL, PROBLEM_KINDS, RANGE_LIMIT, SampleProblem, check_sample
-from .doctor_readers import ReadError, find_files, is_video, read_latents, read_video
-from .progress import resolve_mode
+from sweep.config import Progress
+from sweep.data.checks import CONSTANT_TOL, PROBLEM_KINDS, RANGE_LIMIT, SampleProblem, check_sample
+from sweep.data.readers import ReadError, find_files, is_video, read_latents, read_video
+from sweep.run.progress import resolve_mode
 
 REPORT_NAME = "doctor_report.json"
 # Dimension positions in the project's (C, F, H, W) layout (images and 3-D latents: (C, H, W)).

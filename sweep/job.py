@@ -2,7 +2,7 @@
 
 Hydra composes the config and picks the job directory; this module converts the config at the
 boundary (sweep.config.to_run_config), works out the swept params under their dotted names, and hands
-over to sweep.run.execute, then records the run in the ledger (sweep.ledger). A bad value is a user
+over to sweep.run.execute.execute, then records the run in the ledger (sweep.search.ledger). A bad value is a user
 mistake: one line on stderr and exit status 2. Anything that happens during the run is a result,
 never an exception.
 """
@@ -21,9 +21,9 @@ from hydra.core.hydra_config import HydraConfig
 from hydra.core.override_parser.overrides_parser import OverridesParser
 from omegaconf import DictConfig, OmegaConf
 
-from .config import ConfigError, RunConfig, check_inputs, enum_choices, to_run_config
-from .results import hold_run_dir, release_run_dir
-from .run import execute
+from sweep.config import ConfigError, RunConfig, check_inputs, enum_choices, to_run_config
+from sweep.run.results import hold_run_dir, release_run_dir
+from sweep.run.execute import execute
 
 log = logging.getLogger("sweep")
 
@@ -88,7 +88,7 @@ def exit_config_error(e: ConfigError) -> NoReturn:
 def run_job(cfg: DictConfig) -> dict:
     """Run the composed config in Hydra's job directory; returns result.json's content."""
     job = job_spec(cfg)
-    from .pruning import pruning_hooks  # reports to the ledger's trial: only with our sweeper's pruner
+    from sweep.search.pruning import pruning_hooks  # reports to the ledger's trial: only with our sweeper's pruner
 
     result = execute(job.run, job.run_dir, job.params, label=job.label, hooks=pruning_hooks(job.run, job.sweep_dir))
     return finish_job(job, result)
@@ -130,7 +130,7 @@ def group_or_enum_choices(key: str) -> list | None:
 
 def record(run: RunConfig, sweep_dir: Path, run_dir: Path, result: dict) -> None:
     """Write the run into the ledger; a ledger failure is logged, never raised (result.json is written)."""
-    from .ledger import mask_url, record_run, storage_url
+    from sweep.search.ledger import mask_url, record_run, storage_url
 
     try:
         record_run(run.ledger, sweep_dir, run_dir, result, group_or_enum_choices, run.monitor.spike_factor)

@@ -19,10 +19,10 @@ from pathlib import Path
 
 from omegaconf import OmegaConf
 
-from .build import resolve_device
-from .config import ConfigError, RunConfig, to_run_config
-from .forensics import locate
-from .results import RESULT_FILE
+from sweep.run.build import resolve_device
+from sweep.config import ConfigError, RunConfig, to_run_config
+from sweep.run.forensics import locate
+from sweep.run.results import RESULT_FILE
 
 
 def load_run(run_dir: Path) -> RunConfig:

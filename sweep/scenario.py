@@ -27,7 +27,7 @@ from pathlib import Path
 from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
-from .config import ConfigError, RunConfig, ScenarioConfig, ScenarioExpect, flatten, to_run_config
+from sweep.config import ConfigError, RunConfig, ScenarioConfig, ScenarioExpect, flatten, to_run_config
 
 CONF_DIR = Path(__file__).resolve().parents[1] / "conf" / "scenario"
 
@@ -46,7 +46,7 @@ def pretrain_config(config: DictConfig) -> RunConfig:
 
 def pretrain(run: RunConfig, sweep_dir: Path) -> Path | None:
     """Train the scenario's model `pretrain_steps` steps from scratch and keep only its checkpoint."""
-    from .run import execute
+    from sweep.run.execute import execute
 
     steps = run.scenario.pretrain_steps
     if steps <= 0:
@@ -101,7 +101,7 @@ def _same(a, b) -> bool:
 @lru_cache(maxsize=None)
 def modulate_parity(impl: str) -> str:
     """ok | mismatch: `python -m sweep.parity --modulate IMPL` (forward and backward, batch 1-4, every dtype)."""
-    from .parity import DTYPES, check as parity_check, resolve
+    from sweep.parity import DTYPES, check as parity_check, resolve
 
     fn = resolve("modulate", impl)
     worst = max(max(parity_check("modulate", fn, dtype, batch)) for dtype in DTYPES for batch in (1, 2, 3, 4))

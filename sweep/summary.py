@@ -14,7 +14,7 @@ from pathlib import Path
 
 
 def main(argv: list[str] | None = None) -> int:
-    from .report.__main__ import main as report_main
+    from sweep.report.__main__ import main as report_main
 
     parser = argparse.ArgumentParser(prog="python -m sweep.summary",
                                      description="Print the summary tables of a sweep directory.")

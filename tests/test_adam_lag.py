@@ -1,4 +1,4 @@
-"""sweep.adam_lag: AdamW's second moment rolled back to where a spike began, against the gradients before it."""
+"""sweep.run.adam_lag: AdamW's second moment rolled back to where a spike began, against the gradients before it."""
 from __future__ import annotations
 
 import json
@@ -6,7 +6,7 @@ import json
 import pytest
 import torch
 
-from sweep.adam_lag import adamw_second_moment, lag_note, lag_ratio
+from sweep.run.adam_lag import adamw_second_moment, lag_note, lag_ratio
 
 
 def adamw_run(noise: list[float], beta2: float, clip: float = 0.0, seed: int = 0):
@@ -62,8 +62,8 @@ def test_steady_gradients_keep_up_and_missing_history_says_nothing():
 
 
 def test_the_monitor_keeps_the_recent_norms_across_a_checkpoint():
-    from sweep.monitor import DivergenceMonitor
-    from sweep.precision import ScalerEvent
+    from sweep.run.monitor import DivergenceMonitor
+    from sweep.run.precision import ScalerEvent
 
     from .conftest import make_run
 

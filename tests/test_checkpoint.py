@@ -9,8 +9,8 @@ import pytest
 from safetensors.torch import save_file
 
 from models import build_model
-from sweep import checkpoint
-from sweep.run import execute
+from sweep.run import checkpoint
+from sweep.run.execute import execute
 
 from .conftest import make_run
 
@@ -41,8 +41,8 @@ def test_resume_gives_the_same_losses_bit_for_bit(trained, tmp_path):
 
 
 def test_resume_without_the_optimizer_state_starts_adamw_afresh(trained, tmp_path):
-    from sweep.build import build_parts, resolve_device
-    from sweep.precision import PrecisionPolicy
+    from sweep.run.build import build_parts, resolve_device
+    from sweep.run.precision import PrecisionPolicy
 
     ckpt = trained / "checkpoints" / "step_000006"
     run = make_run("precision=fp16_amp", "steps=12", "optim.lr=1e-3", f"checkpoint.resume_from={ckpt}",
@@ -148,8 +148,8 @@ def test_a_manifest_entry_without_size_or_sum_is_a_corrupt_checkpoint(trained, t
 
 
 def _parts():
-    from sweep.build import build_parts, resolve_device
-    from sweep.precision import PrecisionPolicy
+    from sweep.run.build import build_parts, resolve_device
+    from sweep.run.precision import PrecisionPolicy
 
     run = make_run("precision=fp16_amp")
     return build_parts(run, resolve_device("cpu"), PrecisionPolicy.from_config(run.precision))

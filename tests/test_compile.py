@@ -13,8 +13,8 @@ import torch
 import torch.nn.functional as F
 from torch._dynamo.utils import counters
 
-from sweep import compiled
-from sweep.run import execute
+from sweep.run import compiled
+from sweep.run.execute import execute
 
 from .conftest import make_run
 

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from sweep.config import LedgerConfig
-from sweep.ledger import record_run, storage_url
+from sweep.search.ledger import record_run, storage_url
 
 # The console script beside this interpreter (make test does not activate the venv), else on PATH.
 DASHBOARD = str(Path(sys.executable).parent / "optuna-dashboard") if (Path(sys.executable).parent / "optuna-dashboard"

@@ -1,4 +1,4 @@
-"""Tests for sweep.data: determinism, content structure, faults, batch order, batch checks."""
+"""Tests for sweep.data (synthetic, batches, checks): determinism, content structure, faults, batch order, batch checks."""
 
 from __future__ import annotations
 
@@ -8,7 +8,9 @@ import time
 import pytest
 import torch
 
-from sweep.data import BatchIssue, BatchOrder, Fault, SyntheticClips, check_batch, load_batch
+from sweep.data.batches import BatchOrder, load_batch
+from sweep.data.checks import BatchIssue, check_batch
+from sweep.data.synthetic import Fault, SyntheticClips
 
 SHAPE = dict(frames=8, channels=3, height=16, width=16)
 
@@ -239,7 +241,7 @@ def test_generation_is_fast() -> None:
 
 def test_rendering_is_cached_per_config_and_never_shared(monkeypatch) -> None:
     """Jobs in one process reuse the rendering of identical data, but each dataset owns its copy."""
-    import sweep.data as data
+    import sweep.data.synthetic as data
 
     data._render_all.cache_clear()
     cold = _all(SyntheticClips(12, seed=3, **SHAPE))

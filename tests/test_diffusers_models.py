@@ -17,7 +17,7 @@ import torch
 from torch.profiler import ProfilerActivity, profile
 
 from models.diffusers_zoo import DIFFUSERS_MODELS, ZOO, build_diffusers_model
-from sweep.run import execute
+from sweep.run.execute import execute
 
 from .conftest import FAST, REPO, make_run
 

@@ -1,4 +1,4 @@
-"""Tests for sweep.diffusion: shapes, determinism, noising algebra, the bf16 schedule hazard."""
+"""Tests for sweep.run.diffusion: shapes, determinism, noising algebra, the bf16 schedule hazard."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ import pytest
 import torch
 from diffusers import DDPMScheduler
 
-from sweep.diffusion import DiffusionObjective, shift_sigmas
+from sweep.run.diffusion import DiffusionObjective, shift_sigmas
 
 T = 1000
 VIDEO = (6, 3, 4, 8, 8)  # (B, C, F, H, W)

@@ -7,7 +7,7 @@ import torch
 from safetensors.torch import save_file
 
 from sweep.config import ConfigError
-from sweep.run import execute
+from sweep.run.execute import execute
 
 from .conftest import make_run
 from .test_doctor import FRAMES, SIZE, _encode, _uint8_frames

@@ -8,15 +8,15 @@ import sys
 
 import torch
 
-import sweep.build
-from sweep.run import execute
+import sweep.run.build
+from sweep.run.execute import execute
 
 from .conftest import FAST, REPO, make_run
 
 
 def run_with_weights(tmp_path, monkeypatch, edit, *overrides):
     """A run whose freshly built model is edited (the same edit applies to the forensic replay)."""
-    real = sweep.build.build_model
+    real = sweep.run.build.build_model
 
     def build(*a, **k):
         model = real(*a, **k)
@@ -24,7 +24,7 @@ def run_with_weights(tmp_path, monkeypatch, edit, *overrides):
             edit(model)
         return model
 
-    monkeypatch.setattr(sweep.build, "build_model", build)
+    monkeypatch.setattr(sweep.run.build, "build_model", build)
     return execute(make_run(*overrides), tmp_path, params={})
 
 

@@ -1,4 +1,4 @@
-"""Emulated bf16/fp16 GEMMs (sweep/gemm.py) against torch's native kernels: same numbers, same overflow.
+"""Emulated bf16/fp16 GEMMs (sweep/run/gemm.py) against torch's native kernels: same numbers, same overflow.
 
 The bound: both paths accumulate exact products in fp32 and round once, so they may differ by the
 fp32 summation-order error (n * 2**-24 * sum|a||b| per output) plus one ulp of the output dtype.
@@ -12,10 +12,10 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from sweep.build import build_parts, resolve_device
-from sweep.gemm import GEMM_OPS, TOLERANCE, EmulatedGemm, cell_outcomes, has_native_gemm, resolve, verdict_differences
-from sweep.precision import PrecisionPolicy
-from sweep.run import execute
+from sweep.run.build import build_parts, resolve_device
+from sweep.run.gemm import GEMM_OPS, TOLERANCE, EmulatedGemm, cell_outcomes, has_native_gemm, resolve, verdict_differences
+from sweep.run.precision import PrecisionPolicy
+from sweep.run.execute import execute
 
 from .conftest import make_run
 
@@ -150,11 +150,11 @@ def test_resolve_emulates_only_low_precision_cpu_gemms(monkeypatch):
         assert resolve("emulated", cuda, dtype) == "native"  # a GPU has tensor cores
         assert resolve("auto", cpu, dtype) == ("native" if has_native_gemm(dtype) else "emulated")
     assert resolve("emulated", cpu, torch.float32) == "native"
-    monkeypatch.setattr("sweep.gemm.cpu_flags", lambda: frozenset({"avx2", "avx512_bf16"}))
+    monkeypatch.setattr("sweep.run.gemm.cpu_flags", lambda: frozenset({"avx2", "avx512_bf16"}))
     assert (resolve("auto", cpu, torch.bfloat16), resolve("auto", cpu, torch.float16)) == ("native", "emulated")
-    monkeypatch.setattr("sweep.gemm.cpu_flags", lambda: frozenset({"avx2", "amx_bf16", "avx512_fp16"}))
+    monkeypatch.setattr("sweep.run.gemm.cpu_flags", lambda: frozenset({"avx2", "amx_bf16", "avx512_fp16"}))
     assert (resolve("auto", cpu, torch.bfloat16), resolve("auto", cpu, torch.float16)) == ("native", "native")
-    monkeypatch.setattr("sweep.gemm.cpu_flags", lambda: frozenset({"avx2", "fma"}))
+    monkeypatch.setattr("sweep.run.gemm.cpu_flags", lambda: frozenset({"avx2", "fma"}))
     assert (resolve("auto", cpu, torch.bfloat16), resolve("auto", cpu, torch.float16)) == ("emulated", "emulated")
 
 

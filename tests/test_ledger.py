@@ -12,7 +12,7 @@ import pytest
 from optuna.trial import TrialState
 
 from sweep.config import LedgerConfig
-from sweep.ledger import CONSTRAINTS_KEY, mask_url, record_run, storage_url
+from sweep.search.ledger import CONSTRAINTS_KEY, mask_url, record_run, storage_url
 
 from .conftest import FAST, REPO
 
@@ -169,7 +169,7 @@ def test_password_from_the_environment_appears_in_no_output_file(tmp_path):
 
 
 def test_storage_is_opened_once_per_process_and_url(tmp_path):
-    from sweep.ledger import open_storage
+    from sweep.search.ledger import open_storage
 
     a, b = f"sqlite:///{tmp_path / 'a' / 'ledger.db'}", f"sqlite:///{tmp_path / 'b' / 'ledger.db'}"
     assert open_storage(a) is open_storage(a)
@@ -200,7 +200,7 @@ def test_a_deleted_ledger_file_is_opened_anew(tmp_path):
 
 
 def test_a_process_keeps_only_its_newest_storages_open(tmp_path):
-    from sweep import ledger
+    from sweep.search import ledger
 
     first = ledger.open_storage(f"sqlite:///{tmp_path / 'first.db'}")
     for i in range(ledger._KEEP_OPEN):

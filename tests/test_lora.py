@@ -8,10 +8,10 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from sweep.build import build_parts
-from sweep.finetune import is_adapter
-from sweep.precision import PrecisionPolicy
-from sweep.run import execute
+from sweep.run.build import build_parts
+from sweep.run.finetune import is_adapter
+from sweep.run.precision import PrecisionPolicy
+from sweep.run.execute import execute
 
 from .conftest import make_run
 

@@ -7,8 +7,8 @@ from pathlib import Path
 import torch
 
 from sweep.config import MonitorConfig
-from sweep.monitor import DivergenceMonitor
-from sweep.precision import ScalerEvent
+from sweep.run.monitor import DivergenceMonitor
+from sweep.run.precision import ScalerEvent
 
 STEP = ScalerEvent.step
 

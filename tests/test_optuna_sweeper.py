@@ -11,8 +11,8 @@ import optuna
 import pytest
 from optuna.trial import TrialState
 
-from sweep.ledger import CONSTRAINTS_KEY
-from sweep.search_space import parse
+from sweep.search.ledger import CONSTRAINTS_KEY
+from sweep.search.space import parse
 
 from .conftest import FAST, REPO
 
@@ -107,7 +107,7 @@ def test_killed_sweep_resumes_with_nothing_lost_or_duplicated(tmp_path):
 
 
 def test_bracket_bisects_in_log_space_and_stops_within_the_factor():
-    from sweep.frontier import Bracket, grid_runs
+    from sweep.search.frontier import Bracket, grid_runs
 
     b, true_frontier, probes = Bracket(1e-5, 1e-1), 3e-3, []
     while (lr := b.next_lr(2.0)) is not None:
@@ -123,7 +123,7 @@ def test_bracket_bisects_in_log_space_and_stops_within_the_factor():
 
 @pytest.mark.slow
 def test_frontier_search_finds_the_grid_boundary_with_fewer_runs(tmp_path):
-    from sweep.run import execute
+    from sweep.run.execute import execute
 
     from .conftest import make_run
 

@@ -13,8 +13,8 @@ import torch
 from torch.func import vmap
 
 from models.modulate import modulate
-from sweep.packing import execute_pack, pack_key, plan, refusal
-from sweep.run import execute
+from sweep.run.packing import execute_pack, pack_key, plan, refusal
+from sweep.run.execute import execute
 
 from .conftest import make_run, multirun_in_process
 
@@ -107,9 +107,9 @@ def test_packed_autocast_gives_every_module_the_dtype_it_has_alone(precision):
     """Under vmap a linear with batched weights is matmul + add and autocast casts only the matmul, so an
     fp32 bias would lift the packed activations to fp32 (pytorch#192617): a packed fp16 run that never
     overflows where the lone one does. Every module must output what it outputs alone."""
-    from sweep.build import build_parts, reset_process_state
-    from sweep.packed import PackedModel
-    from sweep.precision import PrecisionPolicy
+    from sweep.run.build import build_parts, reset_process_state
+    from sweep.run.packed import PackedModel
+    from sweep.run.precision import PrecisionPolicy
 
     run = make_run(f"precision={precision}", "threads=1")
     policy = PrecisionPolicy.from_config(run.precision)

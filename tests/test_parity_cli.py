@@ -4,7 +4,7 @@ from __future__ import annotations
 import torch
 
 from sweep.parity import check, main, resolve
-from sweep.run import execute
+from sweep.run.execute import execute
 
 from .conftest import make_run
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 import torch
 
 from sweep.config import LossScalerConfig
-from sweep.precision import LossScaler, PrecisionPolicy, ScalerEvent
+from sweep.run.precision import LossScaler, PrecisionPolicy, ScalerEvent
 
 from .conftest import make_run
 

@@ -9,7 +9,7 @@ import pytest
 from optuna.trial import TrialState
 
 from sweep.config import ConfigError, PrunerConfig, validate_pruner
-from sweep.pruning import PruningHook, make_pruner, pruner_overrides
+from sweep.search.pruning import PruningHook, make_pruner, pruner_overrides
 from sweep.report.study import runs_from_study
 from sweep.report.tables import divergence_map
 

@@ -50,7 +50,7 @@ def diverged(verdict: str, step: int, where: str | None) -> dict:
 
 
 def write_run(root: Path, n: int, params: dict, result: dict | None, steps: int = 8) -> Path:
-    """A job directory as Hydra and sweep.run leave it; result None = started, no result yet."""
+    """A job directory as Hydra and sweep.run.execute leave it; result None = started, no result yet."""
     run_dir = root / str(n)
     (run_dir / ".hydra").mkdir(parents=True)
     overrides = [f"{k}={v}" for k, v in params.items()]
@@ -336,7 +336,7 @@ def test_killed_and_resumed_sweep_interrupted_runs(tmp_path):
     directory whose job holds its lock is running."""
     import os
 
-    from sweep.results import hold_run_dir, release_run_dir
+    from sweep.run.results import hold_run_dir, release_run_dir
 
     root = make_grid(tmp_path / "s", running={("fp32", 1e-3, "math", 0), ("bf16_amp", 1e-2, "flash", 0),
                                               ("fp16_pure", 1e-4, "math", 0)})

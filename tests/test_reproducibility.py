@@ -1,7 +1,7 @@
 """The same config gives the same loss curve bit for bit, also after other jobs ran in the same process."""
 from __future__ import annotations
 
-from sweep.run import execute
+from sweep.run.execute import execute
 
 from .conftest import make_run
 

@@ -5,7 +5,7 @@ import json
 from enum import Enum
 from pathlib import Path
 
-from sweep.results import RESULT_FILE, RunResult, write_result
+from sweep.run.results import RESULT_FILE, RunResult, write_result
 
 
 class Color(str, Enum):

@@ -9,7 +9,7 @@ import sys
 import pytest
 
 from sweep.config import ScenarioExpect
-from sweep.gemm import cell_outcomes, verdict_differences
+from sweep.run.gemm import cell_outcomes, verdict_differences
 from sweep.scenario import available, check
 
 from .conftest import REPO
@@ -45,7 +45,7 @@ def test_scenario_reproduces_and_its_fix_is_stable(name, tmp_path):
     assert "stable" in statuses and ("diverged" in statuses or silent_bug)  # the failure and the fix, both observed
     assert all(e["matched"] > 0 for e in report["expectations"])
     # Same verdicts as torch's native kernels gave (emulated bf16/fp16 GEMMs where this CPU lacks them:
-    # sweep/gemm.py); the record is bench/gemm_verdicts.py --record's.
+    # sweep/run/gemm.py); the record is bench/gemm_verdicts.py --record's.
     native = json.loads((REPO / "tests" / "data" / "native_verdicts.json").read_text())[f"scenario {name}"]
     assert verdict_differences(native, cell_outcomes(tmp_path)) == []
     if name == "adamw_beta2_loss_spike":  # the cause names the mechanism, not just the spike

@@ -67,7 +67,7 @@ def test_a_job_marks_its_directory_as_being_written_until_recorded(tmp_path, mon
     """What tells a running job from a killed one: the job's lock, held from its start to its record."""
     import sweep.job
     from sweep.report.runs import runs_from_dirs
-    from sweep.results import RUNNING_LOCK, is_being_written
+    from sweep.run.results import RUNNING_LOCK, is_being_written
 
     from .conftest import multirun_in_process
 

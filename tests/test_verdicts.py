@@ -5,9 +5,9 @@ import json
 
 import pytest
 
-from sweep.build import _ORDER_STREAM, stream_seed
-from sweep.data import BatchOrder
-from sweep.run import execute
+from sweep.run.build import _ORDER_STREAM, stream_seed
+from sweep.data.batches import BatchOrder
+from sweep.run.execute import execute
 
 from .conftest import make_run
 
@@ -104,11 +104,11 @@ def test_records_the_kernels_that_ran(tmp_path, attention, modulate):
 
 
 def test_a_crash_is_an_error_result_not_an_exception(tmp_path, monkeypatch):
-    import sweep.run
+    import sweep.run.execute
 
     def boom(*a, **k):
         raise RuntimeError("simulated bug")
 
-    monkeypatch.setattr(sweep.run, "train", boom)
+    monkeypatch.setattr(sweep.run.execute, "train", boom)
     r = run(tmp_path, "steps=2")
     assert r.status == "error" and "simulated bug" in r.reason

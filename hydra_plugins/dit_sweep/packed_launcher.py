@@ -6,8 +6,8 @@
 The sweeper (Hydra's grid, or our Optuna sweeper with n_jobs) decides the runs; this launcher runs
 them in this process in two phases. First every job is set up exactly as Hydra's basic launcher does
 (its job directory, `.hydra/` files, callbacks), which is where each run's config, params and
-directory are fixed. Then the runs are grouped (sweep.packing.plan: same model, precision, kernels
-and data shapes; at most `pack` per group) and each group trains as one pack (sweep/packed.py); a
+directory are fixed. Then the runs are grouped (sweep.run.packing.plan: same model, precision, kernels
+and data shapes; at most `pack` per group) and each group trains as one pack (sweep/run/packed.py); a
 run that cannot be packed trains alone. Every run still writes its own result.json and metrics.csv
 and records its own trial, so the ledger, the summary and resume see no difference.
 
@@ -58,7 +58,7 @@ class PackedLauncher(Launcher):
     def launch(self, job_overrides: Sequence[Sequence[str]], initial_job_idx: int) -> Sequence[JobReturn]:
         from sweep.config import RunConfig
         from sweep.job import finish_job, job_spec
-        from sweep.packing import execute_pack, plan
+        from sweep.run.packing import execute_pack, plan
 
         setup_globals()
         assert self.config is not None and self.hydra_context is not None and self.task_function is not None

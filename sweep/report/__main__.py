@@ -16,11 +16,11 @@ import os
 import sys
 from pathlib import Path
 
-from ..ledger import LEDGER_FILE, mask_url
-from .runs import runs_from_dirs
-from .study import SourceError, is_storage, runs_from_study, storage_url
-from .summary import summarize
-from .text import WIDTH, render_text, write_summary
+from sweep.search.ledger import LEDGER_FILE, mask_url
+from sweep.report.runs import runs_from_dirs
+from sweep.report.study import SourceError, is_storage, runs_from_study, storage_url
+from sweep.report.summary import summarize
+from sweep.report.text import WIDTH, render_text, write_summary
 
 ENV_URL = "SWEEP_LEDGER_URL"
 REPORT_FILE = "report.html"
@@ -94,7 +94,7 @@ def main(argv: list[str] | None = None, prog: str = "python -m sweep.report") ->
     if args.write:
         written += write_summary(Path(args.html).parent if args.html else out_dir, summary)
     if not args.no_html:
-        from .html import write_report
+        from sweep.report.html import write_report
 
         written.append(write_report(args.html or Path(out_dir) / REPORT_FILE, summary, title, source))
     print(f"{name}: {len(runs)} runs from {source}" + _skipped_note(skipped)

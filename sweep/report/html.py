@@ -17,10 +17,10 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from .runs import PARAM, load_metrics
-from .summary import Summary
-from .tables import LR, combo_axes, combo_labels, sort_key
-from .text import TITLES, explanations, tables
+from sweep.report.runs import PARAM, load_metrics
+from sweep.report.summary import Summary
+from sweep.report.tables import LR, combo_axes, combo_labels, sort_key
+from sweep.report.text import TITLES, explanations, tables
 
 HEATMAP_ID = "divergence-heatmap"
 PLOT_CONFIG = {"displaylogo": False, "responsive": True}

@@ -15,8 +15,8 @@ from dataclasses import dataclass, field
 import numpy as np
 import pandas as pd
 
-from .runs import PARAM
-from .tables import LR, PRECISION, combo_axes, combo_labels, frontier_records, toggle_effects
+from sweep.report.runs import PARAM
+from sweep.report.tables import LR, PRECISION, combo_axes, combo_labels, frontier_records, toggle_effects
 
 
 @dataclass

@@ -19,7 +19,7 @@ from pathlib import Path
 
 import pandas as pd
 
-from ..results import METRICS_FILE, RESULT_FILE, is_being_written
+from sweep.run.results import METRICS_FILE, RESULT_FILE, is_being_written
 
 log = logging.getLogger("sweep")
 

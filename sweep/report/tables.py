@@ -20,7 +20,7 @@ from itertools import combinations
 import numpy as np
 import pandas as pd
 
-from .runs import DECIDED, PARAM, param_columns
+from sweep.report.runs import DECIDED, PARAM, param_columns
 
 LR = "optim.lr"
 SEED = "seed"

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pandas as pd
 
-from .summary import Summary
+from sweep.report.summary import Summary
 
 log = logging.getLogger("sweep")
 

@@ -22,15 +22,16 @@ import torch
 from models import backend_unavailable_reason, build_model, scale_query_key
 from models.diffusers_zoo import ZOO, build_diffusers_model, modulate_unsupported_reason
 
-from . import checkpoint
-from .compiled import compile_unsupported_reason
-from .config import RunConfig, Schedule
-from .data import BatchOrder, Fault, SyntheticClips
-from .folder_data import FolderClips
-from .diffusion import DiffusionObjective
-from .finetune import apply_finetune, param_groups
-from .monitor import DivergenceMonitor
-from .precision import LossScaler, PrecisionPolicy
+from sweep.run import checkpoint
+from sweep.run.compiled import compile_unsupported_reason
+from sweep.config import RunConfig, Schedule
+from sweep.data.batches import BatchOrder
+from sweep.data.synthetic import Fault, SyntheticClips
+from sweep.data.folder import FolderClips
+from sweep.run.diffusion import DiffusionObjective
+from sweep.run.finetune import apply_finetune, param_groups
+from sweep.run.monitor import DivergenceMonitor
+from sweep.run.precision import LossScaler, PrecisionPolicy
 
 log = logging.getLogger("sweep")
 
@@ -115,7 +116,7 @@ class RunParts:
     loaded: str | None = None
     """What weights were loaded (init_from or resume_from), for the result."""
     kernels: dict | None = None
-    """compile=true: the kernels the profiled compiled graph ran (sweep/compiled.py); None = the forced ones."""
+    """compile=true: the kernels the profiled compiled graph ran (sweep/run/compiled.py); None = the forced ones."""
 
 
 def build_parts(run: RunConfig, device: torch.device, policy: PrecisionPolicy, scratch: Path | None = None) -> RunParts:
@@ -180,7 +181,7 @@ def build_parts(run: RunConfig, device: torch.device, policy: PrecisionPolicy, s
 
 def drop_bad_samples(dataset, limit: float) -> torch.utils.data.Dataset:
     """The dataset without the samples the data doctor's check rejects (NaN/Inf/out of range/constant)."""
-    from .doctor_checks import check_sample
+    from sweep.data.checks import check_sample
 
     kept = [i for i in range(len(dataset)) if not check_sample(dataset[i], limit)[0]]
     dropped = len(dataset) - len(kept)

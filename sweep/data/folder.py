@@ -4,7 +4,7 @@
     python -m sweep data=latent_folder data.path=latents/ data.channels=4 data.frames=8
 
 Every file under the folder (recursively, sorted by path) is one sample, read once when the run is
-built with the data doctor's readers (sweep/doctor_readers.py): videos become (3, F, H, W) in [-1, 1]
+built with the data doctor's readers (sweep/data/readers.py): videos become (3, F, H, W) in [-1, 1]
 the way a training loader maps uint8 pixels (the first F frames are used); a latent file holds one
 tensor (its `latents` entry when it holds several) of shape (C, F, H, W), or (C, H, W) for images.
 Pickle is never run: `.pt` loads with weights_only=True, `.npy` without allow_pickle.
@@ -24,7 +24,7 @@ import torch
 from torch import Tensor
 from torch.utils.data import Dataset
 
-from .doctor_readers import LATENT_EXTS, VIDEO_EXTS, ReadError, find_files, read_latents, read_video
+from sweep.data.readers import LATENT_EXTS, VIDEO_EXTS, ReadError, find_files, read_latents, read_video
 
 log = logging.getLogger("sweep")
 

@@ -18,17 +18,17 @@ from typing import Sequence
 
 from models import KernelUnavailable, count_params
 
-from .build import RunParts, build_parts, reset_process_state, resolve_device, unsupported_reason
-from .checkpoint import CheckpointHook, CorruptCheckpoint
-from .compiled import compile_run
-from .config import RunConfig
-from .gemm import LOW_PRECISION
-from .precision import PrecisionPolicy
-from .progress import RunProgress
-from .results import MetricsLog, RunResult, package_versions, write_result
-from .forensics import locate
-from .monitor import Divergence
-from .train import StepHook, train
+from sweep.run.build import RunParts, build_parts, reset_process_state, resolve_device, unsupported_reason
+from sweep.run.checkpoint import CheckpointHook, CorruptCheckpoint
+from sweep.run.compiled import compile_run
+from sweep.config import RunConfig
+from sweep.run.gemm import LOW_PRECISION
+from sweep.run.precision import PrecisionPolicy
+from sweep.run.progress import RunProgress
+from sweep.run.results import MetricsLog, RunResult, package_versions, write_result
+from sweep.run.forensics import locate
+from sweep.run.monitor import Divergence
+from sweep.run.train import StepHook, train
 
 log = logging.getLogger("sweep")
 
@@ -42,7 +42,7 @@ MODULATE_NAMES = {"eager": "eager", "fused": "dit_sweep::modulate", "fused_buggy
 def execute(run: RunConfig, out_dir: Path, params: dict, label: str = "", hooks: Sequence[StepHook] = ()) -> RunResult:
     """Run one config and write its files; the returned result is what result.json holds.
 
-    `hooks` act after every training step (sweep.train.StepHook).
+    `hooks` act after every training step (sweep.run.train.StepHook).
     """
     out_dir = Path(out_dir)
     start = time.perf_counter()
@@ -103,15 +103,15 @@ def conclude(result: RunResult, run: RunConfig, parts: RunParts, divergence: Div
                       "modulate": MODULATE_NAMES[run.modulate.impl.value]}
     if callable(getattr(parts.model, "kernels", None)):  # a diffusers adapter (native models have a kernels property): what ran per attention kind, where modulate ran
         result.kernels = parts.model.kernels(run.modulate.impl.value, MODULATE_NAMES[run.modulate.impl.value])
-    if parts.kernels:  # compile=true: what the profiled compiled graph ran (sweep/compiled.py)
+    if parts.kernels:  # compile=true: what the profiled compiled graph ran (sweep/run/compiled.py)
         result.kernels = parts.kernels
-    if parts.policy.compute_dtype in LOW_PRECISION:  # bf16/fp16 GEMMs: native kernels or emulated (sweep/gemm.py)
+    if parts.policy.compute_dtype in LOW_PRECISION:  # bf16/fp16 GEMMs: native kernels or emulated (sweep/run/gemm.py)
         result.kernels = {**result.kernels, "gemm": parts.policy.gemm}
     _fill_from_metrics(result, metrics, train_seconds)
     if divergence is None:
         result.status = "stable"
         pruned = next((h.pruned for h in hooks if getattr(h, "pruned", None) is not None), None)
-        if pruned is not None:  # stopped early by the sweeper's pruner: not a verdict (sweep/pruning.py)
+        if pruned is not None:  # stopped early by the sweeper's pruner: not a verdict (sweep/search/pruning.py)
             result.status, result.reason, result.pruned_at_step = "skipped", pruned.reason, pruned.step
     else:
         result.status = "diverged"

@@ -14,16 +14,17 @@ from typing import Callable, Protocol, Sequence
 
 import torch
 
-from .adam_lag import adamw_second_moment, lag_note
-from .build import RunParts
-from .config import RunConfig
+from sweep.run.adam_lag import adamw_second_moment, lag_note
+from sweep.run.build import RunParts
+from sweep.config import RunConfig
 from models import LogitStats, watching_logits
 
-from .data import BatchIssue, check_batch, load_checked_batch, sample_labels
-from .monitor import Cause, Divergence
-from .precision import ScalerEvent
-from .progress import RunProgress
-from .results import MetricsLog
+from sweep.data.batches import load_checked_batch, sample_labels
+from sweep.data.checks import BatchIssue, check_batch
+from sweep.run.monitor import Cause, Divergence
+from sweep.run.precision import ScalerEvent
+from sweep.run.progress import RunProgress
+from sweep.run.results import MetricsLog
 
 
 def global_grad_norm(grads: list[torch.Tensor]) -> torch.Tensor:
@@ -110,7 +111,7 @@ def explain(verdict: Divergence, named_params: list[tuple[str, torch.Tensor]], p
     `named_params` are the run's (name, weight) pairs, each weight with its `.grad`; `batch_issue`
     checks the batch again (it matters when data.check is off); `updated` says whether this run
     applied any update yet: a non-finite weight before any update came in with the weights;
-    `second_moment` says whether AdamW's second moment kept up (sweep.adam_lag), for a loss spike.
+    `second_moment` says whether AdamW's second moment kept up (sweep.run.adam_lag), for a loss spike.
     """
     if verdict.verdict == "loss_spike":
         verdict.cause.detail += second_moment()

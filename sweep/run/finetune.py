@@ -1,7 +1,7 @@
 """Fine-tuning methods: LoRA adapters with peft (finetune=lora), and the optimizer's parameter groups.
 
 The way diffusers' training scripts do it (train_cogvideox_lora.py): the base model is built, its
-pretrained weights loaded (here `model.init_from`, done by sweep.build before this module runs),
+pretrained weights loaded (here `model.init_from`, done by sweep.run.build before this module runs),
 then `transformer.add_adapter(LoraConfig(r, lora_alpha, target_modules=[to_q, to_k, to_v, to_out.0]))`
 adds the adapters and leaves only them trainable. The adapters get their own lr (`optim.lora_lr`);
 with `finetune.train_base=true` the base weights train too, at `optim.lr`.
@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import torch
 
-from .config import RunConfig
+from sweep.config import RunConfig
 
 LORA_TARGETS = {
     "diffusers": ["to_q", "to_k", "to_v", "to_out.0"],  # diffusers' Attention projections

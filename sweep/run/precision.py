@@ -24,8 +24,8 @@ from enum import Enum
 
 import torch
 
-from . import gemm
-from .config import LossScalerConfig, PrecisionConfig
+from sweep.run import gemm
+from sweep.config import LossScalerConfig, PrecisionConfig
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
@@ -39,7 +39,7 @@ class PrecisionPolicy:
     autocast_dtype: torch.dtype | None
     tf32: bool
     gemm: str = "native"
-    """How bf16/fp16 GEMMs run: "native" kernels or "emulated" in fp32, rounded once (sweep/gemm.py)."""
+    """How bf16/fp16 GEMMs run: "native" kernels or "emulated" in fp32, rounded once (sweep/run/gemm.py)."""
 
     @classmethod
     def from_config(cls, cfg: PrecisionConfig, device: torch.device | None = None,

@@ -1,4 +1,4 @@
-"""Deterministic synthetic video clips, replayable batch order, and a cheap batch check.
+"""Deterministic synthetic video clips, with deliberate faults on request.
 
 A precision sweep needs data that is (a) structured enough that a model has something to
 learn, so a diverging run looks different from a converging one, (b) reproducible to the
@@ -14,21 +14,11 @@ sample at a time, on purpose: CPU kernels may compute an element differently dep
 where it falls in a tensor (vector body vs. scalar tail), and per-sample rendering keeps
 every sample's arithmetic identical no matter how large the dataset is. Every value is a
 convex mix of numbers in [-0.9, 0.9], so clean clips lie strictly inside [-1, 1].
-
-The batch order is likewise a pure function of ``(seed, step)``: the sample stream is the
-concatenation of per-epoch permutations, and batch ``step`` is the slice
-``[step * B, (step + 1) * B)`` of it, so a run can resume at any step without replaying
-the steps before it.
-
-``check_batch`` costs one reduction per batch in the common case; ``amax`` propagates NaN
-on torch's CPU kernels (and Inf is simply the largest magnitude), so a single
-``x.abs().amax()`` flags NaN, Inf and out-of-range values at once.
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
 from dataclasses import dataclass
 from functools import lru_cache
 
@@ -37,22 +27,17 @@ from torch import Tensor
 from torch.utils.data import Dataset
 
 FAULT_KINDS = ("nan", "inf", "range")
-# Most severe first: a NaN poisons everything, an Inf usually becomes NaN a step later,
-# out-of-range data only skews the loss.
-_SEVERITY = ("nan", "inf", "range")
 
 _MAX_SHAPES = 3
-# Salts keep the data stream and the order stream from sharing generator seeds.
-_ORDER_SALT = 0x5EED_0DE5
 
 
-def _stream_seed(seed: int, index: int, salt: int = 0) -> int:
+def stream_seed(seed: int, index: int, salt: int = 0) -> int:
     """Mix (seed, index) into one 64-bit generator seed."""
     # manual_seed accepts [0, 2**64); the modulo keeps huge or negative seeds legal.
     return (seed * 1_000_003 + index + salt) % 2**64
 
 
-def _generator(seed: int) -> torch.Generator:
+def generator(seed: int) -> torch.Generator:
     """A fresh CPU generator with the given seed."""
     g = torch.Generator()
     g.manual_seed(seed)
@@ -124,7 +109,7 @@ def _render_all(seed: int, num_samples: int, channels: int, frames: int, height:
     arguments, and multirun jobs share a process and mostly the same data; callers get copies only."""
     data = torch.empty(num_samples, channels, frames, height, width)
     for i in range(num_samples):
-        data[i] = _render_clip(_generator(_stream_seed(seed, i)), channels, frames, height, width)
+        data[i] = _render_clip(generator(stream_seed(seed, i)), channels, frames, height, width)
     return data
 
 
@@ -194,109 +179,3 @@ class SyntheticClips(Dataset):
 
     def __getitem__(self, i: int) -> Tensor:
         return self.image(i) if self.as_images else self.clip(i)
-
-
-@lru_cache(maxsize=4)
-def _epoch_permutation(num_samples: int, seed: int, epoch: int) -> tuple[int, ...]:
-    """The sample order of one epoch; cached because consecutive steps share an epoch."""
-    g = _generator(_stream_seed(seed, epoch, _ORDER_SALT))
-    return tuple(torch.randperm(num_samples, generator=g).tolist())
-
-
-class BatchOrder:
-    """Replayable batch order: indices(step) is a pure function of (seed, step)."""
-
-    def __init__(self, num_samples: int, batch_size: int, seed: int) -> None:
-        if num_samples < 1 or batch_size < 1:
-            raise ValueError("num_samples and batch_size must be >= 1")
-        self.num_samples, self.batch_size, self.seed = num_samples, batch_size, seed
-
-    def epoch(self, step: int) -> int:
-        """The epoch in which batch `step` starts."""
-        return step * self.batch_size // self.num_samples
-
-    def indices(self, step: int) -> list[int]:
-        """Slice [step*B, (step+1)*B) of the concatenated per-epoch permutations."""
-        if step < 0:
-            raise ValueError(f"step must be >= 0, got {step}")
-        n, start = self.num_samples, step * self.batch_size
-        stop = start + self.batch_size
-        out: list[int] = []
-        # A batch may straddle epochs (or span several when batch_size > num_samples).
-        for epoch in range(start // n, (stop - 1) // n + 1):
-            lo, hi = max(start, epoch * n), min(stop, (epoch + 1) * n)
-            out.extend(_epoch_permutation(n, self.seed, epoch)[lo - epoch * n : hi - epoch * n])
-        return out
-
-
-def load_batch(dataset: Dataset, indices: Sequence[int]) -> Tensor:
-    """Stack dataset[i] for i in indices into one (B, ...) tensor."""
-    return torch.stack([dataset[i] for i in indices])
-
-
-@dataclass(frozen=True)
-class BatchIssue:
-    """What check_batch found wrong with a batch."""
-
-    kind: str  # most severe kind present: "nan" > "inf" > "range"
-    positions: list[int]  # every bad position within the batch, of any kind
-    amax: float  # the batch's abs-max as reduced (NaN when a NaN is present)
-    detail: str  # one human-readable line
-
-
-def check_batch(x: Tensor, limit: float = 1.0 + 1e-3, indices: Sequence[int] | None = None) -> BatchIssue | None:
-    """None when every value is finite with |x| <= limit, else a BatchIssue; indices only label detail."""
-    if x.numel() == 0:
-        return None
-    # The common case: one reduction. NaN propagates through amax and NaN <= limit is False,
-    # so this comparison passes only for fully finite, in-range batches.
-    amax = x.detach().abs().amax()
-    if bool(amax <= limit):
-        return None
-
-    flat = x.detach().reshape(x.shape[0], -1)
-    nan = flat.isnan().sum(1)
-    inf = flat.isinf().sum(1)
-    big = flat.abs() > limit  # False for NaN, True for Inf
-    out_of_range = (big & ~flat.isinf()).sum(1)
-    finite_max = flat.nan_to_num(nan=0.0, posinf=0.0, neginf=0.0).abs().amax(1)
-    counts = {"nan": nan, "inf": inf, "range": out_of_range}
-
-    kind = next(k for k in _SEVERITY if bool((counts[k] > 0).any()))
-    positions = ((nan + inf + out_of_range) > 0).nonzero().flatten().tolist()
-
-    def describe(p: int) -> str:
-        name = f"sample {indices[p]}" if indices is not None else f"position {p}"
-        parts = []
-        if nan[p]:
-            parts.append(f"{int(nan[p])} NaN values")
-        if inf[p]:
-            parts.append(f"{int(inf[p])} Inf values")
-        if out_of_range[p]:
-            parts.append(f"values up to {float(finite_max[p]):.4g} outside [-{limit:.3g}, {limit:.3g}]")
-        return f"{name}: {', '.join(parts)}"
-
-    shown = [describe(p) for p in positions[:3]]
-    more = f"; +{len(positions) - 3} more" if len(positions) > 3 else ""
-    return BatchIssue(kind=kind, positions=positions, amax=float(amax), detail="; ".join(shown) + more)
-
-
-def sample_labels(dataset: Dataset, indices: Sequence[int]) -> list:
-    """How each sample is named in a verdict: the dataset's label (a folder's file) or its index."""
-    label = getattr(dataset, "label", None)
-    return [label(i) for i in indices] if label else list(indices)
-
-
-def load_checked_batch(dataset: Dataset, indices: Sequence[int], limit: float,
-                       check: bool = True) -> tuple[Tensor, BatchIssue | None]:
-    """The batch, and what makes it bad input: a sample the dataset could not read (always), or
-    NaN/Inf/out-of-range values (when check; one reduction in the common case)."""
-    x = load_batch(dataset, indices)
-    problem = getattr(dataset, "problem", None)
-    unusable = [(p, problem(i)) for p, i in enumerate(indices) if problem and problem(i)] if problem else []
-    if unusable:
-        labels = sample_labels(dataset, [indices[p] for p, _ in unusable])
-        detail = "; ".join(f"sample {name}: {why}" for name, (_, why) in zip(labels[:3], unusable[:3]))
-        more = f"; +{len(unusable) - 3} more" if len(unusable) > 3 else ""
-        return x, BatchIssue(kind="unreadable", positions=[p for p, _ in unusable], amax=math.nan, detail=detail + more)
-    return x, check_batch(x, limit, sample_labels(dataset, indices)) if check else None

@@ -38,10 +38,10 @@ import torch
 
 from models import KernelUnavailable, LogitStats, watching_logits
 
-from .config import RunConfig
+from sweep.config import RunConfig
 
 if TYPE_CHECKING:  # build imports this module (compile_unsupported_reason)
-    from .build import RunParts
+    from sweep.run.build import RunParts
 
 log = logging.getLogger("sweep")
 
@@ -78,7 +78,7 @@ def compile_run(run: RunConfig, parts: RunParts) -> None:
     no optimizer step is taken; parameters and state_dict keys stay the model's own (checkpoints are
     the same files as uncompiled).
     """
-    from .run import KERNEL_NAMES, MODULATE_NAMES  # run imports build, which imports this module
+    from sweep.run.execute import KERNEL_NAMES, MODULATE_NAMES  # run imports build, which imports this module
 
     start = time.perf_counter()
     torch._dynamo.reset()  # a fresh cache per run: nothing from an earlier job's compiles counts here

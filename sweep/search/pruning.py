@@ -25,8 +25,8 @@ from typing import Any, Optional
 
 import optuna
 
-from .config import PrunerConfig, RunConfig
-from .ledger import load_study, mask_url, storage_url, with_retries
+from sweep.config import PrunerConfig, RunConfig
+from sweep.search.ledger import load_study, mask_url, storage_url, with_retries
 
 log = logging.getLogger("sweep")
 
@@ -72,7 +72,7 @@ class Pruned:
 
 
 class PruningHook:
-    """A sweep.train.StepHook: report the loss every `report_every` steps; stop the run once it is pruned."""
+    """A sweep.run.train.StepHook: report the loss every `report_every` steps; stop the run once it is pruned."""
 
     def __init__(self, trial: optuna.Trial, report_every: int, last_step: int):
         self.trial, self.report_every, self.last_step = trial, report_every, last_step

@@ -8,14 +8,14 @@ when a job returns NaN, re-runs every trial on resume and leaves a killed trial 
 
 How it works: the sweeper asks Optuna for a batch of `n_jobs` trials, launches them through whatever
 Hydra launcher is configured, each job with `ledger.trial_number=N`, and each job finishes its own
-trial in the shared storage (sweep/ledger.py): a diverged run is a COMPLETE trial with a penalty value
+trial in the shared storage (sweep/search/ledger.py): a diverged run is a COMPLETE trial with a penalty value
 and an infeasible constraint, so the sampler learns where runs diverge and nothing crashes. The
 sweeper uses the same study as the jobs: the primary config's `ledger.storage`/`ledger.study_name`
 (default: sqlite:///<sweep dir>/ledger.db), so it never passes a storage URL on a job's command line.
 
 Pruning: `hydra.sweeper.pruner.name=median` (or percentile, threshold, successive_halving, hyperband)
 reaches every job as `ledger.pruner.*` overrides; the job reports its loss to its trial every
-`pruner.report_every` steps through the storage and stops when pruned (sweep/pruning.py).
+`pruner.report_every` steps through the storage and stops when pruned (sweep/search/pruning.py).
 
 Resume: run the same command again with the same `hydra.sweep.dir` (or the same ledger storage and
 study name). Trials left RUNNING by a killed sweep are failed once their heartbeat is older than
@@ -43,10 +43,10 @@ from hydra.types import HydraContext, TaskFunction
 from omegaconf import DictConfig, OmegaConf
 from optuna.trial import TrialState
 
-from . import search_space
-from .config import LedgerConfig, PrunerConfig, validate_pruner
-from .ledger import CONSTRAINTS_KEY, mask_url, open_storage, storage_url, with_retries
-from .pruning import make_pruner, pruner_overrides
+from sweep.search import space as search_space
+from sweep.config import LedgerConfig, PrunerConfig, validate_pruner
+from sweep.search.ledger import CONSTRAINTS_KEY, mask_url, open_storage, storage_url, with_retries
+from sweep.search.pruning import make_pruner, pruner_overrides
 
 log = logging.getLogger("sweep")
 # We beat for our trials ourselves (Heartbeat below) rather than through Study.optimize.
@@ -84,7 +84,7 @@ class OptunaSweepConf:
     """The search space in config form: {optim.lr: 'tag(log, interval(1e-5, 1e-1))', precision: 'fp32,bf16_amp'}."""
     pruner: PrunerConfig = field(default_factory=PrunerConfig)
     """Stop unpromising runs early (name=median|percentile|threshold|successive_halving|hyperband): every
-    job gets it as ledger.pruner.* and reports its loss to its trial through the storage (sweep/pruning.py)."""
+    job gets it as ledger.pruner.* and reports its loss to its trial through the storage (sweep/search/pruning.py)."""
 
 
 def make_sampler(conf: SamplerConf, space: dict) -> optuna.samplers.BaseSampler:
@@ -288,7 +288,7 @@ class OptunaSweeper(Sweeper):
 
     def _brackets(self, study: optuna.Study, space: dict) -> dict[tuple, "Bracket"]:
         """Each combination's bracket, rebuilt from the finished trials in the ledger."""
-        from .frontier import Bracket
+        from sweep.search.frontier import Bracket
 
         dist = space[self.frontier_param]
         axes = sorted(k for k in space if k != self.frontier_param)
@@ -317,7 +317,7 @@ class OptunaSweeper(Sweeper):
         """frontier.csv in the sweep dir, and a table with the runs it took against a grid's."""
         import pandas as pd
 
-        from .frontier import grid_runs
+        from sweep.search.frontier import grid_runs
 
         dist = space[self.frontier_param]
         rows = []

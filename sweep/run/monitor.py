@@ -15,11 +15,11 @@ the previous check. The first criterion met becomes the run's verdict (design.md
   90th percentile 0.54), so a raw-loss test calls healthy small-batch runs diverged. Those batches stay
   near the untrained model's loss, though, and a real explosion goes far above it: that is the raw test.
   The monitor keeps the last RECENT squared gradient norms, so the cause can say whether AdamW's second
-  moment had kept up (sweep.adam_lag).
+  moment had kept up (sweep.run.adam_lag).
 - stalled: at least `stall_fraction` of the weights (by magnitude) did not change over a window in
   which updates were applied: either the gradients underflowed to exact zeros (fp16 without loss scaling)
   or the updates were below the weights' resolution (pure bf16 at small lr).
-- bad_input is decided before the forward, from the batch itself (sweep.data.check_batch).
+- bad_input is decided before the forward, from the batch itself (sweep.data.checks.check_batch).
 """
 from __future__ import annotations
 
@@ -28,8 +28,8 @@ from dataclasses import asdict, dataclass
 
 import torch
 
-from .config import MonitorConfig
-from .precision import ScalerEvent
+from sweep.config import MonitorConfig
+from sweep.run.precision import ScalerEvent
 
 
 @dataclass
@@ -72,7 +72,7 @@ class DivergenceMonitor:
         self._skip_start: int | None = None
         self._above_since: int | None = None  # first step of the current run of raw losses above the threshold
         self.updates = 0  # updates applied by this run (a non-finite weight with none applied came in that way)
-        self.recent_sq: list[tuple[int, float]] = []  # (step, squared gradient norm) of the last RECENT finite ones (sweep.adam_lag)
+        self.recent_sq: list[tuple[int, float]] = []  # (step, squared gradient norm) of the last RECENT finite ones (sweep.run.adam_lag)
 
     RECENT = 32
     _STATE = ("initial_loss", "ema", "ema_min", "_updates_since_snapshot", "_skip_start", "_above_since",

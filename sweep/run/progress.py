@@ -7,7 +7,7 @@ import sys
 
 from tqdm import tqdm
 
-from .config import Progress
+from sweep.config import Progress
 
 log = logging.getLogger("sweep")
 

@@ -1,4 +1,4 @@
-"""Which runs can share a pack, and one pack from configs to files (the training itself: sweep/packed.py).
+"""Which runs can share a pack, and one pack from configs to files (the training itself: sweep/run/packed.py).
 
 Runs share a pack when they build the same computation: same model, precision policy, kernels, data
 shapes, device and process settings. What may differ is everything that is per run anyway: seed,
@@ -22,13 +22,13 @@ from typing import Sequence
 
 import torch
 
-from .build import resolve_device
-from .config import RunConfig
-from .packed import train_packed
-from .precision import PrecisionPolicy
-from .progress import RunProgress
-from .results import MetricsLog, RunResult
-from .run import conclude, execute, fail, new_result, prepare, write_outcome
+from sweep.run.build import resolve_device
+from sweep.config import RunConfig
+from sweep.run.packed import train_packed
+from sweep.run.precision import PrecisionPolicy
+from sweep.run.progress import RunProgress
+from sweep.run.results import MetricsLog, RunResult
+from sweep.run.execute import conclude, execute, fail, new_result, prepare, write_outcome
 
 log = logging.getLogger("sweep")
 
@@ -93,7 +93,7 @@ def plan(runs: Sequence[RunConfig], pack: int) -> list[list[int]]:
 
 def execute_pack(runs: Sequence[RunConfig], out_dirs: Sequence[Path], params: Sequence[dict],
                  labels: Sequence[str]) -> list[RunResult]:
-    """Train the runs as one pack and write each run's files; a pack of one is sweep.run.execute."""
+    """Train the runs as one pack and write each run's files; a pack of one is sweep.run.execute.execute."""
     if len(runs) == 1:
         return [execute(runs[0], out_dirs[0], params[0], label=labels[0])]
     start = time.perf_counter()

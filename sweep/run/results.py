@@ -89,9 +89,9 @@ class RunResult:
     start_step: int = 0
     """The step a resumed run started at."""
     packed: int | None = None
-    """Trial packing: how many runs trained together in this run's pack (sweep/packed.py); null when alone."""
+    """Trial packing: how many runs trained together in this run's pack (sweep/run/packed.py); null when alone."""
     pruned_at_step: int | None = None
-    """The step after which the sweeper's pruner stopped this run (status skipped; sweep/pruning.py)."""
+    """The step after which the sweeper's pruner stopped this run (status skipped; sweep/search/pruning.py)."""
 
     def to_dict(self) -> dict:
         d = asdict(self)

@@ -36,7 +36,7 @@ from pathlib import Path
 import torch
 from safetensors.torch import load_file, save_file
 
-from .config import WEIGHT_SUFFIXES
+from sweep.config import WEIGHT_SUFFIXES
 
 FORMAT = "dit-sweep-checkpoint/1"
 MANIFEST = "manifest.json"
@@ -110,7 +110,7 @@ def _scan_finite(file: str, tensors: dict[str, torch.Tensor]) -> None:
 # ---- saving ------------------------------------------------------------------------------------------
 
 def save(directory: Path, parts, next_step: int) -> Path:
-    """Write a complete checkpoint of `parts` (sweep.build.RunParts) that resumes at `next_step`."""
+    """Write a complete checkpoint of `parts` (sweep.run.build.RunParts) that resumes at `next_step`."""
     directory = Path(directory)
     tmp = directory.with_name(directory.name + ".tmp")
     shutil.rmtree(tmp, ignore_errors=True)
@@ -312,7 +312,7 @@ def inject_fault(source: Path, dest: Path, kind: str, tensor: str | None) -> tup
 
 
 class CheckpointHook:
-    """A sweep.train.StepHook that saves every `every` steps into <run dir>/checkpoints and keeps the newest `keep`."""
+    """A sweep.run.train.StepHook that saves every `every` steps into <run dir>/checkpoints and keeps the newest `keep`."""
 
     def __init__(self, run_dir: Path, every: int, keep: int = 0) -> None:
         self.root, self.every, self.keep = Path(run_dir) / "checkpoints", every, keep

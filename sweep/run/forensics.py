@@ -17,12 +17,12 @@ import warnings
 
 import torch
 
-from .build import build_parts, reset_process_state
-from .config import Progress, RunConfig
-from .monitor import Cause
-from .precision import PrecisionPolicy
-from .progress import RunProgress
-from .results import MetricsLog
+from sweep.run.build import build_parts, reset_process_state
+from sweep.config import Progress, RunConfig
+from sweep.run.monitor import Cause
+from sweep.run.precision import PrecisionPolicy
+from sweep.run.progress import RunProgress
+from sweep.run.results import MetricsLog
 
 # Our hooks sit on every module, including the input embedder whose inputs need no gradient.
 warnings.filterwarnings("ignore", message="Full backward hook is firing when gradients are computed")
@@ -98,7 +98,7 @@ class ModuleProbe:
 
 def replay(run: RunConfig, bad_step: int, device: torch.device) -> ModuleProbe:
     """Re-run `run` from the start to `bad_step`, probing that step only."""
-    from .train import train  # train imports nothing from here; late import keeps the modules apart
+    from sweep.run.train import train  # train imports nothing from here; late import keeps the modules apart
 
     policy = PrecisionPolicy.from_config(run.precision, device, run.compile)
     reset_process_state(run, policy)

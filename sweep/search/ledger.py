@@ -36,7 +36,7 @@ from optuna.distributions import (BaseDistribution, CategoricalDistribution, Flo
                                   IntDistribution)
 from optuna.trial import TrialState
 
-from .config import LedgerConfig
+from sweep.config import LedgerConfig
 
 log = logging.getLogger("sweep")
 optuna.logging.set_verbosity(optuna.logging.WARNING)  # one "Using an existing study" line per run is noise

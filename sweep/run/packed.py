@@ -33,15 +33,16 @@ import torch
 from torch.func import functional_call, stack_module_state, vmap
 from torch.optim.adam import adam
 
-from .adam_lag import lag_note
-from .build import RunParts
-from .config import RunConfig
-from .data import check_batch, load_checked_batch, sample_labels
-from .monitor import Cause, Divergence
-from .precision import ScalerEvent
-from .progress import RunProgress
-from .results import MetricsLog
-from .train import explain
+from sweep.run.adam_lag import lag_note
+from sweep.run.build import RunParts
+from sweep.config import RunConfig
+from sweep.data.batches import load_checked_batch, sample_labels
+from sweep.data.checks import check_batch
+from sweep.run.monitor import Cause, Divergence
+from sweep.run.precision import ScalerEvent
+from sweep.run.progress import RunProgress
+from sweep.run.results import MetricsLog
+from sweep.run.train import explain
 
 
 def _cast_like_autocast(m: torch.nn.Module):
@@ -90,7 +91,7 @@ class PackedModel:
         return [p.grad for p in self.params.values() if p.grad is not None]
 
     def run_params(self, i: int) -> list[tuple[str, torch.Tensor]]:
-        """Run i's (name, weight) slices, each with its gradient slice as `.grad` (for sweep.train.explain)."""
+        """Run i's (name, weight) slices, each with its gradient slice as `.grad` (for sweep.run.train.explain)."""
         named = []
         for name, p in self.params.items():
             w = p.detach()[i]
@@ -106,7 +107,7 @@ class PackedModel:
 class StackedAdamW:
     """Every run's AdamW as one update of the stacked weights, with per-run lr, betas, eps and weight decay.
 
-    It is torch's single-tensor AdamW (the one sweep.build configures) op for op: each per-run scalar
+    It is torch's single-tensor AdamW (the one sweep.run.build configures) op for op: each per-run scalar
     is computed in double as torch does, each op computes in fp32 and rounds to the weight's dtype,
     as torch's CPU kernels do for fp16/bf16. So pure fp16 still turns eps=1e-8 into 0 and divides 0
     by 0, and pure bf16 still loses updates below its resolution. A run whose step is skipped
@@ -116,7 +117,7 @@ class StackedAdamW:
     def __init__(self, parts: Sequence[RunParts], params: dict[str, torch.Tensor]):
         self.hyper = []  # per run: (betas, eps, weight_decay)
         for p in parts:
-            (group,) = p.optimizer.param_groups  # packable runs have one group (sweep.packing.refusal)
+            (group,) = p.optimizer.param_groups  # packable runs have one group (sweep.run.packing.refusal)
             self.hyper.append((group["betas"], group["eps"], group["weight_decay"]))
         self.moments = {n: (torch.zeros_like(w), torch.zeros_like(w)) for n, w in params.items() if w.requires_grad}
         self.device = next(iter(params.values())).device
@@ -127,7 +128,7 @@ class StackedAdamW:
         self.moments = {n: (m[index], v[index]) for n, (m, v) in self.moments.items()}
 
     def second_moment(self, position: int, run: int) -> tuple[float, int, float]:
-        """Run `run`'s (at `position` in the pack) sum of v, step count and beta2, as sweep.adam_lag.adamw_second_moment."""
+        """Run `run`'s (at `position` in the pack) sum of v, step count and beta2, as sweep.run.adam_lag.adamw_second_moment."""
         return sum(float(v[position].float().sum()) for _, v in self.moments.values()), self.steps[run], self.hyper[run][0][1]
 
     @torch.no_grad()
@@ -167,7 +168,7 @@ class StackedAdamW:
 
 
 def run_grad_norms(grads: list[torch.Tensor]) -> torch.Tensor:
-    """Each run's global L2 gradient norm (K,), accumulated in fp32 like sweep.train.global_grad_norm."""
+    """Each run's global L2 gradient norm (K,), accumulated in fp32 like sweep.run.train.global_grad_norm."""
     per_tensor = [torch.linalg.vector_norm(g.reshape(g.shape[0], -1), dim=1, dtype=torch.float32) for g in grads]
     return torch.linalg.vector_norm(torch.stack(per_tensor), dim=0)
 
@@ -179,7 +180,7 @@ def _per_run(values: list[float], like: torch.Tensor) -> torch.Tensor:
 
 def train_packed(runs: Sequence[RunConfig], parts: Sequence[RunParts], metrics: Sequence[MetricsLog],
                  progress: RunProgress) -> list[Divergence | None]:
-    """Train the runs together; each one's first divergence (None when stable), as sweep.train.train would."""
+    """Train the runs together; each one's first divergence (None when stable), as sweep.run.train.train would."""
     device, policy = parts[0].device, parts[0].policy
     model = PackedModel([p.model for p in parts])
     opt = StackedAdamW(parts, model.params)
