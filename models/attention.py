@@ -27,6 +27,21 @@ from torch.nn.attention import SDPBackend, sdpa_kernel
 
 ATTENTION_BACKENDS = ("flash", "math", "eager", "efficient", "cudnn")
 
+ATTENTION_KERNELS = {
+    "flash": "sdpa:FLASH_ATTENTION", "math": "sdpa:MATH", "efficient": "sdpa:EFFICIENT_ATTENTION",
+    "cudnn": "sdpa:CUDNN_ATTENTION", "eager": "eager:softmax(QK^T)",
+}
+"""The kernel each backend forces, as result.json's `kernels.attention` names it."""
+
+# Profiler op names of the SDPA kernels (torch 2.13 CPU; CUDA names for the CUDA-only kernels): how
+# a profiled compiled graph shows which attention kernel it runs (sweep/run/compiled.py).
+FLASH_OPS = {"cpu": "aten::_scaled_dot_product_flash_attention_for_cpu"}
+MATH_OP = "aten::_scaled_dot_product_attention_math"
+SDPA_OPS = ("aten::_scaled_dot_product_flash_attention_for_cpu", "aten::_scaled_dot_product_flash_attention_for_cpu_backward",
+            "aten::_scaled_dot_product_attention_math",
+            "aten::_scaled_dot_product_flash_attention", "aten::_scaled_dot_product_efficient_attention",
+            "aten::_scaled_dot_product_cudnn_attention")
+
 _SDPA_BACKENDS = {
     "flash": SDPBackend.FLASH_ATTENTION,
     "math": SDPBackend.MATH,
@@ -36,7 +51,7 @@ _SDPA_BACKENDS = {
 
 # Substrings of torch's RuntimeError when the forced kernel cannot take the inputs
 # (CUDA wording, then the CPU wording seen on torch 2.13).
-_NO_KERNEL_MESSAGES = ("No available kernel", "No viable backend")
+NO_KERNEL_MESSAGES = ("No available kernel", "No viable backend")
 
 _HALF_DTYPES = (torch.float16, torch.bfloat16)
 _CPU_SDPA_DTYPES = (torch.float64, torch.float32, torch.bfloat16, torch.float16)
@@ -116,7 +131,7 @@ def attend(q: Tensor, k: Tensor, v: Tensor, backend: str) -> Tensor:
             return F.scaled_dot_product_attention(q, k, v)  # (B, heads, N, head_dim)
     except RuntimeError as err:
         message = str(err)
-        if any(m in message for m in _NO_KERNEL_MESSAGES):
+        if any(m in message for m in NO_KERNEL_MESSAGES):
             first_line = message.strip().splitlines()[0]
             raise KernelUnavailable(
                 f"SDPA {backend} attention refused q{tuple(q.shape)} {q.dtype} on {q.device}: {first_line}"

@@ -31,16 +31,11 @@ from torch import Tensor
 from torch.nn.attention import SDPBackend, sdpa_kernel
 from torch.overrides import TorchFunctionMode
 
-from models.attention import KernelUnavailable
+from models.attention import ATTENTION_KERNELS, NO_KERNEL_MESSAGES, KernelUnavailable
 from models.modulate import modulate
 
-SDPA_KERNEL_NAMES = {
-    "flash": "sdpa:FLASH_ATTENTION", "math": "sdpa:MATH", "efficient": "sdpa:EFFICIENT_ATTENTION",
-    "cudnn": "sdpa:CUDNN_ATTENTION", "eager": "eager:softmax(QK^T)",
-}
 _SDPA_BACKENDS = {"flash": SDPBackend.FLASH_ATTENTION, "math": SDPBackend.MATH,
                   "efficient": SDPBackend.EFFICIENT_ATTENTION, "cudnn": SDPBackend.CUDNN_ATTENTION}
-_NO_KERNEL_MESSAGES = ("No available kernel", "No viable backend")
 
 
 def eager_sdpa(query: Tensor, key: Tensor, value: Tensor, attn_mask: Tensor | None = None, dropout_p: float = 0.0,
@@ -67,8 +62,8 @@ class SdpaRoute(TorchFunctionMode):
 
     def __init__(self, backend: str):
         super().__init__()
-        if backend not in SDPA_KERNEL_NAMES:
-            raise ValueError(f"unknown attention backend {backend!r}; choose one of {tuple(SDPA_KERNEL_NAMES)}")
+        if backend not in ATTENTION_KERNELS:
+            raise ValueError(f"unknown attention backend {backend!r}; choose one of {tuple(ATTENTION_KERNELS)}")
         self.backend = backend
         self.calls = 0
         self.calls_last_forward = 0
@@ -76,7 +71,7 @@ class SdpaRoute(TorchFunctionMode):
 
     @property
     def kernel_name(self) -> str:
-        return SDPA_KERNEL_NAMES[self.backend]
+        return ATTENTION_KERNELS[self.backend]
 
     def __enter__(self):
         self.calls = 0
@@ -102,7 +97,7 @@ class SdpaRoute(TorchFunctionMode):
         try:
             return func(*args, **kwargs)
         except RuntimeError as err:
-            if any(m in str(err) for m in _NO_KERNEL_MESSAGES):
+            if any(m in str(err) for m in NO_KERNEL_MESSAGES):
                 q = args[0] if args else kwargs["query"]
                 raise KernelUnavailable(f"SDPA {self.backend} attention refused q{tuple(q.shape)} {q.dtype} on "
                                         f"{q.device}: {str(err).strip().splitlines()[0]}") from err

@@ -31,6 +31,8 @@ import torch
 import torch.nn as nn
 from torch import Tensor
 
+from models.modulate import MODULATE_KERNELS
+
 # models.diffusers_kernels (which imports diffusers, ~1 s) loads only when a model is built, so the
 # config validation can read ZOO cheaply.
 
@@ -145,11 +147,11 @@ def modulate_unsupported_reason(name: str, impl: str) -> str | None:
 class DiffusersAdapter(nn.Module):
     """A diffusers transformer as `model(x, t) -> prediction` (x: (B,C,H,W) image or (B,C,F,H,W) video)."""
 
-    def __init__(self, name: str, transformer: nn.Module, attention: str, patch_size: int, seed: int = 0):
+    def __init__(self, name: str, transformer: nn.Module, attention: str, modulate: str, patch_size: int, seed: int = 0):
         from models.diffusers_kernels import SdpaRoute
 
         super().__init__()
-        self.name, self.spec, self.attention, self.patch_size = name, ZOO[name], attention, patch_size
+        self.name, self.spec, self.attention, self.modulate, self.patch_size = name, ZOO[name], attention, modulate, patch_size
         self.transformer = transformer
         self.route = SdpaRoute(attention)
         # Synthetic conditioning, identical in every run (its own generator): not weights, not saved.
@@ -197,16 +199,16 @@ class DiffusersAdapter(nn.Module):
                     .reshape(b, c, f, h, w))  # LTX's _unpack_latents
         return out
 
-    def kernels(self, modulate_impl: str, modulate_name: str) -> dict:
+    def kernels(self) -> dict:
         """What ran in the last forward: the attention kernel per attention kind, and the modulation route."""
         spec = self.spec
         sdpa = self.route.kernel_name
         attention = sdpa if spec.self_attention == "sdpa" else f"self: {spec.self_attention}; cross: {sdpa}"
         out = {"attention": attention, "sdpa_calls_per_forward": self.route.calls_last_forward}
-        if modulate_impl == "eager":
+        if self.modulate == "eager":
             out["modulate"] = "eager (diffusers' own modulation code)"
         else:
-            out["modulate"] = f"{modulate_name} in {', '.join(spec.routed)}"
+            out["modulate"] = f"{MODULATE_KERNELS[self.modulate]} in {', '.join(spec.routed)}"
         out["modulate_sites"] = spec.modulation
         return out
 
@@ -229,4 +231,4 @@ def build_diffusers_model(name: str, *, channels: int, frames: int, height: int,
         routed = route_modulation(transformer, spec.routed, modulate)
         if routed == 0:
             raise AssertionError(f"{spec.cls_name}: no {spec.routed} module found to route")
-    return DiffusersAdapter(name, transformer, attention, patch_size, seed=seed)
+    return DiffusersAdapter(name, transformer, attention, modulate, patch_size, seed=seed)

@@ -11,8 +11,10 @@ import torch
 import torch.nn as nn
 from torch import Tensor
 
+from models.attention import ATTENTION_KERNELS
 from models.blocks import Attention, DiTBlock, FinalLayer, check_kernel_names
 from models.embeddings import PatchEmbed, TimestepEmbedder, sincos_1d, sincos_2d
+from models.modulate import MODULATE_KERNELS
 
 
 class _DiTBackbone(nn.Module):
@@ -54,10 +56,9 @@ class _DiTBackbone(nn.Module):
         )
         self.final_layer = FinalLayer(hidden_size, patch_size, self.out_channels, modulate)
 
-    @property
     def kernels(self) -> dict[str, str]:
-        """The attention backend and modulate impl every block currently uses."""
-        return {"attention": self.attention_backend, "modulate": self.modulate_impl}
+        """The kernels every block runs, as result.json names them (the backend is forced: no fallback)."""
+        return {"attention": ATTENTION_KERNELS[self.attention_backend], "modulate": MODULATE_KERNELS[self.modulate_impl]}
 
     def set_kernels(self, attention: str | None = None, modulate: str | None = None) -> None:
         """Switch the attention backend and/or modulate impl of every submodule; None keeps the current one."""

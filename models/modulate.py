@@ -19,6 +19,12 @@ from torch import Tensor
 
 MODULATE_IMPLS = ("eager", "fused", "fused_buggy")
 
+MODULATE_OP = "dit_sweep::modulate"
+"""The fused impl's op: its name in the profiler and in result.json."""
+
+MODULATE_KERNELS = {"eager": "eager", "fused": MODULATE_OP, "fused_buggy": "fused_buggy:row0-shift-scale"}
+"""What runs for each impl, as result.json's `kernels.modulate` names it."""
+
 
 @torch.library.custom_op("dit_sweep::modulate", mutates_args=())
 def _fused_modulate(x: Tensor, shift: Tensor, scale: Tensor) -> Tensor:

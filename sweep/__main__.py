@@ -16,12 +16,10 @@ import re
 import sys
 
 import hydra
-from hydra.errors import HydraException
-from omegaconf import DictConfig, OmegaConf
-from omegaconf.errors import OmegaConfBaseException
+from omegaconf import DictConfig
 
 from sweep import config as _schemas  # noqa: F401  (registers the schema before Hydra composes)
-from sweep.config import ConfigError
+from sweep.errors import config_error_line, exit_config_error
 from sweep.job import run_job
 
 CONF_DIR = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "conf")
@@ -30,24 +28,6 @@ CONF_DIR = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__
 @hydra.main(config_path=CONF_DIR, config_name="config", version_base="1.3")
 def _hydra_main(cfg: DictConfig) -> dict:
     return run_job(cfg)
-
-
-def user_error_line(exc: BaseException) -> str | None:
-    """One line for a user mistake in the config or command line; None for anything else (a bug)."""
-    if isinstance(exc, ConfigError):
-        return str(exc)
-    cause = exc.__cause__ if isinstance(exc.__cause__, OmegaConfBaseException) else None
-    if isinstance(exc, OmegaConfBaseException) or cause is not None:
-        err = cause or exc
-        key = getattr(err, "full_key", None)
-        msg = str(err).split("\n")[0].strip()
-        return f"{key}: {msg}" if key else msg
-    if isinstance(exc, HydraException):
-        lines = [ln.strip() for ln in str(exc).splitlines() if ln.strip()]
-        options = getattr(exc, "options", None)
-        head = lines[0] if lines else type(exc).__name__
-        return f"{head} (choose one of: {', '.join(options)})" if options else head
-    return None
 
 
 def literal_password_arg(argv: list[str]) -> str | None:
@@ -94,20 +74,17 @@ def _strings(value) -> list[str]:
 def main() -> None:
     key = literal_password_arg(sys.argv[1:])
     if key is not None:
-        print(f"sweep: config error: {key.lstrip('+~')}: do not put a password on the command line (Hydra saves it in "
-              "its output files); use ledger.storage='${oc.env:SWEEP_LEDGER_URL}' and export SWEEP_LEDGER_URL",
-              file=sys.stderr)
-        sys.exit(2)
+        exit_config_error(f"{key.lstrip('+~')}: do not put a password on the command line (Hydra saves it in "
+                          "its output files); use ledger.storage='${oc.env:SWEEP_LEDGER_URL}' and export SWEEP_LEDGER_URL")
     user_wants_traceback = bool(os.environ.get("HYDRA_FULL_ERROR"))
     os.environ["HYDRA_FULL_ERROR"] = "1"  # let errors reach us so a user mistake can be one line
     try:
         _hydra_main()
     except Exception as exc:  # noqa: BLE001
-        line = None if user_wants_traceback else user_error_line(exc)
+        line = None if user_wants_traceback else config_error_line(exc)
         if line is None:
             raise
-        print(f"sweep: config error: {line}", file=sys.stderr)
-        sys.exit(2)
+        exit_config_error(line)
 
 
 if __name__ == "__main__":

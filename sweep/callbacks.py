@@ -6,13 +6,22 @@ away, `python -m sweep.report <sweep dir>`.
 """
 from __future__ import annotations
 
+import fcntl
+import json
 import logging
+import os
 import textwrap
 from pathlib import Path
 from typing import Any
 
+from hydra.core.hydra_config import HydraConfig
 from hydra.experimental.callback import Callback
-from omegaconf import DictConfig
+from omegaconf import DictConfig, OmegaConf
+
+from sweep.config import ConfigError, check_output_dir, to_run_config
+from sweep.errors import exiting_on_config_error
+from sweep.run.results import lock_held
+from sweep.search.space import parse
 
 log = logging.getLogger("sweep")
 
@@ -30,26 +39,16 @@ class OutputDirCheck(Callback):
 
     def on_multirun_start(self, config: DictConfig, **kwargs: Any) -> None:
         self._check(str(config.hydra.sweep.dir), "hydra.sweep.dir")
-        from sweep.config import ConfigError
-        from sweep.job import exit_config_error
-
-        try:
+        with exiting_on_config_error():
             claim_sweep_dir(config)
-        except ConfigError as e:
-            exit_config_error(e)
 
     def on_multirun_end(self, config: DictConfig, **kwargs: Any) -> None:
         release_sweep_dir(Path(config.hydra.sweep.dir))
 
     @staticmethod
     def _check(path: str, key: str) -> None:
-        from sweep.config import ConfigError, check_output_dir
-        from sweep.job import exit_config_error
-
-        try:
+        with exiting_on_config_error():  # raised, Hydra would only warn and go on to fail on mkdir
             check_output_dir(path, key)
-        except ConfigError as e:  # raised, Hydra would only warn and go on to fail on mkdir
-            exit_config_error(e)
 
 
 NOT_WHAT_RUNS = ("threads", "progress", "log_every")
@@ -67,14 +66,10 @@ def sweep_identity(config: DictConfig) -> list[str]:
     may change a fixed value such as steps, or n_trials, as README "Resume" says), in any order; job
     directories are numbered by trial of the study, which the same sweep shares.
     """
-    from omegaconf import OmegaConf
-
     overrides = [str(o) for o in OmegaConf.select(config, "hydra.overrides.task", default=None) or []]
     target = str(OmegaConf.select(config, "hydra.sweeper._target_", default="") or "")
     if "optuna" not in target:
         return [target, *(o for o in overrides if not o.split("=", 1)[0].lstrip("+~").startswith(NOT_WHAT_RUNS))]
-    from sweep.search.space import parse
-
     params = OmegaConf.select(config, "hydra.sweeper.params", default=None)
     args = [f"{k}={v}" for k, v in (OmegaConf.to_container(params) if params is not None else {}).items()] + overrides
     try:
@@ -93,13 +88,6 @@ def claim_sweep_dir(config: DictConfig) -> None:
     multirun.yaml it holds, once that sweep has started a job there or while it is still live (it holds
     .sweep.alive); the same command again, the only way to resume (README, "Resume"), is the same sweep.
     """
-    import fcntl
-    import os
-
-    from omegaconf import OmegaConf
-
-    from sweep.config import ConfigError
-
     sweep_dir = Path(str(config.hydra.sweep.dir))
     sweep_dir.mkdir(parents=True, exist_ok=True)
     with open(sweep_dir / ".sweep.lock", "a") as lock:
@@ -122,16 +110,10 @@ def claim_sweep_dir(config: DictConfig) -> None:
 
 def _sweep_alive(sweep_dir: Path) -> bool:
     """Whether a live sweep holds the directory (a shared lock on .sweep.alive)."""
-    import fcntl
-
-    from sweep.run.results import lock_held
-
     return lock_held(sweep_dir / _ALIVE, fcntl.LOCK_EX)
 
 
 def release_sweep_dir(sweep_dir: Path) -> None:
-    import os
-
     fd = _ALIVE_HELD.pop(str(sweep_dir), None)
     if fd is not None:
         os.close(fd)
@@ -141,7 +123,7 @@ class SweepSummary(Callback):
     """At the end of every multirun: the tables on the terminal, summary.md/.csv/.parquet in the sweep dir."""
 
     def on_multirun_end(self, config: DictConfig, **kwargs: Any) -> None:
-        from sweep.report.runs import runs_from_dirs
+        from sweep.report.runs import runs_from_dirs  # pandas: imported once a sweep has runs to summarize
         from sweep.report.summary import summarize
         from sweep.report.text import WIDTH, render_text, write_summary
 
@@ -172,9 +154,7 @@ class ScenarioCheck(Callback):
     def on_multirun_start(self, config: DictConfig, **kwargs: Any) -> None:
         if config.get("scenario") is None or not config.scenario.get("name"):
             return
-        from hydra.core.hydra_config import HydraConfig
-
-        from sweep.scenario import pretrain, pretrain_config
+        from sweep.scenario import pretrain, pretrain_config  # torch: only for +scenario sweeps
 
         HydraConfig.instance().set_config(config)  # so ${hydra:sweep.dir} in the scenario resolves
         name = config.scenario.name
@@ -189,9 +169,6 @@ class ScenarioCheck(Callback):
     def on_multirun_end(self, config: DictConfig, **kwargs: Any) -> None:
         if config.get("scenario") is None or not config.scenario.get("name"):
             return
-        import json
-
-        from sweep.config import to_run_config
         from sweep.scenario import check, render, write
 
         sweep_dir = Path(config.hydra.sweep.dir)

@@ -6,12 +6,13 @@ key or a wrong type fails while Hydra composes (OmegaConf checks keys and types 
 and `validate()` rejects bad values (lr <= 0, steps <= 0, ...) with a one-line message that names the
 dotted key. `to_run_config()` is the boundary: below it, code gets plain dataclasses, never a DictConfig.
 
-This module imports neither torch nor the models, so Hydra plugins and the sweepers can validate
-configs cheaply.
+Importing this module imports neither torch nor the models (validating a diffusers model name does,
+once), so the grid sweeper can validate every cell before the first run cheaply.
 """
 from __future__ import annotations
 
 import copy
+import dataclasses
 import math
 import os
 import typing
@@ -22,6 +23,8 @@ from typing import Any, Dict, Iterator, List, Optional
 
 from hydra.core.config_store import ConfigStore
 from omegaconf import DictConfig, OmegaConf, open_dict, read_write
+
+from sweep.search.conf import PRUNERS, PrunerConfig, PrunerName
 
 
 class ConfigError(ValueError):
@@ -69,6 +72,28 @@ class CpuGemm(str, Enum):
     auto = "auto"  # emulated where the CPU lacks matrix instructions for the compute dtype (sweep/run/gemm.py)
     native = "native"
     emulated = "emulated"
+
+
+class OptimName(str, Enum):
+    adamw = "adamw"
+
+
+class FinetuneMethod(str, Enum):
+    none = "none"  # every weight trains
+    lora = "lora"  # LoRA adapters on a frozen base (sweep/run/finetune.py)
+
+
+class BetaSchedule(str, Enum):
+    """DDPM beta schedules (diffusers' names)."""
+
+    linear = "linear"
+    scaled_linear = "scaled_linear"
+    squaredcos_cap_v2 = "squaredcos_cap_v2"
+
+
+class Prediction(str, Enum):
+    epsilon = "epsilon"
+    v_prediction = "v_prediction"
 
 
 class Schedule(str, Enum):
@@ -151,6 +176,15 @@ class ModelConfig:
     init_from: Optional[str] = None
     """Initial weights: a checkpoint directory (manifest verified) or a .safetensors/.pt weights file."""
 
+    @property
+    def is_image(self) -> bool:
+        """Whether the model trains on images (B, C, H, W) rather than clips (B, C, F, H, W)."""
+        if self.arch is Arch.diffusers:
+            from models.diffusers_zoo import ZOO  # models imports torch; composing a config does not need it
+
+            return ZOO[self.name].is_image
+        return self.arch is Arch.dit
+
 
 @dataclass
 class FaultConfig:
@@ -195,7 +229,7 @@ class DataConfig:
 
 @dataclass
 class OptimConfig:
-    name: str = "adamw"
+    name: OptimName = OptimName.adamw
     lr: float = 1e-4
     betas: List[float] = field(default_factory=lambda: [0.9, 0.999])
     eps: float = 1e-8
@@ -212,8 +246,7 @@ class OptimConfig:
 class FinetuneConfig:
     """How the model is trained: all weights (none), or LoRA adapters on a frozen base (sweep/run/finetune.py)."""
 
-    method: str = "none"
-    """none | lora."""
+    method: FinetuneMethod = FinetuneMethod.none
     rank: int = 4
     alpha: float = 4.0
     """LoRA scaling is alpha / rank."""
@@ -228,8 +261,10 @@ class FinetuneConfig:
 class ObjectiveConfig:
     kind: ObjectiveKind = ObjectiveKind.ddpm
     num_train_timesteps: int = 1000
-    beta_schedule: str = "linear"
-    prediction: str = "epsilon"
+    beta_schedule: BetaSchedule = BetaSchedule.linear
+    """ddpm only."""
+    prediction: Prediction = Prediction.epsilon
+    """ddpm only: the regression target (flow always predicts the velocity)."""
     flow_shift: float = 1.0
     loss_weight: float = 1.0
     """Multiplies the loss: a tiny weight reproduces fp16 gradient underflow without loss scaling."""
@@ -278,40 +313,6 @@ class CheckpointConfig:
     as a bad download or disk would (the Hallo case)."""
     inject_tensor: Optional[str] = None
     """The tensor `inject` corrupts; null = the first attention weight."""
-
-
-PRUNERS = ("none", "median", "percentile", "threshold", "successive_halving", "hyperband")
-
-
-@dataclass
-class PrunerConfig:
-    """Stops unpromising runs of an Optuna search early (sweep/search/pruning.py). Optuna does not keep the
-    pruner in the storage, so our sweeper passes its `hydra.sweeper.pruner` to every job as this node."""
-
-    name: str = "none"
-    """none | median | percentile | threshold | successive_halving | hyperband"""
-    report_every: int = 5
-    """Report the loss to the trial every this many steps (a storage round-trip each); the pruner decides on those steps only."""
-    n_startup_trials: int = 5
-    """median, percentile: prune nothing until this many trials have completed."""
-    n_warmup_steps: int = 0
-    """median, percentile, threshold: prune no run before this step."""
-    n_min_trials: int = 1
-    """median, percentile: trials that must have reported at a step before it is compared."""
-    percentile: float = 25.0
-    """percentile: prune a run whose best loss so far is worse than this percentile of the others' (median = 50)."""
-    lower: Optional[float] = None
-    """threshold: prune a run whose loss falls below this."""
-    upper: Optional[float] = None
-    """threshold: prune a run whose loss rises above this (e.g. 2x the initial loss: going nowhere good)."""
-    min_resource: Optional[int] = None
-    """successive_halving, hyperband: steps before the first rung; null = Optuna's default (auto, 1)."""
-    reduction_factor: Optional[int] = None
-    """successive_halving, hyperband: keep 1/this of the runs per rung; null = Optuna's default (4, 3)."""
-    min_early_stopping_rate: int = 0
-    """successive_halving: the first rung is min_resource x reduction_factor^this steps."""
-    max_resource: Optional[int] = None
-    """hyperband: steps of a full run; null = auto (the longest finished trial)."""
 
 
 @dataclass
@@ -456,7 +457,7 @@ def nonfinite_floats(node: Any, key: str = "") -> Iterator[tuple[str, float]]:
 
 def validate(run: RunConfig) -> RunConfig:
     """Reject values no run can use; each message names the dotted key."""
-    from models.registry import MODEL_SIZES  # no torch import: the registry is a plain dict
+    from models.registry import MODEL_SIZES  # imports torch (models/), which composing a config never needs
 
     for key, value in nonfinite_floats(run):  # the first one: one line names one key
         raise ConfigError(f"{key}: must be a finite number, got {value}")
@@ -503,7 +504,6 @@ def validate(run: RunConfig) -> RunConfig:
         _require(Path(d.path).is_dir(), "data.path", f"no such directory: {d.path}")
         _require(not d.faults, "data.faults", "fault injection is for synthetic data; a folder's bad files are real")
     o = run.optim
-    _require(o.name == "adamw", "optim.name", f"only adamw is implemented, got {o.name!r}")
     _require(o.lr > 0, "optim.lr", f"must be > 0, got {o.lr}")
     _require(len(o.betas) == 2 and all(0 <= b < 1 for b in o.betas), "optim.betas",
              f"must be two numbers in [0, 1), got {list(o.betas)}")
@@ -513,15 +513,12 @@ def validate(run: RunConfig) -> RunConfig:
     _require(o.grad_clip >= 0, "optim.grad_clip", f"must be >= 0 (0 = off), got {o.grad_clip}")
     _require(o.lora_lr is None or o.lora_lr > 0, "optim.lora_lr", f"must be > 0 (or null = optim.lr), got {o.lora_lr}")
     f = run.finetune
-    _require(f.method in ("none", "lora"), "finetune.method", f"must be none or lora, got {f.method!r}")
     _require(f.rank > 0, "finetune.rank", f"must be > 0, got {f.rank}")
     _require(f.alpha > 0, "finetune.alpha", f"must be > 0, got {f.alpha}")
     _require(0 <= f.dropout < 1, "finetune.dropout", f"must be in [0, 1), got {f.dropout}")
-    _require(f.method == "lora" or o.lora_lr is None, "optim.lora_lr", "only applies with finetune=lora")
+    _require(f.method is FinetuneMethod.lora or o.lora_lr is None, "optim.lora_lr", "only applies with finetune=lora")
     j = run.objective
     _require(j.num_train_timesteps > 1, "objective.num_train_timesteps", f"must be > 1, got {j.num_train_timesteps}")
-    _require(j.prediction in ("epsilon", "v_prediction"), "objective.prediction",
-             f"must be epsilon or v_prediction, got {j.prediction!r}")
     _require(j.loss_weight > 0, "objective.loss_weight", f"must be > 0, got {j.loss_weight}")
     mo = run.monitor
     _require(mo.spike_factor > 1, "monitor.spike_factor", f"must be > 1, got {mo.spike_factor}")
@@ -601,7 +598,8 @@ def _path_limits(path: str) -> tuple[int, int]:
 
 def validate_pruner(p: PrunerConfig, key: str) -> PrunerConfig:
     """Reject pruner settings Optuna would refuse mid-run; `key` is where they came from (ledger.pruner, hydra.sweeper.pruner)."""
-    _require(p.name in PRUNERS, f"{key}.name", f"must be one of {', '.join(PRUNERS)}, got {p.name!r}")
+    _require(p.name in PRUNERS, f"{key}.name", f"must be one of {', '.join(PRUNERS)}, got {getattr(p.name, 'value', p.name)!r}")
+    p = dataclasses.replace(p, name=PrunerName(p.name))
     _require(p.report_every > 0, f"{key}.report_every", f"must be > 0, got {p.report_every}")
     for field_name in ("n_startup_trials", "n_warmup_steps", "min_early_stopping_rate"):
         _require(getattr(p, field_name) >= 0, f"{key}.{field_name}", f"must be >= 0, got {getattr(p, field_name)}")
@@ -630,7 +628,7 @@ def _validate_diffusers(run: RunConfig) -> None:
     _require(m.size == "tiny", "model.size", f"diffusers models have one size, tiny (models/diffusers_zoo.py), got {m.size!r}")
     _require(not m.qk_norm, "model.qk_norm", "diffusers models keep their own query/key norm (models/diffusers_zoo.py): must be false")
     _require(m.qk_gain == 1.0, "model.qk_gain", f"is implemented for the native models only, got {m.qk_gain}")
-    if ZOO[m.name].is_image:
+    if m.is_image:
         _require(d.frames == 1, "data.frames", f"model.name={m.name} trains on images: use data=synthetic_image (frames=1), got {d.frames}")
     else:
         _require(d.frames > 1, "data.frames", f"model.name={m.name} is a video model: use data=synthetic_video (frames > 1), got {d.frames}")

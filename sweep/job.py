@@ -3,7 +3,7 @@
 Hydra composes the config and picks the job directory; this module converts the config at the
 boundary (sweep.config.to_run_config), works out the swept params under their dotted names, and hands
 over to sweep.run.execute.execute, then records the run in the ledger (sweep.search.ledger). A bad value is a user
-mistake: one line on stderr and exit status 2. Anything that happens during the run is a result,
+mistake: one line on stderr and exit status 2 (sweep/errors.py). Anything that happens during the run is a result,
 never an exception.
 """
 from __future__ import annotations
@@ -11,17 +11,16 @@ from __future__ import annotations
 import dataclasses
 import logging
 import os
-import sys
 from enum import Enum
 from pathlib import Path
-from typing import NoReturn
 
 from hydra.core.global_hydra import GlobalHydra
 from hydra.core.hydra_config import HydraConfig
 from hydra.core.override_parser.overrides_parser import OverridesParser
 from omegaconf import DictConfig, OmegaConf
 
-from sweep.config import ConfigError, RunConfig, check_inputs, enum_choices, to_run_config
+from sweep.config import RunConfig, check_inputs, enum_choices, to_run_config
+from sweep.errors import exiting_on_config_error
 from sweep.run.results import hold_run_dir, release_run_dir
 from sweep.run.execute import execute
 
@@ -58,12 +57,8 @@ class JobSpec:
 
 
 def job_spec(cfg: DictConfig) -> JobSpec:
-    """The current Hydra job as a JobSpec; a bad value exits with one line and status 2."""
-    try:
-        run = check_inputs(to_run_config(cfg))
-    except ConfigError as e:
-        # Exit here: raised, Hydra would print "Error executing job with overrides" before our line.
-        exit_config_error(e)
+    """The current Hydra job as a JobSpec; raises ConfigError for a bad value."""
+    run = check_inputs(to_run_config(cfg))
     hc = HydraConfig.get()
     if run.threads == 0:
         run = dataclasses.replace(run, threads=parallel_threads(hc))
@@ -75,19 +70,18 @@ def job_spec(cfg: DictConfig) -> JobSpec:
                    " ".join(f"{k}={v}" for k, v in params.items()), hc.job.num if multirun else 0, multirun)
 
 
-def exit_config_error(e: ConfigError) -> NoReturn:
-    """Print a user mistake as the one line `python -m sweep` prints, and exit with status 2.
+def job_spec_task(cfg: DictConfig) -> JobSpec:
+    """job_spec as a Hydra task function: a bad value exits with one line and status 2.
 
-    For code Hydra calls where a raised error would not reach sweep.__main__ as it is: the task function
-    (Hydra adds its own report first) and callbacks (Hydra turns their exceptions into a warning).
+    Exit here: raised, Hydra would print "Error executing job with overrides" before our line.
     """
-    print(f"sweep: config error: {e}", file=sys.stderr)
-    sys.exit(2)
+    with exiting_on_config_error():
+        return job_spec(cfg)
 
 
 def run_job(cfg: DictConfig) -> dict:
-    """Run the composed config in Hydra's job directory; returns result.json's content."""
-    job = job_spec(cfg)
+    """The Hydra task function: run the composed config in Hydra's job directory; returns result.json's content."""
+    job = job_spec_task(cfg)
     from sweep.search.pruning import pruning_hooks  # reports to the ledger's trial: only with our sweeper's pruner
 
     result = execute(job.run, job.run_dir, job.params, label=job.label, hooks=pruning_hooks(job.run, job.sweep_dir))

@@ -151,10 +151,10 @@ def test_set_kernels_switches_every_block(arch):
     model = make(arch)
     x, t = inputs(arch, batch=1)
     n_blocks = len(model.blocks)
-    assert model.kernels == {"attention": "math", "modulate": "eager"}
+    assert model.kernels() == {"attention": "sdpa:MATH", "modulate": "eager"}
 
     model.set_kernels(attention="flash", modulate="fused")
-    assert model.kernels == {"attention": "flash", "modulate": "fused"}
+    assert model.kernels() == {"attention": "sdpa:FLASH_ATTENTION", "modulate": "dit_sweep::modulate"}
     assert all(m.backend == "flash" for m in model.modules() if isinstance(m, Attention))
     assert all(m.modulate_impl == "fused" for m in model.modules() if isinstance(m, (DiTBlock, FinalLayer)))
     with torch.no_grad():
@@ -165,7 +165,7 @@ def test_set_kernels_switches_every_block(arch):
     assert MATH_OP not in counts
 
     model.set_kernels(modulate="eager")  # attention stays as it was
-    assert model.kernels == {"attention": "flash", "modulate": "eager"}
+    assert model.kernels() == {"attention": "sdpa:FLASH_ATTENTION", "modulate": "eager"}
     with torch.no_grad():
         counts = op_counts(lambda: model(x, t))
     assert "dit_sweep::modulate" not in counts
@@ -183,7 +183,7 @@ def test_set_kernels_rejects_unknown_names_without_partial_change():
         model.set_kernels(attention="flash", modulate="triton")
     with pytest.raises(ValueError, match="unknown attention backend"):
         model.set_kernels(attention="xformers")
-    assert model.kernels == {"attention": "math", "modulate": "eager"}
+    assert model.kernels() == {"attention": "sdpa:MATH", "modulate": "eager"}
     assert all(m.backend == "math" for m in model.modules() if isinstance(m, Attention))
 
 

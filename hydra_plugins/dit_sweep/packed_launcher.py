@@ -57,7 +57,7 @@ class PackedLauncher(Launcher):
 
     def launch(self, job_overrides: Sequence[Sequence[str]], initial_job_idx: int) -> Sequence[JobReturn]:
         from sweep.config import RunConfig
-        from sweep.job import finish_job, job_spec
+        from sweep.job import finish_job, job_spec_task
         from sweep.run.packing import execute_pack, plan
 
         setup_globals()
@@ -78,7 +78,7 @@ class PackedLauncher(Launcher):
                 specs.append(None)
                 continue
             # Phase 1: Hydra sets the job up (directory, .hydra/ files, callbacks); the task only takes its spec.
-            returns.append(run_job(hydra_context=self.hydra_context, task_function=job_spec, config=cfg,
+            returns.append(run_job(hydra_context=self.hydra_context, task_function=job_spec_task, config=cfg,
                                    job_dir_key="hydra.sweep.dir", job_subdir_key="hydra.sweep.subdir"))
             specs.append(returns[-1].return_value)
             configure_log(self.config.hydra.hydra_logging, self.config.hydra.verbose)

@@ -19,12 +19,11 @@ from typing import Callable
 import numpy as np
 import torch
 
-from models import backend_unavailable_reason, build_model, scale_query_key
-from models.diffusers_zoo import ZOO, build_diffusers_model, modulate_unsupported_reason
+from models import build_model, scale_query_key
+from models.diffusers_zoo import build_diffusers_model
 
 from sweep.run import checkpoint
-from sweep.run.compiled import compile_unsupported_reason
-from sweep.config import RunConfig, Schedule
+from sweep.config import Arch, DataSource, RunConfig, Schedule
 from sweep.data.batches import BatchOrder
 from sweep.data.synthetic import Fault, SyntheticClips
 from sweep.data.folder import FolderClips
@@ -70,15 +69,6 @@ def reset_process_state(run: RunConfig, policy: PrecisionPolicy) -> None:
     random.seed(run.seed)
     np.random.seed(run.seed % 2**32)
     torch.manual_seed(stream_seed(run.seed, _INIT_STREAM))
-
-
-def unsupported_reason(run: RunConfig, device: torch.device, policy: PrecisionPolicy) -> str | None:
-    """Why this combination cannot run here as asked (a `skipped` run), or None."""
-    diffusers = run.model.arch.value == "diffusers"
-    return (policy.unsupported_reason(device)
-            or backend_unavailable_reason(run.attention.backend.value, device, policy.compute_dtype)
-            or (modulate_unsupported_reason(run.model.name, run.modulate.impl.value) if diffusers else None)
-            or compile_unsupported_reason(run, device))
 
 
 def lr_schedule(run: RunConfig) -> Callable[[int], float]:
@@ -127,14 +117,14 @@ def build_parts(run: RunConfig, device: torch.device, policy: PrecisionPolicy, s
     fault-injected copy of that file goes (checkpoint.inject).
     """
     d, m = run.data, run.model
-    if m.arch.value == "diffusers":
+    if m.arch is Arch.diffusers:
         model = build_diffusers_model(m.name, channels=d.channels, frames=d.frames, height=d.height, width=d.width,
                                       patch_size=m.patch_size, attention=run.attention.backend.value,
                                       modulate=run.modulate.impl.value)
     else:
         model = build_model(
             m.arch.value, m.size, input_size=d.height, in_channels=d.channels,
-            num_frames=d.frames if m.arch.value == "video_dit" else None, patch_size=m.patch_size,
+            num_frames=None if m.is_image else d.frames, patch_size=m.patch_size,
             qk_norm=m.qk_norm, attention=run.attention.backend.value, modulate=run.modulate.impl.value,
         )
     if m.qk_gain != 1.0:
@@ -150,19 +140,19 @@ def build_parts(run: RunConfig, device: torch.device, policy: PrecisionPolicy, s
     # keeps the optimizer state in the params' dtype (pure fp16/bf16 means exactly that).
     optimizer = torch.optim.AdamW(param_groups(run, model), lr=o.lr, betas=tuple(o.betas), eps=o.eps,
                                   weight_decay=o.weight_decay, foreach=False)
-    image_data = m.arch.value == "dit" or (m.arch.value == "diffusers" and ZOO[m.name].is_image)
-    if d.source.value == "synthetic":
+    if d.source is DataSource.synthetic:
         dataset = SyntheticClips(num_samples=d.num_samples, frames=d.frames, channels=d.channels, height=d.height,
                                  width=d.width, seed=d.seed, faults=[Fault(index=f.index, kind=f.kind) for f in d.faults],
-                                 as_images=image_data)
+                                 as_images=m.is_image)
     else:
         dataset = FolderClips(Path(d.path), d.source.value, frames=d.frames, channels=d.channels, height=d.height,
-                              width=d.width, as_images=image_data)
+                              width=d.width, as_images=m.is_image)
     if d.drop_bad:
         dataset = drop_bad_samples(dataset, d.range_limit)
     j = run.objective
     objective = DiffusionObjective(kind=j.kind.value, num_train_timesteps=j.num_train_timesteps,
-                                   beta_schedule=j.beta_schedule, prediction=j.prediction, flow_shift=j.flow_shift)
+                                   beta_schedule=j.beta_schedule.value, prediction=j.prediction.value,
+                                   flow_shift=j.flow_shift)
     noise_gen = torch.Generator(device=device).manual_seed(stream_seed(run.seed, _NOISE_STREAM))
     monitor = DivergenceMonitor(run.monitor)
     monitor.start([p for p in model.parameters() if p.requires_grad])

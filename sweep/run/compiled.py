@@ -32,26 +32,17 @@ from __future__ import annotations
 
 import logging
 import time
-from typing import TYPE_CHECKING, Callable
+from typing import Callable
 
 import torch
 
 from models import KernelUnavailable, LogitStats, watching_logits
-
-from sweep.config import RunConfig
-
-if TYPE_CHECKING:  # build imports this module (compile_unsupported_reason)
-    from sweep.run.build import RunParts
+from models.attention import ATTENTION_KERNELS, FLASH_OPS, MATH_OP, SDPA_OPS
+from models.modulate import MODULATE_KERNELS, MODULATE_OP
+from sweep.config import Arch, RunConfig
+from sweep.run.build import RunParts
 
 log = logging.getLogger("sweep")
-
-FLASH_OPS = {"cpu": "aten::_scaled_dot_product_flash_attention_for_cpu"}
-MATH_OP = "aten::_scaled_dot_product_attention_math"
-SDPA_OPS = ("aten::_scaled_dot_product_flash_attention_for_cpu", "aten::_scaled_dot_product_flash_attention_for_cpu_backward",
-            "aten::_scaled_dot_product_attention_math",
-            "aten::_scaled_dot_product_flash_attention", "aten::_scaled_dot_product_efficient_attention",
-            "aten::_scaled_dot_product_cudnn_attention")
-MODULATE_OP = "dit_sweep::modulate"
 
 # Inductor options of every compiled run: no pattern-matcher rewrites (attention fusion among them).
 INDUCTOR_OPTIONS = {"pattern_matcher": False}
@@ -61,7 +52,7 @@ def compile_unsupported_reason(run: RunConfig, device: torch.device) -> str | No
     """Why compile=true cannot apply to this run (a `skipped` run), or None."""
     if not run.compile:
         return None
-    if run.model.arch.value == "diffusers":
+    if run.model.arch is Arch.diffusers:
         return ("compile=true is not wired for model.arch=diffusers: its attention axis is a TorchFunctionMode "
                 "around each forward, unproven under torch.compile; run it uncompiled")
     if device.type not in FLASH_OPS:
@@ -78,8 +69,6 @@ def compile_run(run: RunConfig, parts: RunParts) -> None:
     no optimizer step is taken; parameters and state_dict keys stay the model's own (checkpoints are
     the same files as uncompiled).
     """
-    from sweep.run.execute import KERNEL_NAMES, MODULATE_NAMES  # run imports build, which imports this module
-
     start = time.perf_counter()
     torch._dynamo.reset()  # a fresh cache per run: nothing from an earlier job's compiles counts here
     torch._dynamo.config.fail_on_recompile_limit_hit = True  # an error, never a silent eager fallback
@@ -91,7 +80,7 @@ def compile_run(run: RunConfig, parts: RunParts) -> None:
     if reason is not None:
         raise KernelUnavailable(reason)
     how = " (compiled: inductor bmm+softmax)" if attention in ("math", "eager") else " (compiled)"
-    parts.kernels = {"attention": KERNEL_NAMES[attention] + how, "modulate": MODULATE_NAMES[modulate] + " (compiled)"}
+    parts.kernels = {"attention": ATTENTION_KERNELS[attention] + how, "modulate": MODULATE_KERNELS[modulate] + " (compiled)"}
     log.info("compile=true: compiled and profiled in %.1f s: %s", time.perf_counter() - start,
              ", ".join(sorted(op for op in ops if op in SDPA_OPS or op.startswith("dit_sweep::"))) or "no SDPA op")
 
@@ -120,7 +109,7 @@ def _compile_forward(model: torch.nn.Module) -> Callable[[], None]:
 def _profile_step(run: RunConfig, parts: RunParts) -> set[str]:
     """Compile (first call), then profile a second forward+backward on a zeros batch of the run's shape."""
     d, policy, model = run.data, parts.policy, parts.model
-    frames = () if _image_model(run) else (d.frames,)
+    frames = () if run.model.is_image else (d.frames,)
     x = torch.zeros(d.batch_size, d.channels, *frames, d.height, d.width, device=parts.device, dtype=policy.param_dtype)
     t = torch.zeros(d.batch_size, dtype=torch.float32, device=parts.device)  # as DiffusionObjective.sample draws them
 
@@ -134,10 +123,6 @@ def _profile_step(run: RunConfig, parts: RunParts) -> set[str]:
         step()
     parts.optimizer.zero_grad(set_to_none=True)
     return {event.key for event in prof.key_averages()}
-
-
-def _image_model(run: RunConfig) -> bool:
-    return run.model.arch.value == "dit"
 
 
 def _attention_mismatch(attention: str, ops: set[str], device: torch.device) -> str | None:

@@ -16,12 +16,14 @@ import traceback
 from pathlib import Path
 from typing import Sequence
 
-from models import KernelUnavailable, count_params
+import torch
 
-from sweep.run.build import RunParts, build_parts, reset_process_state, resolve_device, unsupported_reason
+from models import KernelUnavailable, backend_unavailable_reason, count_params
+from models.diffusers_zoo import modulate_unsupported_reason
+from sweep.config import Arch, RunConfig
+from sweep.run.build import RunParts, build_parts, reset_process_state, resolve_device
 from sweep.run.checkpoint import CheckpointHook, CorruptCheckpoint
-from sweep.run.compiled import compile_run
-from sweep.config import RunConfig
+from sweep.run.compiled import compile_run, compile_unsupported_reason
 from sweep.run.gemm import LOW_PRECISION
 from sweep.run.precision import PrecisionPolicy
 from sweep.run.progress import RunProgress
@@ -31,12 +33,6 @@ from sweep.run.monitor import Divergence
 from sweep.run.train import StepHook, train
 
 log = logging.getLogger("sweep")
-
-KERNEL_NAMES = {
-    "flash": "sdpa:FLASH_ATTENTION", "math": "sdpa:MATH", "efficient": "sdpa:EFFICIENT_ATTENTION",
-    "cudnn": "sdpa:CUDNN_ATTENTION", "eager": "eager:softmax(QK^T)",
-}
-MODULATE_NAMES = {"eager": "eager", "fused": "dit_sweep::modulate", "fused_buggy": "fused_buggy:row0-shift-scale"}
 
 
 def execute(run: RunConfig, out_dir: Path, params: dict, label: str = "", hooks: Sequence[StepHook] = ()) -> RunResult:
@@ -74,6 +70,15 @@ def new_result(run: RunConfig, params: dict) -> RunResult:
     return RunResult(status="error", params=params, versions=package_versions(), seed=run.seed)
 
 
+def unsupported_reason(run: RunConfig, device: torch.device, policy: PrecisionPolicy) -> str | None:
+    """Why this combination cannot run here as asked (a `skipped` run), or None: the one "can it run here?" check."""
+    diffusers = run.model.arch is Arch.diffusers
+    return (policy.unsupported_reason(device)
+            or backend_unavailable_reason(run.attention.backend.value, device, policy.compute_dtype)
+            or (modulate_unsupported_reason(run.model.name, run.modulate.impl.value) if diffusers else None)
+            or compile_unsupported_reason(run, device))
+
+
 def prepare(run: RunConfig, out_dir: Path, result: RunResult) -> RunParts | None:
     """Reset the process state and build the run; None when `result` is already final (skipped, refused)."""
     device = resolve_device(run.device)
@@ -98,13 +103,9 @@ def prepare(run: RunConfig, out_dir: Path, result: RunResult) -> RunParts | None
 def conclude(result: RunResult, run: RunConfig, parts: RunParts, divergence: Divergence | None,
              metrics: MetricsLog, train_seconds: float, hooks: Sequence[StepHook] = ()) -> None:
     """Fill `result` from a finished training: kernels, metrics, the verdict, forensics of a NaN."""
-    # The kernels are forced (no fallback), so having trained means these are the ones that ran.
-    result.kernels = {"attention": KERNEL_NAMES[run.attention.backend.value],
-                      "modulate": MODULATE_NAMES[run.modulate.impl.value]}
-    if callable(getattr(parts.model, "kernels", None)):  # a diffusers adapter (native models have a kernels property): what ran per attention kind, where modulate ran
-        result.kernels = parts.model.kernels(run.modulate.impl.value, MODULATE_NAMES[run.modulate.impl.value])
-    if parts.kernels:  # compile=true: what the profiled compiled graph ran (sweep/run/compiled.py)
-        result.kernels = parts.kernels
+    # What the model ran (its kernels are forced: no fallback), or under compile=true what the profiled
+    # compiled graph ran (sweep/run/compiled.py).
+    result.kernels = parts.kernels or parts.model.kernels()
     if parts.policy.compute_dtype in LOW_PRECISION:  # bf16/fp16 GEMMs: native kernels or emulated (sweep/run/gemm.py)
         result.kernels = {**result.kernels, "gemm": parts.policy.gemm}
     _fill_from_metrics(result, metrics, train_seconds)

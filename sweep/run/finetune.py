@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import torch
 
-from sweep.config import RunConfig
+from sweep.config import Arch, FinetuneMethod, RunConfig
 
 LORA_TARGETS = {
     "diffusers": ["to_q", "to_k", "to_v", "to_out.0"],  # diffusers' Attention projections
@@ -28,13 +28,13 @@ def lora_targets(run: RunConfig) -> list[str]:
     """The module names LoRA wraps: finetune.target_modules, else the architecture's attention projections."""
     if run.finetune.target_modules:
         return list(run.finetune.target_modules)
-    return LORA_TARGETS["diffusers" if run.model.arch.value == "diffusers" else "native"]
+    return LORA_TARGETS["diffusers" if run.model.arch is Arch.diffusers else "native"]
 
 
 def apply_finetune(run: RunConfig, model: torch.nn.Module, dtype: torch.dtype) -> torch.nn.Module:
     """Add LoRA adapters (in `dtype`, the policy's param dtype) and freeze the base; a no-op for finetune=none."""
     f = run.finetune
-    if f.method == "none":
+    if f.method is FinetuneMethod.none:
         return model
     from peft import LoraConfig, inject_adapter_in_model
 

@@ -23,6 +23,7 @@ from sweep.run.monitor import Cause
 from sweep.run.precision import PrecisionPolicy
 from sweep.run.progress import RunProgress
 from sweep.run.results import MetricsLog
+from sweep.run.train import train
 
 # Our hooks sit on every module, including the input embedder whose inputs need no gradient.
 warnings.filterwarnings("ignore", message="Full backward hook is firing when gradients are computed")
@@ -98,8 +99,6 @@ class ModuleProbe:
 
 def replay(run: RunConfig, bad_step: int, device: torch.device) -> ModuleProbe:
     """Re-run `run` from the start to `bad_step`, probing that step only."""
-    from sweep.run.train import train  # train imports nothing from here; late import keeps the modules apart
-
     policy = PrecisionPolicy.from_config(run.precision, device, run.compile)
     reset_process_state(run, policy)
     parts = build_parts(run, device, policy)

@@ -23,7 +23,7 @@ from typing import Sequence
 import torch
 
 from sweep.run.build import resolve_device
-from sweep.config import RunConfig
+from sweep.config import Arch, FinetuneMethod, PrunerName, RunConfig
 from sweep.run.packed import train_packed
 from sweep.run.precision import PrecisionPolicy
 from sweep.run.progress import RunProgress
@@ -40,16 +40,16 @@ PER_RUN_SUBKEYS = {"precision": ("scaler",), "data": ("seed", "faults", "num_sam
 
 def refusal(run: RunConfig, device: torch.device | None = None) -> str | None:
     """Why this run must train alone (None when it can be packed); `device` defaults to the run's own."""
-    if run.model.arch.value not in ("dit", "video_dit"):
+    if run.model.arch is Arch.diffusers:
         return f"model {run.model.name} is a diffusers model: packing supports the native dit/video_dit models"
-    if run.finetune.method != "none":
+    if run.finetune.method is not FinetuneMethod.none:
         return "finetune=lora freezes part of the weights: not packed"
     if run.compile:
         return "compile=true: a compiled run trains alone"
     c = run.checkpoint
     if c.every or c.resume_from or c.inject:
         return "checkpointing or resuming: not packed"
-    if run.ledger.enabled and run.ledger.pruner.name != "none":
+    if run.ledger.enabled and run.ledger.pruner.name is not PrunerName.none:
         return "a pruned run reports every few steps to its own trial: not packed"
     return cuda_vmap_failure(run, device or resolve_device(run.device))
 

@@ -59,7 +59,7 @@ def pruner_overrides(cfg: PrunerConfig) -> list[str]:
     if cfg.name == "none":
         return []
     default = PrunerConfig()
-    return [f"ledger.pruner.{f.name}={'null' if v is None else v}" for f in dataclasses.fields(cfg)
+    return [f"ledger.pruner.{f.name}={'null' if v is None else getattr(v, 'value', v)}" for f in dataclasses.fields(cfg)
             if (v := getattr(cfg, f.name)) != getattr(default, f.name) or f.name == "name"]
 
 

@@ -32,7 +32,6 @@ import logging
 import math
 import threading
 import warnings
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, List, Optional
 
@@ -43,8 +42,9 @@ from hydra.types import HydraContext, TaskFunction
 from omegaconf import DictConfig, OmegaConf
 from optuna.trial import TrialState
 
+from sweep.config import ConfigError, LedgerConfig, PrunerConfig, validate_pruner
 from sweep.search import space as search_space
-from sweep.config import LedgerConfig, PrunerConfig, validate_pruner
+from sweep.search.conf import PrunerName, SamplerConf, SamplerName, SweepMode
 from sweep.search.ledger import CONSTRAINTS_KEY, mask_url, open_storage, storage_url, with_retries
 from sweep.search.pruning import make_pruner, pruner_overrides
 
@@ -56,51 +56,20 @@ warnings.filterwarnings("ignore", category=optuna.exceptions.ExperimentalWarning
 STALE_ATTR = "stale"  # system attr on trials this sweeper failed as stale: they do not count as done
 
 
-@dataclass
-class SamplerConf:
-    name: str = "tpe"
-    """tpe | random | grid | cmaes | qmc"""
-    seed: Optional[int] = None
-    n_startup_trials: int = 5
-    """TPE: random trials before the model takes over."""
-
-
-@dataclass
-class OptunaSweepConf:
-    _target_: str = "hydra_plugins.dit_sweep.optuna_sweep.OptunaSweeper"
-    sampler: SamplerConf = field(default_factory=SamplerConf)
-    n_trials: int = 20
-    """Finished trials to reach (grid: ignored, the grid's size)."""
-    n_jobs: int = 1
-    """Trials launched per batch (the launcher decides where they run)."""
-    heartbeat_s: int = 5
-    stale_after_s: int = 30
-    mode: str = "search"
-    """search: sample n_trials; frontier: bisect the largest stable `frontier.param` per combination."""
-    frontier_param: str = "optim.lr"
-    frontier_factor: float = 2.0
-    """Stop bisecting when the largest stable and smallest diverged values are within this factor."""
-    params: Optional[dict] = None
-    """The search space in config form: {optim.lr: 'tag(log, interval(1e-5, 1e-1))', precision: 'fp32,bf16_amp'}."""
-    pruner: PrunerConfig = field(default_factory=PrunerConfig)
-    """Stop unpromising runs early (name=median|percentile|threshold|successive_halving|hyperband): every
-    job gets it as ledger.pruner.* and reports its loss to its trial through the storage (sweep/search/pruning.py)."""
-
-
 def make_sampler(conf: SamplerConf, space: dict) -> optuna.samplers.BaseSampler:
     """The Optuna sampler; constrained samplers learn the infeasible (diverged) region."""
     constraints = lambda t: t.system_attrs.get(CONSTRAINTS_KEY, (0.0,))  # noqa: E731
-    name = conf.name.lower()
-    if name == "tpe":
+    name = SamplerName(conf.name)
+    if name is SamplerName.tpe:
         return optuna.samplers.TPESampler(seed=conf.seed, n_startup_trials=conf.n_startup_trials,
                                           constraints_func=constraints)
-    if name == "random" or name == "grid":  # grid cells are enqueued explicitly, see _grid_batch
+    if name in (SamplerName.random, SamplerName.grid):  # grid cells are enqueued explicitly, see _grid_batch
         return optuna.samplers.RandomSampler(seed=conf.seed)
-    if name == "cmaes":
+    if name is SamplerName.cmaes:
         return optuna.samplers.CmaEsSampler(seed=conf.seed)
-    if name == "qmc":
+    if name is SamplerName.qmc:
         return optuna.samplers.QMCSampler(seed=conf.seed)
-    raise ValueError(f"hydra.sweeper.sampler.name: unknown sampler {conf.name!r}; choose tpe, random, grid, cmaes, qmc")
+    raise AssertionError(name)  # the schema admits only the names above
 
 
 class Heartbeat:
@@ -198,26 +167,34 @@ def claim_lock(study: optuna.Study):
         yield
 
 
-class OptunaSweeper(Sweeper):
-    """Ask/tell over Hydra's launcher; jobs tell their own trial through the shared storage."""
+class OptunaSweeperImpl(Sweeper):
+    """Ask/tell over Hydra's launcher; jobs tell their own trial through the shared storage.
+
+    Built by the plugin (hydra_plugins/dit_sweep/optuna_sweep.py) from `hydra.sweeper`'s settings
+    (sweep.search.conf.OptunaSweepConf); a bad setting is a ConfigError, one line like any other.
+    """
 
     def __init__(self, sampler: Any, n_trials: int, n_jobs: int, heartbeat_s: int, stale_after_s: int,
                  mode: str = "search", frontier_param: str = "optim.lr", frontier_factor: float = 2.0,
                  params: Optional[dict] = None, pruner: Any = None):
-        if mode not in ("search", "frontier"):
-            raise ValueError(f"hydra.sweeper.mode: must be search or frontier, got {mode!r}")
+        if mode not in tuple(SweepMode):
+            raise ConfigError(f"hydra.sweeper.mode: must be search or frontier, got {mode!r}")
         if frontier_factor <= 1:
-            raise ValueError(f"hydra.sweeper.frontier_factor: must be > 1, got {frontier_factor}")
+            raise ConfigError(f"hydra.sweeper.frontier_factor: must be > 1, got {frontier_factor}")
+        mode = SweepMode(mode)
         self.mode, self.frontier_param, self.frontier_factor = mode, frontier_param, frontier_factor
         self.sampler_conf = SamplerConf(**OmegaConf.to_container(sampler)) if not isinstance(sampler, SamplerConf) else sampler
+        if self.sampler_conf.name not in tuple(SamplerName):
+            raise ConfigError(f"hydra.sweeper.sampler.name: unknown sampler {self.sampler_conf.name!r}; "
+                              f"choose {', '.join(s.value for s in SamplerName)}")
         self.n_trials, self.n_jobs = n_trials, n_jobs
         self.heartbeat_s, self.stale_after_s = heartbeat_s, stale_after_s
         self.params = dict(params or {})
         pruner = OmegaConf.to_container(pruner) if OmegaConf.is_config(pruner) else pruner
         self.pruner_conf = validate_pruner(pruner if isinstance(pruner, PrunerConfig) else PrunerConfig(**(pruner or {})),
                                            "hydra.sweeper.pruner")
-        if mode == "frontier" and self.pruner_conf.name != "none":  # a pruned probe decides no bracket
-            raise ValueError("hydra.sweeper.pruner: frontier mode needs every run to finish; prune in search mode")
+        if mode is SweepMode.frontier and self.pruner_conf.name is not PrunerName.none:  # a pruned probe decides no bracket
+            raise ConfigError("hydra.sweeper.pruner: frontier mode needs every run to finish; prune in search mode")
 
     def setup(self, *, hydra_context: HydraContext, task_function: TaskFunction, config: DictConfig) -> None:
         self.hydra_context, self.config = hydra_context, config
@@ -239,7 +216,7 @@ class OptunaSweeper(Sweeper):
         args = [f"{k}={v}" for k, v in self.params.items()] + list(arguments)
         space, fixed = search_space.parse(args)
         if not space:
-            raise ValueError("the optuna sweeper needs at least one swept axis (e.g. 'optim.lr=tag(log,interval(1e-5,1e-1))')")
+            raise ConfigError("the optuna sweeper needs at least one swept axis (e.g. 'optim.lr=tag(log,interval(1e-5,1e-1))')")
         Path(self.config.hydra.sweep.dir).mkdir(parents=True, exist_ok=True)
         OmegaConf.save(self.config, Path(self.config.hydra.sweep.dir) / "multirun.yaml")
         study = self._study()
@@ -250,15 +227,15 @@ class OptunaSweeper(Sweeper):
             stale = fail_stale_trials(study, self.stale_after_s)
         if stale:
             log.info("optuna sweeper: failed stale RUNNING trials %s (left by a killed sweep)", stale)
-        grid = search_space.grid_cells(space) if self.sampler_conf.name == "grid" else None
+        grid = search_space.grid_cells(space) if self.sampler_conf.name == SamplerName.grid else None
         self._attempted: set = set()
-        if self.mode == "frontier":
+        if self.mode is SweepMode.frontier:
             self._check_frontier_space(space)
         returns = []
         with Heartbeat(study, self.heartbeat_s) as heartbeat:
             while True:
                 with claim_lock(study):  # concurrent sweepers on one study never claim the same trial
-                    batch = (self._frontier_batch(study, space) if self.mode == "frontier"
+                    batch = (self._frontier_batch(study, space) if self.mode is SweepMode.frontier
                              else self._next_batch(study, space, grid))
                 if not batch:
                     break
@@ -275,7 +252,7 @@ class OptunaSweeper(Sweeper):
                     self._settle(study, trial, ret)
                 returns.append(results)
         log.info("optuna sweeper: %d finished trials in the study", len(self._finished(study)))
-        if self.mode == "frontier":
+        if self.mode is SweepMode.frontier:
             self._report_frontier(study, space)
         return returns
 
@@ -284,7 +261,7 @@ class OptunaSweeper(Sweeper):
     def _check_frontier_space(self, space: dict) -> None:
         dist = space.get(self.frontier_param)
         if not isinstance(dist, optuna.distributions.FloatDistribution) or dist.low <= 0:
-            raise ValueError(f"frontier mode needs {self.frontier_param}=tag(log,interval(low,high)) with low > 0")
+            raise ConfigError(f"hydra.sweeper.frontier_param: frontier mode needs {self.frontier_param}=tag(log,interval(low,high)) with low > 0")
 
     def _brackets(self, study: optuna.Study, space: dict) -> dict[tuple, "Bracket"]:
         """Each combination's bracket, rebuilt from the finished trials in the ledger."""

@@ -1,0 +1,54 @@
+"""How a user mistake reaches the terminal: one line, `sweep: config error: <key>: <what>`, exit status 2.
+
+The one place that prints it. `python -m sweep` (sweep/__main__.py) turns what Hydra and OmegaConf
+raise into that line (`config_error_line`); code Hydra calls, where a raised error would not reach
+__main__ as it is, exits through `exiting_on_config_error`: the task function (Hydra prints its own
+report first) and callbacks (Hydra turns their exceptions into a warning and goes on).
+"""
+from __future__ import annotations
+
+import contextlib
+import sys
+from typing import Iterator, NoReturn
+
+from hydra.errors import HydraException
+from omegaconf.errors import OmegaConfBaseException
+
+from sweep.config import ConfigError
+
+PREFIX = "sweep: config error: "
+
+
+def config_error_line(exc: BaseException) -> str | None:
+    """One line for a user mistake in the config or command line; None for anything else (a bug)."""
+    if isinstance(exc, ConfigError):
+        return str(exc)
+    if isinstance(exc.__cause__, ConfigError):  # raised inside a plugin Hydra instantiates (the Optuna sweeper)
+        return str(exc.__cause__)
+    cause = exc.__cause__ if isinstance(exc.__cause__, OmegaConfBaseException) else None
+    if isinstance(exc, OmegaConfBaseException) or cause is not None:
+        err = cause or exc
+        key = getattr(err, "full_key", None)
+        msg = str(err).split("\n")[0].strip()
+        return f"{key}: {msg}" if key else msg
+    if isinstance(exc, HydraException):
+        lines = [ln.strip() for ln in str(exc).splitlines() if ln.strip()]
+        options = getattr(exc, "options", None)
+        head = lines[0] if lines else type(exc).__name__
+        return f"{head} (choose one of: {', '.join(options)})" if options else head
+    return None
+
+
+def exit_config_error(line: ConfigError | str) -> NoReturn:
+    """Print the one line and exit with status 2."""
+    print(f"{PREFIX}{line}", file=sys.stderr)
+    sys.exit(2)
+
+
+@contextlib.contextmanager
+def exiting_on_config_error() -> Iterator[None]:
+    """A ConfigError raised inside is printed as the one line, and the process exits with status 2."""
+    try:
+        yield
+    except ConfigError as e:
+        exit_config_error(e)
