@@ -35,9 +35,9 @@ def main() -> None:
 
     from hydra import compose, initialize_config_dir
 
+    from sweep.config import Progress, to_run_config
     from sweep.run.build import build_parts, reset_process_state, resolve_device
     from sweep.run.compiled import compile_run
-    from sweep.config import Progress, to_run_config
     from sweep.run.precision import PrecisionPolicy
     from sweep.run.progress import RunProgress
     from sweep.run.results import MetricsLog

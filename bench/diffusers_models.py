@@ -17,12 +17,12 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from hydra import compose, initialize_config_dir  # noqa: E402
-from hydra.core.global_hydra import GlobalHydra  # noqa: E402
+from hydra import compose, initialize_config_dir
+from hydra.core.global_hydra import GlobalHydra
 
-from models.diffusers_zoo import DIFFUSERS_MODELS, ZOO  # noqa: E402
-from sweep.config import to_run_config  # noqa: E402
-from sweep.run.execute import execute  # noqa: E402
+from models.diffusers_zoo import DIFFUSERS_MODELS, ZOO
+from sweep.config import to_run_config
+from sweep.run.execute import execute
 
 CONF = str(Path(__file__).resolve().parents[1] / "conf")
 
@@ -54,7 +54,7 @@ def main() -> None:
     ap.add_argument("--precisions", default="fp32,bf16_amp,fp16_amp")
     args = ap.parse_args()
     precisions = args.precisions.split(",")
-    print(f"| model | class | params | " + " | ".join(f"{p} steps/s (ms/step)" for p in precisions) + " |")
+    print("| model | class | params | " + " | ".join(f"{p} steps/s (ms/step)" for p in precisions) + " |")
     print("|---|---|---:|" + "---:|" * len(precisions))
     for name in args.models.split(","):
         cells, n_params = [], 0

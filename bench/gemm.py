@@ -14,7 +14,7 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from sweep.run.gemm import EmulatedGemm, cpu_flags, has_native_gemm  # noqa: E402
+from sweep.run.gemm import EmulatedGemm, cpu_flags, has_native_gemm
 
 
 def gflops(a: torch.Tensor, b: torch.Tensor, seconds: float = 1.0) -> float:

@@ -106,12 +106,12 @@ def child(report: Path, sweep_argv: list[str]) -> None:
     from hydra._internal.config_loader_impl import ConfigLoaderImpl
     from hydra.core.plugins import Plugins
 
-    import sweep.run.build
     import sweep.callbacks
     import sweep.data.synthetic
     import sweep.job
-    import sweep.run.results
+    import sweep.run.build
     import sweep.run.execute
+    import sweep.run.results
 
     # Hydra execs plugin modules itself (outside sys.modules): patch the classes it registered.
     t0 = time.perf_counter()

@@ -21,12 +21,12 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from throughput import matmul_flops, run_config, step_flops  # noqa: E402
+from throughput import matmul_flops, run_config, step_flops
 
-from sweep.run.build import build_parts, reset_process_state, resolve_device  # noqa: E402
-from sweep.run.packing import execute_pack, refusal  # noqa: E402
-from sweep.run.precision import PrecisionPolicy  # noqa: E402
-from sweep.run.execute import execute  # noqa: E402
+from sweep.run.build import build_parts, reset_process_state, resolve_device
+from sweep.run.execute import execute
+from sweep.run.packing import execute_pack, refusal
+from sweep.run.precision import PrecisionPolicy
 
 
 def runs_for(k: int, args) -> list:

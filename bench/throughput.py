@@ -20,14 +20,14 @@ from torch.utils.flop_counter import FlopCounterMode
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from hydra import compose, initialize_config_dir  # noqa: E402
+from hydra import compose, initialize_config_dir
 
-from sweep.run.build import build_parts, reset_process_state, resolve_device  # noqa: E402
-from sweep.config import Progress, to_run_config  # noqa: E402
-from sweep.run.precision import PrecisionPolicy  # noqa: E402
-from sweep.run.progress import RunProgress  # noqa: E402
-from sweep.run.results import MetricsLog  # noqa: E402
-from sweep.run.train import train  # noqa: E402
+from sweep.config import Progress, to_run_config
+from sweep.run.build import build_parts, reset_process_state, resolve_device
+from sweep.run.precision import PrecisionPolicy
+from sweep.run.progress import RunProgress
+from sweep.run.results import MetricsLog
+from sweep.run.train import train
 
 CONF = str(Path(__file__).resolve().parents[1] / "conf")
 

@@ -80,7 +80,7 @@ def main() -> None:
     os.environ["HYDRA_FULL_ERROR"] = "1"  # let errors reach us so a user mistake can be one line
     try:
         _hydra_main()
-    except Exception as exc:  # noqa: BLE001
+    except Exception as exc:
         line = None if user_wants_traceback else config_error_line(exc)
         if line is None:
             raise

@@ -138,7 +138,7 @@ class SweepSummary(Callback):
             summary = summarize(runs)
             text = render_text(summary)
             written = write_summary(sweep_dir, summary)
-        except Exception:  # noqa: BLE001  (every run is recorded; a report bug must not fail the sweep)
+        except Exception:
             log.exception("could not summarize %s; the runs are recorded, try: python -m sweep.report %s",
                           sweep_dir, sweep_dir)
             return

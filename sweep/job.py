@@ -21,8 +21,8 @@ from omegaconf import DictConfig, OmegaConf
 
 from sweep.config import RunConfig, check_inputs, enum_choices, to_run_config
 from sweep.errors import exiting_on_config_error
-from sweep.run.results import hold_run_dir, release_run_dir
 from sweep.run.execute import execute
+from sweep.run.results import hold_run_dir, release_run_dir
 
 log = logging.getLogger("sweep")
 

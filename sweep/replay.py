@@ -19,8 +19,8 @@ from pathlib import Path
 
 from omegaconf import OmegaConf
 
-from sweep.run.build import resolve_device
 from sweep.config import ConfigError, RunConfig, to_run_config
+from sweep.run.build import resolve_device
 from sweep.run.forensics import locate
 from sweep.run.results import RESULT_FILE
 

@@ -101,7 +101,8 @@ def _same(a, b) -> bool:
 @lru_cache(maxsize=None)
 def modulate_parity(impl: str) -> str:
     """ok | mismatch: `python -m sweep.parity --modulate IMPL` (forward and backward, batch 1-4, every dtype)."""
-    from sweep.parity import DTYPES, check as parity_check, resolve
+    from sweep.parity import DTYPES, resolve
+    from sweep.parity import check as parity_check
 
     fn = resolve("modulate", impl)
     worst = max(max(parity_check("modulate", fn, dtype, batch)) for dtype in DTYPES for batch in (1, 2, 3, 4))

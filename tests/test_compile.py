@@ -11,6 +11,7 @@ import json
 import pytest
 import torch
 import torch.nn.functional as F
+from hydra.errors import ConfigCompositionException
 from torch._dynamo.utils import counters
 
 from sweep.run import compiled
@@ -51,7 +52,7 @@ def test_compile_is_off_by_default_and_off_is_unchanged(tmp_path):
 
 
 def test_compile_must_be_a_bool():
-    with pytest.raises(Exception):
+    with pytest.raises(ConfigCompositionException, match="compile"):
         make_run("compile=maybe")
 
 

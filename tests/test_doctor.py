@@ -9,9 +9,9 @@ import pytest
 import torch
 from safetensors.torch import save_file
 
+from sweep.data.checks import check_sample
 from sweep.data.synthetic import SyntheticClips
 from sweep.doctor import main
-from sweep.data.checks import check_sample
 
 av = pytest.importorskip("av")
 

@@ -13,9 +13,17 @@ import torch
 import torch.nn.functional as F
 
 from sweep.run.build import build_parts, resolve_device
-from sweep.run.gemm import GEMM_OPS, TOLERANCE, EmulatedGemm, cell_outcomes, has_native_gemm, resolve, verdict_differences
-from sweep.run.precision import PrecisionPolicy
 from sweep.run.execute import execute
+from sweep.run.gemm import (
+    GEMM_OPS,
+    TOLERANCE,
+    EmulatedGemm,
+    cell_outcomes,
+    has_native_gemm,
+    resolve,
+    verdict_differences,
+)
+from sweep.run.precision import PrecisionPolicy
 
 from .conftest import make_run
 

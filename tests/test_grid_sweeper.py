@@ -5,7 +5,6 @@ import json
 import pickle
 
 import pytest
-
 from hydra._internal.config_loader_impl import ConfigLoaderImpl
 
 from .conftest import multirun_in_process

@@ -9,9 +9,9 @@ import torch
 from safetensors.torch import load_file
 
 from sweep.run.build import build_parts
+from sweep.run.execute import execute
 from sweep.run.finetune import is_adapter
 from sweep.run.precision import PrecisionPolicy
-from sweep.run.execute import execute
 
 from .conftest import make_run
 

@@ -13,8 +13,8 @@ import torch
 from torch.func import vmap
 
 from models.modulate import modulate
-from sweep.run.packing import execute_pack, pack_key, plan, refusal
 from sweep.run.execute import execute
+from sweep.run.packing import execute_pack, pack_key, plan, refusal
 
 from .conftest import make_run, multirun_in_process
 

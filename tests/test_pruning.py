@@ -9,9 +9,9 @@ import pytest
 from optuna.trial import TrialState
 
 from sweep.config import ConfigError, PrunerConfig, validate_pruner
-from sweep.search.pruning import PruningHook, make_pruner, pruner_overrides
 from sweep.report.study import runs_from_study
 from sweep.report.tables import divergence_map
+from sweep.search.pruning import PruningHook, make_pruner, pruner_overrides
 
 from .conftest import multirun_in_process
 

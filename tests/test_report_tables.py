@@ -22,8 +22,7 @@ import pytest
 from sweep.report.recommend import recommend
 from sweep.report.runs import runs_from_dirs
 from sweep.report.summary import summarize
-from sweep.report.tables import (divergence_map, frontier, lr_sensitivity, root_causes, swept_axes,
-                                 toggle_effects)
+from sweep.report.tables import divergence_map, frontier, lr_sensitivity, root_causes, swept_axes, toggle_effects
 from sweep.report.text import parquet_safe, render_markdown, render_text, write_summary
 
 PRECISIONS = ["fp32", "bf16_amp", "fp16_pure"]

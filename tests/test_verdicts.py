@@ -5,8 +5,8 @@ import json
 
 import pytest
 
-from sweep.run.build import _ORDER_STREAM, stream_seed
 from sweep.data.batches import BatchOrder
+from sweep.run.build import _ORDER_STREAM, stream_seed
 from sweep.run.execute import execute
 
 from .conftest import make_run

@@ -19,6 +19,7 @@ convex mix of numbers in [-0.9, 0.9], so clean clips lie strictly inside [-1, 1]
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass
 from functools import lru_cache
 

@@ -16,11 +16,11 @@ import os
 import sys
 from pathlib import Path
 
-from sweep.search.ledger import LEDGER_FILE, mask_url
 from sweep.report.runs import runs_from_dirs
 from sweep.report.study import SourceError, is_storage, runs_from_study, storage_url
 from sweep.report.summary import summarize
 from sweep.report.text import WIDTH, render_text, write_summary
+from sweep.search.ledger import LEDGER_FILE, mask_url
 
 ENV_URL = "SWEEP_LEDGER_URL"
 REPORT_FILE = "report.html"

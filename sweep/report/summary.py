@@ -6,8 +6,16 @@ from dataclasses import dataclass
 import pandas as pd
 
 from sweep.report.recommend import Recommendation, recommend
-from sweep.report.tables import (divergence_cells, divergence_map, frontier, frontier_records, lr_sensitivity,
-                     root_causes, swept_axes, toggle_effects)
+from sweep.report.tables import (
+    divergence_cells,
+    divergence_map,
+    frontier,
+    frontier_records,
+    lr_sensitivity,
+    root_causes,
+    swept_axes,
+    toggle_effects,
+)
 
 STATUSES = ("stable", "diverged", "skipped", "error", "running", "interrupted")
 

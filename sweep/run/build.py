@@ -21,12 +21,11 @@ import torch
 
 from models import build_model, scale_query_key
 from models.diffusers_zoo import build_diffusers_model
-
-from sweep.run import checkpoint
 from sweep.config import Arch, DataSource, RunConfig, Schedule
 from sweep.data.batches import BatchOrder
-from sweep.data.synthetic import Fault, SyntheticClips
 from sweep.data.folder import FolderClips
+from sweep.data.synthetic import Fault, SyntheticClips
+from sweep.run import checkpoint
 from sweep.run.diffusion import DiffusionObjective
 from sweep.run.finetune import apply_finetune, param_groups
 from sweep.run.monitor import DivergenceMonitor

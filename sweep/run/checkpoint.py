@@ -95,7 +95,7 @@ def load_safetensors(path: Path) -> dict[str, torch.Tensor]:
     all) is a CorruptCheckpoint like a torn .pt, not a crash with the library's own message."""
     try:
         return load_file(path)
-    except Exception as e:  # noqa: BLE001: SafetensorError, or OSError from a torn memory map
+    except Exception as e:
         reason = (str(e).strip().splitlines() or [type(e).__name__])[0]
         raise CorruptCheckpoint(Path(path).name, None, f"empty or corrupt weights file {path} ({reason})") from e
 
@@ -219,7 +219,7 @@ def load_weights(path: Path, verify: bool = True) -> dict[str, torch.Tensor]:
     else:
         try:  # weights_only: tensors and plain containers, never arbitrary pickled objects
             tensors = torch.load(path, map_location="cpu", weights_only=True)
-        except Exception as e:  # noqa: BLE001: a torn zip, or a pickle that asks for code
+        except Exception as e:
             raise CorruptCheckpoint(path.name, None, f"not loadable as weights only: {type(e).__name__}: {str(e).splitlines()[0]}") from e
         tensors = tensors.get("state_dict", tensors) if isinstance(tensors, dict) else tensors
         if not isinstance(tensors, dict) or not all(torch.is_tensor(v) for v in tensors.values()):

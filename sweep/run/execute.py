@@ -24,12 +24,12 @@ from sweep.config import Arch, RunConfig
 from sweep.run.build import RunParts, build_parts, reset_process_state, resolve_device
 from sweep.run.checkpoint import CheckpointHook, CorruptCheckpoint
 from sweep.run.compiled import compile_run, compile_unsupported_reason
+from sweep.run.forensics import locate
 from sweep.run.gemm import LOW_PRECISION
+from sweep.run.monitor import Divergence
 from sweep.run.precision import PrecisionPolicy
 from sweep.run.progress import RunProgress
 from sweep.run.results import MetricsLog, RunResult, package_versions, write_result
-from sweep.run.forensics import locate
-from sweep.run.monitor import Divergence
 from sweep.run.train import StepHook, train
 
 log = logging.getLogger("sweep")

@@ -17,8 +17,8 @@ import warnings
 
 import torch
 
-from sweep.run.build import build_parts, reset_process_state
 from sweep.config import Progress, RunConfig
+from sweep.run.build import build_parts, reset_process_state
 from sweep.run.monitor import Cause
 from sweep.run.precision import PrecisionPolicy
 from sweep.run.progress import RunProgress

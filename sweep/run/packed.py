@@ -31,13 +31,12 @@ from typing import Sequence
 
 import torch
 from torch.func import functional_call, stack_module_state, vmap
-from torch.optim.adam import adam
 
-from sweep.run.adam_lag import lag_note
-from sweep.run.build import RunParts
 from sweep.config import RunConfig
 from sweep.data.batches import load_checked_batch, sample_labels
 from sweep.data.checks import check_batch
+from sweep.run.adam_lag import lag_note
+from sweep.run.build import RunParts
 from sweep.run.monitor import Cause, Divergence
 from sweep.run.precision import ScalerEvent
 from sweep.run.progress import RunProgress

@@ -22,13 +22,13 @@ from typing import Sequence
 
 import torch
 
-from sweep.run.build import resolve_device
 from sweep.config import Arch, FinetuneMethod, PrunerName, RunConfig
+from sweep.run.build import resolve_device
+from sweep.run.execute import conclude, execute, fail, new_result, prepare, write_outcome
 from sweep.run.packed import train_packed
 from sweep.run.precision import PrecisionPolicy
 from sweep.run.progress import RunProgress
 from sweep.run.results import MetricsLog, RunResult
-from sweep.run.execute import conclude, execute, fail, new_result, prepare, write_outcome
 
 log = logging.getLogger("sweep")
 

@@ -24,8 +24,8 @@ from enum import Enum
 
 import torch
 
-from sweep.run import gemm
 from sweep.config import LossScalerConfig, PrecisionConfig
+from sweep.run import gemm
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 

@@ -14,13 +14,12 @@ from typing import Callable, Protocol, Sequence
 
 import torch
 
-from sweep.run.adam_lag import adamw_second_moment, lag_note
-from sweep.run.build import RunParts
-from sweep.config import RunConfig
 from models import LogitStats, watching_logits
-
+from sweep.config import RunConfig
 from sweep.data.batches import load_checked_batch, sample_labels
 from sweep.data.checks import BatchIssue, check_batch
+from sweep.run.adam_lag import adamw_second_moment, lag_note
+from sweep.run.build import RunParts
 from sweep.run.monitor import Cause, Divergence
 from sweep.run.precision import ScalerEvent
 from sweep.run.progress import RunProgress

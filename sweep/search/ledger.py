@@ -32,8 +32,7 @@ from pathlib import Path
 from typing import Any, Callable, Optional, TypeVar
 
 import optuna
-from optuna.distributions import (BaseDistribution, CategoricalDistribution, FloatDistribution,
-                                  IntDistribution)
+from optuna.distributions import BaseDistribution, CategoricalDistribution, FloatDistribution, IntDistribution
 from optuna.trial import TrialState
 
 from sweep.config import LedgerConfig
@@ -58,7 +57,7 @@ def url_has_password(url: str) -> bool:
         from sqlalchemy.engine import make_url
 
         parsed = make_url(url)
-    except Exception:  # not an SQLAlchemy URL: user:secret@ anywhere after the scheme
+    except Exception:  # noqa: BLE001  (not an SQLAlchemy URL: user:secret@ anywhere after the scheme)
         return bool(re.search(r"://[^@]*:[^@]*@", url))
     return parsed.password is not None or any(k.lower() in SECRET_QUERY_KEYS for k in parsed.query)
 
@@ -73,7 +72,7 @@ def mask_url(url: str) -> str:
         parsed = make_url(url)
         parsed = parsed.update_query_dict({k: "***" for k in parsed.query if k.lower() in SECRET_QUERY_KEYS})
         return parsed.render_as_string(hide_password=True).replace("%2A%2A%2A", "***")
-    except Exception:  # not an SQLAlchemy URL: hide everything between scheme and host, and any query
+    except Exception:  # noqa: BLE001  (not an SQLAlchemy URL: hide everything between scheme and host, and any query)
         scheme, rest = url.split("://", 1)
         rest = rest.split("?", 1)[0] + ("?***" if "?" in rest else "")
         return f"{scheme}://***@{rest.rsplit('@', 1)[1]}" if "@" in rest else f"{scheme}://{rest}"
@@ -142,7 +141,7 @@ def with_retries(fn: Callable[[], T], what: str, attempts: int = 8) -> T:
     for attempt in range(attempts):
         try:
             return fn()
-        except Exception as e:  # noqa: BLE001  (sqlalchemy.exc.OperationalError, IntegrityError, ...)
+        except Exception as e:
             if attempt == attempts - 1 or "password" in str(e).lower():
                 raise
             time.sleep(0.05 * 2**attempt * (1 + random.random()))
@@ -241,7 +240,7 @@ def _finish_asked_trial(study, number, state, value, constraints, attrs) -> int:
     trial_id = study._storage.get_trial_id_from_study_id_trial_number(study._study_id, number)
     storage = study._storage
     for k, v in attrs.items():
-        with_retries(lambda: storage.set_trial_user_attr(trial_id, k, v), "set_trial_user_attr")
+        with_retries(lambda: storage.set_trial_user_attr(trial_id, k, v), "set_trial_user_attr")  # noqa: B023  (called now)
     if constraints:
         with_retries(lambda: storage.set_trial_system_attr(trial_id, CONSTRAINTS_KEY, constraints),
                      "set_trial_system_attr")

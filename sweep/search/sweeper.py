@@ -45,6 +45,7 @@ from optuna.trial import TrialState
 from sweep.config import ConfigError, LedgerConfig, PrunerConfig, validate_pruner
 from sweep.search import space as search_space
 from sweep.search.conf import PrunerName, SamplerConf, SamplerName, SweepMode
+from sweep.search.frontier import Bracket, grid_runs
 from sweep.search.ledger import CONSTRAINTS_KEY, mask_url, open_storage, storage_url, with_retries
 from sweep.search.pruning import make_pruner, pruner_overrides
 
@@ -86,7 +87,7 @@ class Heartbeat:
         if storage is None:
             return
         for trial_id in list(self.trial_ids):
-            with_retries(lambda: storage.record_heartbeat(trial_id), "record_heartbeat")
+            with_retries(lambda: storage.record_heartbeat(trial_id), "record_heartbeat")  # noqa: B023  (called now)
 
     def __enter__(self) -> "Heartbeat":
         def loop():
@@ -263,10 +264,8 @@ class OptunaSweeperImpl(Sweeper):
         if not isinstance(dist, optuna.distributions.FloatDistribution) or dist.low <= 0:
             raise ConfigError(f"hydra.sweeper.frontier_param: frontier mode needs {self.frontier_param}=tag(log,interval(low,high)) with low > 0")
 
-    def _brackets(self, study: optuna.Study, space: dict) -> dict[tuple, "Bracket"]:
+    def _brackets(self, study: optuna.Study, space: dict) -> dict[tuple, Bracket]:
         """Each combination's bracket, rebuilt from the finished trials in the ledger."""
-        from sweep.search.frontier import Bracket
-
         dist = space[self.frontier_param]
         axes = sorted(k for k in space if k != self.frontier_param)
         cells = search_space.grid_cells({k: space[k] for k in axes}) if axes else [{}]
@@ -293,8 +292,6 @@ class OptunaSweeperImpl(Sweeper):
     def _report_frontier(self, study: optuna.Study, space: dict) -> None:
         """frontier.csv in the sweep dir, and a table with the runs it took against a grid's."""
         import pandas as pd
-
-        from sweep.search.frontier import grid_runs
 
         dist = space[self.frontier_param]
         rows = []
