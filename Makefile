@@ -7,7 +7,7 @@ TORCH ?= torch==2.13.0
 TORCH_PIP_ARGS ?=
 PY := $(VENV)/bin/python
 
-.PHONY: setup demo test bench clean
+.PHONY: setup demo test lint bench clean
 
 $(VENV)/.installed: pyproject.toml constraints.txt
 	$(PYTHON) -m venv $(VENV)
@@ -20,9 +20,13 @@ setup: $(VENV)/.installed
 demo: setup
 	$(PY) -m sweep -m +experiment=demo
 
-test: setup
+test: setup lint
 	bash scripts/install_chromium.sh  # the HTML report's browser test drives Debian's chromium
 	$(PY) -m pytest -q --durations=15
+
+lint: setup  # ruff's settings are in pyproject.toml
+	$(PY) -m ruff format --check .
+	$(PY) -m ruff check .
 
 bench: setup
 	$(PY) bench/throughput.py
