@@ -23,9 +23,9 @@ DISTRIBUTIONS = {"precision": CategoricalDistribution(PRECISIONS), "optim.lr": F
 
 
 def record_study(url: str, name: str, sweep_dir: Path) -> optuna.Study:
-    """Every finished run under sweep_dir as a trial, as the ledger contract (design.md) records it:
-    stable COMPLETE with the final loss; diverged COMPLETE with a penalty and an infeasible constraint,
-    or PRUNED (both kinds used here); error FAIL."""
+    """Every finished run under sweep_dir as a trial, as the ledger contract (docs/design.md, "The ledger")
+    records it: stable COMPLETE with the final loss; diverged COMPLETE with a penalty and an infeasible
+    constraint, or PRUNED as a study written by another tool may have it (both kinds used here); error FAIL."""
     study = optuna.create_study(storage=url, study_name=name, direction="minimize")
     for i, path in enumerate(sorted(sweep_dir.glob("*/result.json"), key=lambda p: int(p.parent.name))):
         r = json.loads(path.read_text())

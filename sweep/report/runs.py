@@ -5,7 +5,7 @@ directories here, the Optuna study in `study.py`): the outcome columns below, th
 key>` column per swept or overridden config value. A job directory that Hydra started but that has no
 result.json yet is a `running` run (its params come from `.hydra/overrides.yaml`), so a report of a
 sweep in progress shows what is still missing. A result.json that cannot be read, is cut short, or
-does not have the contract's shape (design.md, "Files of one run") is left out and named in
+does not have the contract's shape (docs/design.md, "Files of one run") is left out and named in
 `runs.attrs["skipped"]`, for the caller to report: one foreign or damaged file must not stop the
 report of the others.
 """

@@ -1,4 +1,4 @@
-"""The runs table read from the ledger: the sweep's Optuna study (design.md, "The ledger").
+"""The runs table read from the ledger: the sweep's Optuna study (docs/design.md, "The ledger").
 
 A trial's `user_attrs` carry the run's outcome under the names of result.json, so a study and the run
 directories it points at give the same runs table. Where an attribute is missing (a study written by

@@ -3,7 +3,7 @@
 `execute` never raises: a divergence is a `diverged` result, a combination the device cannot run is
 `skipped` with the reason, and a crash (a bug, an OOM) is `error` with its message, so a NaN or a bug
 in one cell never aborts a sweep. Every outcome writes result.json (and metrics.csv once training
-started).
+started). The statuses, verdicts and files are a contract: docs/design.md, "Verdicts" and "Files of one run".
 """
 from __future__ import annotations
 

@@ -2,7 +2,7 @@
 
 The training loop hands it the step's loss and global gradient norm (fetched together in one device
 sync) and the loss scaler's decision; every `stall_window` steps it also compares the weights with
-the previous check. The first criterion met becomes the run's verdict (design.md, "Verdicts"):
+the previous check. The first criterion met becomes the run's verdict (docs/design.md, "Verdicts"):
 
 - nonfinite_loss: the loss is NaN/Inf.
 - nonfinite_grad: the loss is finite but the gradient norm is not (and no loss scaler absorbs it).

@@ -1,6 +1,6 @@
 """What one run leaves behind: `result.json` and `metrics.csv` in its Hydra job directory.
 
-The fields of result.json are a contract (design.md, "Files of one run"); the report, the ledger and
+The fields of result.json are a contract (docs/design.md, "Files of one run"); the report, the ledger and
 the acceptance checks read them. JSON has no NaN or Infinity, and result.json must be written whatever
 a run held, so values are made JSON-safe on the way out (`json_safe`):
 - a non-finite measured number (final_loss, min_loss, initial_loss, max_grad_norm, steps_per_second,

@@ -2,7 +2,7 @@
 
 One study per sweep. Storage defaults to a SQLite file `ledger.db` in the sweep directory (nothing to
 set up); `ledger.storage` takes any Optuna RDB URL (postgresql://, mysql://, sqlite:///) or a path
-ending in `.log`/`.jsonl` for Optuna's journal file. How a run becomes a trial (design.md, "The ledger"):
+ending in `.log`/`.jsonl` for Optuna's journal file. How a run becomes a trial (docs/design.md, "The ledger"):
 
 - stable: COMPLETE, value = final loss, feasible (constraint -1).
 - diverged: COMPLETE with a penalty value, `spike_factor` x the run's initial loss, and an infeasible
