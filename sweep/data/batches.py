@@ -17,7 +17,7 @@ from torch import Tensor
 from torch.utils.data import Dataset
 
 from sweep.data.checks import BatchIssue, check_batch
-from sweep.data.synthetic import generator, stream_seed
+from sweep.data.synthetic import generator, sample_seed
 
 # Salts keep the data stream and the order stream from sharing generator seeds.
 _ORDER_SALT = 0x5EED_0DE5
@@ -26,7 +26,7 @@ _ORDER_SALT = 0x5EED_0DE5
 @lru_cache(maxsize=4)
 def _epoch_permutation(num_samples: int, seed: int, epoch: int) -> tuple[int, ...]:
     """The sample order of one epoch; cached because consecutive steps share an epoch."""
-    g = generator(stream_seed(seed, epoch, _ORDER_SALT))
+    g = generator(sample_seed(seed, epoch, _ORDER_SALT))
     return tuple(torch.randperm(num_samples, generator=g).tolist())
 
 

@@ -32,7 +32,7 @@ FAULT_KINDS = ("nan", "inf", "range")
 _MAX_SHAPES = 3
 
 
-def stream_seed(seed: int, index: int, salt: int = 0) -> int:
+def sample_seed(seed: int, index: int, salt: int = 0) -> int:
     """Mix (seed, index) into one 64-bit generator seed."""
     # manual_seed accepts [0, 2**64); the modulo keeps huge or negative seeds legal.
     return (seed * 1_000_003 + index + salt) % 2**64
@@ -110,7 +110,7 @@ def _render_all(seed: int, num_samples: int, channels: int, frames: int, height:
     arguments, and multirun jobs share a process and mostly the same data; callers get copies only."""
     data = torch.empty(num_samples, channels, frames, height, width)
     for i in range(num_samples):
-        data[i] = _render_clip(generator(stream_seed(seed, i)), channels, frames, height, width)
+        data[i] = _render_clip(generator(sample_seed(seed, i)), channels, frames, height, width)
     return data
 
 

@@ -20,9 +20,8 @@ import pandas as pd
 from optuna.trial import TrialState
 
 from sweep.report.runs import RESULT_KEYS, outcome_row, runs_frame
-from sweep.search.ledger import CONSTRAINTS_KEY, mask_url
+from sweep.search.ledger import CONSTRAINTS_KEY, STALE_ATTR, mask_url
 
-STALE_ATTR = "stale"
 """System attr that sweep.search.sweeper sets on a RUNNING trial it failed because its job died."""
 JOURNAL_SUFFIXES = (".log", ".jsonl", ".journal")
 SQLITE_SUFFIXES = (".db", ".sqlite", ".sqlite3")

@@ -36,6 +36,7 @@ log = logging.getLogger("sweep")
 # Seed streams: independent generators for weights, data order and diffusion noise, so changing
 # one (e.g. the batch size) does not shift the others.
 _INIT_STREAM, _ORDER_STREAM, _NOISE_STREAM = 0, 1, 2
+_DEFAULT_THREADS = torch.get_num_threads()
 
 
 def resolve_device(name: str) -> torch.device:
@@ -54,8 +55,7 @@ def stream_seed(seed: int, stream: int) -> int:
 
 def reset_process_state(run: RunConfig, policy: PrecisionPolicy) -> None:
     """Seeds, determinism, threads and TF32 flags for this run, whatever earlier jobs set."""
-    if run.threads:
-        torch.set_num_threads(run.threads)
+    torch.set_num_threads(run.threads or _DEFAULT_THREADS)  # 0: torch's default, not an earlier job's count
     os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")  # cuBLAS determinism
     torch.use_deterministic_algorithms(run.deterministic)
     # Deterministic mode also NaN-fills every new allocation, a debugging aid for kernels that read memory

@@ -41,6 +41,8 @@ log = logging.getLogger("sweep")
 optuna.logging.set_verbosity(optuna.logging.WARNING)  # one "Using an existing study" line per run is noise
 T = TypeVar("T")
 
+STALE_ATTR = "stale"
+"""System attr on trials the Optuna sweeper failed as stale (killed): they do not count as done."""
 CONSTRAINTS_KEY = "constraints"  # where Optuna's constrained samplers read a trial's constraints
 LEDGER_FILE = "ledger.db"
 INFEASIBLE, FEASIBLE = 1.0, -1.0

@@ -19,7 +19,7 @@ reaches every job as `ledger.pruner.*` overrides; the job reports its loss to it
 
 Resume: run the same command again with the same `hydra.sweep.dir` (or the same ledger storage and
 study name). Trials left RUNNING by a killed sweep are failed once their heartbeat is older than
-`stale_after_s` (the sweeper and the jobs beat every `heartbeat_s`), and only what is missing runs:
+`stale_after_s` (the sweeper beats for every trial it launched, every `heartbeat_s`), and only what is missing runs:
 up to `n_trials` finished trials, or for `sampler.name=grid` exactly the cells with no finished trial.
 """
 from __future__ import annotations
@@ -46,7 +46,7 @@ from sweep.config import ConfigError, LedgerConfig, PrunerConfig, validate_prune
 from sweep.search import space as search_space
 from sweep.search.conf import PrunerName, SamplerConf, SamplerName, SweepMode
 from sweep.search.frontier import Bracket, grid_runs
-from sweep.search.ledger import CONSTRAINTS_KEY, mask_url, open_storage, storage_url, with_retries
+from sweep.search.ledger import CONSTRAINTS_KEY, STALE_ATTR, mask_url, open_storage, storage_url, with_retries
 from sweep.search.pruning import make_pruner, pruner_overrides
 
 log = logging.getLogger("sweep")
@@ -54,7 +54,6 @@ log = logging.getLogger("sweep")
 warnings.filterwarnings("ignore", message="Heartbeat of storage is supposed to be used with Study.optimize")
 warnings.filterwarnings("ignore", category=optuna.exceptions.ExperimentalWarning)
 
-STALE_ATTR = "stale"  # system attr on trials this sweeper failed as stale: they do not count as done
 
 
 def make_sampler(conf: SamplerConf, space: dict) -> optuna.samplers.BaseSampler:
