@@ -1,12 +1,18 @@
-"""Tests for sweep.run.diffusion: shapes, determinism, noising algebra, the bf16 schedule hazard."""
+"""Tests for sweep.run.diffusion: shapes, determinism, noising algebra, the bf16 schedule hazard, and bit-exact
+parity of our DDPM schedule with diffusers' DDPMScheduler (diffusers is the reference here, not a run dependency)."""
 
 from __future__ import annotations
 
+import subprocess
+import sys
+from pathlib import Path
+
 import pytest
 import torch
-from diffusers import DDPMScheduler
+from diffusers import DDPMScheduler, FlowMatchEulerDiscreteScheduler
 
-from sweep.run.diffusion import DiffusionObjective, shift_sigmas
+from sweep.config import BetaSchedule, Prediction
+from sweep.run.diffusion import BETA_SCHEDULES, PREDICTIONS, DiffusionObjective, ddpm_betas, shift_sigmas
 
 T = 1000
 VIDEO = (6, 3, 4, 8, 8)  # (B, C, F, H, W)
@@ -111,7 +117,8 @@ def test_flow_algebra_is_exact(shift: float) -> None:
 def test_flow_shift_reproduces_the_scheduler_sigma_table(shift: float) -> None:
     obj = DiffusionObjective("flow", flow_shift=shift)
     grid = torch.arange(T, 0, -1, dtype=torch.float32) / T  # the scheduler's unshifted sigmas
-    assert torch.allclose(shift_sigmas(grid, shift), obj.scheduler.sigmas, atol=1e-6)
+    scheduler = FlowMatchEulerDiscreteScheduler(num_train_timesteps=T, shift=shift)
+    assert torch.allclose(shift_sigmas(grid, shift), scheduler.sigmas, atol=1e-6)
     # shift > 1 puts more training mass at high noise.
     _, t, _ = obj.sample(_x0((4096, 1)), _gen(9))
     assert (t.mean() > 0.6 * T) == (shift > 1.5)
@@ -142,6 +149,43 @@ def test_diffusers_add_noise_in_bf16_loses_the_early_noise() -> None:
     rel = (coef_bf16 - exact).abs() / exact
     assert (coef_bf16[:5] == 0).all()  # no noise at all: t=0..4 train on clean inputs
     assert (rel > 0.1).sum() >= 15  # measured on diffusers 0.42.1: 19 timesteps over 10% off
+
+
+def test_our_schedule_names_are_the_configs() -> None:
+    assert BETA_SCHEDULES == tuple(b.value for b in BetaSchedule)
+    assert PREDICTIONS == tuple(p.value for p in Prediction)
+
+
+@pytest.mark.parametrize("num_steps", [1000, 50])
+@pytest.mark.parametrize("prediction", PREDICTIONS)
+@pytest.mark.parametrize("beta_schedule", BETA_SCHEDULES)
+def test_ddpm_schedule_and_noising_are_bit_identical_to_diffusers(beta_schedule, prediction, num_steps) -> None:
+    """Our reimplementation vs DDPMScheduler itself: betas, alphas_cumprod, add_noise and get_velocity, bit for bit."""
+    ref = DDPMScheduler(num_train_timesteps=num_steps, beta_schedule=beta_schedule, prediction_type=prediction)
+    obj = DiffusionObjective("ddpm", num_train_timesteps=num_steps, beta_schedule=beta_schedule, prediction=prediction)
+    assert torch.equal(ddpm_betas(num_steps, beta_schedule), ref.betas)
+    assert obj.alphas_cumprod.dtype == ref.alphas_cumprod.dtype == torch.float32
+    assert torch.equal(obj.alphas_cumprod, ref.alphas_cumprod)
+    # Both ends, their neighbours and the middle, on a video and an image batch; corrupt() takes float
+    # timesteps (what sample() passes), diffusers integer ones.
+    t = torch.tensor([0, 1, 2, num_steps // 3, num_steps // 2, num_steps - 10, num_steps - 2, num_steps - 1])
+    for shape in [(len(t), 3, 4, 8, 8), (len(t), 3, 8, 8)]:
+        x0, noise = _x0(shape, seed=13), torch.randn(shape, generator=_gen(14))
+        noisy, target = obj.corrupt(x0, noise, t.to(torch.float32))
+        assert torch.equal(noisy, ref.add_noise(x0, noise, t))
+        assert torch.equal(target, noise if prediction == "epsilon" else ref.get_velocity(x0, noise, t))
+
+
+def test_the_run_path_does_not_import_diffusers() -> None:
+    """No run needs diffusers (~0.35 s per process) or scipy (flow's scheduler imported scipy.stats)."""
+    code = (
+        "import sys, torch, sweep.job, sweep.run.execute; from sweep.run.diffusion import DiffusionObjective as D; "
+        "[D(k).sample(torch.zeros(2, 3, 4, 4), torch.Generator()) for k in ('ddpm', 'flow')]; "
+        "print(sorted({m.split('.')[0] for m in sys.modules} & {'diffusers', 'scipy'}))"
+    )
+    repo_root = Path(__file__).resolve().parents[1]
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, cwd=repo_root)
+    assert result.stdout.strip() == "[]"
 
 
 def test_loss_is_fp32_mse() -> None:
