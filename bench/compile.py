@@ -10,6 +10,7 @@ multirun is, so its compile comes from inductor's FX graph cache and AOTAutograd
 steps/s is the real training loop (sweep.run.train.train) after it, logit-watch steps (every
 monitor.logit_every, eager) included.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -46,8 +47,14 @@ def main() -> None:
     conf = str(Path(__file__).resolve().parents[1] / "conf")
 
     def one(precision: str, compiled: bool) -> tuple[float, float]:
-        overrides = [f"precision={precision}", f"attention={args.attention}", f"steps={args.steps}",
-                     f"threads={args.threads}", f"compile={str(compiled).lower()}", "progress=none"]
+        overrides = [
+            f"precision={precision}",
+            f"attention={args.attention}",
+            f"steps={args.steps}",
+            f"threads={args.threads}",
+            f"compile={str(compiled).lower()}",
+            "progress=none",
+        ]
         with initialize_config_dir(config_dir=conf, version_base="1.3"):
             run = to_run_config(compose(config_name="config", overrides=overrides))
         device = resolve_device(run.device)
@@ -62,16 +69,22 @@ def main() -> None:
         train(run, parts, MetricsLog(), RunProgress(run.steps, Progress.none, run.log_every))
         return compile_seconds, run.steps / (time.perf_counter() - start)
 
-    print(f"inductor cache: {os.environ['TORCHINDUCTOR_CACHE_DIR']}; attention={args.attention}, "
-          f"threads={args.threads}, {args.steps} steps, default model and data (video_dit_tiny, batch 4, 8x16x16)")
-    print(f"{'precision':10s} {'eager steps/s':>14s} {'compiled steps/s':>17s} {'speed-up':>9s} "
-          f"{'compile s (cold)':>17s} {'compile s (cached)':>19s}")
+    print(
+        f"inductor cache: {os.environ['TORCHINDUCTOR_CACHE_DIR']}; attention={args.attention}, "
+        f"threads={args.threads}, {args.steps} steps, default model and data (video_dit_tiny, batch 4, 8x16x16)"
+    )
+    print(
+        f"{'precision':10s} {'eager steps/s':>14s} {'compiled steps/s':>17s} {'speed-up':>9s} "
+        f"{'compile s (cold)':>17s} {'compile s (cached)':>19s}"
+    )
     for precision in args.precisions.split(","):
         _, eager = one(precision, False)
         cold, _ = one(precision, True)
         cached, compiled = one(precision, True)
-        print(f"{precision:10s} {eager:14.1f} {compiled:17.1f} {compiled / eager:8.2f}x {cold:17.1f} {cached:19.1f}",
-              flush=True)
+        print(
+            f"{precision:10s} {eager:14.1f} {compiled:17.1f} {compiled / eager:8.2f}x {cold:17.1f} {cached:19.1f}",
+            flush=True,
+        )
 
 
 if __name__ == "__main__":

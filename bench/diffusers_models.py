@@ -8,6 +8,7 @@ modulate=eager) on the default data: synthetic_video (4 x 3 x 8 x 16 x 16) for t
 synthetic_image (4 x 3 x 16 x 16) for the image models. A 2-step run first warms up the process
 (imports, allocator); the figure is steps_per_second of the timed run. Prints a Markdown table.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -36,8 +37,15 @@ def run_config(overrides: list[str]):
 def overrides(name: str, precision: str, steps: int, threads: int) -> list[str]:
     model = "diffusers_dit_tiny" if name == "dit" else f"{name}_tiny"
     data = ["data=synthetic_image"] if ZOO[name].is_image else []
-    return [f"model={model}", *data, f"precision={precision}", f"steps={steps}", f"threads={threads}",
-            "progress=none", "monitor.forensics=false"]
+    return [
+        f"model={model}",
+        *data,
+        f"precision={precision}",
+        f"steps={steps}",
+        f"threads={threads}",
+        "progress=none",
+        "monitor.forensics=false",
+    ]
 
 
 def measure(name: str, precision: str, steps: int, threads: int) -> tuple[float | None, int, str]:

@@ -7,6 +7,7 @@ is a log grid at 2x spacing over [low, high] (run with the validating grid sweep
 search bisects per combination (hydra/sweeper=optuna_sweep hydra.sweeper.mode=frontier). Prints the
 runs, wall time and each combination's bracket from both, so they can be compared.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -30,8 +31,13 @@ AXES = ["precision=fp32,bf16_amp", "attention=flash,math"]
 
 def run(args: list[str], cwd: Path) -> float:
     start = time.perf_counter()
-    subprocess.run([sys.executable, "-m", "sweep", "-m", *AXES, *SMALL, *args], cwd=cwd, check=True,
-                   capture_output=True, env={**os.environ, "PYTHONPATH": str(REPO), "CI": "1"})
+    subprocess.run(
+        [sys.executable, "-m", "sweep", "-m", *AXES, *SMALL, *args],
+        cwd=cwd,
+        check=True,
+        capture_output=True,
+        env={**os.environ, "PYTHONPATH": str(REPO), "CI": "1"},
+    )
     return time.perf_counter() - start
 
 
@@ -59,11 +65,25 @@ def main() -> None:
     grid = [args.low * 2**i for i in range(n)]
     with tempfile.TemporaryDirectory() as tmp:
         tmp = Path(tmp)
-        grid_s = run([f"optim.lr={','.join(f'{x:.6g}' for x in grid)}", f"steps={args.steps}",
-                      f"hydra.sweep.dir={tmp / 'grid'}"], tmp)
-        front_s = run(["hydra/sweeper=optuna_sweep", "hydra.sweeper.mode=frontier", "hydra.sweeper.n_jobs=4",
-                       f"optim.lr=tag(log,interval({args.low},{args.high}))", f"steps={args.steps}",
-                       f"hydra.sweep.dir={tmp / 'frontier'}"], tmp)
+        grid_s = run(
+            [
+                f"optim.lr={','.join(f'{x:.6g}' for x in grid)}",
+                f"steps={args.steps}",
+                f"hydra.sweep.dir={tmp / 'grid'}",
+            ],
+            tmp,
+        )
+        front_s = run(
+            [
+                "hydra/sweeper=optuna_sweep",
+                "hydra.sweeper.mode=frontier",
+                "hydra.sweeper.n_jobs=4",
+                f"optim.lr=tag(log,interval({args.low},{args.high}))",
+                f"steps={args.steps}",
+                f"hydra.sweep.dir={tmp / 'frontier'}",
+            ],
+            tmp,
+        )
         g = grid_brackets(tmp / "grid")
         f = pd.read_csv(tmp / "frontier" / "frontier.csv")
         f.index = f.precision + "/" + f.attention
@@ -73,8 +93,10 @@ def main() -> None:
     print(f"{'frontier':<10}{int(f.runs.sum()):>6}{front_s:>9.1f}")
     print("\nbrackets [max stable, min diverged):")
     for combo in sorted(g):
-        print(f"  {combo:<16} grid [{g[combo][0]:.3g}, {g[combo][1]:.3g})"
-              f"   frontier [{f.loc[combo].max_stable:.3g}, {f.loc[combo].min_diverged:.3g})")
+        print(
+            f"  {combo:<16} grid [{g[combo][0]:.3g}, {g[combo][1]:.3g})"
+            f"   frontier [{f.loc[combo].max_stable:.3g}, {f.loc[combo].min_diverged:.3g})"
+        )
 
 
 if __name__ == "__main__":

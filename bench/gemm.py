@@ -4,6 +4,7 @@
 
 What precision.cpu_gemm=auto decides from, and the figure docs/cpu_gemm.md quotes.
 """
+
 from __future__ import annotations
 
 import argparse

@@ -12,6 +12,7 @@ outcomes, which tests/test_scenarios.py holds every emulated scenario run to.
 On a CPU without bf16/fp16 matrix instructions the native half is slow (minutes per scenario): that is
 the point of emulation, and why CI compares against the recorded native outcomes instead.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -36,8 +37,13 @@ def sweep(args: list[str], out: Path) -> float:
     """Run `python -m sweep args` into `out`; its wall time in seconds."""
     env = {**os.environ, "PYTHONPATH": str(REPO), "CI": "1"}
     start = time.perf_counter()
-    proc = subprocess.run([sys.executable, "-m", "sweep", *args, f"hydra.sweep.dir={out}", "ledger.enabled=false"],
-                          cwd=REPO, env=env, capture_output=True, text=True)
+    proc = subprocess.run(
+        [sys.executable, "-m", "sweep", *args, f"hydra.sweep.dir={out}", "ledger.enabled=false"],
+        cwd=REPO,
+        env=env,
+        capture_output=True,
+        text=True,
+    )
     if proc.returncode != 0:
         sys.exit(f"bench/gemm_verdicts.py: {' '.join(args)} failed:\n{proc.stderr[-2000:]}")
     return time.perf_counter() - start
@@ -53,7 +59,9 @@ def main() -> None:
         jobs.update({f"scenario {name}": [f"+scenario={name}"] for name in sorted(available())})
     if args.only != "scenarios":
         jobs["demo"] = ["-m", "+experiment=demo"]
-    low = sorted(f for f in cpu_flags() if f in ("avx2", "avx512f", "avx512_bf16", "avx512_fp16", "amx_bf16", "amx_fp16"))
+    low = sorted(
+        f for f in cpu_flags() if f in ("avx2", "avx512f", "avx512_bf16", "avx512_fp16", "amx_bf16", "amx_fp16")
+    )
     print(f"CPU flags: {' '.join(low) or 'unknown'}; tolerance: first bad step within {TOLERANCE} steps")
     print(f"{'sweep':<42}{'cells':>6}{'native s':>10}{'emulated s':>12}  verdicts")
     record = json.loads(RECORD.read_text()) if RECORD.exists() else {}
@@ -67,8 +75,11 @@ def main() -> None:
                 outcomes[gemm] = cell_outcomes(out)
             diffs = verdict_differences(outcomes["native"], outcomes["emulated"])
             all_same &= not diffs
-            print(f"{name:<42}{len(outcomes['native']):>6}{seconds['native']:>10.1f}{seconds['emulated']:>12.1f}  "
-                  + ("same" if not diffs else "DIFFERENT: " + "; ".join(diffs)), flush=True)
+            print(
+                f"{name:<42}{len(outcomes['native']):>6}{seconds['native']:>10.1f}{seconds['emulated']:>12.1f}  "
+                + ("same" if not diffs else "DIFFERENT: " + "; ".join(diffs)),
+                flush=True,
+            )
             record[name] = outcomes["native"]
     if args.record:
         RECORD.write_text(json.dumps(record, indent=1, sort_keys=True) + "\n")

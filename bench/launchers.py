@@ -13,6 +13,7 @@ Ledger overhead: the time `sweep.search.ledger.record_run` takes to record one f
 storage, load the study, add the trial with its attributes), as every job does, averaged over
 --records runs, on a SQLite file and on the PostgreSQL server of scripts/postgres.sh.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -94,8 +95,10 @@ def main() -> None:
             wall, sweep_dir = run_grid("sequential", args.steps, out)
             sample = next(sweep_dir.glob("*/result.json"))
         result = json.loads(sample.read_text())
-        per_trial = {"SQLite": ledger_overhead(f"sqlite:///{out / 'bench.db'}", result, sample.parent, args.records),
-                     "PostgreSQL": ledger_overhead(start("postgres.sh"), result, sample.parent, args.records)}
+        per_trial = {
+            "SQLite": ledger_overhead(f"sqlite:///{out / 'bench.db'}", result, sample.parent, args.records),
+            "PostgreSQL": ledger_overhead(start("postgres.sh"), result, sample.parent, args.records),
+        }
 
     print(f"\nGrid of 24 runs ({args.steps} steps each, small data) on {os.cpu_count()} cores:\n")
     print("| launcher | wall time (s) | runs per minute |\n|---|---:|---:|")

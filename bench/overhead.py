@@ -17,6 +17,7 @@ Per phase: total seconds, share of the wall time, calls, the first call (it pays
 and the median of the others (the steady per-run cost). `threads=1` by default: the machine's cores
 are shared, and two torch jobs with all cores' OpenMP threads each slow each other down many times.
 """
+
 from __future__ import annotations
 
 import time
@@ -89,6 +90,7 @@ class Phases:
                 self.add(name, elapsed - nested)
                 if self._nested:
                     self._nested[-1] += elapsed
+
         return timed
 
     def patch(self, owner, attr: str, name: str) -> None:
@@ -101,6 +103,7 @@ def child(report: Path, sweep_argv: list[str]) -> None:
     t0 = time.perf_counter()
     sys.path.insert(0, str(REPO))
     import sweep.__main__ as entry
+
     phases.add("imports", time.perf_counter() - t0)
 
     from hydra._internal.config_loader_impl import ConfigLoaderImpl
@@ -128,9 +131,14 @@ def child(report: Path, sweep_argv: list[str]) -> None:
     phases.patch(sweep.job, "execute", "run: setup")
     phases.patch(sweep.run.execute, "package_versions", "run: package versions")
     phases.patch(sweep.run.execute, "build_parts", "model build")
-    cache, timed_cache = sweep.data.synthetic.SyntheticClips._cache, phases.wrap("data generation", sweep.data.synthetic.SyntheticClips._cache)
+    cache, timed_cache = (
+        sweep.data.synthetic.SyntheticClips._cache,
+        phases.wrap("data generation", sweep.data.synthetic.SyntheticClips._cache),
+    )
     # Timed only when it renders: afterwards every __getitem__ calls it to index the cached tensor.
-    sweep.data.synthetic.SyntheticClips._cache = lambda self: cache(self) if self._data is not None else timed_cache(self)
+    sweep.data.synthetic.SyntheticClips._cache = lambda self: (
+        cache(self) if self._data is not None else timed_cache(self)
+    )
     phases.patch(sweep.run.execute, "train", "training steps")
     phases.patch(sweep.run.execute, "locate", "forensics")
     phases.patch(sweep.run.execute, "write_result", "result files")
@@ -147,22 +155,43 @@ def child(report: Path, sweep_argv: list[str]) -> None:
     t0 = time.perf_counter()
     atexit._run_exitfuncs()  # what the interpreter runs at exit anyway (logging, SQLAlchemy, torch, ...)
     phases.add("exit: atexit handlers", time.perf_counter() - t0)
-    report.write_text(json.dumps({"t0": _CHILD_T0, "t_end": time.time(), "status": status, "calls": phases.calls,
-                                  "code": str(Path(entry.__file__).parents[1])}))
+    report.write_text(
+        json.dumps(
+            {
+                "t0": _CHILD_T0,
+                "t_end": time.time(),
+                "status": status,
+                "calls": phases.calls,
+                "code": str(Path(entry.__file__).parents[1]),
+            }
+        )
+    )
     sys.exit(status)
 
 
 def run_sweep(args, out: Path) -> tuple[float, float, dict, Path]:
     sweep_dir = out / "sweep"
     report = out / "phases.json"
-    sweep_argv = ["-m", *GRIDS[args.grid], f"steps={args.steps}", f"threads={args.threads}", "progress=none",
-                  f"hydra.sweep.dir={sweep_dir}", *args.overrides]
+    sweep_argv = [
+        "-m",
+        *GRIDS[args.grid],
+        f"steps={args.steps}",
+        f"threads={args.threads}",
+        "progress=none",
+        f"hydra.sweep.dir={sweep_dir}",
+        *args.overrides,
+    ]
     env = {**os.environ, "PYTHONPATH": str(REPO), "CI": "1"}
     if args.threads:
         env["OMP_NUM_THREADS"] = str(args.threads)
     t_spawn = time.time()
-    proc = subprocess.run([sys.executable, __file__, "--child", str(report), "--", *sweep_argv], cwd=out, env=env,
-                          capture_output=True, text=True)
+    proc = subprocess.run(
+        [sys.executable, __file__, "--child", str(report), "--", *sweep_argv],
+        cwd=out,
+        env=env,
+        capture_output=True,
+        text=True,
+    )
     t_exit = time.time()
     if proc.returncode != 0 or not report.exists():
         raise SystemExit(f"bench: the sweep failed (exit {proc.returncode}):\n{proc.stderr[-3000:]}")
@@ -181,8 +210,16 @@ def breakdown(wall: float, calls: dict) -> list[tuple]:
         times = calls.get(name, [])
         total = sum(times)
         rest = times[1:]
-        rows.append((name, total, total / wall, len(times), times[0] if times else 0.0,
-                     statistics.median(rest) if rest else None))
+        rows.append(
+            (
+                name,
+                total,
+                total / wall,
+                len(times),
+                times[0] if times else 0.0,
+                statistics.median(rest) if rest else None,
+            )
+        )
     accounted = sum(r[1] for r in rows)
     rows.append(("unaccounted", wall - accounted, (wall - accounted) / wall, 0, 0.0, None))
     return rows
@@ -202,21 +239,43 @@ def main() -> None:
         statuses = [json.loads(p.read_text())["status"] for p in sweep_dir.glob("*/result.json")]
     rows = breakdown(wall, calls)
     steps_share = next(r[2] for r in rows if r[0] == "training steps")
-    cmd = " ".join(["python bench/overhead.py", f"--steps {args.steps}", f"--grid {args.grid}",
-                    f"--threads {args.threads}", *args.overrides])
-    print(f"$ {cmd}\n{runs} runs ({', '.join(f'{statuses.count(s)} {s}' for s in sorted(set(statuses)))}), "
-          f"{args.steps} steps each, {os.cpu_count()} cores, wall {wall:.1f} s\n")
+    cmd = " ".join(
+        [
+            "python bench/overhead.py",
+            f"--steps {args.steps}",
+            f"--grid {args.grid}",
+            f"--threads {args.threads}",
+            *args.overrides,
+        ]
+    )
+    print(
+        f"$ {cmd}\n{runs} runs ({', '.join(f'{statuses.count(s)} {s}' for s in sorted(set(statuses)))}), "
+        f"{args.steps} steps each, {os.cpu_count()} cores, wall {wall:.1f} s\n"
+    )
     print(f"{'phase':<24} {'total s':>8} {'share':>7} {'calls':>5} {'first s':>8} {'median s':>9}")
     for name, total, share, n, first, median in rows:
         med = f"{median:9.3f}" if median is not None else f"{'':>9}"
         print(f"{name:<24} {total:8.2f} {share:7.1%} {n:5d} {first:8.3f} {med}")
-    print(f"\ntraining steps: {steps_share:.1%} of the wall time; overhead {1 - steps_share:.1%} "
-          f"({(1 - steps_share) * wall / max(runs, 1):.2f} s per run)")
+    print(
+        f"\ntraining steps: {steps_share:.1%} of the wall time; overhead {1 - steps_share:.1%} "
+        f"({(1 - steps_share) * wall / max(runs, 1):.2f} s per run)"
+    )
     if args.json:
-        args.json.write_text(json.dumps({"command": cmd, "wall_s": wall, "runs": runs, "statuses": statuses,
-                                         "phases": {r[0]: {"total_s": r[1], "share": r[2], "calls": r[3],
-                                                           "first_s": r[4], "median_s": r[5]} for r in rows}},
-                                        indent=2))
+        args.json.write_text(
+            json.dumps(
+                {
+                    "command": cmd,
+                    "wall_s": wall,
+                    "runs": runs,
+                    "statuses": statuses,
+                    "phases": {
+                        r[0]: {"total_s": r[1], "share": r[2], "calls": r[3], "first_s": r[4], "median_s": r[5]}
+                        for r in rows
+                    },
+                },
+                indent=2,
+            )
+        )
 
 
 if __name__ == "__main__":

@@ -9,6 +9,7 @@ speed-up, and the model FLOP/s the packed run achieves (K x the FLOPs of one for
 counted by torch's FlopCounterMode, per second of training) as a fraction of a large matmul's
 FLOP/s (2048² on the CPU, 8192² on a GPU) measured in the same process and compute dtype.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -31,9 +32,22 @@ from sweep.run.precision import PrecisionPolicy
 
 def runs_for(k: int, args) -> list:
     lrs = [10 ** (-5 + 1.5 * i / max(1, k - 1)) for i in range(k)]  # 1e-5 .. 3e-4: stable everywhere
-    return [run_config([f"model={args.model}", f"precision={args.precision}", f"attention={args.attention}",
-                        f"steps={args.steps}", f"optim.lr={lr:.3g}", f"seed={i}", "progress=none",
-                        "monitor.forensics=false", *args.override]) for i, lr in enumerate(lrs)]
+    return [
+        run_config(
+            [
+                f"model={args.model}",
+                f"precision={args.precision}",
+                f"attention={args.attention}",
+                f"steps={args.steps}",
+                f"optim.lr={lr:.3g}",
+                f"seed={i}",
+                "progress=none",
+                "monitor.forensics=false",
+                *args.override,
+            ]
+        )
+        for i, lr in enumerate(lrs)
+    ]
 
 
 def main() -> None:
@@ -43,7 +57,9 @@ def main() -> None:
     ap.add_argument("--attention", default="math")
     ap.add_argument("--packs", default="1,2,4,8,16")
     ap.add_argument("--steps", type=int, default=10)
-    ap.add_argument("override", nargs="*", help="config overrides for every run, e.g. data.frames=4 data.height=8 data.width=8")
+    ap.add_argument(
+        "override", nargs="*", help="config overrides for every run, e.g. data.frames=4 data.height=8 data.width=8"
+    )
     args = ap.parse_args()
     device = resolve_device("auto")
     one = runs_for(1, args)[0]
@@ -53,11 +69,15 @@ def main() -> None:
     reset_process_state(one, policy)
     flops = step_flops(one, build_parts(one, device, policy))
     peak = matmul_flops(policy.compute_dtype, device)
-    print(f"device {device}, torch {torch.__version__}, {torch.get_num_threads()} threads, model {args.model}, "
-          f"{args.precision}, attention {args.attention}, {args.steps} steps per run, {' '.join(args.override)} "
-          f"{flops / 1e9:.2f} GFLOP per run-step, matmul {peak / 1e9:.0f} GFLOP/s")
-    print(f"{'K':>3}{'sequential s':>14}{'packed s':>10}{'speed-up':>10}{'packed run-steps/s':>20}"
-          f"{'model GFLOP/s':>15}{'of matmul':>11}{'verdicts equal':>16}")
+    print(
+        f"device {device}, torch {torch.__version__}, {torch.get_num_threads()} threads, model {args.model}, "
+        f"{args.precision}, attention {args.attention}, {args.steps} steps per run, {' '.join(args.override)} "
+        f"{flops / 1e9:.2f} GFLOP per run-step, matmul {peak / 1e9:.0f} GFLOP/s"
+    )
+    print(
+        f"{'K':>3}{'sequential s':>14}{'packed s':>10}{'speed-up':>10}{'packed run-steps/s':>20}"
+        f"{'model GFLOP/s':>15}{'of matmul':>11}{'verdicts equal':>16}"
+    )
     with tempfile.TemporaryDirectory() as tmp:  # warm-up: allocator, vmap's first trace
         execute_pack(runs_for(2, args)[:2], [Path(tmp) / "a", Path(tmp) / "b"], [{}, {}], ["", ""])
     for k in (int(x) for x in args.packs.split(",")):
@@ -69,16 +89,20 @@ def main() -> None:
             start = time.perf_counter()
             packed = execute_pack(runs, [Path(tmp) / f"pack{i}" for i in range(k)], [{}] * k, [""] * k)
             together = time.perf_counter() - start
-        same = all((a.status, a.verdict, a.first_bad_step) == (b.status, b.verdict, b.first_bad_step)
-                   for a, b in zip(alone, packed))
+        same = all(
+            (a.status, a.verdict, a.first_bad_step) == (b.status, b.verdict, b.first_bad_step)
+            for a, b in zip(alone, packed)
+        )
         if any(r.status == "error" for r in packed + alone):
             errors = {r.reason or "" for r in packed + alone if r.status == "error"}
             print(f"{k:>3}  runs ended with status error, no figure: {'; '.join(sorted(errors))[:200]}")
             continue
         train_s = max(r.steps_run / r.steps_per_second for r in packed if r.steps_per_second)
         achieved = k * args.steps * flops / train_s
-        print(f"{k:>3}{sequential:>14.1f}{together:>10.1f}{sequential / together:>9.2f}x{k * args.steps / train_s:>20.1f}"
-              f"{achieved / 1e9:>15.1f}{achieved / peak:>11.1%}{str(same):>16}")
+        print(
+            f"{k:>3}{sequential:>14.1f}{together:>10.1f}{sequential / together:>9.2f}x{k * args.steps / train_s:>20.1f}"
+            f"{achieved / 1e9:>15.1f}{achieved / peak:>11.1%}{str(same):>16}"
+        )
 
 
 if __name__ == "__main__":

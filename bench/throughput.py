@@ -8,6 +8,7 @@ a fraction of a large matmul's FLOP/s (2048² on the CPU, 8192² on a GPU) measu
 process and compute dtype, and the overhead of the divergence monitor: the same steps in a bare loop
 (forward, backward, optimizer step; no gradient norm, no sync, no checks) versus the monitored loop.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -91,14 +92,27 @@ def main() -> None:
     ap.add_argument("--attention", default="math")
     args = ap.parse_args()
     device = resolve_device("auto")
-    print(f"device {device}, torch {torch.__version__}, {torch.get_num_threads()} threads, model {args.model}, "
-          f"attention {args.attention}, {args.steps} steps per figure")
-    print(f"{'precision':<17}{'steps/s':>9}{'ms/step':>9}{'GFLOP/step':>12}{'model GFLOP/s':>15}"
-          f"{'matmul GFLOP/s':>16}{'of matmul':>11}{'bare ms/step':>14}{'monitor cost':>14}")
+    print(
+        f"device {device}, torch {torch.__version__}, {torch.get_num_threads()} threads, model {args.model}, "
+        f"attention {args.attention}, {args.steps} steps per figure"
+    )
+    print(
+        f"{'precision':<17}{'steps/s':>9}{'ms/step':>9}{'GFLOP/step':>12}{'model GFLOP/s':>15}"
+        f"{'matmul GFLOP/s':>16}{'of matmul':>11}{'bare ms/step':>14}{'monitor cost':>14}"
+    )
     for name in args.precisions.split(","):
         # lr small enough that every precision stays stable for the whole figure
-        run = run_config([f"precision={name}", f"model={args.model}", f"attention={args.attention}",
-                          f"steps={args.steps}", "optim.lr=1e-5", "progress=none", "monitor.stall_fraction=1.0"])
+        run = run_config(
+            [
+                f"precision={name}",
+                f"model={args.model}",
+                f"attention={args.attention}",
+                f"steps={args.steps}",
+                "optim.lr=1e-5",
+                "progress=none",
+                "monitor.stall_fraction=1.0",
+            ]
+        )
         policy = PrecisionPolicy.from_config(run.precision, device, run.compile)
         reset_process_state(run, policy)
         parts = build_parts(run, device, policy)
@@ -118,9 +132,11 @@ def main() -> None:
         with policy.gemm_mode():  # the peak the run's own GEMM path can reach
             peak = matmul_flops(policy.compute_dtype, device)
         name = f"{name} (emul.)" if policy.gemm == "emulated" else name
-        print(f"{name:<17}{1 / monitored:>9.2f}{monitored * 1e3:>9.1f}{flops / 1e9:>12.2f}"
-              f"{flops / monitored / 1e9:>15.1f}{peak / 1e9:>16.1f}{flops / monitored / peak:>11.1%}"
-              f"{bare * 1e3:>14.1f}{(monitored - bare) / bare:>+14.1%}")
+        print(
+            f"{name:<17}{1 / monitored:>9.2f}{monitored * 1e3:>9.1f}{flops / 1e9:>12.2f}"
+            f"{flops / monitored / 1e9:>15.1f}{peak / 1e9:>16.1f}{flops / monitored / peak:>11.1%}"
+            f"{bare * 1e3:>14.1f}{(monitored - bare) / bare:>+14.1%}"
+        )
 
 
 if __name__ == "__main__":

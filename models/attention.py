@@ -28,8 +28,11 @@ from torch.nn.attention import SDPBackend, sdpa_kernel
 ATTENTION_BACKENDS = ("flash", "math", "eager", "efficient", "cudnn")
 
 ATTENTION_KERNELS = {
-    "flash": "sdpa:FLASH_ATTENTION", "math": "sdpa:MATH", "efficient": "sdpa:EFFICIENT_ATTENTION",
-    "cudnn": "sdpa:CUDNN_ATTENTION", "eager": "eager:softmax(QK^T)",
+    "flash": "sdpa:FLASH_ATTENTION",
+    "math": "sdpa:MATH",
+    "efficient": "sdpa:EFFICIENT_ATTENTION",
+    "cudnn": "sdpa:CUDNN_ATTENTION",
+    "eager": "eager:softmax(QK^T)",
 }
 """The kernel each backend forces, as result.json's `kernels.attention` names it."""
 
@@ -37,10 +40,14 @@ ATTENTION_KERNELS = {
 # a profiled compiled graph shows which attention kernel it runs (sweep/run/compiled.py).
 FLASH_OPS = {"cpu": "aten::_scaled_dot_product_flash_attention_for_cpu"}
 MATH_OP = "aten::_scaled_dot_product_attention_math"
-SDPA_OPS = ("aten::_scaled_dot_product_flash_attention_for_cpu", "aten::_scaled_dot_product_flash_attention_for_cpu_backward",
-            "aten::_scaled_dot_product_attention_math",
-            "aten::_scaled_dot_product_flash_attention", "aten::_scaled_dot_product_efficient_attention",
-            "aten::_scaled_dot_product_cudnn_attention")
+SDPA_OPS = (
+    "aten::_scaled_dot_product_flash_attention_for_cpu",
+    "aten::_scaled_dot_product_flash_attention_for_cpu_backward",
+    "aten::_scaled_dot_product_attention_math",
+    "aten::_scaled_dot_product_flash_attention",
+    "aten::_scaled_dot_product_efficient_attention",
+    "aten::_scaled_dot_product_cudnn_attention",
+)
 
 _SDPA_BACKENDS = {
     "flash": SDPBackend.FLASH_ATTENTION,

@@ -52,8 +52,9 @@ class LogitStats:
         """(max logit, min entropy) since the last collect, fetched in one sync; NaN when nothing ran."""
         if not self._max:
             return math.nan, math.nan
-        max_logit, min_entropy = torch.stack([torch.stack(self._max).amax(),
-                                              torch.stack(self._entropy).nan_to_num(nan=math.inf).amin()]).tolist()
+        max_logit, min_entropy = torch.stack(
+            [torch.stack(self._max).amax(), torch.stack(self._entropy).nan_to_num(nan=math.inf).amin()]
+        ).tolist()
         max_logit = max_logit if max_logit > -math.inf else math.nan
         min_entropy = min_entropy if min_entropy < math.inf else math.nan
         self._max, self._entropy = [], []

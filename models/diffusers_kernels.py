@@ -34,12 +34,24 @@ from torch.overrides import TorchFunctionMode
 from models.attention import ATTENTION_KERNELS, NO_KERNEL_MESSAGES, KernelUnavailable
 from models.modulate import modulate
 
-_SDPA_BACKENDS = {"flash": SDPBackend.FLASH_ATTENTION, "math": SDPBackend.MATH,
-                  "efficient": SDPBackend.EFFICIENT_ATTENTION, "cudnn": SDPBackend.CUDNN_ATTENTION}
+_SDPA_BACKENDS = {
+    "flash": SDPBackend.FLASH_ATTENTION,
+    "math": SDPBackend.MATH,
+    "efficient": SDPBackend.EFFICIENT_ATTENTION,
+    "cudnn": SDPBackend.CUDNN_ATTENTION,
+}
 
 
-def eager_sdpa(query: Tensor, key: Tensor, value: Tensor, attn_mask: Tensor | None = None, dropout_p: float = 0.0,
-               is_causal: bool = False, scale: float | None = None, enable_gqa: bool = False) -> Tensor:
+def eager_sdpa(
+    query: Tensor,
+    key: Tensor,
+    value: Tensor,
+    attn_mask: Tensor | None = None,
+    dropout_p: float = 0.0,
+    is_causal: bool = False,
+    scale: float | None = None,
+    enable_gqa: bool = False,
+) -> Tensor:
     """F.scaled_dot_product_attention's contract, written out in the working dtype (fp16 logits can overflow)."""
     if enable_gqa and key.shape[-3] != query.shape[-3]:
         repeat = query.shape[-3] // key.shape[-3]
@@ -99,8 +111,10 @@ class SdpaRoute(TorchFunctionMode):
         except RuntimeError as err:
             if any(m in str(err) for m in NO_KERNEL_MESSAGES):
                 q = args[0] if args else kwargs["query"]
-                raise KernelUnavailable(f"SDPA {self.backend} attention refused q{tuple(q.shape)} {q.dtype} on "
-                                        f"{q.device}: {str(err).strip().splitlines()[0]}") from err
+                raise KernelUnavailable(
+                    f"SDPA {self.backend} attention refused q{tuple(q.shape)} {q.dtype} on "
+                    f"{q.device}: {str(err).strip().splitlines()[0]}"
+                ) from err
             raise
 
 
@@ -151,13 +165,21 @@ class RoutedMochiRMSNormZero(MochiRMSNormZero):
         emb = self.linear(self.silu(emb))
         scale_msa, gate_msa, scale_mlp, gate_mlp = emb.chunk(4, dim=1)
         scale = scale_msa.to(torch.float32)
-        hidden_states = modulate(self.norm(hidden_states.to(torch.float32)), torch.zeros_like(scale), scale,
-                                 self.modulate_impl)  # (B, N, D) in fp32, Mochi's upcast
+        hidden_states = modulate(
+            self.norm(hidden_states.to(torch.float32)), torch.zeros_like(scale), scale, self.modulate_impl
+        )  # (B, N, D) in fp32, Mochi's upcast
         return hidden_states.to(dtype), gate_msa, scale_mlp, gate_mlp
 
 
-ROUTED = {cls.__mro__[1]: cls for cls in (RoutedAdaLayerNormZero, RoutedAdaLayerNormZeroSingle,
-                                          RoutedCogVideoXLayerNormZero, RoutedMochiRMSNormZero)}
+ROUTED = {
+    cls.__mro__[1]: cls
+    for cls in (
+        RoutedAdaLayerNormZero,
+        RoutedAdaLayerNormZeroSingle,
+        RoutedCogVideoXLayerNormZero,
+        RoutedMochiRMSNormZero,
+    )
+}
 
 
 def route_modulation(model: torch.nn.Module, class_names: tuple[str, ...], impl: str) -> int:

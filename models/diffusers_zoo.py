@@ -71,65 +71,160 @@ def _common(c: int) -> dict:
 
 ZOO: dict[str, ZooSpec] = {
     "dit": ZooSpec(
-        "DiTTransformer2DModel", "image",
+        "DiTTransformer2DModel",
+        "image",
         lambda c, f, h, w, p: dict(_common(c), num_layers=2, sample_size=h, patch_size=p, num_embeds_ada_norm=10),
-        modulation="AdaLayerNormZero (attention input) + inline in BasicTransformerBlock (MLP input) and the output layer",
-        routed=("AdaLayerNormZero",)),
+        modulation=(
+            "AdaLayerNormZero (attention input) + inline in BasicTransformerBlock (MLP input) and the output layer"
+        ),
+        routed=("AdaLayerNormZero",),
+    ),
     "pixart": ZooSpec(
-        "PixArtTransformer2DModel", "image",
-        lambda c, f, h, w, p: dict(_common(c), num_layers=2, sample_size=h, patch_size=p, cross_attention_dim=64,
-                                   caption_channels=TEXT_DIM, use_additional_conditions=False),
-        modulation="inline in BasicTransformerBlock.forward (ada_norm_single: scale_shift_table)", routed=()),
+        "PixArtTransformer2DModel",
+        "image",
+        lambda c, f, h, w, p: dict(
+            _common(c),
+            num_layers=2,
+            sample_size=h,
+            patch_size=p,
+            cross_attention_dim=64,
+            caption_channels=TEXT_DIM,
+            use_additional_conditions=False,
+        ),
+        modulation="inline in BasicTransformerBlock.forward (ada_norm_single: scale_shift_table)",
+        routed=(),
+    ),
     "sana": ZooSpec(
-        "SanaTransformer2DModel", "image",
-        lambda c, f, h, w, p: dict(_common(c), num_layers=2, sample_size=h, patch_size=p, num_cross_attention_heads=HEADS,
-                                   cross_attention_head_dim=HEAD_DIM, cross_attention_dim=64, caption_channels=TEXT_DIM),
-        modulation="inline in SanaTransformerBlock.forward (scale_shift_table)", routed=(),
-        self_attention="linear attention (SanaLinearAttnProcessor2_0, no SDPA)"),
+        "SanaTransformer2DModel",
+        "image",
+        lambda c, f, h, w, p: dict(
+            _common(c),
+            num_layers=2,
+            sample_size=h,
+            patch_size=p,
+            num_cross_attention_heads=HEADS,
+            cross_attention_head_dim=HEAD_DIM,
+            cross_attention_dim=64,
+            caption_channels=TEXT_DIM,
+        ),
+        modulation="inline in SanaTransformerBlock.forward (scale_shift_table)",
+        routed=(),
+        self_attention="linear attention (SanaLinearAttnProcessor2_0, no SDPA)",
+    ),
     "latte": ZooSpec(
-        "LatteTransformer3DModel", "bcfhw",
-        lambda c, f, h, w, p: dict(_common(c), num_layers=1, sample_size=h, patch_size=p, cross_attention_dim=64,
-                                   caption_channels=TEXT_DIM, norm_type="ada_norm_single", num_embeds_ada_norm=1000,
-                                   activation_fn="gelu-approximate", norm_elementwise_affine=False, norm_eps=1e-6,
-                                   video_length=f),
-        modulation="inline in BasicTransformerBlock.forward (ada_norm_single: scale_shift_table)", routed=()),
+        "LatteTransformer3DModel",
+        "bcfhw",
+        lambda c, f, h, w, p: dict(
+            _common(c),
+            num_layers=1,
+            sample_size=h,
+            patch_size=p,
+            cross_attention_dim=64,
+            caption_channels=TEXT_DIM,
+            norm_type="ada_norm_single",
+            num_embeds_ada_norm=1000,
+            activation_fn="gelu-approximate",
+            norm_elementwise_affine=False,
+            norm_eps=1e-6,
+            video_length=f,
+        ),
+        modulation="inline in BasicTransformerBlock.forward (ada_norm_single: scale_shift_table)",
+        routed=(),
+    ),
     "cogvideox": ZooSpec(
-        "CogVideoXTransformer3DModel", "bfchw",
-        lambda c, f, h, w, p: dict(_common(c), num_layers=2, time_embed_dim=64, text_embed_dim=TEXT_DIM,
-                                   sample_width=w, sample_height=h, sample_frames=(f - 1) * 4 + 1, patch_size=p,
-                                   max_text_seq_length=TEXT_LEN),
+        "CogVideoXTransformer3DModel",
+        "bfchw",
+        lambda c, f, h, w, p: dict(
+            _common(c),
+            num_layers=2,
+            time_embed_dim=64,
+            text_embed_dim=TEXT_DIM,
+            sample_width=w,
+            sample_height=h,
+            sample_frames=(f - 1) * 4 + 1,
+            patch_size=p,
+            max_text_seq_length=TEXT_LEN,
+        ),
         modulation="CogVideoXLayerNormZero (norm1, norm2: video and text tokens) + AdaLayerNorm output layer (inline)",
-        routed=("CogVideoXLayerNormZero",)),
+        routed=("CogVideoXLayerNormZero",),
+    ),
     "wan": ZooSpec(
-        "WanTransformer3DModel", "bcfhw",
-        lambda c, f, h, w, p: dict(_common(c), patch_size=(1, p, p), text_dim=TEXT_DIM, freq_dim=32, ffn_dim=256,
-                                   num_layers=2),
-        modulation="inline in WanTransformerBlock.forward (scale_shift_table, in fp32)", routed=()),
+        "WanTransformer3DModel",
+        "bcfhw",
+        lambda c, f, h, w, p: dict(
+            _common(c), patch_size=(1, p, p), text_dim=TEXT_DIM, freq_dim=32, ffn_dim=256, num_layers=2
+        ),
+        modulation="inline in WanTransformerBlock.forward (scale_shift_table, in fp32)",
+        routed=(),
+    ),
     "ltx": ZooSpec(
-        "LTXVideoTransformer3DModel", "packed",
-        lambda c, f, h, w, p: dict(_common(c * p * p), patch_size=p, patch_size_t=1, cross_attention_dim=64,
-                                   caption_channels=TEXT_DIM, num_layers=2),
-        modulation="inline in LTXVideoTransformerBlock.forward (scale_shift_table)", routed=()),
+        "LTXVideoTransformer3DModel",
+        "packed",
+        lambda c, f, h, w, p: dict(
+            _common(c * p * p),
+            patch_size=p,
+            patch_size_t=1,
+            cross_attention_dim=64,
+            caption_channels=TEXT_DIM,
+            num_layers=2,
+        ),
+        modulation="inline in LTXVideoTransformerBlock.forward (scale_shift_table)",
+        routed=(),
+    ),
     "hunyuan": ZooSpec(
-        "HunyuanVideoTransformer3DModel", "bcfhw",
-        lambda c, f, h, w, p: dict(_common(c), num_layers=1, num_single_layers=1, num_refiner_layers=1, patch_size=p,
-                                   patch_size_t=1, guidance_embeds=False, text_embed_dim=TEXT_DIM,
-                                   pooled_projection_dim=POOLED_DIM, rope_axes_dim=(8, 12, 12)),
+        "HunyuanVideoTransformer3DModel",
+        "bcfhw",
+        lambda c, f, h, w, p: dict(
+            _common(c),
+            num_layers=1,
+            num_single_layers=1,
+            num_refiner_layers=1,
+            patch_size=p,
+            patch_size_t=1,
+            guidance_embeds=False,
+            text_embed_dim=TEXT_DIM,
+            pooled_projection_dim=POOLED_DIM,
+            rope_axes_dim=(8, 12, 12),
+        ),
         modulation="AdaLayerNormZero (dual-stream norm1/norm1_context), AdaLayerNormZeroSingle (single-stream) "
-                   "+ inline MLP modulation in the dual-stream block and the token refiner",
-        routed=("AdaLayerNormZero", "AdaLayerNormZeroSingle")),
+        "+ inline MLP modulation in the dual-stream block and the token refiner",
+        routed=("AdaLayerNormZero", "AdaLayerNormZeroSingle"),
+    ),
     "allegro": ZooSpec(
-        "AllegroTransformer3DModel", "bcfhw",
-        lambda c, f, h, w, p: dict(_common(c), patch_size=p, patch_size_t=1, num_layers=2, cross_attention_dim=64,
-                                   sample_height=h, sample_width=w, sample_frames=f, caption_channels=TEXT_DIM),
-        modulation="inline in AllegroTransformerBlock.forward (scale_shift_table)", routed=()),
+        "AllegroTransformer3DModel",
+        "bcfhw",
+        lambda c, f, h, w, p: dict(
+            _common(c),
+            patch_size=p,
+            patch_size_t=1,
+            num_layers=2,
+            cross_attention_dim=64,
+            sample_height=h,
+            sample_width=w,
+            sample_frames=f,
+            caption_channels=TEXT_DIM,
+        ),
+        modulation="inline in AllegroTransformerBlock.forward (scale_shift_table)",
+        routed=(),
+    ),
     "mochi": ZooSpec(
-        "MochiTransformer3DModel", "bcfhw",
-        lambda c, f, h, w, p: dict(num_attention_heads=HEADS, attention_head_dim=HEAD_DIM, in_channels=c, out_channels=c,
-                                   patch_size=p, num_layers=2, pooled_projection_dim=POOLED_DIM, text_embed_dim=TEXT_DIM,
-                                   time_embed_dim=32, max_sequence_length=TEXT_LEN),
+        "MochiTransformer3DModel",
+        "bcfhw",
+        lambda c, f, h, w, p: dict(
+            num_attention_heads=HEADS,
+            attention_head_dim=HEAD_DIM,
+            in_channels=c,
+            out_channels=c,
+            patch_size=p,
+            num_layers=2,
+            pooled_projection_dim=POOLED_DIM,
+            text_embed_dim=TEXT_DIM,
+            time_embed_dim=32,
+            max_sequence_length=TEXT_LEN,
+        ),
         modulation="MochiRMSNormZero (norm1, norm1_context; scale only, in fp32) + inline MLP modulation",
-        routed=("MochiRMSNormZero",)),
+        routed=("MochiRMSNormZero",),
+    ),
 }
 
 DIFFUSERS_MODELS = tuple(ZOO)
@@ -140,18 +235,28 @@ def modulate_unsupported_reason(name: str, impl: str) -> str | None:
     spec = ZOO[name]
     if impl == "eager" or spec.routed:
         return None
-    return (f"modulate={impl}: {spec.cls_name}'s adaLN modulation is {spec.modulation}; there is no replaceable "
-            "module to route through models.modulate, so the fused kernel would not run")
+    return (
+        f"modulate={impl}: {spec.cls_name}'s adaLN modulation is {spec.modulation}; there is no replaceable "
+        "module to route through models.modulate, so the fused kernel would not run"
+    )
 
 
 class DiffusersAdapter(nn.Module):
     """A diffusers transformer as `model(x, t) -> prediction` (x: (B,C,H,W) image or (B,C,F,H,W) video)."""
 
-    def __init__(self, name: str, transformer: nn.Module, attention: str, modulate: str, patch_size: int, seed: int = 0):
+    def __init__(
+        self, name: str, transformer: nn.Module, attention: str, modulate: str, patch_size: int, seed: int = 0
+    ):
         from models.diffusers_kernels import SdpaRoute
 
         super().__init__()
-        self.name, self.spec, self.attention, self.modulate, self.patch_size = name, ZOO[name], attention, modulate, patch_size
+        self.name, self.spec, self.attention, self.modulate, self.patch_size = (
+            name,
+            ZOO[name],
+            attention,
+            modulate,
+            patch_size,
+        )
         self.transformer = transformer
         self.route = SdpaRoute(attention)
         # Synthetic conditioning, identical in every run (its own generator): not weights, not saved.
@@ -170,8 +275,11 @@ class DiffusersAdapter(nn.Module):
         if name in ("sana", "cogvideox", "wan", "allegro", "latte"):
             return dict(encoder_hidden_states=text)
         if name == "hunyuan":
-            return dict(encoder_hidden_states=text, encoder_attention_mask=mask,
-                        pooled_projections=self.pooled.expand(batch, -1).to(dtype))
+            return dict(
+                encoder_hidden_states=text,
+                encoder_attention_mask=mask,
+                pooled_projections=self.pooled.expand(batch, -1).to(dtype),
+            )
         if name in ("ltx", "mochi"):
             return dict(encoder_hidden_states=text, encoder_attention_mask=mask)
         raise AssertionError(name)
@@ -184,8 +292,11 @@ class DiffusersAdapter(nn.Module):
             inp = x.permute(0, 2, 1, 3, 4)  # (B, F, C, H, W)
         elif layout == "packed":
             _, c, f, h, w = x.shape
-            inp = (x.reshape(b, c, f, h // p, p, w // p, p).permute(0, 2, 3, 5, 1, 4, 6)
-                   .reshape(b, f * (h // p) * (w // p), c * p * p))  # (B, F*H/p*W/p, C*p*p), LTX's _pack_latents
+            inp = (
+                x.reshape(b, c, f, h // p, p, w // p, p)
+                .permute(0, 2, 3, 5, 1, 4, 6)
+                .reshape(b, f * (h // p) * (w // p), c * p * p)
+            )  # (B, F*H/p*W/p, C*p*p), LTX's _pack_latents
             kwargs.update(num_frames=f, height=h // p, width=w // p)
         else:
             inp = x
@@ -195,8 +306,9 @@ class DiffusersAdapter(nn.Module):
             return out.permute(0, 2, 1, 3, 4)  # (B, C, F, H, W)
         if layout == "packed":
             _, c, f, h, w = x.shape
-            return (out.reshape(b, f, h // p, w // p, c, p, p).permute(0, 4, 1, 2, 5, 3, 6)
-                    .reshape(b, c, f, h, w))  # LTX's _unpack_latents
+            return (
+                out.reshape(b, f, h // p, w // p, c, p, p).permute(0, 4, 1, 2, 5, 3, 6).reshape(b, c, f, h, w)
+            )  # LTX's _unpack_latents
         return out
 
     def kernels(self) -> dict:
@@ -213,8 +325,18 @@ class DiffusersAdapter(nn.Module):
         return out
 
 
-def build_diffusers_model(name: str, *, channels: int, frames: int, height: int, width: int, patch_size: int,
-                          attention: str = "math", modulate: str = "eager", seed: int = 0) -> DiffusersAdapter:
+def build_diffusers_model(
+    name: str,
+    *,
+    channels: int,
+    frames: int,
+    height: int,
+    width: int,
+    patch_size: int,
+    attention: str = "math",
+    modulate: str = "eager",
+    seed: int = 0,
+) -> DiffusersAdapter:
     """A tiny `name` from ZOO, random init from the global RNG, wrapped in DiffusersAdapter."""
     import diffusers
 

@@ -51,14 +51,16 @@ class _DiTBackbone(nn.Module):
         pos_embed = sincos_2d(hidden_size, self.x_embedder.grid_size).float()[None]  # (1, S, D)
         self.register_buffer("pos_embed", pos_embed, persistent=False)
         self.blocks = nn.ModuleList(
-            DiTBlock(hidden_size, num_heads, mlp_ratio, qk_norm, attention, modulate, kind=kind)
-            for kind in block_kinds
+            DiTBlock(hidden_size, num_heads, mlp_ratio, qk_norm, attention, modulate, kind=kind) for kind in block_kinds
         )
         self.final_layer = FinalLayer(hidden_size, patch_size, self.out_channels, modulate)
 
     def kernels(self) -> dict[str, str]:
         """The kernels every block runs, as result.json names them (the backend is forced: no fallback)."""
-        return {"attention": ATTENTION_KERNELS[self.attention_backend], "modulate": MODULATE_KERNELS[self.modulate_impl]}
+        return {
+            "attention": ATTENTION_KERNELS[self.attention_backend],
+            "modulate": MODULATE_KERNELS[self.modulate_impl],
+        }
 
     def set_kernels(self, attention: str | None = None, modulate: str | None = None) -> None:
         """Switch the attention backend and/or modulate impl of every submodule; None keeps the current one."""

@@ -9,6 +9,7 @@ A mistake in the command line or the config (a typo'd key, a wrong type, an unkn
 value) is printed as one line naming the key, with exit status 2; set HYDRA_FULL_ERROR=1 for Hydra's
 full report with a traceback.
 """
+
 from __future__ import annotations
 
 import os
@@ -74,8 +75,10 @@ def _strings(value) -> list[str]:
 def main() -> None:
     key = literal_password_arg(sys.argv[1:])
     if key is not None:
-        exit_config_error(f"{key.lstrip('+~')}: do not put a password on the command line (Hydra saves it in "
-                          "its output files); use ledger.storage='${oc.env:SWEEP_LEDGER_URL}' and export SWEEP_LEDGER_URL")
+        exit_config_error(
+            f"{key.lstrip('+~')}: do not put a password on the command line (Hydra saves it in "
+            "its output files); use ledger.storage='${oc.env:SWEEP_LEDGER_URL}' and export SWEEP_LEDGER_URL"
+        )
     user_wants_traceback = bool(os.environ.get("HYDRA_FULL_ERROR"))
     os.environ["HYDRA_FULL_ERROR"] = "1"  # let errors reach us so a user mistake can be one line
     try:

@@ -4,6 +4,7 @@ Wired in conf/config.yaml (`hydra.callbacks.summary`). It reads the run director
 it sees every run whatever launcher ran it, and stays fast (no plotting): report.html is one command
 away, `python -m sweep.report <sweep dir>`.
 """
+
 from __future__ import annotations
 
 import fcntl
@@ -102,7 +103,8 @@ def claim_sweep_dir(config: DictConfig) -> None:
             if theirs is not None and theirs != sweep_identity(config) and (started or _sweep_alive(sweep_dir)):
                 raise ConfigError(
                     f"hydra.sweep.dir: {sweep_dir} holds another sweep ({' '.join(theirs[1:]) or 'no overrides'}); "
-                    "give this one its own hydra.sweep.dir, or resume that one with its own command")
+                    "give this one its own hydra.sweep.dir, or resume that one with its own command"
+                )
         fd = os.open(sweep_dir / _ALIVE, os.O_CREAT | os.O_RDWR, 0o644)
         fcntl.flock(fd, fcntl.LOCK_SH)  # dropped at the end of the sweep, or when this process dies
         _ALIVE_HELD[str(sweep_dir)] = fd
@@ -139,11 +141,13 @@ class SweepSummary(Callback):
             text = render_text(summary)
             written = write_summary(sweep_dir, summary)
         except Exception:
-            log.exception("could not summarize %s; the runs are recorded, try: python -m sweep.report %s",
-                          sweep_dir, sweep_dir)
+            log.exception(
+                "could not summarize %s; the runs are recorded, try: python -m sweep.report %s", sweep_dir, sweep_dir
+            )
             return
-        saved = textwrap.fill(f"Saved in {sweep_dir}: {', '.join(p.name for p in written)}", WIDTH,
-                              subsequent_indent="  ")
+        saved = textwrap.fill(
+            f"Saved in {sweep_dir}: {', '.join(p.name for p in written)}", WIDTH, subsequent_indent="  "
+        )
         print(f"\n{text}\n\n{saved}\nHTML report: python -m sweep.report {sweep_dir}", flush=True)
 
 

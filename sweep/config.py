@@ -9,6 +9,7 @@ dotted key. `to_run_config()` is the boundary: below it, code gets plain datacla
 Importing this module imports neither torch nor the models (validating a diffusers model name does,
 once), so the grid sweeper can validate every cell before the first run cheaply.
 """
+
 from __future__ import annotations
 
 import copy
@@ -150,7 +151,8 @@ class PrecisionConfig:
 @dataclass
 class AttentionConfig:
     backend: AttentionBackend = AttentionBackend.math
-    """flash/math/efficient/cudnn force that SDPA backend (no silent fallback); eager is softmax(QK^T) in the working dtype."""
+    """flash/math/efficient/cudnn force that SDPA backend (no silent fallback); eager is softmax(QK^T) in the
+    working dtype."""
 
 
 @dataclass
@@ -275,7 +277,8 @@ class MonitorConfig:
     """When a run counts as diverged."""
 
     spike_factor: float = 10.0
-    """loss_spike: the smoothed loss above this multiple of its running minimum, or a loss above it x the initial loss."""
+    """loss_spike: the smoothed loss above this multiple of its running minimum, or a loss above it x the initial
+    loss."""
     ema_beta: float = 0.9
     """Smoothing of the loss for the spike test (an EMA; 0.9 averages ~10 steps)."""
     stall_window: int = 20
@@ -466,20 +469,32 @@ def validate(run: RunConfig) -> RunConfig:
     _require(0 <= run.threads <= MAX_THREADS, "threads", f"must be in [0, {MAX_THREADS}] (0 = auto), got {run.threads}")
     for key, seed in (("seed", run.seed), ("data.seed", run.data.seed)):
         _require(0 <= seed <= MAX_SEED, key, f"must be in [0, {MAX_SEED}] (2**32 - 1), got {seed}")
-    _require(run.device == "auto" or run.device == "cpu" or run.device.startswith("cuda"),
-             "device", f"must be auto, cpu, cuda or cuda:N, got {run.device!r}")
+    _require(
+        run.device == "auto" or run.device == "cpu" or run.device.startswith("cuda"),
+        "device",
+        f"must be auto, cpu, cuda or cuda:N, got {run.device!r}",
+    )
     s = run.precision.scaler
     _require(s.init_scale > 0, "precision.scaler.init_scale", f"must be > 0, got {s.init_scale}")
-    _require(0 < s.min_scale <= s.init_scale, "precision.scaler.min_scale",
-             f"must be in (0, init_scale={s.init_scale}], got {s.min_scale}")
+    _require(
+        0 < s.min_scale <= s.init_scale,
+        "precision.scaler.min_scale",
+        f"must be in (0, init_scale={s.init_scale}], got {s.min_scale}",
+    )
     _require(s.growth_factor >= 1, "precision.scaler.growth_factor", f"must be >= 1, got {s.growth_factor}")
     _require(0 < s.backoff_factor < 1, "precision.scaler.backoff_factor", f"must be in (0, 1), got {s.backoff_factor}")
     _require(s.growth_interval > 0, "precision.scaler.growth_interval", f"must be > 0, got {s.growth_interval}")
     _require(s.hysteresis >= 1, "precision.scaler.hysteresis", f"must be >= 1, got {s.hysteresis}")
-    _require(s.max_consecutive_skips >= 1, "precision.scaler.max_consecutive_skips",
-             f"must be >= 1, got {s.max_consecutive_skips}")
-    _require(not (run.compile and run.precision.cpu_gemm is CpuGemm.emulated), "precision.cpu_gemm",
-             "emulated is for eager runs; compile=true runs inductor's own kernels (use auto or native)")
+    _require(
+        s.max_consecutive_skips >= 1,
+        "precision.scaler.max_consecutive_skips",
+        f"must be >= 1, got {s.max_consecutive_skips}",
+    )
+    _require(
+        not (run.compile and run.precision.cpu_gemm is CpuGemm.emulated),
+        "precision.cpu_gemm",
+        "emulated is for eager runs; compile=true runs inductor's own kernels (use auto or native)",
+    )
     m = run.model
     _require(m.size in MODEL_SIZES, "model.size", f"unknown size {m.size!r}; choose one of {', '.join(MODEL_SIZES)}")
     _require(m.patch_size > 0, "model.patch_size", f"must be > 0, got {m.patch_size}")
@@ -488,16 +503,29 @@ def validate(run: RunConfig) -> RunConfig:
     synthetic = d.source is DataSource.synthetic
     for key in ("num_samples",) * synthetic + ("frames", "channels", "height", "width", "batch_size"):
         _require(getattr(d, key) > 0, f"data.{key}", f"must be > 0, got {getattr(d, key)}")
-    _require(d.height % m.patch_size == 0 and d.width % m.patch_size == 0, "model.patch_size",
-             f"{m.patch_size} must divide data.height={d.height} and data.width={d.width}")
+    _require(
+        d.height % m.patch_size == 0 and d.width % m.patch_size == 0,
+        "model.patch_size",
+        f"{m.patch_size} must divide data.height={d.height} and data.width={d.width}",
+    )
     if m.arch == Arch.dit:
-        _require(d.frames == 1, "data.frames", f"model.arch=dit trains on images: use data=synthetic_image (frames=1), got {d.frames}")
+        _require(
+            d.frames == 1,
+            "data.frames",
+            f"model.arch=dit trains on images: use data=synthetic_image (frames=1), got {d.frames}",
+        )
     _validate_diffusers(run)
     for i, f in enumerate(d.faults):
-        _require(0 <= f.index < d.num_samples, f"data.faults[{i}].index",
-                 f"must be in [0, data.num_samples={d.num_samples}), got {f.index}")
-        _require(f.kind in FaultKind.__members__, f"data.faults[{i}].kind",
-                 f"must be one of {', '.join(FaultKind.__members__)}, got {f.kind!r}")
+        _require(
+            0 <= f.index < d.num_samples,
+            f"data.faults[{i}].index",
+            f"must be in [0, data.num_samples={d.num_samples}), got {f.index}",
+        )
+        _require(
+            f.kind in FaultKind.__members__,
+            f"data.faults[{i}].kind",
+            f"must be one of {', '.join(FaultKind.__members__)}, got {f.kind!r}",
+        )
     _require(d.range_limit > 0, "data.range_limit", f"must be > 0, got {d.range_limit}")
     if d.source is not DataSource.synthetic:
         _require(bool(d.path), "data.path", f"data={d.source.value} reads a folder: set data.path=DIR")
@@ -505,8 +533,11 @@ def validate(run: RunConfig) -> RunConfig:
         _require(not d.faults, "data.faults", "fault injection is for synthetic data; a folder's bad files are real")
     o = run.optim
     _require(o.lr > 0, "optim.lr", f"must be > 0, got {o.lr}")
-    _require(len(o.betas) == 2 and all(0 <= b < 1 for b in o.betas), "optim.betas",
-             f"must be two numbers in [0, 1), got {list(o.betas)}")
+    _require(
+        len(o.betas) == 2 and all(0 <= b < 1 for b in o.betas),
+        "optim.betas",
+        f"must be two numbers in [0, 1), got {list(o.betas)}",
+    )
     _require(o.eps >= 0, "optim.eps", f"must be >= 0, got {o.eps}")
     _require(o.weight_decay >= 0, "optim.weight_decay", f"must be >= 0, got {o.weight_decay}")
     _require(o.warmup_steps >= 0, "optim.warmup_steps", f"must be >= 0, got {o.warmup_steps}")
@@ -531,12 +562,20 @@ def validate(run: RunConfig) -> RunConfig:
     c = run.checkpoint
     _require(c.every >= 0, "checkpoint.every", f"must be >= 0 (0 = never), got {c.every}")
     _require(c.keep >= 0, "checkpoint.keep", f"must be >= 0 (0 = keep all), got {c.keep}")
-    _require(c.inject in (None, "bitflip", "nan"), "checkpoint.inject", f"must be null, bitflip or nan, got {c.inject!r}")
-    _require(c.inject is None or c.resume_from or m.init_from, "checkpoint.inject",
-             "corrupts the file being loaded: set checkpoint.resume_from or model.init_from too")
+    _require(
+        c.inject in (None, "bitflip", "nan"), "checkpoint.inject", f"must be null, bitflip or nan, got {c.inject!r}"
+    )
+    _require(
+        c.inject is None or c.resume_from or m.init_from,
+        "checkpoint.inject",
+        "corrupts the file being loaded: set checkpoint.resume_from or model.init_from too",
+    )
     st = run.ledger.storage
-    _require(st is None or "://" in st or st.endswith((".log", ".jsonl", ".journal")), "ledger.storage",
-             f"must be a database URL (sqlite:///..., postgresql://...) or a journal file ending in .log, got {st!r}")
+    _require(
+        st is None or "://" in st or st.endswith((".log", ".jsonl", ".journal")),
+        "ledger.storage",
+        f"must be a database URL (sqlite:///..., postgresql://...) or a journal file ending in .log, got {st!r}",
+    )
     validate_pruner(run.ledger.pruner, "ledger.pruner")
     return run
 
@@ -559,8 +598,11 @@ def check_inputs(run: RunConfig) -> RunConfig:
     if init is not None:
         path = Path(init)
         _require(path.exists(), "model.init_from", f"no such file or directory: {init}")
-        _require(path.is_dir() or path.suffix in WEIGHT_SUFFIXES, "model.init_from",
-                 f"{init} is not a checkpoint directory or a {'/'.join(WEIGHT_SUFFIXES)} weights file")
+        _require(
+            path.is_dir() or path.suffix in WEIGHT_SUFFIXES,
+            "model.init_from",
+            f"{init} is not a checkpoint directory or a {'/'.join(WEIGHT_SUFFIXES)} weights file",
+        )
     resume = run.checkpoint.resume_from
     if resume is not None:
         _require(Path(resume).is_dir(), "checkpoint.resume_from", f"no such checkpoint directory: {resume}")
@@ -578,11 +620,17 @@ def check_output_dir(path: str, key: str) -> None:
     name_max, path_max = _path_limits(path)
     for part in Path(path).parts:
         size = len(os.fsencode(part))
-        _require(size <= name_max, key, f"a path component of {size} bytes is longer than the file system's "
-                 f"limit of {name_max}: {part[:24]}...")
+        _require(
+            size <= name_max,
+            key,
+            f"a path component of {size} bytes is longer than the file system's limit of {name_max}: {part[:24]}...",
+        )
     size = len(os.fsencode(os.path.abspath(path)))
-    _require(size + ROOM_INSIDE <= path_max, key,
-             f"the path is {size} bytes; the file system allows {path_max} with the files a run writes inside")
+    _require(
+        size + ROOM_INSIDE <= path_max,
+        key,
+        f"the path is {size} bytes; the file system allows {path_max} with the files a run writes inside",
+    )
 
 
 def _path_limits(path: str) -> tuple[int, int]:
@@ -597,8 +645,13 @@ def _path_limits(path: str) -> tuple[int, int]:
 
 
 def validate_pruner(p: PrunerConfig, key: str) -> PrunerConfig:
-    """Reject pruner settings Optuna would refuse mid-run; `key` is where they came from (ledger.pruner, hydra.sweeper.pruner)."""
-    _require(p.name in PRUNERS, f"{key}.name", f"must be one of {', '.join(PRUNERS)}, got {getattr(p.name, 'value', p.name)!r}")
+    """Reject pruner settings Optuna would refuse mid-run; `key` is where they came from (ledger.pruner,
+    hydra.sweeper.pruner)."""
+    _require(
+        p.name in PRUNERS,
+        f"{key}.name",
+        f"must be one of {', '.join(PRUNERS)}, got {getattr(p.name, 'value', p.name)!r}",
+    )
     p = dataclasses.replace(p, name=PrunerName(p.name))
     _require(p.report_every > 0, f"{key}.report_every", f"must be > 0, got {p.report_every}")
     for field_name in ("n_startup_trials", "n_warmup_steps", "min_early_stopping_rate"):
@@ -606,13 +659,29 @@ def validate_pruner(p: PrunerConfig, key: str) -> PrunerConfig:
     _require(p.n_min_trials >= 1, f"{key}.n_min_trials", f"must be >= 1, got {p.n_min_trials}")
     _require(0 < p.percentile < 100, f"{key}.percentile", f"must be in (0, 100), got {p.percentile}")
     if p.name == "threshold":
-        _require(p.lower is not None or p.upper is not None, f"{key}.upper", "the threshold pruner needs upper or lower")
-    _require(p.lower is None or p.upper is None or p.lower < p.upper, f"{key}.lower",
-             f"must be < upper={p.upper}, got {p.lower}")
-    _require(p.min_resource is None or p.min_resource >= 1, f"{key}.min_resource", f"must be >= 1 or null, got {p.min_resource}")
-    _require(p.max_resource is None or p.max_resource >= 1, f"{key}.max_resource", f"must be >= 1 or null, got {p.max_resource}")
-    _require(p.reduction_factor is None or p.reduction_factor >= 2, f"{key}.reduction_factor",
-             f"must be >= 2 or null, got {p.reduction_factor}")
+        _require(
+            p.lower is not None or p.upper is not None, f"{key}.upper", "the threshold pruner needs upper or lower"
+        )
+    _require(
+        p.lower is None or p.upper is None or p.lower < p.upper,
+        f"{key}.lower",
+        f"must be < upper={p.upper}, got {p.lower}",
+    )
+    _require(
+        p.min_resource is None or p.min_resource >= 1,
+        f"{key}.min_resource",
+        f"must be >= 1 or null, got {p.min_resource}",
+    )
+    _require(
+        p.max_resource is None or p.max_resource >= 1,
+        f"{key}.max_resource",
+        f"must be >= 1 or null, got {p.max_resource}",
+    )
+    _require(
+        p.reduction_factor is None or p.reduction_factor >= 2,
+        f"{key}.reduction_factor",
+        f"must be >= 2 or null, got {p.reduction_factor}",
+    )
     return p
 
 
@@ -620,18 +689,36 @@ def _validate_diffusers(run: RunConfig) -> None:
     """model.name and the data shape a tiny diffusers transformer needs (models/diffusers_zoo.py)."""
     m, d = run.model, run.data
     if m.arch != Arch.diffusers:
-        _require(m.name is None, "model.name", f"names a diffusers model: only with model.arch=diffusers, got {m.name!r}")
+        _require(
+            m.name is None, "model.name", f"names a diffusers model: only with model.arch=diffusers, got {m.name!r}"
+        )
         return
     from models.diffusers_zoo import ZOO
 
     _require(m.name in ZOO, "model.name", f"unknown diffusers model {m.name!r}; choose one of {', '.join(ZOO)}")
-    _require(m.size == "tiny", "model.size", f"diffusers models have one size, tiny (models/diffusers_zoo.py), got {m.size!r}")
-    _require(not m.qk_norm, "model.qk_norm", "diffusers models keep their own query/key norm (models/diffusers_zoo.py): must be false")
+    _require(
+        m.size == "tiny",
+        "model.size",
+        f"diffusers models have one size, tiny (models/diffusers_zoo.py), got {m.size!r}",
+    )
+    _require(
+        not m.qk_norm,
+        "model.qk_norm",
+        "diffusers models keep their own query/key norm (models/diffusers_zoo.py): must be false",
+    )
     _require(m.qk_gain == 1.0, "model.qk_gain", f"is implemented for the native models only, got {m.qk_gain}")
     if m.is_image:
-        _require(d.frames == 1, "data.frames", f"model.name={m.name} trains on images: use data=synthetic_image (frames=1), got {d.frames}")
+        _require(
+            d.frames == 1,
+            "data.frames",
+            f"model.name={m.name} trains on images: use data=synthetic_image (frames=1), got {d.frames}",
+        )
     else:
-        _require(d.frames > 1, "data.frames", f"model.name={m.name} is a video model: use data=synthetic_video (frames > 1), got {d.frames}")
+        _require(
+            d.frames > 1,
+            "data.frames",
+            f"model.name={m.name} is a video model: use data=synthetic_video (frames > 1), got {d.frames}",
+        )
 
 
 def enum_choices(dotted_key: str) -> Optional[list]:

@@ -66,8 +66,14 @@ class SampleResult:
 
     def to_dict(self) -> dict:
         return {
-            "path": self.path, "key": self.key, "source": self.source, "shape": self.shape, "dtype": self.dtype,
-            "min": _json_float(self.min), "max": _json_float(self.max), "ok": self.ok,
+            "path": self.path,
+            "key": self.key,
+            "source": self.source,
+            "shape": self.shape,
+            "dtype": self.dtype,
+            "min": _json_float(self.min),
+            "max": _json_float(self.max),
+            "ok": self.ok,
             "problems": [p.to_dict() for p in self.problems],
         }
 
@@ -109,12 +115,19 @@ def examine_file(path: Path, root: Path, limit: float, constant_tol: float) -> l
     for (key, x), cut in zip(items, notes):
         problems = [SampleProblem("truncated", cut)] if cut else []
         found, stats = check_sample(x, limit, constant_tol)
-        results.append(SampleResult(
-            rel, key=key if len(items) > 1 else "", source=source, shape=list(x.shape),
-            dtype=str(x.dtype).removeprefix("torch."),
-            min=stats.min if stats else None, max=stats.max if stats else None, problems=problems + found,
-            group=source if source == "video" else (key if len(items) > 1 else "latent"),
-        ))
+        results.append(
+            SampleResult(
+                rel,
+                key=key if len(items) > 1 else "",
+                source=source,
+                shape=list(x.shape),
+                dtype=str(x.dtype).removeprefix("torch."),
+                min=stats.min if stats else None,
+                max=stats.max if stats else None,
+                problems=problems + found,
+                group=source if source == "video" else (key if len(items) > 1 else "latent"),
+            )
+        )
     return results
 
 
@@ -171,8 +184,10 @@ def write_report(report: dict, candidates: list[Path]) -> Path | None:
 def format_summary(root: Path, results: list[SampleResult], n_files: int) -> str:
     """Counts per problem kind, then one line per bad sample."""
     bad = [r for r in results if not r.ok]
-    lines = [f"doctor: {len(results)} samples in {n_files} files under {root}: "
-             + (f"{len(bad)} bad" if bad else "all clean")]
+    lines = [
+        f"doctor: {len(results)} samples in {n_files} files under {root}: "
+        + (f"{len(bad)} bad" if bad else "all clean")
+    ]
     if not bad:
         return "\n".join(lines)
     counts = Counter(p.kind for r in bad for p in {p.kind: p for p in r.problems}.values())
@@ -195,19 +210,38 @@ def build_parser() -> argparse.ArgumentParser:
         "or poison training: unreadable/truncated/empty files, NaN/Inf, values outside [-limit, limit], "
         "wrong shapes or frame counts, constant clips. Exit status: 0 clean, 1 problems found, 2 usage error.",
     )
-    parser.add_argument("path", help="dataset folder (or one file): videos (.mp4 .webm .mkv .avi .mov ...) decoded "
-                        "with PyAV and mapped to [-1, 1]; latents (.safetensors .pt .pth .npy .npz)")
-    parser.add_argument("--json", metavar="FILE", help=f"where to write the per-sample JSON report "
-                        f"(default: PATH/{REPORT_NAME}, or ./{REPORT_NAME} when PATH is not writable)")
-    parser.add_argument("--limit", type=float, default=RANGE_LIMIT,
-                        help="values with |x| above this are out of range (default %(default)s, the training "
-                        "loop's data.range_limit; VAE latents not scaled to [-1, 1] need a larger one)")
-    parser.add_argument("--constant-tol", type=float, default=CONSTANT_TOL,
-                        help="a sample whose max - min is at most this is constant (default %(default)s)")
+    parser.add_argument(
+        "path",
+        help="dataset folder (or one file): videos (.mp4 .webm .mkv .avi .mov ...) decoded "
+        "with PyAV and mapped to [-1, 1]; latents (.safetensors .pt .pth .npy .npz)",
+    )
+    parser.add_argument(
+        "--json",
+        metavar="FILE",
+        help=f"where to write the per-sample JSON report "
+        f"(default: PATH/{REPORT_NAME}, or ./{REPORT_NAME} when PATH is not writable)",
+    )
+    parser.add_argument(
+        "--limit",
+        type=float,
+        default=RANGE_LIMIT,
+        help="values with |x| above this are out of range (default %(default)s, the training "
+        "loop's data.range_limit; VAE latents not scaled to [-1, 1] need a larger one)",
+    )
+    parser.add_argument(
+        "--constant-tol",
+        type=float,
+        default=CONSTANT_TOL,
+        help="a sample whose max - min is at most this is constant (default %(default)s)",
+    )
     for dim in _DIMS:
-        parser.add_argument(f"--{dim}", type=int, metavar="N",
-                            help=f"expected {dim} of every sample, in the (C, F, H, W) / (C, H, W) layout "
-                            "(default: compare with the majority of the folder)")
+        parser.add_argument(
+            f"--{dim}",
+            type=int,
+            metavar="N",
+            help=f"expected {dim} of every sample, in the (C, F, H, W) / (C, H, W) layout "
+            "(default: compare with the majority of the folder)",
+        )
     return parser
 
 

@@ -5,6 +5,7 @@ raise into that line (`config_error_line`); code Hydra calls, where a raised err
 __main__ as it is, exits through `exiting_on_config_error`: the task function (Hydra prints its own
 report first) and callbacks (Hydra turns their exceptions into a warning and goes on).
 """
+
 from __future__ import annotations
 
 import contextlib

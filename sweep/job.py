@@ -6,6 +6,7 @@ over to sweep.run.execute.execute, then records the run in the ledger (sweep.sea
 mistake: one line on stderr and exit status 2 (sweep/errors.py). Anything that happens during the run is a result,
 never an exception.
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -66,8 +67,15 @@ def job_spec(cfg: DictConfig) -> JobSpec:
     run_dir = Path(hc.runtime.output_dir)
     hold_run_dir(run_dir)  # a report tells this job (running) from a killed one (interrupted); finish_job releases
     multirun = hc.mode.name == "MULTIRUN"
-    return JobSpec(run, run_dir, Path(hc.sweep.dir if multirun else run_dir), params,
-                   " ".join(f"{k}={v}" for k, v in params.items()), hc.job.num if multirun else 0, multirun)
+    return JobSpec(
+        run,
+        run_dir,
+        Path(hc.sweep.dir if multirun else run_dir),
+        params,
+        " ".join(f"{k}={v}" for k, v in params.items()),
+        hc.job.num if multirun else 0,
+        multirun,
+    )
 
 
 def job_spec_task(cfg: DictConfig) -> JobSpec:
@@ -130,4 +138,6 @@ def record(run: RunConfig, sweep_dir: Path, run_dir: Path, result: dict) -> None
         record_run(run.ledger, sweep_dir, run_dir, result, group_or_enum_choices, run.monitor.spike_factor)
     except Exception as e:  # noqa: BLE001
         url = mask_url(storage_url(run.ledger, sweep_dir))
-        log.error("ledger: could not record %s in %s: %s", run_dir, url, str(e).replace(run.ledger.storage or "\0", url))
+        log.error(
+            "ledger: could not record %s in %s: %s", run_dir, url, str(e).replace(run.ledger.storage or "\0", url)
+        )

@@ -11,6 +11,7 @@ computed in fp32 (eager modulate, SDPA math attention), for batch sizes 1..4 (a 
 bug only shows at batch >= 2) in fp32, bf16 and fp16, with per-dtype tolerances. Prints a table;
 exit status 1 on any mismatch, 2 on a usage error.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -24,8 +25,10 @@ from models import ATTENTION_BACKENDS, MODULATE_IMPLS, attend, backend_unavailab
 
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
 # max |candidate - reference| <= atol + rtol * |reference|, per dtype (about a few ulps of the dtype)
-TOLERANCE = {"modulate": {"fp32": 1e-5, "bf16": 2e-2, "fp16": 3e-3},
-             "attention": {"fp32": 1e-4, "bf16": 5e-2, "fp16": 1e-2}}
+TOLERANCE = {
+    "modulate": {"fp32": 1e-5, "bf16": 2e-2, "fp16": 3e-3},
+    "attention": {"fp32": 1e-4, "bf16": 5e-2, "fp16": 1e-2},
+}
 
 
 def resolve(kind: str, spec: str) -> Callable:
@@ -44,8 +47,11 @@ def resolve(kind: str, spec: str) -> Callable:
 
 def _inputs(kind: str, batch: int, gen: torch.Generator) -> list[torch.Tensor]:
     if kind == "modulate":
-        return [torch.randn(batch, 16, 32, generator=gen), 0.5 * torch.randn(batch, 32, generator=gen),
-                0.5 * torch.randn(batch, 32, generator=gen)]
+        return [
+            torch.randn(batch, 16, 32, generator=gen),
+            0.5 * torch.randn(batch, 32, generator=gen),
+            0.5 * torch.randn(batch, 32, generator=gen),
+        ]
     return [torch.randn(batch, 2, 16, 8, generator=gen) for _ in range(3)]
 
 
@@ -78,11 +84,16 @@ def check(kind: str, fn: Callable, dtype_name: str, batch: int, seed: int = 0) -
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m sweep.parity", description=__doc__.split("\n\n")[0],
-                                 formatter_class=argparse.RawDescriptionHelpFormatter,
-                                 epilog="\n\n".join(__doc__.split("\n\n")[1:]))
+    ap = argparse.ArgumentParser(
+        prog="python -m sweep.parity",
+        description=__doc__.split("\n\n")[0],
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+        epilog="\n\n".join(__doc__.split("\n\n")[1:]),
+    )
     ap.add_argument("--modulate", nargs="*", default=None, help="modulate impls or module:function (default: ours)")
-    ap.add_argument("--attention", nargs="*", default=None, help="attention backends or module:function (default: ours)")
+    ap.add_argument(
+        "--attention", nargs="*", default=None, help="attention backends or module:function (default: ours)"
+    )
     ap.add_argument("--dtypes", default="fp32,bf16,fp16")
     ap.add_argument("--batches", default="1,2,3,4")
     args = ap.parse_args(argv)
@@ -103,7 +114,11 @@ def main(argv: list[str] | None = None) -> int:
     print(f"{'kind':<10}{'candidate':<24}{'dtype':<6}{'batch':>6}{'fwd err/tol':>13}{'bwd err/tol':>13}  result")
     for (kind, spec), fn in fns.items():
         for dtype in dtypes:
-            if kind == "attention" and ":" not in spec and backend_unavailable_reason(spec, torch.device("cpu"), DTYPES[dtype]):
+            if (
+                kind == "attention"
+                and ":" not in spec
+                and backend_unavailable_reason(spec, torch.device("cpu"), DTYPES[dtype])
+            ):
                 print(f"{kind:<10}{spec:<24}{dtype:<6}{'':>6}{'':>13}{'':>13}  skipped (not available on CPU)")
                 continue
             for batch in batches:

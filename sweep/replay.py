@@ -10,6 +10,7 @@ A run that did not diverge has nothing to replay unless `--step N` asks for a st
 replay says whether the values stayed finite. `--step` must be a step the run ran (0 to steps_run - 1):
 anything else is one line and exit status 2, never a retrain of that many steps.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -38,7 +39,10 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
     run_dir: Path = args.run_dir
     if not (run_dir / RESULT_FILE).is_file() or not (run_dir / ".hydra" / "config.yaml").is_file():
-        print(f"sweep.replay: {run_dir} is not a run directory (needs result.json and .hydra/config.yaml)", file=sys.stderr)
+        print(
+            f"sweep.replay: {run_dir} is not a run directory (needs result.json and .hydra/config.yaml)",
+            file=sys.stderr,
+        )
         return 2
     try:
         run = load_run(run_dir)
@@ -48,21 +52,33 @@ def main(argv: list[str] | None = None) -> int:
     result = json.loads((run_dir / RESULT_FILE).read_text())
     steps_run = result.get("steps_run") or 0
     if args.step is not None and not 0 <= args.step < steps_run:
-        print(f"sweep.replay: --step {args.step}: {run_dir} ran steps 0 to {steps_run - 1}" if steps_run
-              else f"sweep.replay: --step {args.step}: {run_dir} ran no step", file=sys.stderr)
+        print(
+            f"sweep.replay: --step {args.step}: {run_dir} ran steps 0 to {steps_run - 1}"
+            if steps_run
+            else f"sweep.replay: --step {args.step}: {run_dir} ran no step",
+            file=sys.stderr,
+        )
         return 2
     diverged = result.get("status") == "diverged"
     if args.step is None and not diverged:
-        print(f"{run_dir}: {result.get('status')} after {steps_run} steps - nothing went non-finite, nothing to "
-              "replay (--step N probes a step's overflow headroom)")
+        print(
+            f"{run_dir}: {result.get('status')} after {steps_run} steps - nothing went non-finite, nothing to "
+            "replay (--step N probes a step's overflow headroom)"
+        )
         return 0
-    step = args.step if args.step is not None else (
-        result.get("first_bad_step") if result.get("first_bad_step") is not None else max(0, steps_run - 1))
+    step = (
+        args.step
+        if args.step is not None
+        else (result.get("first_bad_step") if result.get("first_bad_step") is not None else max(0, steps_run - 1))
+    )
     # A stable run has no verdict: the replay blames only what it sees go non-finite.
     cause, headroom = locate(run, result.get("verdict") if diverged else None, step, resolve_device(run.device))
     print(f"{run_dir}: {result['status']} {result.get('verdict') or ''} - probed step {step}")
-    print(f"cause: {cause.where} / {cause.module} / {cause.detail}" if cause
-          else "cause: nothing non-finite at that step (the values stayed finite)")
+    print(
+        f"cause: {cause.where} / {cause.module} / {cause.detail}"
+        if cause
+        else "cause: nothing non-finite at that step (the values stayed finite)"
+    )
     print("closest to overflow (max |activation| / dtype max):")
     for h in headroom:
         print(f"  {h['module']:<32} {h['headroom']:>9.3g}  amax {h['amax']:.3g} ({h['dtype']})")

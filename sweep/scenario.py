@@ -14,6 +14,7 @@ A scenario that fine-tunes or resumes "pretrained" weights sets `pretrain_steps`
 the scenario's model trains that long and saves `<sweep dir>/pretrained/checkpoints/step_<N>`;
 `pretrain_overrides` (dotted keys) say how that earlier stage differed, e.g. a larger batch.
 """
+
 from __future__ import annotations
 
 import copy
@@ -56,9 +57,13 @@ def pretrain(run: RunConfig, sweep_dir: Path) -> Path | None:
     if ckpt.is_dir():  # a resumed sweep keeps the weights its finished runs started from
         return ckpt
     base = dataclasses.replace(
-        run, steps=steps, model=dataclasses.replace(run.model, init_from=None),
+        run,
+        steps=steps,
+        model=dataclasses.replace(run.model, init_from=None),
         checkpoint=dataclasses.replace(run.checkpoint, every=steps, keep=1, resume_from=None, inject=None),
-        data=dataclasses.replace(run.data, faults=[]), ledger=dataclasses.replace(run.ledger, enabled=False))
+        data=dataclasses.replace(run.data, faults=[]),
+        ledger=dataclasses.replace(run.ledger, enabled=False),
+    )
     result = execute(base, out, params={}, label="pretrain")
     (out / "result.json").replace(out / "pretrain.json")  # not a cell of the sweep
     (out / "metrics.csv").unlink(missing_ok=True)
@@ -91,7 +96,9 @@ class Outcome:
         want += f", modulate kernel parity {e.modulate_parity}" if e.modulate_parity else ""
         mark = "ok  " if self.ok else "FAIL"
         head = f"{mark} {when}: {want}: {self.matched - len(self.failures)}/{self.matched} runs"
-        return head + "".join(f"\n       {f}" for f in self.failures[:4]) + ("" if self.matched else " (no run matched)")
+        return (
+            head + "".join(f"\n       {f}" for f in self.failures[:4]) + ("" if self.matched else " (no run matched)")
+        )
 
 
 def _same(a, b) -> bool:
@@ -121,17 +128,22 @@ def check(expects: list[ScenarioExpect], results: list[dict]) -> list[Outcome]:
             logit = r.get("max_attn_logit")
             impl = (r.get("params") or {}).get("modulate")
             parity = modulate_parity(str(impl)) if e.modulate_parity and impl is not None else None
-            bad = (got[0] != e.status or (e.verdict and got[1] != e.verdict)
-                   or (e.cause_where and got[2] != e.cause_where)
-                   or (e.cause_module and not got[3].startswith(e.cause_module))
-                   or (e.max_attn_logit_above is not None and not (logit is not None and logit > e.max_attn_logit_above))
-                   or (e.max_attn_logit_below is not None and not (logit is not None and logit < e.max_attn_logit_below))
-                   or (e.modulate_parity and parity != e.modulate_parity))
+            bad = (
+                got[0] != e.status
+                or (e.verdict and got[1] != e.verdict)
+                or (e.cause_where and got[2] != e.cause_where)
+                or (e.cause_module and not got[3].startswith(e.cause_module))
+                or (e.max_attn_logit_above is not None and not (logit is not None and logit > e.max_attn_logit_above))
+                or (e.max_attn_logit_below is not None and not (logit is not None and logit < e.max_attn_logit_below))
+                or (e.modulate_parity and parity != e.modulate_parity)
+            )
             if bad:
                 label = " ".join(f"{k}={v}" for k, v in (r.get("params") or {}).items())
-                failures.append(f"{label}: got {got[0]} {got[1] or ''} at step {r.get('first_bad_step')} "
-                                f"(cause {got[2]}/{got[3] or '-'}, max attention logit {logit}"
-                                + (f", modulate parity {parity})" if e.modulate_parity else ")"))
+                failures.append(
+                    f"{label}: got {got[0]} {got[1] or ''} at step {r.get('first_bad_step')} "
+                    f"(cause {got[2]}/{got[3] or '-'}, max attention logit {logit}"
+                    + (f", modulate parity {parity})" if e.modulate_parity else ")")
+                )
         steps = {r.get("first_bad_step") for r in runs}
         if e.same_step and len(steps) > 1:
             failures.append(f"first_bad_step differs between runs: {sorted(steps, key=str)}")
@@ -141,8 +153,10 @@ def check(expects: list[ScenarioExpect], results: list[dict]) -> list[Outcome]:
 
 def render(scenario: ScenarioConfig, outcomes: list[Outcome]) -> str:
     reproduced = all(o.ok for o in outcomes)
-    lines = [f"Scenario {scenario.name}: {'REPRODUCED' if reproduced else 'NOT reproduced'}",
-             f"  case: {scenario.case}"]
+    lines = [
+        f"Scenario {scenario.name}: {'REPRODUCED' if reproduced else 'NOT reproduced'}",
+        f"  case: {scenario.case}",
+    ]
     lines += [f"  {o.describe()}" for o in outcomes]
     lines.append(f"  fix: {scenario.fix}")
     return "\n".join(lines)
@@ -150,11 +164,22 @@ def render(scenario: ScenarioConfig, outcomes: list[Outcome]) -> str:
 
 def write(sweep_dir: Path, scenario: ScenarioConfig, outcomes: list[Outcome]) -> Path:
     path = Path(sweep_dir) / "scenario.json"
-    path.write_text(json.dumps({
-        "name": scenario.name, "case": scenario.case, "fix": scenario.fix,
-        "reproduced": all(o.ok for o in outcomes),
-        "expectations": [{**dataclasses.asdict(o.expect), "matched": o.matched, "ok": o.ok, "failures": o.failures}
-                         for o in outcomes]}, indent=2) + "\n")
+    path.write_text(
+        json.dumps(
+            {
+                "name": scenario.name,
+                "case": scenario.case,
+                "fix": scenario.fix,
+                "reproduced": all(o.ok for o in outcomes),
+                "expectations": [
+                    {**dataclasses.asdict(o.expect), "matched": o.matched, "ok": o.ok, "failures": o.failures}
+                    for o in outcomes
+                ],
+            },
+            indent=2,
+        )
+        + "\n"
+    )
     return path
 
 

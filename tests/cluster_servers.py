@@ -3,6 +3,7 @@
 Import the fixtures into a test module (`from .cluster_servers import postgres_url`). The scripts are
 idempotent: the first call installs and starts, later calls only print what is running.
 """
+
 from __future__ import annotations
 
 import os
@@ -31,8 +32,17 @@ def postgres_url() -> str:
 
 def sweep_cmd(sweep_dir, *args) -> list[str]:
     """`python -m sweep -m` with our Optuna sweeper, small fast runs, one thread per run."""
-    return [sys.executable, "-m", "sweep", "-m", "hydra/sweeper=optuna_sweep", *FAST, "threads=1",
-            f"hydra.sweep.dir={sweep_dir}", *args]
+    return [
+        sys.executable,
+        "-m",
+        "sweep",
+        "-m",
+        "hydra/sweeper=optuna_sweep",
+        *FAST,
+        "threads=1",
+        f"hydra.sweep.dir={sweep_dir}",
+        *args,
+    ]
 
 
 def sweep_env(ledger_url: str | None = None) -> dict:

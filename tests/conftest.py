@@ -1,4 +1,5 @@
 """Shared test helpers: compose a RunConfig from the real conf/ tree, exactly as `python -m sweep` does."""
+
 from __future__ import annotations
 
 import os
@@ -38,8 +39,11 @@ def multirun_in_process(sweep_dir: Path, *overrides: str) -> list:
     try:
         with initialize_config_dir(config_dir=CONF_DIR, version_base="1.3"):
             return GlobalHydra.instance().hydra.multirun(
-                config_name="config", task_function=run_job, with_log_configuration=False,
-                overrides=["hydra.mode=MULTIRUN", *FAST, "threads=1", f"hydra.sweep.dir={sweep_dir}", *overrides])
+                config_name="config",
+                task_function=run_job,
+                with_log_configuration=False,
+                overrides=["hydra.mode=MULTIRUN", *FAST, "threads=1", f"hydra.sweep.dir={sweep_dir}", *overrides],
+            )
     finally:
         GlobalHydra.instance().clear()
 

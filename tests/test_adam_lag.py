@@ -1,4 +1,5 @@
 """sweep.run.adam_lag: AdamW's second moment rolled back to where a spike began, against the gradients before it."""
+
 from __future__ import annotations
 
 import json
@@ -19,7 +20,7 @@ def adamw_run(noise: list[float], beta2: float, clip: float = 0.0, seed: int = 0
         for p in params:
             p.grad = scale * torch.randn_like(p)
         norm = torch.linalg.vector_norm(torch.stack([p.grad.norm() for p in params])).item()
-        sq.append(norm ** 2)
+        sq.append(norm**2)
         if clip:
             torch.nn.utils.clip_grad_norm_(params, clip)
         opt.step()
@@ -33,11 +34,11 @@ def test_the_rolled_back_sum_is_the_one_the_optimizer_had(clip):
     after, sq = adamw_run(noise, beta2=0.999, clip=clip)
     first_bad, verdict_step = 44, 49  # the verdict step's own update is never applied
     v_sum, steps, beta2 = after[verdict_step - 1]
-    recent = list(enumerate(sq))[verdict_step + 1 - 32:verdict_step + 1]  # the monitor's, the verdict step's included
+    recent = list(enumerate(sq))[verdict_step + 1 - 32 : verdict_step + 1]  # the monitor's, the verdict step's included
     ratio, n = lag_ratio(v_sum, steps, beta2, recent, first_bad, verdict_step, clip)
     v_then, steps_then, _ = after[first_bad - 1]
-    capped = [min(q, clip ** 2) if clip else q for q in sq]
-    want = sum(capped[verdict_step + 1 - 32:first_bad]) / n / (v_then / (1 - beta2 ** steps_then))
+    capped = [min(q, clip**2) if clip else q for q in sq]
+    want = sum(capped[verdict_step + 1 - 32 : first_bad]) / n / (v_then / (1 - beta2**steps_then))
     assert n == first_bad - (verdict_step + 1 - 32) and steps == 49 and steps_then == 44
     assert ratio == pytest.approx(want, rel=1e-5)
 
@@ -72,7 +73,7 @@ def test_the_monitor_keeps_the_recent_norms_across_a_checkpoint():
     for step in range(40):
         m.observe(step, 0.5, float(step), ScalerEvent.step)
     m.observe(40, 0.5, float("inf"), ScalerEvent.skip)  # a non-finite norm is no update: not kept
-    assert [s for s, _ in m.recent_sq] == list(range(8, 40)) and m.recent_sq[-1] == (39, 39.0 ** 2)
+    assert [s for s, _ in m.recent_sq] == list(range(8, 40)) and m.recent_sq[-1] == (39, 39.0**2)
     numbers, tensors = m.state_dict()
     again = DivergenceMonitor(cfg)
     again.load_state_dict(json.loads(json.dumps(numbers)), tensors)

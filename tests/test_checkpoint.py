@@ -1,4 +1,5 @@
 """Checkpoints: bit-identical resume, verified loads, and corrupt files refused before any step."""
+
 from __future__ import annotations
 
 import csv
@@ -32,8 +33,11 @@ def trained(tmp_path_factory):
 def test_resume_gives_the_same_losses_bit_for_bit(trained, tmp_path):
     ckpt = trained / "checkpoints" / "step_000006"
     assert json.loads((ckpt / "manifest.json").read_text())["step"] == 6
-    r = execute(make_run("precision=fp16_amp", "steps=12", "optim.lr=1e-3", f"checkpoint.resume_from={ckpt}"),
-                tmp_path, params={})
+    r = execute(
+        make_run("precision=fp16_amp", "steps=12", "optim.lr=1e-3", f"checkpoint.resume_from={ckpt}"),
+        tmp_path,
+        params={},
+    )
     assert (r.status, r.start_step, r.steps_run, r.loaded) == ("stable", 6, 6, str(ckpt))
     full, resumed = losses(trained), losses(tmp_path)
     assert sorted(resumed) == list(range(6, 12))
@@ -45,8 +49,13 @@ def test_resume_without_the_optimizer_state_starts_adamw_afresh(trained, tmp_pat
     from sweep.run.precision import PrecisionPolicy
 
     ckpt = trained / "checkpoints" / "step_000006"
-    run = make_run("precision=fp16_amp", "steps=12", "optim.lr=1e-3", f"checkpoint.resume_from={ckpt}",
-                   "checkpoint.resume_optimizer=false")
+    run = make_run(
+        "precision=fp16_amp",
+        "steps=12",
+        "optim.lr=1e-3",
+        f"checkpoint.resume_from={ckpt}",
+        "checkpoint.resume_optimizer=false",
+    )
     parts = build_parts(run, resolve_device("cpu"), PrecisionPolicy.from_config(run.precision))
     assert parts.start_step == 6 and not parts.optimizer.state  # weights resumed, moments and step count not
     r = execute(run, tmp_path, params={})
@@ -64,8 +73,17 @@ def test_keep_prunes_old_checkpoints(tmp_path):
 @pytest.mark.parametrize("kind", ["bitflip", "nan"])
 def test_a_corrupted_checkpoint_is_refused_before_any_step(trained, tmp_path, kind):
     ckpt = trained / "checkpoints" / "step_000006"
-    r = execute(make_run("precision=fp16_amp", "steps=12", f"checkpoint.resume_from={ckpt}", f"checkpoint.inject={kind}",
-                         "checkpoint.inject_tensor=blocks.1.attn.qkv.weight"), tmp_path, params={})
+    r = execute(
+        make_run(
+            "precision=fp16_amp",
+            "steps=12",
+            f"checkpoint.resume_from={ckpt}",
+            f"checkpoint.inject={kind}",
+            "checkpoint.inject_tensor=blocks.1.attn.qkv.weight",
+        ),
+        tmp_path,
+        params={},
+    )
     assert (r.status, r.verdict, r.first_bad_step, r.steps_run) == ("diverged", "corrupt_checkpoint", 6, 0)
     assert r.cause["where"] == "checkpoint" and r.cause["module"] == "blocks.1.attn.qkv.weight"
     assert r.cause["detail"].startswith("model.safetensors: SHA-256 mismatch in tensor blocks.1.attn.qkv.weight")
@@ -75,9 +93,18 @@ def test_a_corrupted_checkpoint_is_refused_before_any_step(trained, tmp_path, ki
 def test_unverified_nan_checkpoint_collapses_the_loss_scale_and_is_traced_to_the_weights(trained, tmp_path):
     """The Hallo case: load a corrupted file without checking; NaN predictions; the scaler halves to its floor."""
     ckpt = trained / "checkpoints" / "step_000006"
-    r = execute(make_run("precision=fp16_amp", "steps=60", f"checkpoint.resume_from={ckpt}", "checkpoint.inject=nan",
-                         "checkpoint.verify=false", "checkpoint.inject_tensor=blocks.1.attn.qkv.weight"),
-                tmp_path, params={})
+    r = execute(
+        make_run(
+            "precision=fp16_amp",
+            "steps=60",
+            f"checkpoint.resume_from={ckpt}",
+            "checkpoint.inject=nan",
+            "checkpoint.verify=false",
+            "checkpoint.inject_tensor=blocks.1.attn.qkv.weight",
+        ),
+        tmp_path,
+        params={},
+    )
     assert (r.status, r.verdict) == ("diverged", "scale_collapse")
     assert (r.cause["where"], r.cause["module"]) == ("checkpoint", "blocks.1.attn.qkv"), r.cause
     scales = [float(row[2]) for _, row in sorted(losses(tmp_path).items())]
@@ -88,7 +115,9 @@ def test_init_from_loads_weights_and_scans_a_bare_file(tmp_path):
     model = build_model("video_dit", "tiny", input_size=8, in_channels=3, num_frames=4)
     state = {k: v.contiguous() for k, v in model.state_dict().items()}
     save_file(state, tmp_path / "pretrained.safetensors")
-    r = execute(make_run("steps=2", f"model.init_from={tmp_path / 'pretrained.safetensors'}"), tmp_path / "a", params={})
+    r = execute(
+        make_run("steps=2", f"model.init_from={tmp_path / 'pretrained.safetensors'}"), tmp_path / "a", params={}
+    )
     assert r.status == "stable" and r.loaded.endswith("pretrained.safetensors")
     state["blocks.2.mlp.fc1.weight"][0, 0] = float("inf")
     save_file(state, tmp_path / "bad.safetensors")  # no manifest: only the scan can catch it, and does
@@ -128,7 +157,12 @@ def test_an_empty_or_foreign_safetensors_file_is_a_corrupt_checkpoint(tmp_path, 
     path = tmp_path / "w.safetensors"
     path.write_bytes(content)
     r = execute(make_run("steps=2", f"model.init_from={path}"), tmp_path / "run", params={})
-    assert (r.status, r.verdict, r.first_bad_step, r.cause["where"]) == ("diverged", "corrupt_checkpoint", 0, "checkpoint")
+    assert (r.status, r.verdict, r.first_bad_step, r.cause["where"]) == (
+        "diverged",
+        "corrupt_checkpoint",
+        0,
+        "checkpoint",
+    )
     assert f"empty or corrupt weights file {path}" in r.cause["detail"], r.cause
 
 
@@ -141,10 +175,13 @@ def test_a_manifest_entry_without_size_or_sum_is_a_corrupt_checkpoint(trained, t
     manifest = json.loads((ckpt / "manifest.json").read_text())
     del manifest["files"]["model.safetensors"][drop]
     (ckpt / "manifest.json").write_text(json.dumps(manifest))
-    r = execute(make_run("precision=fp16_amp", "steps=8", f"checkpoint.resume_from={ckpt}"), tmp_path / "run", params={})
+    r = execute(
+        make_run("precision=fp16_amp", "steps=8", f"checkpoint.resume_from={ckpt}"), tmp_path / "run", params={}
+    )
     assert (r.verdict, r.cause["where"]) == ("corrupt_checkpoint", "checkpoint"), r.reason
     assert r.cause["detail"] == f"model.safetensors: its manifest.json entry has no '{drop}'" + (
-        " (the file size) to verify against" if drop == "bytes" else " to verify against")
+        " (the file size) to verify against" if drop == "bytes" else " to verify against"
+    )
 
 
 def _parts():

@@ -4,6 +4,7 @@ The slow tests compile the tiny video DiT with inductor (tens of seconds cold; s
 FX graph cache on a second run of the same shapes) and check result.json's claims against the
 profiler on the training loop's own compiled steps.
 """
+
 from __future__ import annotations
 
 import json
@@ -67,17 +68,19 @@ def test_diffusers_models_are_skipped_compiled_with_a_reason(tmp_path):
 @pytest.mark.parametrize("attention", ["math", "eager"])
 def test_a_combination_rewritten_into_flash_is_skipped(tmp_path, monkeypatch, attention):
     """What the profiler of a compiled graph that ran flash for math/eager gives: skipped, never a claim."""
-    monkeypatch.setattr(compiled, "_compile_forward", lambda model: (lambda: None))
+    monkeypatch.setattr(compiled, "_compile_forward", lambda model: lambda: None)
     monkeypatch.setattr(compiled, "_profile_step", lambda run, parts: {FLASH, FLASH_BACKWARD})
     result = execute(make_run(*SMALL, f"attention={attention}", "compile=true"), tmp_path, {})
     assert result.status == "skipped"
-    assert result.reason == (f"compile=true rewrites attention={attention} into the flash kernel ({FLASH} in the "
-                             f"compiled graph); run it uncompiled")
+    assert result.reason == (
+        f"compile=true rewrites attention={attention} into the flash kernel ({FLASH} in the "
+        f"compiled graph); run it uncompiled"
+    )
     assert result.kernels == {} and result.steps_run == 0
 
 
 def test_a_lost_flash_or_fused_modulate_is_skipped(tmp_path, monkeypatch):
-    monkeypatch.setattr(compiled, "_compile_forward", lambda model: (lambda: None))
+    monkeypatch.setattr(compiled, "_compile_forward", lambda model: lambda: None)
     monkeypatch.setattr(compiled, "_profile_step", lambda run, parts: {MATH})
     flash = execute(make_run(*SMALL, "attention=flash", "compile=true"), tmp_path / "a", {})
     assert flash.status == "skipped" and "attention=flash did not run" in flash.reason
@@ -110,11 +113,17 @@ def test_inductor_rewrites_eager_attention_unless_the_pattern_matcher_is_off():
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("attention, modulate, claim", [
-    ("flash", "eager", {"attention": "sdpa:FLASH_ATTENTION (compiled)", "modulate": "eager (compiled)"}),
-    ("math", "fused", {"attention": "sdpa:MATH (compiled: inductor bmm+softmax)",
-                       "modulate": "dit_sweep::modulate (compiled)"}),
-])
+@pytest.mark.parametrize(
+    "attention, modulate, claim",
+    [
+        ("flash", "eager", {"attention": "sdpa:FLASH_ATTENTION (compiled)", "modulate": "eager (compiled)"}),
+        (
+            "math",
+            "fused",
+            {"attention": "sdpa:MATH (compiled: inductor bmm+softmax)", "modulate": "dit_sweep::modulate (compiled)"},
+        ),
+    ],
+)
 def test_compiled_run_records_the_kernels_that_ran(tmp_path, attention, modulate, claim):
     run = make_run(*SMALL, f"attention={attention}", f"modulate={modulate}", "compile=true")
     profile = ProfileSteps(start=0, stop=2)  # steps 1 and 2: compiled (step 0 watches logits, eager)
@@ -134,8 +143,9 @@ def test_compiled_run_is_deterministic_in_one_process(tmp_path):
     """Same config twice in one process (the second compile comes from inductor's cache): same loss curve."""
     losses = []
     for i in range(2):
-        result = execute(make_run(*SMALL, "steps=4", "attention=math", "modulate=fused", "compile=true"),
-                         tmp_path / str(i), {})
+        result = execute(
+            make_run(*SMALL, "steps=4", "attention=math", "modulate=fused", "compile=true"), tmp_path / str(i), {}
+        )
         assert result.status == "stable", result.reason
         losses.append((tmp_path / str(i) / "metrics.csv").read_text().splitlines())
     assert losses[0] == losses[1]

@@ -1,4 +1,5 @@
 """Every config composes and validates; user mistakes fail at composition with one line naming the key."""
+
 from __future__ import annotations
 
 import re
@@ -46,37 +47,43 @@ def test_precision_policies_mean_what_they_say():
     assert make_run("precision=bf16_amp").precision.param_dtype.value == "float32"
 
 
-@pytest.mark.parametrize("override,key", [
-    ("optim.lr=-1e-3", "optim.lr"),
-    ("optim.lr=0", "optim.lr"),
-    ("steps=0", "steps"),
-    ("model.size=XL", "model.size"),
-    ("data.faults=[{index:999,kind:nan}]", "data.faults[0].index"),
-    ("data.faults=[{index:3,kind:zero}]", "data.faults[0].kind"),
-    ("precision.scaler.backoff_factor=2", "precision.scaler.backoff_factor"),
-    ("threads=100000", "threads"),  # torch.set_num_threads(100000) segfaulted
-    ("seed=100000000000000000000000000", "seed"),  # 10**26 overflowed the ledger and lost the trial
-    ("seed=-1", "seed"),
-    ("data.seed=4294967296", "data.seed"),
-])
+@pytest.mark.parametrize(
+    "override,key",
+    [
+        ("optim.lr=-1e-3", "optim.lr"),
+        ("optim.lr=0", "optim.lr"),
+        ("steps=0", "steps"),
+        ("model.size=XL", "model.size"),
+        ("data.faults=[{index:999,kind:nan}]", "data.faults[0].index"),
+        ("data.faults=[{index:3,kind:zero}]", "data.faults[0].kind"),
+        ("precision.scaler.backoff_factor=2", "precision.scaler.backoff_factor"),
+        ("threads=100000", "threads"),  # torch.set_num_threads(100000) segfaulted
+        ("seed=100000000000000000000000000", "seed"),  # 10**26 overflowed the ledger and lost the trial
+        ("seed=-1", "seed"),
+        ("data.seed=4294967296", "data.seed"),
+    ],
+)
 def test_bad_values_are_rejected_naming_the_key(override, key):
     with pytest.raises(ConfigError, match="^" + re.escape(key) + ": "):
         make_run(override)
 
 
-@pytest.mark.parametrize("override,key", [
-    ("optim.lr=inf", "optim.lr"),
-    ("optim.weight_decay=inf", "optim.weight_decay"),
-    ("optim.eps=nan", "optim.eps"),
-    ("optim.betas=[0.9,nan]", "optim.betas[1]"),
-    ("monitor.spike_factor=inf", "monitor.spike_factor"),
-    ("precision.scaler.init_scale=inf", "precision.scaler.init_scale"),
-    ("data.range_limit=inf", "data.range_limit"),
-    ("model.qk_gain=inf", "model.qk_gain"),
-    ("objective.flow_shift=-inf", "objective.flow_shift"),
-    ("ledger.pruner.upper=inf", "ledger.pruner.upper"),
-    ("+tag=inf", "tag"),  # a key outside the schema too
-])
+@pytest.mark.parametrize(
+    "override,key",
+    [
+        ("optim.lr=inf", "optim.lr"),
+        ("optim.weight_decay=inf", "optim.weight_decay"),
+        ("optim.eps=nan", "optim.eps"),
+        ("optim.betas=[0.9,nan]", "optim.betas[1]"),
+        ("monitor.spike_factor=inf", "monitor.spike_factor"),
+        ("precision.scaler.init_scale=inf", "precision.scaler.init_scale"),
+        ("data.range_limit=inf", "data.range_limit"),
+        ("model.qk_gain=inf", "model.qk_gain"),
+        ("objective.flow_shift=-inf", "objective.flow_shift"),
+        ("ledger.pruner.upper=inf", "ledger.pruner.upper"),
+        ("+tag=inf", "tag"),  # a key outside the schema too
+    ],
+)
 def test_every_float_key_must_be_finite(override, key):
     """Hydra reads inf/nan as floats; no float key may take one (the check walks the config, not a key list)."""
     with pytest.raises(ConfigError, match="^" + re.escape(key) + ": must be a finite number, got "):
@@ -90,20 +97,29 @@ def test_fault_kinds_parse_from_the_command_line():
 
 
 def _sweep(*args: str, cwd: Path) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "sweep", *args], cwd=cwd, capture_output=True, text=True,
-                          timeout=120, env={**__import__("os").environ, "PYTHONPATH": str(REPO)})
+    return subprocess.run(
+        [sys.executable, "-m", "sweep", *args],
+        cwd=cwd,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env={**__import__("os").environ, "PYTHONPATH": str(REPO)},
+    )
 
 
-@pytest.mark.parametrize("args,key", [
-    (["optim.lrr=1e-3"], "optim.lrr"),  # typo'd key
-    (["optim.lr=fast"], "optim.lr"),  # wrong type
-    (["precision=fp8"], "precision"),  # unknown option
-    (["optim.lr=-1"], "optim.lr"),  # bad value
-    (["-m", "optim.lr=1e-3,-1", "steps=1"], "optim.lr"),  # bad value in one cell of a grid
-    (["threads=100000"], "threads"),  # segfaulted torch (rc 139)
-    (["optim.lr=inf"], "optim.lr"),  # not finite
-    (["-m", "optim.lr=1e-3,inf", "steps=1"], "optim.lr"),  # not finite, in one cell of a grid
-])
+@pytest.mark.parametrize(
+    "args,key",
+    [
+        (["optim.lrr=1e-3"], "optim.lrr"),  # typo'd key
+        (["optim.lr=fast"], "optim.lr"),  # wrong type
+        (["precision=fp8"], "precision"),  # unknown option
+        (["optim.lr=-1"], "optim.lr"),  # bad value
+        (["-m", "optim.lr=1e-3,-1", "steps=1"], "optim.lr"),  # bad value in one cell of a grid
+        (["threads=100000"], "threads"),  # segfaulted torch (rc 139)
+        (["optim.lr=inf"], "optim.lr"),  # not finite
+        (["-m", "optim.lr=1e-3,inf", "steps=1"], "optim.lr"),  # not finite, in one cell of a grid
+    ],
+)
 def test_user_mistake_is_one_line_without_traceback(args, key, tmp_path):
     proc = _sweep(*args, f"hydra.run.dir={tmp_path}/run", f"hydra.sweep.dir={tmp_path}/sweep", cwd=tmp_path)
     assert proc.returncode == 2, proc.stderr
@@ -120,9 +136,18 @@ def test_files_a_run_loads_are_checked_before_it_starts(tmp_path):
     (tmp_path / "notes.txt").write_text("not weights")
     (tmp_path / "w.safetensors").write_bytes(b"")
     for override, message in [
-        (f"model.init_from={tmp_path}/nope.safetensors", f"model.init_from: no such file or directory: {tmp_path}/nope"),
-        (f"model.init_from={tmp_path}/notes.txt", f"model.init_from: {tmp_path}/notes.txt is not a checkpoint directory"),
-        (f"checkpoint.resume_from={tmp_path}/nope", f"checkpoint.resume_from: no such checkpoint directory: {tmp_path}/nope"),
+        (
+            f"model.init_from={tmp_path}/nope.safetensors",
+            f"model.init_from: no such file or directory: {tmp_path}/nope",
+        ),
+        (
+            f"model.init_from={tmp_path}/notes.txt",
+            f"model.init_from: {tmp_path}/notes.txt is not a checkpoint directory",
+        ),
+        (
+            f"checkpoint.resume_from={tmp_path}/nope",
+            f"checkpoint.resume_from: no such checkpoint directory: {tmp_path}/nope",
+        ),
     ]:
         with pytest.raises(ConfigError, match="^" + re.escape(message)):
             check_inputs(make_run(override))
@@ -130,10 +155,13 @@ def test_files_a_run_loads_are_checked_before_it_starts(tmp_path):
     check_inputs(make_run(f"model.init_from={tmp_path}/w.safetensors", f"checkpoint.resume_from={tmp_path}"))
 
 
-@pytest.mark.parametrize("args", [
-    ["model.init_from=nope.safetensors"],
-    ["-m", "steps=1", "optim.lr=1e-3,1e-2", "model.init_from=notes.txt"],
-])
+@pytest.mark.parametrize(
+    "args",
+    [
+        ["model.init_from=nope.safetensors"],
+        ["-m", "steps=1", "optim.lr=1e-3,1e-2", "model.init_from=notes.txt"],
+    ],
+)
 def test_a_missing_or_wrong_init_from_is_one_line_before_any_run(args, tmp_path):
     (tmp_path / "notes.txt").write_text("not weights")
     proc = _sweep(*args, f"hydra.run.dir={tmp_path}/run", f"hydra.sweep.dir={tmp_path}/sweep", cwd=tmp_path)
@@ -153,11 +181,22 @@ def test_an_output_dir_the_file_system_cannot_create_is_a_config_error(tmp_path)
         check_output_dir(str(tmp_path.joinpath(*["b" * 250] * 17)), "hydra.sweep.dir")
 
 
-@pytest.mark.parametrize("args,key", [
-    (["hydra.run.dir=RUN/" + "a" * 300], "hydra.run.dir"),
-    (["-m", "steps=1", "optim.lr=1e-3,1e-2", "hydra.sweep.dir=SWEEP", "hydra.sweep.subdir=${hydra.job.num}_" + "a" * 300],
-     "hydra.sweep.subdir"),
-])
+@pytest.mark.parametrize(
+    "args,key",
+    [
+        (["hydra.run.dir=RUN/" + "a" * 300], "hydra.run.dir"),
+        (
+            [
+                "-m",
+                "steps=1",
+                "optim.lr=1e-3,1e-2",
+                "hydra.sweep.dir=SWEEP",
+                "hydra.sweep.subdir=${hydra.job.num}_" + "a" * 300,
+            ],
+            "hydra.sweep.subdir",
+        ),
+    ],
+)
 def test_a_too_long_output_dir_is_one_line_before_any_run(args, key, tmp_path):
     args = [a.replace("RUN", f"{tmp_path}/run").replace("SWEEP", f"{tmp_path}/sweep") for a in args]
     proc = _sweep(*args, cwd=tmp_path)

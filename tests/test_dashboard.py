@@ -1,4 +1,5 @@
 """optuna-dashboard opens our ledger and shows our trials with their verdicts (its HTTP API, on loopback)."""
+
 from __future__ import annotations
 
 import json
@@ -16,9 +17,14 @@ from sweep.config import LedgerConfig
 from sweep.search.ledger import record_run, storage_url
 
 # The console script beside this interpreter (make test does not activate the venv), else on PATH.
-DASHBOARD = str(Path(sys.executable).parent / "optuna-dashboard") if (Path(sys.executable).parent / "optuna-dashboard"
-                                                                     ).exists() else shutil.which("optuna-dashboard")
-pytestmark = pytest.mark.skipif(DASHBOARD is None, reason="optuna-dashboard not installed (pip install -e '.[dashboard]')")
+DASHBOARD = (
+    str(Path(sys.executable).parent / "optuna-dashboard")
+    if (Path(sys.executable).parent / "optuna-dashboard").exists()
+    else shutil.which("optuna-dashboard")
+)
+pytestmark = pytest.mark.skipif(
+    DASHBOARD is None, reason="optuna-dashboard not installed (pip install -e '.[dashboard]')"
+)
 
 
 def free_port() -> int:
@@ -41,13 +47,25 @@ def get(url: str, deadline: float):
 def test_dashboard_shows_our_trials(tmp_path):
     cfg = LedgerConfig(study_name="demo")
     for i, status in enumerate(["stable", "diverged"]):
-        record_run(cfg, tmp_path, tmp_path / str(i), {
-            "status": status, "verdict": "nonfinite_loss" if status == "diverged" else None, "final_loss": 0.5,
-            "initial_loss": 1.0, "first_bad_step": 1 if status == "diverged" else None,
-            "params": {"optim.lr": 10.0 ** -(i + 3)}})
+        record_run(
+            cfg,
+            tmp_path,
+            tmp_path / str(i),
+            {
+                "status": status,
+                "verdict": "nonfinite_loss" if status == "diverged" else None,
+                "final_loss": 0.5,
+                "initial_loss": 1.0,
+                "first_bad_step": 1 if status == "diverged" else None,
+                "params": {"optim.lr": 10.0 ** -(i + 3)},
+            },
+        )
     port = free_port()
-    proc = subprocess.Popen([DASHBOARD, storage_url(cfg, tmp_path), "--host", "127.0.0.1", "--port", str(port)],
-                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    proc = subprocess.Popen(
+        [DASHBOARD, storage_url(cfg, tmp_path), "--host", "127.0.0.1", "--port", str(port)],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
     try:
         deadline = time.time() + 30
         (summary,) = get(f"http://127.0.0.1:{port}/api/studies", deadline)["study_summaries"]

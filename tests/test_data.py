@@ -1,4 +1,4 @@
-"""Tests for sweep.data (synthetic, batches, checks): determinism, content structure, faults, batch order, batch checks."""
+"""Tests for sweep.data (synthetic, batches, checks): determinism, content, faults, batch order, batch checks."""
 
 from __future__ import annotations
 
@@ -264,5 +264,7 @@ def test_faults_of_one_dataset_never_reach_the_cached_rendering() -> None:
     faulty = _all(SyntheticClips(8, seed=5, faults=[Fault(2, "nan"), Fault(3, "range")], **SHAPE))
     clean = _all(SyntheticClips(8, seed=5, **SHAPE))
     assert faulty[2].isnan().any() and clean.isfinite().all() and clean.abs().amax() < 1
-    assert torch.equal(_all(SyntheticClips(8, seed=5, faults=[Fault(2, "nan"), Fault(3, "range")], **SHAPE)).nan_to_num(),
-                       faulty.nan_to_num())
+    assert torch.equal(
+        _all(SyntheticClips(8, seed=5, faults=[Fault(2, "nan"), Fault(3, "range")], **SHAPE)).nan_to_num(),
+        faulty.nan_to_num(),
+    )

@@ -3,6 +3,7 @@ the attention and modulate axes really change what runs inside them (profiler op
 
 Shapes are the smallest real ones: batch 2, 3 channels, 8x8 pixels, 1 frame (image models) or 4 (video).
 """
+
 from __future__ import annotations
 
 import json
@@ -35,8 +36,9 @@ def overrides(name: str, *extra: str) -> list[str]:
 def build(name: str, attention: str = "math", modulate: str = "eager") -> torch.nn.Module:
     torch.manual_seed(0)
     frames = 1 if ZOO[name].is_image else 4
-    return build_diffusers_model(name, channels=3, frames=frames, height=8, width=8, patch_size=2,
-                                 attention=attention, modulate=modulate).eval()  # eval: DiT's label dropout off
+    return build_diffusers_model(
+        name, channels=3, frames=frames, height=8, width=8, patch_size=2, attention=attention, modulate=modulate
+    ).eval()  # eval: DiT's label dropout off
 
 
 def inputs(name: str) -> tuple[torch.Tensor, torch.Tensor]:
@@ -93,8 +95,9 @@ def test_attention_axis_changes_the_kernel_that_runs(name):
 
 def test_sana_records_that_its_self_attention_is_linear(tmp_path):
     r = execute(make_run(*overrides("sana", "attention=flash", "steps=1")), tmp_path, {})
-    assert r.kernels["attention"] == ("self: linear attention (SanaLinearAttnProcessor2_0, no SDPA); "
-                                      "cross: sdpa:FLASH_ATTENTION")
+    assert r.kernels["attention"] == (
+        "self: linear attention (SanaLinearAttnProcessor2_0, no SDPA); cross: sdpa:FLASH_ATTENTION"
+    )
     assert r.kernels["sdpa_calls_per_forward"] == 2  # the two blocks' cross-attention, nothing else
 
 
@@ -144,11 +147,28 @@ def test_config_errors_name_the_key():
 @pytest.mark.slow
 def test_a_2x2_grid_on_a_video_model_fills_the_ledger(tmp_path):
     sweep_dir = tmp_path / "sweep"
-    cmd = [sys.executable, "-m", "sweep", "-m", "model=cogvideox_tiny", "precision=fp32,bf16_amp",
-           "attention=flash,eager", "steps=2", "threads=1", "data.batch_size=2", *FAST,
-           f"hydra.sweep.dir={sweep_dir}"]
-    proc = subprocess.run(cmd, cwd=tmp_path, capture_output=True, text=True, timeout=300,
-                          env={**os.environ, "PYTHONPATH": str(REPO), "CI": "1", "OMP_NUM_THREADS": "1"})
+    cmd = [
+        sys.executable,
+        "-m",
+        "sweep",
+        "-m",
+        "model=cogvideox_tiny",
+        "precision=fp32,bf16_amp",
+        "attention=flash,eager",
+        "steps=2",
+        "threads=1",
+        "data.batch_size=2",
+        *FAST,
+        f"hydra.sweep.dir={sweep_dir}",
+    ]
+    proc = subprocess.run(
+        cmd,
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env={**os.environ, "PYTHONPATH": str(REPO), "CI": "1", "OMP_NUM_THREADS": "1"},
+    )
     assert proc.returncode == 0, proc.stderr[-3000:]
     results = [json.loads(p.read_text()) for p in sorted(sweep_dir.glob("*/result.json"))]
     assert len(results) == 4 and all(r["status"] == "stable" for r in results)

@@ -1,4 +1,5 @@
 """The data doctor on real files: mp4 clips encoded with PyAV, and latent files in every format."""
+
 from __future__ import annotations
 
 import json
@@ -102,8 +103,13 @@ def test_video_folder(videos: Path, tmp_path: Path, capsys) -> None:
     assert main([str(videos), "--json", str(out)]) == 1
     kinds = _kinds(_report(out))
     assert kinds == {
-        "good0.mp4": [], "good1.mp4": [], "good2.mp4": [], "sub/good3.mp4": [],
-        "good4.mkv": [], "sub/cut.mp4": ["truncated"], "sub/cut.mkv": ["truncated"],
+        "good0.mp4": [],
+        "good1.mp4": [],
+        "good2.mp4": [],
+        "sub/good3.mp4": [],
+        "good4.mkv": [],
+        "sub/cut.mp4": ["truncated"],
+        "sub/cut.mkv": ["truncated"],
         "notavideo.webm": ["unreadable"],
         "black.mp4": ["constant"],
         "short.mp4": ["frames"],
@@ -130,9 +136,15 @@ def test_latent_folder(latents: tuple[Path, Path], capsys) -> None:
     assert not marker.exists(), "the pickled object was executed"
     report = _report(root / "doctor_report.json")  # the default place
     assert _kinds(report) == {
-        "a.safetensors": [], "b.pt": [], "c.npy": [], "nested/d.pt": [],
-        "nan.pt": ["nan"], "inf.safetensors": ["inf"], "pixels.npy": ["range"],
-        "wrongshape.npy": ["shape"], "evil.pt": ["unreadable"],
+        "a.safetensors": [],
+        "b.pt": [],
+        "c.npy": [],
+        "nested/d.pt": [],
+        "nan.pt": ["nan"],
+        "inf.safetensors": ["inf"],
+        "pixels.npy": ["range"],
+        "wrongshape.npy": ["shape"],
+        "evil.pt": ["unreadable"],
     }
     assert report["counts"]["nan"] == report["counts"]["unreadable"] == 1 and report["n_bad"] == 5
     evil = next(s for s in report["samples"] if s["path"] == "evil.pt")

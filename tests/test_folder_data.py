@@ -1,4 +1,5 @@
 """Training on a folder of real video files or latents: bad files are bad_input naming the file, drop_bad trains."""
+
 from __future__ import annotations
 
 import numpy as np
@@ -12,8 +13,15 @@ from sweep.run.execute import execute
 from .conftest import make_run
 from .test_doctor import FRAMES, SIZE, _encode, _uint8_frames
 
-VIDEO = ["data=video_folder", f"data.frames={FRAMES}", f"data.height={SIZE}", f"data.width={SIZE}",
-         "data.batch_size=4", "steps=3", "progress=none"]
+VIDEO = [
+    "data=video_folder",
+    f"data.frames={FRAMES}",
+    f"data.height={SIZE}",
+    f"data.width={SIZE}",
+    "data.batch_size=4",
+    "steps=3",
+    "progress=none",
+]
 
 
 @pytest.fixture(scope="module")
@@ -53,8 +61,16 @@ def test_latent_folder_names_the_nan_file(tmp_path):
             x[0, 1, 3, 3] = float("nan")
         save_file({"latents": x}, str(root / f"z{i}.safetensors"))
     np.save(root / "z4.npy", (torch.rand(4, 2, 8, 8, generator=g) * 1.8 - 0.9).numpy())
-    common = ["data=latent_folder", f"data.path={root}", "data.frames=2", "data.height=8", "data.width=8",
-              "data.batch_size=5", "steps=2", "progress=none"]
+    common = [
+        "data=latent_folder",
+        f"data.path={root}",
+        "data.frames=2",
+        "data.height=8",
+        "data.width=8",
+        "data.batch_size=5",
+        "steps=2",
+        "progress=none",
+    ]
     r = execute(make_run(*common, fast=False), tmp_path / "run", params={})
     assert r.verdict == "bad_input" and "sample 2 (z2.safetensors): 1 NaN values" in r.cause["detail"]
 

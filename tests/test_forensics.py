@@ -1,4 +1,5 @@
 """Forensics: for each injected cause, the recorded cause.where and cause.module are the true ones."""
+
 from __future__ import annotations
 
 import json
@@ -30,6 +31,7 @@ def run_with_weights(tmp_path, monkeypatch, edit, *overrides):
 
 def test_overflowing_attention_in_fp16_is_found_in_its_block(tmp_path, monkeypatch):
     """Huge q/k weights in blocks.1 only: QK^T overflows fp16 in eager attention there, nowhere else."""
+
     def edit(model):
         model.blocks[1].attn.qkv.weight.mul_(300.0)
 
@@ -54,33 +56,62 @@ def test_exploding_lr_is_an_optimizer_spike(tmp_path):
 
 
 def test_nan_sample_is_blamed_on_the_data(tmp_path):
-    r = execute(make_run("data.faults=[{index:0,kind:nan},{index:1,kind:nan},{index:2,kind:nan},{index:3,kind:nan}]",
-                         "data.num_samples=8", "data.batch_size=8", "steps=2"), tmp_path, params={})
+    r = execute(
+        make_run(
+            "data.faults=[{index:0,kind:nan},{index:1,kind:nan},{index:2,kind:nan},{index:3,kind:nan}]",
+            "data.num_samples=8",
+            "data.batch_size=8",
+            "steps=2",
+        ),
+        tmp_path,
+        params={},
+    )
     assert (r.verdict, r.cause["where"], r.first_bad_step) == ("bad_input", "data", 0)
 
 
 def test_replay_command_on_a_finished_run(tmp_path):
     run_dir = tmp_path / "run"
     env = {**os.environ, "PYTHONPATH": str(REPO), "CI": "1", "OMP_NUM_THREADS": "1"}
-    subprocess.run([sys.executable, "-m", "sweep", "precision=fp16_amp_noscale", "optim.lr=0.3", "steps=40",
-                    "monitor.spike_factor=1e9", *FAST, f"hydra.run.dir={run_dir}"], check=True, env=env,
-                   capture_output=True, timeout=300)
+    subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "sweep",
+            "precision=fp16_amp_noscale",
+            "optim.lr=0.3",
+            "steps=40",
+            "monitor.spike_factor=1e9",
+            *FAST,
+            f"hydra.run.dir={run_dir}",
+        ],
+        check=True,
+        env=env,
+        capture_output=True,
+        timeout=300,
+    )
     result = json.loads((run_dir / "result.json").read_text())
     assert result["verdict"] == "nonfinite_loss" and result["cause"]["where"] == "forward"
-    proc = subprocess.run([sys.executable, "-m", "sweep.replay", str(run_dir)], env=env, capture_output=True,
-                          text=True, timeout=300)
+    proc = subprocess.run(
+        [sys.executable, "-m", "sweep.replay", str(run_dir)], env=env, capture_output=True, text=True, timeout=300
+    )
     assert proc.returncode == 0, proc.stderr
     forensics = json.loads((run_dir / "forensics.json").read_text())
     assert forensics["step"] == result["first_bad_step"]
     assert forensics["cause"] == result["cause"]  # the replay is deterministic: the same place again
     assert "closest to overflow" in proc.stdout
-    bad = subprocess.run([sys.executable, "-m", "sweep.replay", str(tmp_path / "nope")], env=env,
-                         capture_output=True, text=True, timeout=60)
+    bad = subprocess.run(
+        [sys.executable, "-m", "sweep.replay", str(tmp_path / "nope")],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert bad.returncode == 2 and len(bad.stderr.strip().splitlines()) == 1
 
 
 def test_nonfinite_gradient_names_a_parameter_with_forensics_off(tmp_path, monkeypatch):
     """The cheap explanation alone (no replay) reads the gradients before they are cleared."""
+
     def edit(model):  # an Inf gradient for one weight, finite loss
         model.blocks[0].mlp.fc2.weight.register_hook(lambda g: g * float("inf"))
 
@@ -96,8 +127,13 @@ def test_replay_is_honest_about_a_stable_run_and_bad_steps(tmp_path, capsys):
 
     run_dir = tmp_path / "run"
     env = {**os.environ, "PYTHONPATH": str(REPO), "CI": "1", "OMP_NUM_THREADS": "1"}
-    subprocess.run([sys.executable, "-m", "sweep", "steps=3", "threads=1", *FAST, f"hydra.run.dir={run_dir}"],
-                   check=True, env=env, capture_output=True, timeout=300)
+    subprocess.run(
+        [sys.executable, "-m", "sweep", "steps=3", "threads=1", *FAST, f"hydra.run.dir={run_dir}"],
+        check=True,
+        env=env,
+        capture_output=True,
+        timeout=300,
+    )
     assert json.loads((run_dir / "result.json").read_text())["status"] == "stable"
 
     assert replay.main([str(run_dir)]) == 0

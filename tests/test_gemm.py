@@ -3,6 +3,7 @@
 The bound: both paths accumulate exact products in fp32 and round once, so they may differ by the
 fp32 summation-order error (n * 2**-24 * sum|a||b| per output) plus one ulp of the output dtype.
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -33,7 +34,7 @@ DTYPES = [torch.bfloat16, torch.float16]
 def ulp(x: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
     """One unit in the last place of `dtype` at |x| (subnormal spacing near zero)."""
     x = x.abs().to(dtype)
-    return (torch.nextafter(x, torch.full_like(x, float("inf"))).float() - x.float())
+    return torch.nextafter(x, torch.full_like(x, float("inf"))).float() - x.float()
 
 
 def assert_gemm_close(native: torch.Tensor, emulated: torch.Tensor, bound: torch.Tensor):
@@ -74,7 +75,9 @@ def test_linear_and_matmul_forward_and_backward_match_native(dtype):
     w = torch.randn(192, 160, generator=g).to(dtype)
     b = torch.randn(192, generator=g).to(dtype)
     (out_n, (gx_n, gw_n, gb_n)), (out_e, (gx_e, gw_e, gb_e)) = run_both(F.linear, x, w, b)
-    assert_gemm_close(out_n, out_e, summation_bound(x.reshape(-1, 160), w.T, 160).reshape(out_n.shape) + ulp(b.float(), dtype))
+    assert_gemm_close(
+        out_n, out_e, summation_bound(x.reshape(-1, 160), w.T, 160).reshape(out_n.shape) + ulp(b.float(), dtype)
+    )
     ones = torch.ones(4 * 96, 192)
     assert_gemm_close(gx_n, gx_e, summation_bound(ones, w, 192).reshape(gx_n.shape))
     assert_gemm_close(gw_n, gw_e, summation_bound(ones.T, x.reshape(-1, 160), 4 * 96))
@@ -145,7 +148,9 @@ def test_only_gemms_of_the_mode_dtype_are_emulated(dtype):
     assert [d for op, d in seen if op == mm] == [f32, (other.dtype, other.dtype), f32]  # only this dtype widened
     last_mm = max(i for i, (op, _) in enumerate(seen) if op == mm)
     rounding = seen[last_mm + 1]
-    assert rounding[0].overloadpacket in (torch.ops.aten.to, torch.ops.aten._to_copy) and rounding[1] == (torch.float32,)
+    assert rounding[0].overloadpacket in (torch.ops.aten.to, torch.ops.aten._to_copy) and rounding[1] == (
+        torch.float32,
+    )
     assert len(seen) == last_mm + 3  # ... rounded back once, then the add
     assert seen[-1] == (torch.ops.aten.add.Tensor, (dtype, dtype))  # not a GEMM: untouched
 
@@ -185,8 +190,12 @@ def test_the_op_list_covers_a_training_step():
         loss = F.mse_loss(parts.model(noisy, t).float(), target)
     with Spy():
         loss.backward()
-    gemm_like = {op for op in ops if op.overloadpacket.__name__ in
-                 ("mm", "addmm", "bmm", "baddbmm", "convolution", "convolution_backward", "matmul", "linear")}
+    gemm_like = {
+        op
+        for op in ops
+        if op.overloadpacket.__name__
+        in ("mm", "addmm", "bmm", "baddbmm", "convolution", "convolution_backward", "matmul", "linear")
+    }
     assert gemm_like and gemm_like <= GEMM_OPS
 
 
@@ -196,7 +205,7 @@ def test_verdict_differences_names_every_disagreement():
     assert len(verdict_differences(native, {**native, "b": ["diverged", "loss_spike", 5 + TOLERANCE]})) == 1
     assert len(verdict_differences(native, {**native, "c": ["diverged", "nonfinite_grad", 1]})) == 1
     assert len(verdict_differences(native, {**native, "a": ["diverged", "loss_spike", 29]})) == 1
-    assert verdict_differences(native, {"a": native["a"], "b": native["b"]}) == ['c: only in native']
+    assert verdict_differences(native, {"a": native["a"], "b": native["b"]}) == ["c: only in native"]
 
 
 @pytest.mark.slow
@@ -206,11 +215,19 @@ def test_the_demo_grid_gets_the_same_verdicts_emulated_as_native(tmp_path):
     test_scenarios.py; bench/gemm_verdicts.py compares the full-size demo and every scenario live.)"""
     outcomes = {}
     for gemm in ("native", "emulated"):
-        for precision, lr, attention in itertools.product(("bf16_amp", "fp16_amp", "fp16_pure"), ("1e-4", "1e-3", "3e-2"),
-                                                          ("flash", "math")):
+        for precision, lr, attention in itertools.product(
+            ("bf16_amp", "fp16_amp", "fp16_pure"), ("1e-4", "1e-3", "3e-2"), ("flash", "math")
+        ):
             params = {"precision": precision, "optim.lr": float(lr), "attention": attention}
-            run = make_run(f"precision={precision}", f"optim.lr={lr}", f"attention={attention}", "model=video_dit_tiny",
-                           "steps=12", "threads=1", f"precision.cpu_gemm={gemm}")
+            run = make_run(
+                f"precision={precision}",
+                f"optim.lr={lr}",
+                f"attention={attention}",
+                "model=video_dit_tiny",
+                "steps=12",
+                "threads=1",
+                f"precision.cpu_gemm={gemm}",
+            )
             r = execute(run, tmp_path / gemm / f"{precision}-{lr}-{attention}", params)
             assert r.kernels["gemm"] == gemm
         outcomes[gemm] = cell_outcomes(tmp_path / gemm)

@@ -4,6 +4,7 @@ The grid sweeper runs the suite unchanged. The Optuna sweeper runs an adaptation
 2-jobs-per-batch test: it adds `ledger.trial_number=N` to every job and orders grid cells by key,
 which are the two things the suite hard-codes from the basic sweeper.
 """
+
 from __future__ import annotations
 
 from pathlib import Path
@@ -24,17 +25,30 @@ def _hydra_legacy_version_base():
     VersionBase.instance().version_base = saved
 
 
-@pytest.mark.parametrize("launcher_name, overrides", [("basic", ["hydra/sweeper=grid", "hydra.sweeper.max_batch_size=2"])])
+@pytest.mark.parametrize(
+    "launcher_name, overrides", [("basic", ["hydra/sweeper=grid", "hydra.sweeper.max_batch_size=2"])]
+)
 class TestGridSweeperBatched(BatchedSweeperTestSuite):
     """Our validating grid sweeper is Hydra's basic sweeper to Hydra's own tests."""
 
 
 def test_optuna_sweeper_batches_through_the_launcher(hydra_sweep_runner: TSweepRunner, tmpdir: Path) -> None:
     sweep = hydra_sweep_runner(
-        calling_file=None, calling_module="hydra.test_utils.a_module", task_function=None,
-        config_path="configs", config_name="compose.yaml", temp_dir=tmpdir,
-        overrides=["hydra/sweeper=optuna_sweep", "hydra.sweeper.sampler.name=grid", "hydra.sweeper.n_jobs=2",
-                   "hydra/launcher=basic", "group1=file1,file2", "bar=100,200,300"])
+        calling_file=None,
+        calling_module="hydra.test_utils.a_module",
+        task_function=None,
+        config_path="configs",
+        config_name="compose.yaml",
+        temp_dir=tmpdir,
+        overrides=[
+            "hydra/sweeper=optuna_sweep",
+            "hydra.sweeper.sampler.name=grid",
+            "hydra.sweeper.n_jobs=2",
+            "hydra/launcher=basic",
+            "group1=file1,file2",
+            "bar=100,200,300",
+        ],
+    )
     with sweep:
         assert sweep.returns is not None and [len(b) for b in sweep.returns] == [2, 2, 2]
         flat = [r for batch in sweep.returns for r in batch]
@@ -42,4 +56,5 @@ def test_optuna_sweeper_batches_through_the_launcher(hydra_sweep_runner: TSweepR
         assert cells == [(10, 100), (10, 200), (10, 300), (20, 100), (20, 200), (20, 300)]
         assert len({r.working_dir for r in flat}) == 6
         assert sorted(sorted(r.overrides) for r in flat) == sorted(
-            [f"bar={b}", f"group1={g}"] for g in ("file1", "file2") for b in (100, 200, 300))
+            [f"bar={b}", f"group1={g}"] for g in ("file1", "file2") for b in (100, 200, 300)
+        )

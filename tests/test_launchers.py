@@ -1,4 +1,5 @@
 """Local parallel runs (hydra/launcher=joblib) give the same results as the sequential launcher."""
+
 from __future__ import annotations
 
 import json
@@ -16,9 +17,14 @@ GRID = ["precision=fp32,fp16_amp", "optim.lr=1e-4,3e-2", "steps=8", *FAST]
 
 def sweep(tmp_path, name, *args):
     out = tmp_path / name
-    proc = subprocess.run([sys.executable, "-m", "sweep", "-m", *GRID, *args, f"hydra.sweep.dir={out}"], cwd=tmp_path,
-                          capture_output=True, text=True, timeout=600,
-                          env={**os.environ, "PYTHONPATH": str(REPO), "CI": "1"})
+    proc = subprocess.run(
+        [sys.executable, "-m", "sweep", "-m", *GRID, *args, f"hydra.sweep.dir={out}"],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=600,
+        env={**os.environ, "PYTHONPATH": str(REPO), "CI": "1"},
+    )
     assert proc.returncode == 0, proc.stderr[-2000:]
     runs = {}
     for path in out.glob("*/result.json"):

@@ -5,6 +5,7 @@ reaches it as step hooks). data/ never imports run/. models/ never imports sweep
 modules, which Hydra's discovery imports in every Hydra app, import only glue at module level. And no
 two of our modules import each other, directly or through others.
 """
+
 from __future__ import annotations
 
 import ast
@@ -71,8 +72,23 @@ def test_the_import_parser_sees_what_it_must():
 
 
 def test_run_imports_neither_search_nor_hydra():
-    assert offending(sources("sweep/run"), ("sweep.search", "hydra", "omegaconf", "optuna", "hydra_plugins", "sweep.job",
-                                            "sweep.callbacks", "sweep.report", "sweep.__main__")) == []
+    assert (
+        offending(
+            sources("sweep/run"),
+            (
+                "sweep.search",
+                "hydra",
+                "omegaconf",
+                "optuna",
+                "hydra_plugins",
+                "sweep.job",
+                "sweep.callbacks",
+                "sweep.report",
+                "sweep.__main__",
+            ),
+        )
+        == []
+    )
 
 
 def test_data_imports_nothing_from_run():
@@ -88,7 +104,9 @@ def test_plugin_discovery_imports_glue_only():
     heavy = ("torch", "optuna", "models", "sweep")
     for path in sources("hydra_plugins"):
         eager = {n for n in imports(path, top_level_only=True) if any(n == h or n.startswith(h + ".") for h in heavy)}
-        assert eager <= {"sweep.search.conf", "sweep.search.conf.OptunaSweepConf"}, f"{path.name} imports {sorted(eager)}"
+        assert eager <= {"sweep.search.conf", "sweep.search.conf.OptunaSweepConf"}, (
+            f"{path.name} imports {sorted(eager)}"
+        )
 
 
 def test_no_import_cycle():
@@ -100,7 +118,7 @@ def test_no_import_cycle():
         state[m] = "open"
         for n in sorted(graph[m]):
             if state.get(n) == "open":
-                cycles.append(" -> ".join(path[path.index(n):] + [n]))
+                cycles.append(" -> ".join(path[path.index(n) :] + [n]))
             elif n not in state:
                 visit(n, path + [n])
         state[m] = "done"
@@ -113,6 +131,17 @@ def test_no_import_cycle():
 
 @pytest.mark.parametrize("top", ["sweep"])
 def test_the_top_of_sweep_holds_only_what_a_user_runs_or_configures(top):
-    """The app, schema, callbacks, the one-line error, and the commands; everything else lives in run/, data/, search/."""
+    """The app, schema, callbacks, the one-line error, and the commands; the rest lives in run/, data/, search/."""
     assert {p.stem for p in (ROOT / top).glob("*.py")} == {
-        "__init__", "__main__", "config", "errors", "callbacks", "job", "replay", "parity", "doctor", "scenario", "summary"}
+        "__init__",
+        "__main__",
+        "config",
+        "errors",
+        "callbacks",
+        "job",
+        "replay",
+        "parity",
+        "doctor",
+        "scenario",
+        "summary",
+    }

@@ -1,4 +1,5 @@
 """Every run is a trial: states, values, constraints and attributes; concurrent writers lose nothing."""
+
 from __future__ import annotations
 
 import json
@@ -18,8 +19,17 @@ from .conftest import FAST, REPO
 
 
 def result(status, **kw):
-    base = {"status": status, "verdict": None, "first_bad_step": None, "cause": None, "final_loss": 0.5,
-            "initial_loss": 1.0, "min_loss": 0.4, "steps_run": 10, "params": {"precision": "fp32", "optim.lr": 1e-3}}
+    base = {
+        "status": status,
+        "verdict": None,
+        "first_bad_step": None,
+        "cause": None,
+        "final_loss": 0.5,
+        "initial_loss": 1.0,
+        "min_loss": 0.4,
+        "steps_run": 10,
+        "params": {"precision": "fp32", "optim.lr": 1e-3},
+    }
     return {**base, **kw}
 
 
@@ -32,8 +42,13 @@ def test_each_status_maps_to_its_trial_state(tmp_path):
     cfg = LedgerConfig()
     runs = {
         "stable": result("stable"),
-        "diverged": result("diverged", verdict="nonfinite_loss", first_bad_step=3, final_loss=None,
-                           cause={"where": "optimizer", "module": "blocks.0.attn", "detail": "x"}),
+        "diverged": result(
+            "diverged",
+            verdict="nonfinite_loss",
+            first_bad_step=3,
+            final_loss=None,
+            cause={"where": "optimizer", "module": "blocks.0.attn", "detail": "x"},
+        ),
         "skipped": result("skipped", reason="tf32 needs CUDA", final_loss=None),
         "error": result("error", reason="RuntimeError: boom", final_loss=None),
     }
@@ -85,7 +100,9 @@ def test_four_processes_writing_at_once_lose_nothing(tmp_path):
         pool.map(_writer, [(url, w, 10) for w in range(4)])
     trials = optuna.load_study(study_name="concurrent", storage=url).trials
     assert len(trials) == 40
-    assert sorted(t.params["optim.lr"] for t in trials) == sorted(float(w * 100 + i) for w in range(4) for i in range(10))
+    assert sorted(t.params["optim.lr"] for t in trials) == sorted(
+        float(w * 100 + i) for w in range(4) for i in range(10)
+    )
     assert len({t.number for t in trials}) == 40
 
 
@@ -101,34 +118,58 @@ def test_mask_url_hides_a_password_in_the_query_or_with_a_slash():
     assert "s3cret" not in mask_url("mysql://ann@h/db?sslmode=require&PASSWORD=s3cret")
 
 
-@pytest.mark.parametrize("arg,key", [
-    ("ledger.storage=postgresql://u:s3cret@localhost/db", "ledger.storage"),
-    ("ledger.storage=postgresql://u@localhost/db?password=s3cret", "ledger.storage"),  # not valid grammar, still logged
-    ("'ledger.storage=\"postgresql://u@localhost/db?password=s3cret\"'", "ledger.storage"),
-    ('ledger={storage:"postgresql://u:s3cret@localhost/db"}', "ledger"),
-    ("ledger.storage=postgresql://u:s3/cret@localhost/db", "ledger.storage"),
-    ("+ledger.storage=sqlite:///a.db,postgresql://u:s3cret@h/db", "+ledger.storage"),
-])
+@pytest.mark.parametrize(
+    "arg,key",
+    [
+        ("ledger.storage=postgresql://u:s3cret@localhost/db", "ledger.storage"),
+        (
+            "ledger.storage=postgresql://u@localhost/db?password=s3cret",
+            "ledger.storage",
+        ),  # not valid grammar, still logged
+        ("'ledger.storage=\"postgresql://u@localhost/db?password=s3cret\"'", "ledger.storage"),
+        ('ledger={storage:"postgresql://u:s3cret@localhost/db"}', "ledger"),
+        ("ledger.storage=postgresql://u:s3/cret@localhost/db", "ledger.storage"),
+        ("+ledger.storage=sqlite:///a.db,postgresql://u:s3cret@h/db", "+ledger.storage"),
+    ],
+)
 def test_every_spelling_of_a_password_on_the_command_line_is_found(arg, key):
     from sweep.__main__ import literal_password_arg
 
     assert literal_password_arg(["-m", "optim.lr=1e-3", arg]) == key
 
 
-@pytest.mark.parametrize("arg", ["ledger.storage=postgresql://u@localhost/db", "ledger.storage=${oc.env:SWEEP_LEDGER_URL}",
-                                 "ledger.storage=sqlite:///x.db", "ledger.storage=runs/ledger.log", "optim.lr=1e-3"])
+@pytest.mark.parametrize(
+    "arg",
+    [
+        "ledger.storage=postgresql://u@localhost/db",
+        "ledger.storage=${oc.env:SWEEP_LEDGER_URL}",
+        "ledger.storage=sqlite:///x.db",
+        "ledger.storage=runs/ledger.log",
+        "optim.lr=1e-3",
+    ],
+)
 def test_a_storage_without_a_password_is_not_refused(arg):
     from sweep.__main__ import literal_password_arg
 
     assert literal_password_arg([arg]) is None
 
 
-@pytest.mark.parametrize("arg", ["ledger.storage=postgresql://u:s3cret@localhost/db",
-                                 "ledger.storage='postgresql://u@localhost/db?password=s3cret'"])
+@pytest.mark.parametrize(
+    "arg",
+    [
+        "ledger.storage=postgresql://u:s3cret@localhost/db",
+        "ledger.storage='postgresql://u@localhost/db?password=s3cret'",
+    ],
+)
 def test_password_on_the_command_line_is_refused_before_hydra_writes_it(tmp_path, arg):
-    proc = subprocess.run([sys.executable, "-m", "sweep", arg,
-                           f"hydra.run.dir={tmp_path}/run"], cwd=tmp_path, capture_output=True, text=True,
-                          env={**os.environ, "PYTHONPATH": str(REPO)}, timeout=120)
+    proc = subprocess.run(
+        [sys.executable, "-m", "sweep", arg, f"hydra.run.dir={tmp_path}/run"],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        env={**os.environ, "PYTHONPATH": str(REPO)},
+        timeout=120,
+    )
     assert proc.returncode == 2 and "oc.env" in proc.stderr and "s3cret" not in proc.stderr
     assert not (tmp_path / "run").exists()
 
@@ -136,9 +177,24 @@ def test_password_on_the_command_line_is_refused_before_hydra_writes_it(tmp_path
 @pytest.mark.slow
 def test_multirun_fills_the_ledger_in_the_sweep_dir(tmp_path):
     sweep_dir = tmp_path / "sweep"
-    proc = subprocess.run([sys.executable, "-m", "sweep", "-m", "precision=fp32,fp16_pure", "optim.lr=1e-4,1e-3",
-                           "steps=3", *FAST, f"hydra.sweep.dir={sweep_dir}"], cwd=tmp_path, capture_output=True,
-                          text=True, timeout=600, env={**os.environ, "PYTHONPATH": str(REPO), "CI": "1"})
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "sweep",
+            "-m",
+            "precision=fp32,fp16_pure",
+            "optim.lr=1e-4,1e-3",
+            "steps=3",
+            *FAST,
+            f"hydra.sweep.dir={sweep_dir}",
+        ],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=600,
+        env={**os.environ, "PYTHONPATH": str(REPO), "CI": "1"},
+    )
     assert proc.returncode == 0, proc.stderr[-2000:]
     trials = only_study(f"sqlite:///{sweep_dir / 'ledger.db'}").trials
     assert len(trials) == 4
@@ -155,10 +211,27 @@ def test_multirun_fills_the_ledger_in_the_sweep_dir(tmp_path):
 def test_password_from_the_environment_appears_in_no_output_file(tmp_path):
     """The documented way in: an env interpolation stays unresolved in .hydra/, and errors are masked."""
     run_dir = tmp_path / "run"
-    proc = subprocess.run([sys.executable, "-m", "sweep", "ledger.storage=${oc.env:SWEEP_LEDGER_URL}", "steps=2", *FAST,
-                           f"hydra.run.dir={run_dir}"], cwd=tmp_path, capture_output=True, text=True, timeout=300,
-                          env={**os.environ, "PYTHONPATH": str(REPO), "CI": "1",
-                               "SWEEP_LEDGER_URL": "postgresql://alice:s3cret@127.0.0.1:9/sweeps"})
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "sweep",
+            "ledger.storage=${oc.env:SWEEP_LEDGER_URL}",
+            "steps=2",
+            *FAST,
+            f"hydra.run.dir={run_dir}",
+        ],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env={
+            **os.environ,
+            "PYTHONPATH": str(REPO),
+            "CI": "1",
+            "SWEEP_LEDGER_URL": "postgresql://alice:s3cret@127.0.0.1:9/sweeps",
+        },
+    )
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert "alice:***@127.0.0.1" in proc.stdout + proc.stderr  # the unreachable ledger is reported, masked
     for path in run_dir.rglob("*"):
@@ -185,8 +258,7 @@ def test_cached_storage_keeps_two_sweeps_apart_and_sees_other_writers(tmp_path):
     assert len(only_study(url1).trials) == 2
     assert len(only_study(storage_url(cfg, tmp_path / "s2")).trials) == 1
     # Another writer (its own engine, as another process has) adds a trial: the next record sees it.
-    optuna.load_study(study_name=str(tmp_path / "s1"), storage=url1).add_trial(
-        optuna.trial.create_trial(value=1.0))
+    optuna.load_study(study_name=str(tmp_path / "s1"), storage=url1).add_trial(optuna.trial.create_trial(value=1.0))
     number = record_run(cfg, tmp_path / "s1", tmp_path / "s1" / "1", result("stable"))
     assert number == 3 and len(only_study(url1).trials) == 4
 

@@ -1,5 +1,6 @@
 """finetune=lora: a tiny CogVideoX trained by one run is fine-tuned by others (model.init_from), with peft
 adapters on a frozen base, over a sweep of optim.lora_lr: only the adapters move, and by the lr asked."""
+
 from __future__ import annotations
 
 from pathlib import Path
@@ -37,8 +38,19 @@ def test_lora_sweep_over_lora_lr_moves_only_the_adapters(pretrained, tmp_path):
     adapters = {}
     for lora_lr in (1e-3, 1e-2):
         run_dir = tmp_path / f"lora_lr={lora_lr}"
-        r = execute(make_run(*BASE, "finetune=lora", "finetune.rank=2", f"optim.lora_lr={lora_lr}", "steps=3",
-                             "checkpoint.every=3", f"model.init_from={pretrained}"), run_dir, {})
+        r = execute(
+            make_run(
+                *BASE,
+                "finetune=lora",
+                "finetune.rank=2",
+                f"optim.lora_lr={lora_lr}",
+                "steps=3",
+                "checkpoint.every=3",
+                f"model.init_from={pretrained}",
+            ),
+            run_dir,
+            {},
+        )
         assert r.status == "stable", r.reason
         final = final_weights(run_dir)
         base = {k.replace(".base_layer.", "."): v for k, v in final.items() if not is_adapter(k)}
@@ -55,8 +67,14 @@ def test_lora_sweep_over_lora_lr_moves_only_the_adapters(pretrained, tmp_path):
 
 
 def test_adapters_get_their_own_param_group_and_the_base_its_lr_when_trained(pretrained):
-    run = make_run(*BASE, "finetune=lora", "optim.lr=1e-4", "optim.lora_lr=1e-2", "finetune.train_base=true",
-                   f"model.init_from={pretrained}")
+    run = make_run(
+        *BASE,
+        "finetune=lora",
+        "optim.lr=1e-4",
+        "optim.lora_lr=1e-2",
+        "finetune.train_base=true",
+        f"model.init_from={pretrained}",
+    )
     parts = build_parts(run, torch.device("cpu"), PrecisionPolicy.from_config(run.precision))
     groups = {g["name"]: g for g in parts.optimizer.param_groups}
     assert groups["base"]["lr"] == 1e-4 and groups["lora"]["lr"] == 1e-2 and groups["lora"]["lr_scale"] == 100

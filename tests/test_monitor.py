@@ -1,4 +1,5 @@
 """The monitor's verdict criteria on hand-made numbers."""
+
 from __future__ import annotations
 
 import math

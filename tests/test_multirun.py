@@ -1,4 +1,5 @@
 """A real `python -m sweep -m` grid in a subprocess: every job writes its files, the summary prints."""
+
 from __future__ import annotations
 
 import json
@@ -14,10 +15,26 @@ from .conftest import FAST, REPO
 @pytest.mark.slow
 def test_multirun_grid_records_every_job_and_prints_the_summary(tmp_path):
     sweep_dir = tmp_path / "sweep"
-    cmd = [sys.executable, "-m", "sweep", "-m", "precision=fp32,fp16_pure", "optim.lr=1e-4,1e-3",
-           "attention=flash,math", "steps=4", *FAST, f"hydra.sweep.dir={sweep_dir}"]
-    proc = subprocess.run(cmd, cwd=tmp_path, capture_output=True, text=True, timeout=600,
-                          env={**os.environ, "PYTHONPATH": str(REPO), "CI": "1"})
+    cmd = [
+        sys.executable,
+        "-m",
+        "sweep",
+        "-m",
+        "precision=fp32,fp16_pure",
+        "optim.lr=1e-4,1e-3",
+        "attention=flash,math",
+        "steps=4",
+        *FAST,
+        f"hydra.sweep.dir={sweep_dir}",
+    ]
+    proc = subprocess.run(
+        cmd,
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=600,
+        env={**os.environ, "PYTHONPATH": str(REPO), "CI": "1"},
+    )
     assert proc.returncode == 0, proc.stderr[-3000:]
     results = sorted(sweep_dir.glob("*/result.json"))
     assert len(results) == 8

@@ -1,4 +1,5 @@
 """Our Optuna sweeper: search with diverging runs, resume without duplicates, grid cells, stale trials."""
+
 from __future__ import annotations
 
 import os
@@ -18,22 +19,46 @@ from .conftest import FAST, REPO
 
 
 def sweep(tmp_path, *args, check=True):
-    cmd = [sys.executable, "-m", "sweep", "-m", "hydra/sweeper=optuna_sweep", *FAST, "steps=4",
-           f"hydra.sweep.dir={tmp_path / 'sweep'}", *args]
-    proc = subprocess.run(cmd, cwd=tmp_path, capture_output=True, text=True, timeout=600,
-                          env={**os.environ, "PYTHONPATH": str(REPO), "CI": "1", "OMP_NUM_THREADS": "1"})
+    cmd = [
+        sys.executable,
+        "-m",
+        "sweep",
+        "-m",
+        "hydra/sweeper=optuna_sweep",
+        *FAST,
+        "steps=4",
+        f"hydra.sweep.dir={tmp_path / 'sweep'}",
+        *args,
+    ]
+    proc = subprocess.run(
+        cmd,
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=600,
+        env={**os.environ, "PYTHONPATH": str(REPO), "CI": "1", "OMP_NUM_THREADS": "1"},
+    )
     if check:
         assert proc.returncode == 0, proc.stderr[-3000:]
     return proc
 
 
 def study(tmp_path):
-    return optuna.load_study(study_name=str(tmp_path / "sweep"), storage=f"sqlite:///{tmp_path / 'sweep' / 'ledger.db'}")
+    return optuna.load_study(
+        study_name=str(tmp_path / "sweep"), storage=f"sqlite:///{tmp_path / 'sweep' / 'ledger.db'}"
+    )
 
 
 def test_search_space_syntax_matches_hydra():
-    space, fixed = parse(["optim.lr=tag(log,interval(1e-5,1e-1))", "precision=fp32,bf16_amp", "steps=range(10,40,10)",
-                          "optim.warmup_steps=int(interval(0,20))", "seed=3"])
+    space, fixed = parse(
+        [
+            "optim.lr=tag(log,interval(1e-5,1e-1))",
+            "precision=fp32,bf16_amp",
+            "steps=range(10,40,10)",
+            "optim.warmup_steps=int(interval(0,20))",
+            "seed=3",
+        ]
+    )
     assert space["optim.lr"].log and space["optim.lr"].low == 1e-5
     assert space["precision"].choices == ("fp32", "bf16_amp")
     assert space["steps"].choices == (10, 20, 30)  # Hydra's range excludes its end, for every sampler
@@ -43,8 +68,12 @@ def test_search_space_syntax_matches_hydra():
 
 @pytest.mark.slow
 def test_search_records_diverged_runs_as_infeasible_and_resumes_to_n_trials(tmp_path):
-    args = ["hydra.sweeper.sampler.seed=0", "hydra.sweeper.n_jobs=2", "optim.lr=tag(log,interval(1e-4,1.0))",
-            "precision=fp32,fp16_pure"]
+    args = [
+        "hydra.sweeper.sampler.seed=0",
+        "hydra.sweeper.n_jobs=2",
+        "optim.lr=tag(log,interval(1e-4,1.0))",
+        "precision=fp32,fp16_pure",
+    ]
     proc = sweep(tmp_path, "hydra.sweeper.n_trials=4", *args)
     assert "Divergence map" in proc.stdout
     first = study(tmp_path).trials
@@ -66,8 +95,14 @@ def test_grid_runs_exactly_the_missing_cells_after_a_stale_trial(tmp_path):
     (tmp_path / "sweep").mkdir()
     s = optuna.create_study(study_name=str(tmp_path / "sweep"), storage=url)
     dists = parse(args[1:])[0]
-    s.add_trial(optuna.trial.create_trial(params={"precision": "fp32", "optim.lr": 1e-4}, distributions=dists,
-                                          value=0.5, user_attrs={"status": "stable"}))
+    s.add_trial(
+        optuna.trial.create_trial(
+            params={"precision": "fp32", "optim.lr": 1e-4},
+            distributions=dists,
+            value=0.5,
+            user_attrs={"status": "stable"},
+        )
+    )
     s.enqueue_trial({"precision": "fp32", "optim.lr": 1e-3})
     stale = s.ask(dists)  # RUNNING, as a killed sweep leaves it: one heartbeat, then silence
     optuna.storages.RDBStorage(url).record_heartbeat(stale._trial_id)
@@ -81,13 +116,33 @@ def test_grid_runs_exactly_the_missing_cells_after_a_stale_trial(tmp_path):
 
 @pytest.mark.slow
 def test_killed_sweep_resumes_with_nothing_lost_or_duplicated(tmp_path):
-    args = ["hydra.sweeper.sampler.name=grid", "precision=fp32,bf16_amp", "optim.lr=choice(1e-4,1e-3)",
-            "hydra.sweeper.heartbeat_s=1", "hydra.sweeper.stale_after_s=3"]
-    cmd = [sys.executable, "-m", "sweep", "-m", "hydra/sweeper=optuna_sweep", *FAST, "steps=150", "progress=none",
-           f"hydra.sweep.dir={tmp_path / 'sweep'}", *args]
-    proc = subprocess.Popen(cmd, cwd=tmp_path, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-                            env={**os.environ, "PYTHONPATH": str(REPO), "CI": "1", "OMP_NUM_THREADS": "1"},
-                            start_new_session=True)
+    args = [
+        "hydra.sweeper.sampler.name=grid",
+        "precision=fp32,bf16_amp",
+        "optim.lr=choice(1e-4,1e-3)",
+        "hydra.sweeper.heartbeat_s=1",
+        "hydra.sweeper.stale_after_s=3",
+    ]
+    cmd = [
+        sys.executable,
+        "-m",
+        "sweep",
+        "-m",
+        "hydra/sweeper=optuna_sweep",
+        *FAST,
+        "steps=150",
+        "progress=none",
+        f"hydra.sweep.dir={tmp_path / 'sweep'}",
+        *args,
+    ]
+    proc = subprocess.Popen(
+        cmd,
+        cwd=tmp_path,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        env={**os.environ, "PYTHONPATH": str(REPO), "CI": "1", "OMP_NUM_THREADS": "1"},
+        start_new_session=True,
+    )
     deadline = time.time() + 300
     while time.time() < deadline and not list((tmp_path / "sweep").glob("*/result.json")):
         time.sleep(0.5)
@@ -128,12 +183,20 @@ def test_frontier_search_finds_the_grid_boundary_with_fewer_runs(tmp_path):
     from .conftest import make_run
 
     grid = [1e-3, 3e-3, 1e-2, 3e-2, 1e-1, 3e-1]
-    status = {lr: execute(make_run("precision=fp32", f"optim.lr={lr}", "steps=20"), tmp_path / f"g{lr}", {}).status
-              for lr in grid}
+    status = {
+        lr: execute(make_run("precision=fp32", f"optim.lr={lr}", "steps=20"), tmp_path / f"g{lr}", {}).status
+        for lr in grid
+    }
     grid_stable = max(lr for lr in grid if status[lr] == "stable")
     grid_diverged = min(lr for lr in grid if status[lr] == "diverged")
-    proc = sweep(tmp_path, "hydra.sweeper.mode=frontier", "hydra.sweeper.n_jobs=2", "precision=fp32,fp16_pure",
-                 "optim.lr=tag(log,interval(1e-4,1.0))", "steps=20")
+    proc = sweep(
+        tmp_path,
+        "hydra.sweeper.mode=frontier",
+        "hydra.sweeper.n_jobs=2",
+        "precision=fp32,fp16_pure",
+        "optim.lr=tag(log,interval(1e-4,1.0))",
+        "steps=20",
+    )
     assert "Frontier of optim.lr within 2x" in proc.stdout
     import pandas as pd
 

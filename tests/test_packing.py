@@ -1,4 +1,5 @@
 """Trial packing: K runs trained as one vmapped computation end like the same runs trained alone."""
+
 from __future__ import annotations
 
 import json
@@ -30,10 +31,16 @@ STABLE_REGION = 3e-3
 
 def alone_and_packed(tmp_path, runs):
     alone = [execute(r, tmp_path / f"alone{i}", {"i": i}) for i, r in enumerate(runs)]
-    packed = execute_pack(runs, [tmp_path / f"packed{i}" for i in range(len(runs))], [{"i": i} for i in range(len(runs))],
-                          [""] * len(runs))
-    curves = [(pd.read_csv(tmp_path / f"alone{i}" / "metrics.csv"), pd.read_csv(tmp_path / f"packed{i}" / "metrics.csv"))
-              for i in range(len(runs))]
+    packed = execute_pack(
+        runs,
+        [tmp_path / f"packed{i}" for i in range(len(runs))],
+        [{"i": i} for i in range(len(runs))],
+        [""] * len(runs),
+    )
+    curves = [
+        (pd.read_csv(tmp_path / f"alone{i}" / "metrics.csv"), pd.read_csv(tmp_path / f"packed{i}" / "metrics.csv"))
+        for i in range(len(runs))
+    ]
     return alone, packed, curves
 
 
@@ -46,8 +53,18 @@ def outcome(r):
 @pytest.mark.slow
 @pytest.mark.parametrize("precision", ["fp32", "bf16_amp", "fp16_amp"])
 def test_packed_runs_get_the_verdicts_of_the_runs_alone(tmp_path, precision):
-    runs = [make_run(f"precision={precision}", f"optim.lr={lr}", f"seed={i}", "steps=8", "threads=1",
-                     "data.batch_size=2", "monitor.forensics=false") for i, lr in enumerate(LRS)]
+    runs = [
+        make_run(
+            f"precision={precision}",
+            f"optim.lr={lr}",
+            f"seed={i}",
+            "steps=8",
+            "threads=1",
+            "data.batch_size=2",
+            "monitor.forensics=false",
+        )
+        for i, lr in enumerate(LRS)
+    ]
     alone, packed, curves = alone_and_packed(tmp_path, runs)
     assert [outcome(r) for r in packed] == [outcome(r) for r in alone]
     statuses = {r.status for r in alone}
@@ -56,7 +73,9 @@ def test_packed_runs_get_the_verdicts_of_the_runs_alone(tmp_path, precision):
     for lr, (a, b) in zip(LRS, curves):
         assert len(a) == len(b)
         if lr <= STABLE_REGION:
-            torch.testing.assert_close(torch.tensor(b.loss.values), torch.tensor(a.loss.values), rtol=RTOL[precision], atol=0)
+            torch.testing.assert_close(
+                torch.tensor(b.loss.values), torch.tensor(a.loss.values), rtol=RTOL[precision], atol=0
+            )
             assert list(b.skipped) == list(a.skipped) and list(b.loss_scale.fillna(0)) == list(a.loss_scale.fillna(0))
 
 
@@ -64,21 +83,27 @@ def test_packed_runs_get_the_verdicts_of_the_runs_alone(tmp_path, precision):
 def test_an_overflow_in_one_packed_run_leaves_the_others_scale_alone(tmp_path):
     # loss_weight 1e5 makes run 0's scaled fp16 gradients overflow at the initial scale 65536: its scaler
     # must skip and back off on its own, while run 1 (same pack) steps every time at 65536.
-    runs = [make_run("precision=fp16_amp", "objective.loss_weight=1e5", "steps=6", "data.batch_size=2", "threads=1"),
-            make_run("precision=fp16_amp", "seed=1", "steps=6", "data.batch_size=2", "threads=1")]
+    runs = [
+        make_run("precision=fp16_amp", "objective.loss_weight=1e5", "steps=6", "data.batch_size=2", "threads=1"),
+        make_run("precision=fp16_amp", "seed=1", "steps=6", "data.batch_size=2", "threads=1"),
+    ]
     alone, packed, curves = alone_and_packed(tmp_path, runs)
     overflowing, (calm_alone, calm) = curves[0][1], curves[1]
     assert overflowing.skipped.sum() > 0 and overflowing.loss_scale.iloc[-1] < 65536
     assert calm.skipped.sum() == 0 and set(calm.loss_scale) == {65536.0}
-    torch.testing.assert_close(torch.tensor(calm.loss.values), torch.tensor(calm_alone.loss.values), rtol=1e-2, atol=1e-6)
+    torch.testing.assert_close(
+        torch.tensor(calm.loss.values), torch.tensor(calm_alone.loss.values), rtol=1e-2, atol=1e-6
+    )
     assert [outcome(r) for r in packed] == [outcome(r) for r in alone]
 
 
 @pytest.mark.slow
 def test_a_bad_sample_stops_only_its_own_run_at_its_own_step(tmp_path):
-    runs = [make_run("data.faults=[{index:3,kind:nan}]", "steps=12", "threads=1"),
-            make_run("seed=1", "steps=12", "threads=1"),
-            make_run("optim.lr=0.3", "seed=2", "steps=12", "threads=1")]
+    runs = [
+        make_run("data.faults=[{index:3,kind:nan}]", "steps=12", "threads=1"),
+        make_run("seed=1", "steps=12", "threads=1"),
+        make_run("optim.lr=0.3", "seed=2", "steps=12", "threads=1"),
+    ]
     alone, packed, _ = alone_and_packed(tmp_path, runs)
     assert [outcome(r) for r in packed] == [outcome(r) for r in alone]
     assert packed[0].verdict == "bad_input" and packed[1].status == "stable" and packed[1].steps_run == 12
@@ -92,7 +117,9 @@ def module_output_dtypes(model: torch.nn.Module, forward) -> dict[str, torch.dty
     def record(name):
         def hook(module, inputs, output):
             seen.setdefault(name, getattr(output, "dtype", None))  # returns None: the output stays
+
         return hook
+
     hooks = [m.register_forward_hook(record(name)) for name, m in model.named_modules() if name]
     try:
         forward()
@@ -129,8 +156,12 @@ def test_packed_autocast_gives_every_module_the_dtype_it_has_alone(precision):
 
 def test_plan_packs_runs_of_one_computation_and_leaves_the_rest_alone():
     fp32 = [make_run(f"optim.lr={lr}", f"seed={s}", "optim.grad_clip=1.0") for lr in (1e-4, 1e-3) for s in (0, 1)]
-    other = [make_run("precision=bf16_amp"), make_run("attention=flash"), make_run("checkpoint.every=5"),
-             make_run("compile=true")]
+    other = [
+        make_run("precision=bf16_amp"),
+        make_run("attention=flash"),
+        make_run("checkpoint.every=5"),
+        make_run("compile=true"),
+    ]
     assert len({pack_key(r) for r in fp32}) == 1  # lr, seed, clipping are per run
     assert len({pack_key(r) for r in fp32 + other[:2]}) == 3  # precision and kernels are not
     assert refusal(other[2]) and refusal(other[3]) and refusal(fp32[0]) is None
@@ -173,12 +204,20 @@ def test_fused_modulate_vmaps_to_one_call_with_the_per_row_result():
 @pytest.mark.slow
 def test_packed_launcher_writes_every_run_and_trial(tmp_path, capsys):
     sweep_dir = tmp_path / "sweep"
-    multirun_in_process(sweep_dir, "hydra/launcher=packed", "hydra.launcher.pack=4", "precision=fp32,fp16_pure",
-                        "optim.lr=1e-4,1e-3,3e-2", "steps=6")
+    multirun_in_process(
+        sweep_dir,
+        "hydra/launcher=packed",
+        "hydra.launcher.pack=4",
+        "precision=fp32,fp16_pure",
+        "optim.lr=1e-4,1e-3,3e-2",
+        "steps=6",
+    )
     results = [json.loads(p.read_text()) for p in sorted(sweep_dir.glob("*/result.json"))]
     assert len(results) == 6 and all(r["packed"] == 3 for r in results)
-    assert all((p.parent / "metrics.csv").is_file() and (p.parent / ".hydra" / "overrides.yaml").is_file()
-               for p in sweep_dir.glob("*/result.json"))
+    assert all(
+        (p.parent / "metrics.csv").is_file() and (p.parent / ".hydra" / "overrides.yaml").is_file()
+        for p in sweep_dir.glob("*/result.json")
+    )
     by = {(r["params"]["precision"], r["params"]["optim.lr"]): r for r in results}
     assert by["fp32", 1e-4]["status"] == "stable" and by["fp16_pure", 1e-4]["verdict"] == "nonfinite_loss"
     (study,) = optuna.get_all_study_summaries(f"sqlite:///{sweep_dir / 'ledger.db'}")
@@ -192,12 +231,19 @@ def test_packed_launcher_writes_every_run_and_trial(tmp_path, capsys):
 def test_pure_low_precision_updates_stall_and_nan_in_a_pack_as_alone(tmp_path):
     # The stacked AdamW must round like torch's: pure bf16 loses sub-resolution updates (stalled), pure
     # fp16 turns eps=1e-8 into 0 and divides 0 by 0 on its first update (nonfinite_loss at step 1).
-    runs = [make_run("precision=bf16_pure", f"optim.lr={lr}", f"seed={i}", "steps=10", "monitor.stall_window=10",
-                     "threads=1")
-            for i, lr in enumerate([6e-6, 1e-3])]
+    runs = [
+        make_run(
+            "precision=bf16_pure", f"optim.lr={lr}", f"seed={i}", "steps=10", "monitor.stall_window=10", "threads=1"
+        )
+        for i, lr in enumerate([6e-6, 1e-3])
+    ]
     alone, packed, _ = alone_and_packed(tmp_path / "bf16", runs)
     assert [outcome(r) for r in packed] == [outcome(r) for r in alone]
     assert packed[0].verdict == "stalled" and packed[1].status == "stable"
     runs = [make_run("precision=fp16_pure", f"optim.lr={lr}", "steps=4", "threads=1") for lr in (1e-4, 1e-2)]
     alone, packed, _ = alone_and_packed(tmp_path / "fp16", runs)
-    assert [outcome(r) for r in packed] == [outcome(r) for r in alone] == [("diverged", "nonfinite_loss", 1, "optimizer", None)] * 2
+    assert (
+        [outcome(r) for r in packed]
+        == [outcome(r) for r in alone]
+        == [("diverged", "nonfinite_loss", 1, "optimizer", None)] * 2
+    )

@@ -1,4 +1,5 @@
 """python -m sweep.parity: passes our kernels, catches OpenDiT's row-0 modulate bug, takes user kernels."""
+
 from __future__ import annotations
 
 import torch

@@ -1,4 +1,5 @@
 """The ledger in PostgreSQL (started by scripts/postgres.sh): concurrent sweepers, killed workers, no password leaks."""
+
 from __future__ import annotations
 
 import json
@@ -30,11 +31,22 @@ def test_four_concurrent_workers_run_a_40_cell_grid_each_cell_once(tmp_path, pos
     secret = "not-a-real-pw-7f3a"
     with_password = postgres_url.replace("://sweep@", f"://sweep:{secret}@")
     sweep_dir = tmp_path / "sweep"
-    grid = ["hydra.sweeper.sampler.name=grid", "precision=fp32,fp16_pure", "optim.lr=choice(1e-4,3e-4,1e-3,3e-3,1e-2)",
-            "seed=choice(0,1,2,3)", "steps=2", "hydra.sweeper.heartbeat_s=1", LEDGER_FROM_ENV]
+    grid = [
+        "hydra.sweeper.sampler.name=grid",
+        "precision=fp32,fp16_pure",
+        "optim.lr=choice(1e-4,3e-4,1e-3,3e-3,1e-2)",
+        "seed=choice(0,1,2,3)",
+        "steps=2",
+        "hydra.sweeper.heartbeat_s=1",
+        LEDGER_FROM_ENV,
+    ]
     cmd = sweep_cmd(sweep_dir, *grid)  # the same command on four "nodes", one shared study
-    workers = [subprocess.Popen(cmd, cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                                env=sweep_env(with_password)) for _ in range(4)]
+    workers = [
+        subprocess.Popen(
+            cmd, cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=sweep_env(with_password)
+        )
+        for _ in range(4)
+    ]
     outs = [w.communicate(timeout=600) for w in workers]
     assert [w.returncode for w in workers] == [0] * 4, [err[-2000:] for _, err in outs]
     ts = trials(postgres_url, sweep_dir)
@@ -42,8 +54,11 @@ def test_four_concurrent_workers_run_a_40_cell_grid_each_cell_once(tmp_path, pos
     assert len({cell(t) for t in ts}) == 40
     for t in ts:  # each run finished its own trial: stable feasible, diverged (pure fp16 AdamW) infeasible
         result = json.loads((sweep_dir / t.user_attrs["run_dir"] / "result.json").read_text())
-        assert t.user_attrs["status"] == result["status"] == ("diverged" if t.params["precision"] == "fp16_pure"
-                                                              else "stable")
+        assert (
+            t.user_attrs["status"]
+            == result["status"]
+            == ("diverged" if t.params["precision"] == "fp16_pure" else "stable")
+        )
         assert t.system_attrs["constraints"] == ([1.0] if result["status"] == "diverged" else [-1.0])
     assert len({t.user_attrs["run_dir"] for t in ts}) == 40
     # the workers really ran side by side: some runs overlap in time
@@ -55,10 +70,22 @@ def test_four_concurrent_workers_run_a_40_cell_grid_each_cell_once(tmp_path, pos
 
 def test_killed_worker_resumes_with_exactly_the_missing_runs(tmp_path, postgres_url):
     sweep_dir = tmp_path / "sweep"
-    args = ["hydra.sweeper.sampler.name=grid", "precision=fp32,bf16_amp", "optim.lr=choice(1e-4,1e-3)",
-            "hydra.sweeper.heartbeat_s=1", "hydra.sweeper.stale_after_s=3", LEDGER_FROM_ENV]
-    proc = subprocess.Popen(sweep_cmd(sweep_dir, "steps=150", *args), cwd=tmp_path, stdout=subprocess.DEVNULL,
-                            stderr=subprocess.DEVNULL, env=sweep_env(postgres_url), start_new_session=True)
+    args = [
+        "hydra.sweeper.sampler.name=grid",
+        "precision=fp32,bf16_amp",
+        "optim.lr=choice(1e-4,1e-3)",
+        "hydra.sweeper.heartbeat_s=1",
+        "hydra.sweeper.stale_after_s=3",
+        LEDGER_FROM_ENV,
+    ]
+    proc = subprocess.Popen(
+        sweep_cmd(sweep_dir, "steps=150", *args),
+        cwd=tmp_path,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        env=sweep_env(postgres_url),
+        start_new_session=True,
+    )
     deadline = time.time() + 300
     while time.time() < deadline and not list(sweep_dir.glob("*/result.json")):
         time.sleep(0.2)
@@ -71,8 +98,14 @@ def test_killed_worker_resumes_with_exactly_the_missing_runs(tmp_path, postgres_
     done_before = {t.number: (t.params, t.value) for t in killed if t.state is TrialState.COMPLETE}
     assert 1 <= len(done_before) < 4
     time.sleep(3.5)  # past stale_after_s: the killed worker's heartbeat is too old
-    rerun = subprocess.run(sweep_cmd(sweep_dir, "steps=4", *args), cwd=tmp_path, capture_output=True, text=True,
-                           timeout=300, env=sweep_env(postgres_url))
+    rerun = subprocess.run(
+        sweep_cmd(sweep_dir, "steps=4", *args),
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env=sweep_env(postgres_url),
+    )
     assert rerun.returncode == 0, rerun.stderr[-3000:]
     ts = trials(postgres_url, sweep_dir)
     assert ts[running[0]].state is TrialState.FAIL and ts[running[0]].system_attrs["stale"]

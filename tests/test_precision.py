@@ -1,4 +1,5 @@
 """The loss scaler's state machine and the precision policies' device checks."""
+
 from __future__ import annotations
 
 import torch
@@ -68,8 +69,10 @@ def test_state_dict_round_trip():
 def test_tf32_is_skipped_on_cpu_with_a_reason():
     policy = PrecisionPolicy.from_config(make_run("precision=tf32").precision)
     assert "CUDA" in policy.unsupported_reason(torch.device("cpu"))
-    assert PrecisionPolicy.from_config(make_run("precision=fp16_amp").precision).unsupported_reason(
-        torch.device("cpu")) is None
+    assert (
+        PrecisionPolicy.from_config(make_run("precision=fp16_amp").precision).unsupported_reason(torch.device("cpu"))
+        is None
+    )
 
 
 def test_tf32_flags_are_reset_per_run():

@@ -1,4 +1,5 @@
 """Pruning through the ledger: jobs report their loss to their trial and stop when the sweeper's pruner says so."""
+
 from __future__ import annotations
 
 import csv
@@ -16,9 +17,15 @@ from sweep.search.pruning import PruningHook, make_pruner, pruner_overrides
 from .conftest import multirun_in_process
 
 UPPER = 1.5  # the loss starts at ~1.0; a run above 1.5 is heading for a spike
-THRESHOLD = ["hydra/sweeper=optuna_sweep", "hydra.sweeper.sampler.name=grid", "optim.lr=choice(1e-3,3e-2)", "steps=12",
-             "hydra.sweeper.pruner.name=threshold", f"hydra.sweeper.pruner.upper={UPPER}",
-             "hydra.sweeper.pruner.report_every=2"]
+THRESHOLD = [
+    "hydra/sweeper=optuna_sweep",
+    "hydra.sweeper.sampler.name=grid",
+    "optim.lr=choice(1e-3,3e-2)",
+    "steps=12",
+    "hydra.sweeper.pruner.name=threshold",
+    f"hydra.sweeper.pruner.upper={UPPER}",
+    "hydra.sweeper.pruner.report_every=2",
+]
 
 
 def study(sweep_dir):
@@ -66,8 +73,14 @@ def test_threshold_pruner_stops_a_diverging_run_and_records_where(tmp_path, caps
     assert table.loc[3e-2].tolist() == [f"pruned@{step}"] and table.loc[1e-3].tolist() == ["stable"]
 
     # Without the pruner the same run is a loss spike a step or more later: pruning cut it short.
-    multirun_in_process(tmp_path / "unpruned", "hydra/sweeper=optuna_sweep", "hydra.sweeper.sampler.name=grid",
-                        "optim.lr=choice(3e-2)", "steps=12", "~hydra.callbacks.summary")
+    multirun_in_process(
+        tmp_path / "unpruned",
+        "hydra/sweeper=optuna_sweep",
+        "hydra.sweeper.sampler.name=grid",
+        "optim.lr=choice(3e-2)",
+        "steps=12",
+        "~hydra.callbacks.summary",
+    )
     (unpruned,) = [json.loads(p.read_text()) for p in (tmp_path / "unpruned").glob("*/result.json")]
     assert unpruned["status"] == "diverged" and unpruned["first_bad_step"] > step
 
@@ -76,10 +89,18 @@ def test_threshold_pruner_stops_a_diverging_run_and_records_where(tmp_path, caps
 def test_median_pruner_prunes_a_later_trial_that_learns_nothing(tmp_path):
     """Two good trials complete; the third (lr 1e-6: the loss does not move) is worse than their median."""
     sweep_dir = tmp_path / "sweep"
-    multirun_in_process(sweep_dir, "hydra/sweeper=optuna_sweep", "hydra.sweeper.sampler.name=grid",
-                        "optim.lr=choice(3e-3,1e-3,1e-6)", "steps=16", "hydra.sweeper.pruner.name=median",
-                        "hydra.sweeper.pruner.n_startup_trials=2", "hydra.sweeper.pruner.n_warmup_steps=4",
-                        "hydra.sweeper.pruner.report_every=4", "~hydra.callbacks.summary")
+    multirun_in_process(
+        sweep_dir,
+        "hydra/sweeper=optuna_sweep",
+        "hydra.sweeper.sampler.name=grid",
+        "optim.lr=choice(3e-3,1e-3,1e-6)",
+        "steps=16",
+        "hydra.sweeper.pruner.name=median",
+        "hydra.sweeper.pruner.n_startup_trials=2",
+        "hydra.sweeper.pruner.n_warmup_steps=4",
+        "hydra.sweeper.pruner.report_every=4",
+        "~hydra.callbacks.summary",
+    )
     trials = study(sweep_dir).trials
     assert [t.params["optim.lr"] for t in trials] == [3e-3, 1e-3, 1e-6]
     assert [t.state for t in trials] == [TrialState.COMPLETE, TrialState.COMPLETE, TrialState.PRUNED]
@@ -98,13 +119,20 @@ def test_median_pruner_prunes_a_later_trial_that_learns_nothing(tmp_path):
 def test_pruning_works_from_joblib_worker_processes(tmp_path, monkeypatch):
     """Jobs in other processes load the study with the pruner the sweeper passed them: same outcome."""
     sweep_dir = tmp_path / "sweep"
+
     # A hook that ran in this process would now crash its run (status error); the workers have their own.
     def in_this_process(*args):
         raise RuntimeError("a job ran in the sweeper's process")
 
     monkeypatch.setattr(PruningHook, "after_step", in_this_process)
-    (batch,) = multirun_in_process(sweep_dir, *THRESHOLD, "hydra/launcher=joblib", "hydra.launcher.n_jobs=2",
-                                   "hydra.sweeper.n_jobs=2", "~hydra.callbacks.summary")
+    (batch,) = multirun_in_process(
+        sweep_dir,
+        *THRESHOLD,
+        "hydra/launcher=joblib",
+        "hydra.launcher.n_jobs=2",
+        "hydra.sweeper.n_jobs=2",
+        "~hydra.callbacks.summary",
+    )
     assert all(ret.hydra_cfg.hydra.launcher._target_.endswith("JoblibLauncher") for ret in batch)
     check_threshold_sweep(sweep_dir)
     overrides = (sweep_dir / "1" / ".hydra" / "overrides.yaml").read_text()
@@ -113,8 +141,11 @@ def test_pruning_works_from_joblib_worker_processes(tmp_path, monkeypatch):
 
 def test_pruner_config_is_validated_and_passed_on_as_overrides():
     p = PrunerConfig(name="median", n_startup_trials=2, report_every=4)
-    assert pruner_overrides(p) == ["ledger.pruner.name=median", "ledger.pruner.report_every=4",
-                                   "ledger.pruner.n_startup_trials=2"]
+    assert pruner_overrides(p) == [
+        "ledger.pruner.name=median",
+        "ledger.pruner.report_every=4",
+        "ledger.pruner.n_startup_trials=2",
+    ]
     assert pruner_overrides(PrunerConfig()) == []
     assert isinstance(make_pruner(p), optuna.pruners.MedianPruner) and make_pruner(PrunerConfig()) is None
     for name in ("percentile", "successive_halving", "hyperband"):

@@ -4,6 +4,7 @@ stay text. Driven through the DevTools protocol (a websocket), which also takes 
 
     REPORT_SCREENSHOT=/tmp/report_screenshot.png pytest tests/test_report_browser.py   # keep the picture
 """
+
 from __future__ import annotations
 
 import json
@@ -23,8 +24,9 @@ from .test_report_tables import make_grid, write_run
 CHROMIUM = shutil.which("chromium") or "/usr/bin/chromium"
 # In CI a missing browser is a failure (scripts/install_chromium.sh installs it); elsewhere a skip.
 _IN_CI = os.environ.get("CI", "").lower() in ("1", "true", "yes")
-pytestmark = pytest.mark.skipif(not Path(CHROMIUM).exists() and not _IN_CI,
-                                reason="no chromium: run scripts/install_chromium.sh")
+pytestmark = pytest.mark.skipif(
+    not Path(CHROMIUM).exists() and not _IN_CI, reason="no chromium: run scripts/install_chromium.sh"
+)
 
 XSS_IMG = '<img src=x onerror="window.__pwned=1">'
 XSS_SCRIPT = "</script><script>window.__pwned=2</script>"
@@ -82,10 +84,22 @@ class DevTools:
 def browser(tmp_path):
     assert Path(CHROMIUM).exists(), "no chromium in CI: scripts/install_chromium.sh installs it"
     profile = tmp_path / "profile"
-    proc = subprocess.Popen([CHROMIUM, "--headless", "--no-sandbox", "--disable-gpu", "--no-first-run",
-                             "--hide-scrollbars", "--window-size=1280,2200", "--remote-debugging-port=0",
-                             f"--user-data-dir={profile}", "about:blank"],
-                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    proc = subprocess.Popen(
+        [
+            CHROMIUM,
+            "--headless",
+            "--no-sandbox",
+            "--disable-gpu",
+            "--no-first-run",
+            "--hide-scrollbars",
+            "--window-size=1280,2200",
+            "--remote-debugging-port=0",
+            f"--user-data-dir={profile}",
+            "about:blank",
+        ],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
     try:
         port_file, deadline = profile / "DevToolsActivePort", time.monotonic() + 60
         while not (port_file.exists() and port_file.read_text().count("\n") >= 1):
@@ -108,10 +122,18 @@ def browser(tmp_path):
 
 def test_report_in_headless_chromium(browser, tmp_path, capsys):
     root = make_grid(tmp_path / "sweep")
-    write_run(root, 100, {"precision": "fp32", "optim.lr": 1e-4, "attention": XSS_IMG, "steps": 8},
-              {"status": "stable", "final_loss": 0.9})
-    write_run(root, 101, {"precision": XSS_SCRIPT, "optim.lr": 1e-3, "attention": "flash", "steps": 8},
-              {"status": "diverged", "verdict": "loss_spike", "first_bad_step": 2, "cause": {"where": "loss"}})
+    write_run(
+        root,
+        100,
+        {"precision": "fp32", "optim.lr": 1e-4, "attention": XSS_IMG, "steps": 8},
+        {"status": "stable", "final_loss": 0.9},
+    )
+    write_run(
+        root,
+        101,
+        {"precision": XSS_SCRIPT, "optim.lr": 1e-3, "attention": "flash", "steps": 8},
+        {"status": "diverged", "verdict": "loss_spike", "first_bad_step": 2, "cause": {"where": "loss"}},
+    )
     assert report_main([str(root)]) == 0
     capsys.readouterr()
 

@@ -1,5 +1,6 @@
 """`python -m sweep.report`: run directories and the Optuna study give the same runs and the same tables;
 help, wrong paths, unknown studies and storage passwords are handled as the user sees them."""
+
 from __future__ import annotations
 
 import json
@@ -17,9 +18,13 @@ from sweep.report.study import runs_from_study
 
 from .test_report_tables import ATTENTIONS, PRECISIONS, diverged, make_grid, write_run
 
-DISTRIBUTIONS = {"precision": CategoricalDistribution(PRECISIONS), "optim.lr": FloatDistribution(1e-5, 1.0, log=True),
-                 "attention": CategoricalDistribution(ATTENTIONS), "steps": IntDistribution(1, 100),
-                 "seed": IntDistribution(0, 10)}
+DISTRIBUTIONS = {
+    "precision": CategoricalDistribution(PRECISIONS),
+    "optim.lr": FloatDistribution(1e-5, 1.0, log=True),
+    "attention": CategoricalDistribution(ATTENTIONS),
+    "steps": IntDistribution(1, 100),
+    "seed": IntDistribution(0, 10),
+}
 
 
 def record_study(url: str, name: str, sweep_dir: Path) -> optuna.Study:
@@ -30,27 +35,47 @@ def record_study(url: str, name: str, sweep_dir: Path) -> optuna.Study:
     for i, path in enumerate(sorted(sweep_dir.glob("*/result.json"), key=lambda p: int(p.parent.name))):
         r = json.loads(path.read_text())
         cause = r["cause"] or {}
-        attrs = {"status": r["status"], "verdict": r["verdict"], "first_bad_step": r["first_bad_step"],
-                 "cause_where": cause.get("where"), "cause_module": cause.get("module"),
-                 "final_loss": r["final_loss"], "steps_run": r["steps_run"], "run_dir": str(path.parent.resolve()),
-                 "initial_loss": r["initial_loss"], "min_loss": r["min_loss"], "seed": r["seed"],
-                 "steps_per_second": r["steps_per_second"]}
+        attrs = {
+            "status": r["status"],
+            "verdict": r["verdict"],
+            "first_bad_step": r["first_bad_step"],
+            "cause_where": cause.get("where"),
+            "cause_module": cause.get("module"),
+            "final_loss": r["final_loss"],
+            "steps_run": r["steps_run"],
+            "run_dir": str(path.parent.resolve()),
+            "initial_loss": r["initial_loss"],
+            "min_loss": r["min_loss"],
+            "seed": r["seed"],
+            "steps_per_second": r["steps_per_second"],
+        }
         state, value, system = {
             "stable": (TrialState.COMPLETE, r["final_loss"], {"constraints": [-1.0]}),
             "diverged": (TrialState.COMPLETE, 10.0, {"constraints": [1.0]}) if i % 2 else (TrialState.PRUNED, None, {}),
             "error": (TrialState.FAIL, None, {}),
         }[r["status"]]
         params = r["params"]
-        study.add_trial(create_trial(state=state, value=value, params=params, user_attrs=attrs, system_attrs=system,
-                                     distributions={k: DISTRIBUTIONS[k] for k in params}))
+        study.add_trial(
+            create_trial(
+                state=state,
+                value=value,
+                params=params,
+                user_attrs=attrs,
+                system_attrs=system,
+                distributions={k: DISTRIBUTIONS[k] for k in params},
+            )
+        )
     return study
 
 
 @pytest.fixture(scope="module")
 def sweep(tmp_path_factory):
     """The base grid with two seeds, one replicate changed, and its ledger."""
-    root = make_grid(tmp_path_factory.mktemp("report") / "sweep", seeds=(0, 1),
-                     changes={("fp32", 1e-3, "flash", 1): diverged("loss_spike", 5, "loss")})
+    root = make_grid(
+        tmp_path_factory.mktemp("report") / "sweep",
+        seeds=(0, 1),
+        changes={("fp32", 1e-3, "flash", 1): diverged("loss_spike", 5, "loss")},
+    )
     record_study(f"sqlite:///{root / 'ledger.db'}", str(root), root)
     return root
 
@@ -90,8 +115,13 @@ def test_trial_states_without_attributes(tmp_path):
     study = optuna.create_study(storage=url, study_name="s")
     trial = study.ask()
     trial.suggest_float("optim.lr", 1e-4, 1e-2, log=True)
-    study.add_trial(create_trial(state=TrialState.PRUNED, params={"optim.lr": 1e-3},
-                                 distributions={"optim.lr": FloatDistribution(1e-5, 1.0, log=True)}))
+    study.add_trial(
+        create_trial(
+            state=TrialState.PRUNED,
+            params={"optim.lr": 1e-3},
+            distributions={"optim.lr": FloatDistribution(1e-5, 1.0, log=True)},
+        )
+    )
     stale = study.ask()  # a job that died unrecorded: the Optuna sweeper fails its trial as stale
     study._storage.set_trial_system_attr(stale._trial_id, "stale", True)
     study.tell(stale, state=TrialState.FAIL)
@@ -104,8 +134,7 @@ def test_help_explains_every_option(capsys):
         main(["--help"])
     assert exit_.value.code == 0
     text = capsys.readouterr().out
-    for option in ("PATH_OR_STORAGE_URL", "--study", "--html", "--no-html", "--write", "--width",
-                   "SWEEP_LEDGER_URL"):
+    for option in ("PATH_OR_STORAGE_URL", "--study", "--html", "--no-html", "--write", "--width", "SWEEP_LEDGER_URL"):
         assert option in text
 
 
@@ -132,9 +161,14 @@ def test_several_studies_need_study(tmp_path, capsys):
     write_run(root, 0, {"optim.lr": 1e-3}, {"status": "stable", "final_loss": 0.5})
     for name in ("first", "second"):
         study = optuna.create_study(storage=url, study_name=name)
-        study.add_trial(create_trial(value=0.5, params={"optim.lr": 1e-3},
-                                     distributions={"optim.lr": DISTRIBUTIONS["optim.lr"]},
-                                     user_attrs={"status": "stable", "final_loss": 0.5, "run_dir": str(root / "0")}))
+        study.add_trial(
+            create_trial(
+                value=0.5,
+                params={"optim.lr": 1e-3},
+                distributions={"optim.lr": DISTRIBUTIONS["optim.lr"]},
+                user_attrs={"status": "stable", "final_loss": 0.5, "run_dir": str(root / "0")},
+            )
+        )
     err = one_line_error(capsys, [str(tmp_path / "two.db")])
     assert "2 studies" in err and "--study" in err and "'first'" in err
     assert main([str(tmp_path / "two.db"), "--study", "second", "--no-html"]) == 0
@@ -161,16 +195,19 @@ def test_html_escapes_every_config_string(tmp_path, capsys):
     assert "&lt;img src=x onerror=&quot;alert(1)&quot;&gt;" in page
 
 
-@pytest.mark.parametrize("name,content,why", [
-    ("list", "[1, 2]", "not a JSON object (a JSON array)"),
-    ("cause", {"cause": "boom"}, "cause is not an object or null (a JSON string)"),
-    ("params", {"params": [1, 2]}, "params is not an object or null (a JSON array)"),
-    ("huge", {"steps_run": 10 ** 30}, "steps_run is not a 64-bit integer or null (got an integer of 31 digits)"),
-    ("loss", {"final_loss": "low"}, "final_loss is not a number or null"),
-    ("status", {"status": ["stable"]}, "status is not a string"),
-    ("module", {"cause": {"where": "forward", "module": ["a"]}}, "cause.module is not a string or null"),
-    ("truncated", '{"status": "sta', "unreadable (JSONDecodeError"),
-])
+@pytest.mark.parametrize(
+    "name,content,why",
+    [
+        ("list", "[1, 2]", "not a JSON object (a JSON array)"),
+        ("cause", {"cause": "boom"}, "cause is not an object or null (a JSON string)"),
+        ("params", {"params": [1, 2]}, "params is not an object or null (a JSON array)"),
+        ("huge", {"steps_run": 10**30}, "steps_run is not a 64-bit integer or null (got an integer of 31 digits)"),
+        ("loss", {"final_loss": "low"}, "final_loss is not a number or null"),
+        ("status", {"status": ["stable"]}, "status is not a string"),
+        ("module", {"cause": {"where": "forward", "module": ["a"]}}, "cause.module is not a string or null"),
+        ("truncated", '{"status": "sta', "unreadable (JSONDecodeError"),
+    ],
+)
 def test_a_malformed_result_json_is_skipped_and_named(tmp_path, capsys, name, content, why):
     """One damaged or foreign result.json: the report uses the other runs, names it and counts them."""
     root = tmp_path / "s"
@@ -191,8 +228,12 @@ def test_a_malformed_result_json_is_skipped_and_named(tmp_path, capsys, name, co
 
 def test_summary_md_escapes_strings_from_result_json(tmp_path, capsys):
     root = tmp_path / "s"
-    write_run(root, 0, {"optim.lr": 1e-3, "attention": "<script>alert(1)</script>"},
-              {"status": "<script>alert(2)</script>", "final_loss": 0.5})
+    write_run(
+        root,
+        0,
+        {"optim.lr": 1e-3, "attention": "<script>alert(1)</script>"},
+        {"status": "<script>alert(2)</script>", "final_loss": 0.5},
+    )
     write_run(root, 1, {"optim.lr": 1e-2, "attention": "math"}, {"status": "stable", "final_loss": 0.5})
     assert main([str(root), "--write"]) == 0
     for path in (root / "summary.md", root / "report.html"):

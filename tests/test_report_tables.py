@@ -9,6 +9,7 @@ The base grid is precision {fp32, bf16_amp, fp16_pure} x optim.lr {1e-4, 1e-3, 1
   step 3, backward);
 - a stable run's final loss is 0.9 / 0.5 / 0.4 at lr 1e-4 / 1e-3 / 1e-2, +0.01 with math; initial loss 1.
 """
+
 from __future__ import annotations
 
 import json
@@ -44,8 +45,12 @@ def outcome(precision: str, lr: float, attention: str, seed: int = 0) -> dict:
 
 
 def diverged(verdict: str, step: int, where: str | None) -> dict:
-    return {"status": "diverged", "verdict": verdict, "first_bad_step": step,
-            "cause": {"where": where, "module": "blocks.0.attn" if where else None, "detail": "synthetic"}}
+    return {
+        "status": "diverged",
+        "verdict": verdict,
+        "first_bad_step": step,
+        "cause": {"where": where, "module": "blocks.0.attn" if where else None, "detail": "synthetic"},
+    }
 
 
 def write_run(root: Path, n: int, params: dict, result: dict | None, steps: int = 8) -> Path:
@@ -56,16 +61,29 @@ def write_run(root: Path, n: int, params: dict, result: dict | None, steps: int 
     (run_dir / ".hydra" / "overrides.yaml").write_text("".join(f"- {o}\n" for o in overrides))
     if result is None:
         return run_dir
-    full = {"status": "stable", "verdict": None, "first_bad_step": None, "cause": None, "final_loss": None,
-            "min_loss": None, "initial_loss": 1.0, "steps_run": steps, "max_grad_norm": 1.0, "seconds": 1.0,
-            "steps_per_second": SPEED.get(params.get("precision"), 6.0), "params": params,
-            "versions": {}, "seed": params.get("seed", 0), **result}
+    full = {
+        "status": "stable",
+        "verdict": None,
+        "first_bad_step": None,
+        "cause": None,
+        "final_loss": None,
+        "min_loss": None,
+        "initial_loss": 1.0,
+        "steps_run": steps,
+        "max_grad_norm": 1.0,
+        "seconds": 1.0,
+        "steps_per_second": SPEED.get(params.get("precision"), 6.0),
+        "params": params,
+        "versions": {},
+        "seed": params.get("seed", 0),
+        **result,
+    }
     (run_dir / "result.json").write_text(json.dumps(full, indent=1))
     bad = full["first_bad_step"]
     rows = ["step,loss,grad_norm,lr,loss_scale,skipped,unchanged_fraction,zero_grad_fraction"]
     for step in range(bad + 1 if bad is not None else steps):
         loss = "nan" if bad == step and full["verdict"] == "nonfinite_loss" else 1.0 - 0.05 * step
-        scale = 65536.0 / 2 ** step if params.get("precision") == "bf16_amp" else ""
+        scale = 65536.0 / 2**step if params.get("precision") == "bf16_amp" else ""
         rows.append(f"{step},{loss},{1.0 + step},{params.get('optim.lr', '')},{scale},0,,")
     (run_dir / "metrics.csv").write_text("\n".join(rows) + "\n")
     return run_dir
@@ -106,8 +124,14 @@ def test_divergence_map_cells(grid):
     table, legend = divergence_map(grid)
     assert legend == "precision/attention"
     assert list(table.index) == LRS and table.index.name == "optim.lr"
-    assert list(table.columns) == [("bf16_amp", "flash"), ("bf16_amp", "math"), ("fp16_pure", "flash"),
-                                   ("fp16_pure", "math"), ("fp32", "flash"), ("fp32", "math")]
+    assert list(table.columns) == [
+        ("bf16_amp", "flash"),
+        ("bf16_amp", "math"),
+        ("fp16_pure", "flash"),
+        ("fp16_pure", "math"),
+        ("fp32", "flash"),
+        ("fp32", "math"),
+    ]
     assert table.loc[1e-2].tolist() == ["stable", "nan-grad@3", "nan-loss@1", "nan-loss@1", "spike@7", "spike@7"]
     assert table.loc[1e-4].tolist() == ["stable", "stable", "nan-loss@1", "nan-loss@1", "stable", "stable"]
 
@@ -116,9 +140,13 @@ def test_frontier(grid):
     f = frontier(grid)
     assert f.index.name == "precision/attention"
     expect = {  # max stable lr, min diverging lr, final loss at the former
-        "bf16_amp/flash": (1e-2, None, 0.4), "bf16_amp/math": (1e-3, 1e-2, 0.51),
-        "fp16_pure/flash": (None, 1e-4, None), "fp16_pure/math": (None, 1e-4, None),
-        "fp32/flash": (1e-3, 1e-2, 0.5), "fp32/math": (1e-3, 1e-2, 0.51)}
+        "bf16_amp/flash": (1e-2, None, 0.4),
+        "bf16_amp/math": (1e-3, 1e-2, 0.51),
+        "fp16_pure/flash": (None, 1e-4, None),
+        "fp16_pure/math": (None, 1e-4, None),
+        "fp32/flash": (1e-3, 1e-2, 0.5),
+        "fp32/math": (1e-3, 1e-2, 0.51),
+    }
     assert list(f.index) == list(expect)
     for combo, values in expect.items():
         got = f.loc[combo, ["max_stable_lr", "min_diverging_lr", "loss_at_max_stable"]].tolist()
@@ -181,8 +209,9 @@ def test_recommendation_names_fastest_stable_precision_with_margin_and_toggles(g
 
 def test_several_seeds(tmp_path):
     # seed 1 of fp32/flash at 1e-3 spikes at step 5; every other replicate as in the base grid
-    runs = runs_from_dirs(make_grid(tmp_path / "s", seeds=(0, 1),
-                                    changes={("fp32", 1e-3, "flash", 1): diverged("loss_spike", 5, "loss")}))
+    runs = runs_from_dirs(
+        make_grid(tmp_path / "s", seeds=(0, 1), changes={("fp32", 1e-3, "flash", 1): diverged("loss_spike", 5, "loss")})
+    )
     assert "seed" not in swept_axes(runs)
     table, _ = divergence_map(runs)
     assert table.loc[1e-3, ("fp32", "flash")] == "1/2 div"
@@ -196,8 +225,9 @@ def test_several_seeds(tmp_path):
 
 
 def test_partial_sweep_missing_and_running_runs(tmp_path):
-    runs = runs_from_dirs(make_grid(tmp_path / "s", skip={("bf16_amp", 1e-2, "math", 0)},
-                                    running={("fp32", 1e-3, "math", 0)}))
+    runs = runs_from_dirs(
+        make_grid(tmp_path / "s", skip={("bf16_amp", 1e-2, "math", 0)}, running={("fp32", 1e-3, "math", 0)})
+    )
     assert len(runs) == 17 and (runs.status == "running").sum() == 1
     table, _ = divergence_map(runs)
     assert table.loc[1e-2, ("bf16_amp", "math")] == "-"
@@ -220,8 +250,9 @@ def test_unknown_axes_are_discovered(tmp_path):
         for qk in (False, True):
             for knob in ("x", "y"):
                 spike = lr == 1e-2 and not qk
-                result = diverged("loss_spike", 2, "forward") if spike else {"status": "stable",
-                                                                            "final_loss": FINAL[lr]}
+                result = (
+                    diverged("loss_spike", 2, "forward") if spike else {"status": "stable", "final_loss": FINAL[lr]}
+                )
                 write_run(root, n, {"optim.lr": lr, "model.qk_norm": qk, "optim.frobnicate": knob}, result)
                 n += 1
     runs = runs_from_dirs(root)
@@ -256,12 +287,26 @@ def test_text_fits_100_columns_and_files_are_written(tmp_path):
     s = summarize(runs_from_dirs(root))
     text = render_text(s)
     assert max(len(line) for line in text.splitlines()) <= 100
-    for title in ("Divergence map (columns: precision/attention", "Stability frontier", "LR sensitivity",
-                  "Effect of each toggle", "Root causes", "Recommendation"):
+    for title in (
+        "Divergence map (columns: precision/attention",
+        "Stability frontier",
+        "LR sensitivity",
+        "Effect of each toggle",
+        "Root causes",
+        "Recommendation",
+    ):
         assert title in text
     written = {p.name for p in write_summary(root, s)}
-    assert {"summary.md", "summary.csv", "summary.parquet", "summary_frontier.csv", "summary_toggles.csv",
-            "summary_divergence_map.csv", "summary_lr_sensitivity.csv", "summary_root_causes.csv"} <= written
+    assert {
+        "summary.md",
+        "summary.csv",
+        "summary.parquet",
+        "summary_frontier.csv",
+        "summary_toggles.csv",
+        "summary_divergence_map.csv",
+        "summary_lr_sensitivity.csv",
+        "summary_root_causes.csv",
+    } <= written
     back = pd.read_parquet(root / "summary.parquet")
     assert len(back) == 18 and set(back.status) == {"stable", "diverged"}
     cells = pd.read_csv(root / "summary_divergence_map.csv")
@@ -287,8 +332,11 @@ def test_hundred_run_summary_is_fast(tmp_path):
     for p in ("fp32", "bf16_amp", "fp16_amp", "fp16_pure"):
         for lr in (1e-4, 3e-4, 1e-3, 3e-3, 1e-2):
             for a in ("flash", "math", "eager", "efficient", "cudnn"):
-                result = outcome(p if p != "fp16_amp" else "fp32", min(lr, 1e-2), "flash") if lr in FINAL else \
-                    {"status": "stable", "final_loss": 0.7}
+                result = (
+                    outcome(p if p != "fp16_amp" else "fp32", min(lr, 1e-2), "flash")
+                    if lr in FINAL
+                    else {"status": "stable", "final_loss": 0.7}
+                )
                 write_run(root, n, {"precision": p, "optim.lr": lr, "attention": a}, result)
                 n += 1
     start = time.perf_counter()
@@ -303,8 +351,12 @@ def test_toggles_when_each_combination_tried_its_own_lrs(tmp_path):
     root = tmp_path / "s"
     runs = [(1e-4, False, "stable"), (1e-3, False, "diverged"), (2e-4, True, "stable"), (5e-3, True, "stable")]
     for n, (lr, qk, status) in enumerate(runs):
-        write_run(root, n, {"optim.lr": lr, "model.qk_norm": qk},
-                  {"status": "stable", "final_loss": 0.5} if status == "stable" else diverged("loss_spike", 3, "loss"))
+        write_run(
+            root,
+            n,
+            {"optim.lr": lr, "model.qk_norm": qk},
+            {"status": "stable", "final_loss": 0.5} if status == "stable" else diverged("loss_spike", 3, "loss"),
+        )
     table = runs_from_dirs(root)
     row = toggle_effects(table).set_index("axis").loc["model.qk_norm"]
     assert (row.pairs, row.combos, row.lr_steps) == (0, 1, 3.0)  # 1e-4 is lr #0 of 4, 5e-3 is lr #3
@@ -337,8 +389,10 @@ def test_killed_and_resumed_sweep_interrupted_runs(tmp_path):
 
     from sweep.run.results import hold_run_dir, release_run_dir
 
-    root = make_grid(tmp_path / "s", running={("fp32", 1e-3, "math", 0), ("bf16_amp", 1e-2, "flash", 0),
-                                              ("fp16_pure", 1e-4, "math", 0)})
+    root = make_grid(
+        tmp_path / "s",
+        running={("fp32", 1e-3, "math", 0), ("bf16_amp", 1e-2, "flash", 0), ("fp16_pure", 1e-4, "math", 0)},
+    )
     redone = {"precision": "fp32", "optim.lr": 1e-3, "attention": "math", "steps": 8}
     write_run(root, 18, {**redone, "ledger.trial_number": 18}, outcome("fp32", 1e-3, "math"))
     result = json.loads((root / "18" / "result.json").read_text())
@@ -347,9 +401,13 @@ def test_killed_and_resumed_sweep_interrupted_runs(tmp_path):
     long_ago = 1_000_000_000
     for job in root.iterdir():
         os.utime(job / ".hydra" / "overrides.yaml", (long_ago, long_ago))
-    live = next(r for r in root.iterdir() if "fp16_pure" in (r / ".hydra" / "overrides.yaml").read_text()
-                and "attention=math" in (r / ".hydra" / "overrides.yaml").read_text()
-                and not (r / "result.json").exists())
+    live = next(
+        r
+        for r in root.iterdir()
+        if "fp16_pure" in (r / ".hydra" / "overrides.yaml").read_text()
+        and "attention=math" in (r / ".hydra" / "overrides.yaml").read_text()
+        and not (r / "result.json").exists()
+    )
     hold_run_dir(live)
     try:
         runs = runs_from_dirs(root)
@@ -379,8 +437,9 @@ def test_resumed_grid_summary_is_every_cell_once(tmp_path):
     for p in ["fp32", "bf16_amp"]:
         for lr in LRS:
             for a in ATTENTIONS:
-                write_run(root, n, {"precision": p, "optim.lr": lr, "attention": a},
-                          None if n == 5 else outcome(p, lr, a))
+                write_run(
+                    root, n, {"precision": p, "optim.lr": lr, "attention": a}, None if n == 5 else outcome(p, lr, a)
+                )
                 n += 1
     write_run(root, 12, {"precision": "fp32", "optim.lr": 1e-2, "attention": "math"}, outcome("fp32", 1e-2, "math"))
     runs = runs_from_dirs(root, starting_s=0)

@@ -1,4 +1,5 @@
 """The same config gives the same loss curve bit for bit, also after other jobs ran in the same process."""
+
 from __future__ import annotations
 
 from sweep.run.execute import execute

@@ -7,6 +7,7 @@ independently. QMCSampler samples the first trial independently, then walks an u
 sequence over every param, categorical ones included, so from the second trial on its points do not
 depend on the seed.
 """
+
 from __future__ import annotations
 
 import json
@@ -18,12 +19,20 @@ from optuna.trial import TrialState
 
 from .conftest import multirun_in_process
 
-SPACE = ["hydra/sweeper=optuna_sweep", "optim.lr=tag(log,interval(1e-4,1e-1))", "precision=fp32,bf16_amp",
-         "steps=4", "hydra.sweeper.n_trials=4", "~hydra.callbacks.summary"]
+SPACE = [
+    "hydra/sweeper=optuna_sweep",
+    "optim.lr=tag(log,interval(1e-4,1e-1))",
+    "precision=fp32,bf16_amp",
+    "steps=4",
+    "hydra.sweeper.n_trials=4",
+    "~hydra.callbacks.summary",
+]
 
 
 def search(sweep_dir, sampler: str, seed: int) -> list[optuna.trial.FrozenTrial]:
-    multirun_in_process(sweep_dir, *SPACE, f"hydra.sweeper.sampler.name={sampler}", f"hydra.sweeper.sampler.seed={seed}")
+    multirun_in_process(
+        sweep_dir, *SPACE, f"hydra.sweeper.sampler.name={sampler}", f"hydra.sweeper.sampler.seed={seed}"
+    )
     trials = optuna.load_study(study_name=str(sweep_dir), storage=f"sqlite:///{sweep_dir / 'ledger.db'}").trials
     assert len(trials) == 4 and all(t.state is TrialState.COMPLETE for t in trials)  # stable or diverged, never lost
     for t in trials:

@@ -1,4 +1,5 @@
 """The scenario library: every conf/scenario file reproduces its failure and its fix makes the run stable."""
+
 from __future__ import annotations
 
 import json
@@ -19,15 +20,34 @@ SCENARIOS = sorted(available())
 
 def run_scenario(name: str, sweep_dir, *overrides: str) -> subprocess.CompletedProcess:
     env = {**os.environ, "PYTHONPATH": str(REPO), "CI": "1", "OMP_NUM_THREADS": "2"}
-    return subprocess.run([sys.executable, "-m", "sweep", f"+scenario={name}", f"hydra.sweep.dir={sweep_dir}",
-                           "ledger.enabled=false", *overrides],
-                          cwd=REPO, env=env, capture_output=True, text=True, timeout=600)
+    return subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "sweep",
+            f"+scenario={name}",
+            f"hydra.sweep.dir={sweep_dir}",
+            "ledger.enabled=false",
+            *overrides,
+        ],
+        cwd=REPO,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
 
 
 def test_the_library_covers_every_known_case():
-    assert {"cogvideox_bad_samples", "videochat2_fp16_overflow", "sana_low_lr_pure_fp16",
-            "hallo_corrupt_checkpoint", "qk_norm_logit_growth", "opendit_fused_modulate_fp16",
-            "adamw_beta2_loss_spike"} <= set(SCENARIOS)
+    assert {
+        "cogvideox_bad_samples",
+        "videochat2_fp16_overflow",
+        "sana_low_lr_pure_fp16",
+        "hallo_corrupt_checkpoint",
+        "qk_norm_logit_growth",
+        "opendit_fused_modulate_fp16",
+        "adamw_beta2_loss_spike",
+    } <= set(SCENARIOS)
     docs = (REPO / "docs" / "scenarios.md").read_text()
     assert all(f"+scenario={name}" in docs for name in SCENARIOS)
 
@@ -55,19 +75,35 @@ def test_scenario_reproduces_and_its_fix_is_stable(name, tmp_path):
 
 
 def result(params: dict, status: str, verdict=None, step=None, where=None, module=None) -> dict:
-    return {"params": params, "status": status, "verdict": verdict, "first_bad_step": step,
-            "cause": {"where": where, "module": module} if where else None}
+    return {
+        "params": params,
+        "status": status,
+        "verdict": verdict,
+        "first_bad_step": step,
+        "cause": {"where": where, "module": module} if where else None,
+    }
 
 
 def test_check_fails_a_scenario_that_did_not_reproduce():
-    expects = [ScenarioExpect(when={"precision": "fp16_amp"}, status="diverged", verdict="scale_collapse",
-                              cause_where="forward", cause_module="blocks"),
-               ScenarioExpect(when={"data.check": False}, status="diverged", verdict="bad_input", same_step=True),
-               ScenarioExpect(when={"precision": "bf16_pure"}, status="stable")]
-    runs = [result({"precision": "fp16_amp", "data.check": True}, "diverged", "scale_collapse", 16, "forward", "blocks.0.attn"),
-            result({"precision": "fp16_amp", "data.check": True}, "diverged", "scale_collapse", 16, "scaler", None),
-            result({"precision": "bf16_amp", "data.check": False}, "diverged", "bad_input", 3, "data"),
-            result({"precision": "bf16_amp", "data.check": False}, "diverged", "bad_input", 5, "data")]
+    expects = [
+        ScenarioExpect(
+            when={"precision": "fp16_amp"},
+            status="diverged",
+            verdict="scale_collapse",
+            cause_where="forward",
+            cause_module="blocks",
+        ),
+        ScenarioExpect(when={"data.check": False}, status="diverged", verdict="bad_input", same_step=True),
+        ScenarioExpect(when={"precision": "bf16_pure"}, status="stable"),
+    ]
+    runs = [
+        result(
+            {"precision": "fp16_amp", "data.check": True}, "diverged", "scale_collapse", 16, "forward", "blocks.0.attn"
+        ),
+        result({"precision": "fp16_amp", "data.check": True}, "diverged", "scale_collapse", 16, "scaler", None),
+        result({"precision": "bf16_amp", "data.check": False}, "diverged", "bad_input", 3, "data"),
+        result({"precision": "bf16_amp", "data.check": False}, "diverged", "bad_input", 5, "data"),
+    ]
     first, second, third = check(expects, runs)
     assert not first.ok and first.matched == 2 and "cause scaler" in first.failures[0]
     assert not second.ok and "first_bad_step differs" in second.failures[-1]
@@ -76,8 +112,13 @@ def test_check_fails_a_scenario_that_did_not_reproduce():
 
 def test_a_list_param_matches_however_it_is_spaced():
     spike = ScenarioExpect(when={"optim.betas": "[0.9,0.999]"}, status="diverged", verdict="loss_spike")
-    ok, = check([spike], [result({"optim.betas": [0.9, 0.999]}, "diverged", "loss_spike", 313, "optimizer"),
-                          result({"optim.betas": [0.9, 0.95]}, "stable")])
+    (ok,) = check(
+        [spike],
+        [
+            result({"optim.betas": [0.9, 0.999]}, "diverged", "loss_spike", 313, "optimizer"),
+            result({"optim.betas": [0.9, 0.95]}, "stable"),
+        ],
+    )
     assert ok.ok and ok.matched == 1
 
 
@@ -92,8 +133,11 @@ def test_the_pretraining_run_gets_the_scenario_pretrain_overrides(tmp_path):
     def composed(*overrides):
         GlobalHydra.instance().clear()
         with initialize_config_dir(config_dir=str(REPO / "conf"), version_base="1.3"):
-            cfg = compose("config", ["+scenario=adamw_beta2_loss_spike", f"hydra.sweep.dir={tmp_path}", *overrides],
-                          return_hydra_config=True)
+            cfg = compose(
+                "config",
+                ["+scenario=adamw_beta2_loss_spike", f"hydra.sweep.dir={tmp_path}", *overrides],
+                return_hydra_config=True,
+            )
         HydraConfig.instance().set_config(cfg)
         return cfg
 
@@ -116,13 +160,19 @@ def test_modulate_parity_expectation_fails_a_correct_kernel_and_passes_the_buggy
     wants_ok = ScenarioExpect(when={}, status="stable", modulate_parity="ok")
     buggy, fused = result({"modulate": "fused_buggy"}, "stable"), result({"modulate": "fused"}, "stable")
     assert check([wants_mismatch], [buggy])[0].ok and check([wants_ok], [fused])[0].ok
-    wrong, = check([wants_mismatch], [fused])  # a correct kernel cannot pass for the buggy one
+    (wrong,) = check([wants_mismatch], [fused])  # a correct kernel cannot pass for the buggy one
     assert not wrong.ok and "modulate parity ok" in wrong.failures[0]
     assert not check([wants_ok], [buggy])[0].ok
     assert not check([wants_mismatch], [result({"precision": "fp16_amp"}, "stable")])[0].ok  # modulate not swept
 
 
 def test_listing_command():
-    proc = subprocess.run([sys.executable, "-m", "sweep.scenario"], cwd=REPO, capture_output=True, text=True,
-                          env={**os.environ, "PYTHONPATH": str(REPO)}, timeout=60)
+    proc = subprocess.run(
+        [sys.executable, "-m", "sweep.scenario"],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        env={**os.environ, "PYTHONPATH": str(REPO)},
+        timeout=60,
+    )
     assert proc.returncode == 0 and all(name in proc.stdout for name in SCENARIOS)

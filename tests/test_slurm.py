@@ -3,6 +3,7 @@
 The Slurm test needs the daemons; scripts/slurm.sh starts them (root, Debian 12) or exits 3 with the
 reason, and then the test is skipped with that reason while the submitit_local sweep still runs.
 """
+
 from __future__ import annotations
 
 import json
@@ -14,8 +15,15 @@ from optuna.trial import TrialState
 
 from .cluster_servers import LEDGER_FROM_ENV, REPO, postgres_url, sweep_cmd, sweep_env  # noqa: F401  (fixture)
 
-GRID = ["hydra.sweeper.sampler.name=grid", "precision=fp32,fp16_pure", "optim.lr=choice(1e-4,1e-3)", "steps=4",
-        "hydra.sweeper.n_jobs=4", "hydra.launcher.cpus_per_task=1", LEDGER_FROM_ENV]
+GRID = [
+    "hydra.sweeper.sampler.name=grid",
+    "precision=fp32,fp16_pure",
+    "optim.lr=choice(1e-4,1e-3)",
+    "steps=4",
+    "hydra.sweeper.n_jobs=4",
+    "hydra.launcher.cpus_per_task=1",
+    LEDGER_FROM_ENV,
+]
 
 
 @pytest.fixture(scope="session")
@@ -29,8 +37,14 @@ def slurm_partition() -> str:
 
 def run_sweep(tmp_path, url, *launcher):
     sweep_dir = tmp_path / "sweep"
-    proc = subprocess.run(sweep_cmd(sweep_dir, *launcher, *GRID), cwd=tmp_path, capture_output=True, text=True,
-                          timeout=300, env=sweep_env(url))
+    proc = subprocess.run(
+        sweep_cmd(sweep_dir, *launcher, *GRID),
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env=sweep_env(url),
+    )
     assert proc.returncode == 0, proc.stderr[-3000:]
     return sweep_dir, proc
 
@@ -42,8 +56,11 @@ def check_ledger_and_summary(url, sweep_dir, proc):
     assert len(cells) == 4
     for t in trials:  # each job finished its own trial with its run's verdict
         result = json.loads((sweep_dir / t.user_attrs["run_dir"] / "result.json").read_text())
-        assert t.user_attrs["status"] == result["status"] == ("diverged" if t.params["precision"] == "fp16_pure"
-                                                              else "stable")
+        assert (
+            t.user_attrs["status"]
+            == result["status"]
+            == ("diverged" if t.params["precision"] == "fp16_pure" else "stable")
+        )
         assert t.user_attrs["steps_run"] == result["steps_run"]
     # the end summary, printed by the sweep command once every job is back
     assert "Divergence map" in proc.stdout and "fp16_pure" in proc.stdout
@@ -52,8 +69,13 @@ def check_ledger_and_summary(url, sweep_dir, proc):
 
 @pytest.mark.slow
 def test_sweep_on_a_real_slurm_cluster_records_every_job(tmp_path, postgres_url, slurm_partition):
-    sweep_dir, proc = run_sweep(tmp_path, postgres_url, "hydra/launcher=slurm",
-                                f"hydra.launcher.partition={slurm_partition}", "hydra.launcher.mem_gb=1")
+    sweep_dir, proc = run_sweep(
+        tmp_path,
+        postgres_url,
+        "hydra/launcher=slurm",
+        f"hydra.launcher.partition={slurm_partition}",
+        "hydra.launcher.mem_gb=1",
+    )
     check_ledger_and_summary(postgres_url, sweep_dir, proc)
     # the runs were Slurm jobs: one array, one submitit folder per array task, named by Slurm's job id
     tasks = sorted(p.name for p in (sweep_dir / ".submitit").iterdir() if p.is_dir() and "_" in p.name)
@@ -65,9 +87,19 @@ def test_sweep_on_a_real_slurm_cluster_records_every_job(tmp_path, postgres_url,
 def test_sweep_through_submitit_local_records_every_job(tmp_path, postgres_url):
     # Hydra's basic grid sweeper this time: each job adds its own trial (no trial asked beforehand)
     sweep_dir = tmp_path / "sweep"
-    cmd = [c for c in sweep_cmd(sweep_dir, "hydra/launcher=submitit_local", "hydra.launcher.cpus_per_task=1",
-                                "precision=fp32,fp16_pure", "optim.lr=1e-4,1e-3", "steps=4", LEDGER_FROM_ENV)
-           if c != "hydra/sweeper=optuna_sweep"]
+    cmd = [
+        c
+        for c in sweep_cmd(
+            sweep_dir,
+            "hydra/launcher=submitit_local",
+            "hydra.launcher.cpus_per_task=1",
+            "precision=fp32,fp16_pure",
+            "optim.lr=1e-4,1e-3",
+            "steps=4",
+            LEDGER_FROM_ENV,
+        )
+        if c != "hydra/sweeper=optuna_sweep"
+    ]
     proc = subprocess.run(cmd, cwd=tmp_path, capture_output=True, text=True, timeout=300, env=sweep_env(postgres_url))
     assert proc.returncode == 0, proc.stderr[-3000:]
     check_ledger_and_summary(postgres_url, sweep_dir, proc)
@@ -78,8 +110,14 @@ def test_a_slurm_job_uses_the_cores_it_was_given(monkeypatch):
 
     from sweep.job import parallel_threads
 
-    slurm = OmegaConf.create({"launcher": {"_target_": "hydra_plugins.hydra_submitit_launcher.submitit_launcher."
-                                                       "SlurmLauncher", "cpus_per_task": 3}})
+    slurm = OmegaConf.create(
+        {
+            "launcher": {
+                "_target_": "hydra_plugins.hydra_submitit_launcher.submitit_launcher.SlurmLauncher",
+                "cpus_per_task": 3,
+            }
+        }
+    )
     monkeypatch.delenv("SLURM_CPUS_PER_TASK", raising=False)
     assert parallel_threads(slurm) == 0
     monkeypatch.setenv("SLURM_CPUS_PER_TASK", "3")

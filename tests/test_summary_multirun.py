@@ -1,5 +1,6 @@
 """The end-of-multirun summary (sweep.callbacks.SweepSummary): in-process on a synthetic sweep, and for a
 real small `python -m sweep -m` grid, whose run directories and ledger then give the same report."""
+
 from __future__ import annotations
 
 import os
@@ -15,8 +16,14 @@ from sweep.report.__main__ import main as report_main
 from .conftest import FAST, REPO
 from .test_report_tables import make_grid
 
-TITLES = ("Divergence map (columns: precision/attention", "Stability frontier", "LR sensitivity",
-          "Effect of each toggle", "Root causes", "Recommendation")
+TITLES = (
+    "Divergence map (columns: precision/attention",
+    "Stability frontier",
+    "LR sensitivity",
+    "Effect of each toggle",
+    "Root causes",
+    "Recommendation",
+)
 
 
 def test_callback_prints_the_tables_and_saves_them(tmp_path, capsys):
@@ -41,15 +48,36 @@ def test_callback_on_a_sweep_without_results_says_so(tmp_path, capsys, caplog):
 @pytest.mark.slow
 def test_real_multirun_ends_with_the_summary_and_both_sources_agree(tmp_path, capsys):
     sweep_dir = tmp_path / "sweep"
-    cmd = [sys.executable, "-m", "sweep", "-m", "precision=fp32,fp16_pure", "optim.lr=1e-4,1e-3", "steps=3",
-           *FAST, f"hydra.sweep.dir={sweep_dir}"]
-    proc = subprocess.run(cmd, cwd=tmp_path, capture_output=True, text=True, timeout=300,
-                          env={**os.environ, "PYTHONPATH": str(REPO), "CI": "1", "OMP_NUM_THREADS": "1"})
+    cmd = [
+        sys.executable,
+        "-m",
+        "sweep",
+        "-m",
+        "precision=fp32,fp16_pure",
+        "optim.lr=1e-4,1e-3",
+        "steps=3",
+        *FAST,
+        f"hydra.sweep.dir={sweep_dir}",
+    ]
+    proc = subprocess.run(
+        cmd,
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env={**os.environ, "PYTHONPATH": str(REPO), "CI": "1", "OMP_NUM_THREADS": "1"},
+    )
     assert proc.returncode == 0, proc.stderr[-3000:]
     printed = proc.stdout
     assert "4 runs: 2 stable, 2 diverged" in printed
-    for title in ("Divergence map (columns: precision", "Stability frontier", "LR sensitivity",
-                  "Effect of each toggle", "Root causes", "Recommendation"):
+    for title in (
+        "Divergence map (columns: precision",
+        "Stability frontier",
+        "LR sensitivity",
+        "Effect of each toggle",
+        "Root causes",
+        "Recommendation",
+    ):
         assert title in printed
     assert "nan-loss@" in printed and "Use precision=fp32 optim.lr=0.0001" in printed
     assert {"summary.md", "summary.csv", "summary.parquet"} <= {p.name for p in sweep_dir.iterdir()}

@@ -1,4 +1,5 @@
 """Each verdict, produced by a run built to trigger it; and a stable run that stays stable."""
+
 from __future__ import annotations
 
 import json
@@ -50,8 +51,7 @@ def test_pure_fp16_adamw_goes_nonfinite_at_once(tmp_path):
 
 
 def test_fp16_without_scaling_at_a_tiny_loss_stalls(tmp_path):
-    r = run(tmp_path, "precision=fp16_amp_noscale", "objective.loss_weight=1e-6", "steps=20",
-            "monitor.stall_window=5")
+    r = run(tmp_path, "precision=fp16_amp_noscale", "objective.loss_weight=1e-6", "steps=20", "monitor.stall_window=5")
     assert (r.status, r.verdict) == ("diverged", "stalled")
     assert r.cause["where"] == "backward" and "underflow" in r.cause["detail"]
 
@@ -76,8 +76,9 @@ def test_huge_lr_is_a_loss_spike(tmp_path):
 
 def test_persistent_fp16_overflow_collapses_the_loss_scale(tmp_path):
     """A scale floor no overflow can get under: every step overflows, the scaler backs off to its minimum."""
-    r = run(tmp_path, "precision=fp16_amp", "precision.scaler.init_scale=1e12", "precision.scaler.min_scale=1e9",
-            "steps=30")
+    r = run(
+        tmp_path, "precision=fp16_amp", "precision.scaler.init_scale=1e12", "precision.scaler.min_scale=1e9", "steps=30"
+    )
     assert (r.status, r.verdict) == ("diverged", "scale_collapse")
     assert r.cause["where"] == "scaler" and "minimum" in r.cause["detail"]
     assert r.first_bad_step == 10  # 1e12 halves to the 1e9 floor in 10 skips, the 11th overflow collapses
@@ -98,8 +99,10 @@ def test_efficient_attention_on_cpu_is_skipped_not_a_fallback(tmp_path):
 def test_records_the_kernels_that_ran(tmp_path, attention, modulate):
     r = run(tmp_path, f"attention={attention}", f"modulate={modulate}", "steps=2")
     assert r.status == "stable"
-    assert r.kernels["attention"] == {"flash": "sdpa:FLASH_ATTENTION", "math": "sdpa:MATH",
-                                      "eager": "eager:softmax(QK^T)"}[attention]
+    assert (
+        r.kernels["attention"]
+        == {"flash": "sdpa:FLASH_ATTENTION", "math": "sdpa:MATH", "eager": "eager:softmax(QK^T)"}[attention]
+    )
     assert r.kernels["modulate"] == ("dit_sweep::modulate" if modulate == "fused" else "eager")
 
 

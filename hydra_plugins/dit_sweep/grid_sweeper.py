@@ -58,7 +58,9 @@ class GridSweeper(BasicSweeper):
     """The basic grid sweeper that validates every cell's values up front."""
 
     def setup(self, *, hydra_context, task_function, config) -> None:
-        context = HydraContext(config_loader=ComposedOnce(hydra_context.config_loader), callbacks=hydra_context.callbacks)
+        context = HydraContext(
+            config_loader=ComposedOnce(hydra_context.config_loader), callbacks=hydra_context.callbacks
+        )
         super().setup(hydra_context=context, task_function=task_function, config=config)
 
     def validate_batch_is_legal(self, batch: Sequence[Sequence[str]]) -> None:

@@ -73,13 +73,27 @@ class PackedLauncher(Launcher):
             with open_dict(cfg):
                 cfg.hydra.job.id = cfg.hydra.job.num = idx
             if OmegaConf.get_type(cfg) is not RunConfig:  # another app: run it as the basic launcher would
-                returns.append(run_job(hydra_context=self.hydra_context, task_function=self.task_function,
-                                       config=cfg, job_dir_key="hydra.sweep.dir", job_subdir_key="hydra.sweep.subdir"))
+                returns.append(
+                    run_job(
+                        hydra_context=self.hydra_context,
+                        task_function=self.task_function,
+                        config=cfg,
+                        job_dir_key="hydra.sweep.dir",
+                        job_subdir_key="hydra.sweep.subdir",
+                    )
+                )
                 specs.append(None)
                 continue
             # Phase 1: Hydra sets the job up (directory, .hydra/ files, callbacks); the task only takes its spec.
-            returns.append(run_job(hydra_context=self.hydra_context, task_function=job_spec_task, config=cfg,
-                                   job_dir_key="hydra.sweep.dir", job_subdir_key="hydra.sweep.subdir"))
+            returns.append(
+                run_job(
+                    hydra_context=self.hydra_context,
+                    task_function=job_spec_task,
+                    config=cfg,
+                    job_dir_key="hydra.sweep.dir",
+                    job_subdir_key="hydra.sweep.subdir",
+                )
+            )
             specs.append(returns[-1].return_value)
             configure_log(self.config.hydra.hydra_logging, self.config.hydra.verbose)
         ours = [i for i, spec in enumerate(specs) if spec is not None]
@@ -87,8 +101,9 @@ class PackedLauncher(Launcher):
             jobs = [specs[ours[m]] for m in members]
             if len(jobs) > 1:
                 log.info("Packing %d runs: %s", len(jobs), ", ".join(f"#{j.num}" for j in jobs))
-            results = execute_pack([j.run for j in jobs], [j.run_dir for j in jobs], [j.params for j in jobs],
-                                   [j.label for j in jobs])
+            results = execute_pack(
+                [j.run for j in jobs], [j.run_dir for j in jobs], [j.params for j in jobs], [j.label for j in jobs]
+            )
             for m, job, result in zip(members, jobs, results):
                 ret = returns[ours[m]]
                 ret.return_value, ret.status = finish_job(job, result), JobStatus.COMPLETED

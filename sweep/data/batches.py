@@ -67,8 +67,9 @@ def sample_labels(dataset: Dataset, indices: Sequence[int]) -> list:
     return [label(i) for i in indices] if label else list(indices)
 
 
-def load_checked_batch(dataset: Dataset, indices: Sequence[int], limit: float,
-                       check: bool = True) -> tuple[Tensor, BatchIssue | None]:
+def load_checked_batch(
+    dataset: Dataset, indices: Sequence[int], limit: float, check: bool = True
+) -> tuple[Tensor, BatchIssue | None]:
     """The batch, and what makes it bad input: a sample the dataset could not read (always), or
     NaN/Inf/out-of-range values (when check; one reduction in the common case)."""
     x = load_batch(dataset, indices)

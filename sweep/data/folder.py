@@ -1,4 +1,4 @@
-"""Training data from a folder: video files (decoded with PyAV) or latent tensors, checked like the data doctor checks them.
+"""Training data from a folder: video files (decoded with PyAV) or latent tensors, checked as the data doctor does.
 
     python -m sweep data=video_folder data.path=clips/ data.frames=8 data.height=16 data.width=16
     python -m sweep data=latent_folder data.path=latents/ data.channels=4 data.frames=8
@@ -14,6 +14,7 @@ dataset with its problem; the batch that draws it is `bad_input` naming the file
 `data.check` says, since no training script could use it either. Its values (NaN/Inf/out of range)
 are found by the per-batch check; `data.drop_bad=true` leaves every such sample out instead.
 """
+
 from __future__ import annotations
 
 import logging
@@ -32,8 +33,9 @@ log = logging.getLogger("sweep")
 class FolderClips(Dataset):
     """Samples read from the files of a folder; sample i is the i-th file in path order."""
 
-    def __init__(self, root: Path, kind: str, frames: int, channels: int, height: int, width: int,
-                 as_images: bool = False) -> None:
+    def __init__(
+        self, root: Path, kind: str, frames: int, channels: int, height: int, width: int, as_images: bool = False
+    ) -> None:
         if kind not in ("video_folder", "latent_folder"):
             raise ValueError(f"unknown folder kind {kind!r}")
         self.root = Path(root)
@@ -72,7 +74,10 @@ class FolderClips(Dataset):
         except ReadError as err:
             return placeholder, f"{err.kind}: {err.detail}"
         if tuple(x.shape) != self.shape:
-            return placeholder, f"shape {tuple(x.shape)}, the run expects {self.shape} (data.channels/frames/height/width)"
+            return (
+                placeholder,
+                f"shape {tuple(x.shape)}, the run expects {self.shape} (data.channels/frames/height/width)",
+            )
         return x.float().contiguous(), None
 
     def label(self, i: int) -> str:

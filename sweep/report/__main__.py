@@ -9,6 +9,7 @@ The tables go to stdout (the same from either source), what was read and written
 path or an unknown study is one line and exit status 2. A storage password is never printed or
 written: the report names the storage as postgresql://me:***@db/sweeps.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -28,28 +29,47 @@ REPORT_FILE = "report.html"
 
 def parser(prog: str = "python -m sweep.report") -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
-        prog=prog, description=__doc__.split("\n\n")[0],
+        prog=prog,
+        description=__doc__.split("\n\n")[0],
         epilog="A directory is read as run directories (<n>/result.json; a started job without one\n"
-               "is running while its process lives, else interrupted (superseded when a later run redid\n"
-               "its cell); an unreadable or malformed result.json is skipped and named).\n"
-               "A storage is a URL (sqlite:///, postgresql://, mysql://), a SQLite\n"
-               "file (.db, .sqlite) or an Optuna journal file (.log, .jsonl); the tables come from its\n"
-               "trials, the curves from the run directories the trials name, where they exist.",
-        formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("source", nargs="?", metavar="PATH_OR_STORAGE_URL", default=os.environ.get(ENV_URL),
-                   help=f"a sweep directory, a ledger file, or an Optuna storage URL (default: ${ENV_URL}, "
-                        "so that a password need not be typed on the command line)")
-    p.add_argument("--study", metavar="NAME",
-                   help="the study to read from a storage holding several (default: its only study)")
-    p.add_argument("--html", metavar="FILE", type=Path,
-                   help=f"where to write the report (default: {REPORT_FILE} in the sweep directory, or next to "
-                        "a ledger file, or in the current directory for a server URL)")
+        "is running while its process lives, else interrupted (superseded when a later run redid\n"
+        "its cell); an unreadable or malformed result.json is skipped and named).\n"
+        "A storage is a URL (sqlite:///, postgresql://, mysql://), a SQLite\n"
+        "file (.db, .sqlite) or an Optuna journal file (.log, .jsonl); the tables come from its\n"
+        "trials, the curves from the run directories the trials name, where they exist.",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    p.add_argument(
+        "source",
+        nargs="?",
+        metavar="PATH_OR_STORAGE_URL",
+        default=os.environ.get(ENV_URL),
+        help=f"a sweep directory, a ledger file, or an Optuna storage URL (default: ${ENV_URL}, "
+        "so that a password need not be typed on the command line)",
+    )
+    p.add_argument(
+        "--study", metavar="NAME", help="the study to read from a storage holding several (default: its only study)"
+    )
+    p.add_argument(
+        "--html",
+        metavar="FILE",
+        type=Path,
+        help=f"where to write the report (default: {REPORT_FILE} in the sweep directory, or next to "
+        "a ledger file, or in the current directory for a server URL)",
+    )
     p.add_argument("--no-html", action="store_true", help="print the tables only; write no report.html")
-    p.add_argument("--write", action="store_true",
-                   help="also write summary.md, summary.csv, summary.parquet and summary_<table>.csv next to "
-                        "the report")
-    p.add_argument("--width", type=int, default=WIDTH, metavar="COLUMNS",
-                   help=f"wrap the tables at this many columns (default: {WIDTH})")
+    p.add_argument(
+        "--write",
+        action="store_true",
+        help="also write summary.md, summary.csv, summary.parquet and summary_<table>.csv next to the report",
+    )
+    p.add_argument(
+        "--width",
+        type=int,
+        default=WIDTH,
+        metavar="COLUMNS",
+        help=f"wrap the tables at this many columns (default: {WIDTH})",
+    )
     return p
 
 
@@ -65,8 +85,11 @@ def load(source: str, study: str | None):
     if is_storage(source):
         url = storage_url(source)
         runs, name = runs_from_study(url, study)
-        out = path.parent if "://" not in source else (Path(url.split(":///", 1)[1]).parent
-                                                       if url.startswith("sqlite:///") else Path.cwd())
+        out = (
+            path.parent
+            if "://" not in source
+            else (Path(url.split(":///", 1)[1]).parent if url.startswith("sqlite:///") else Path.cwd())
+        )
         return runs, f"Sweep report: study {name}", f"study {name!r} in {mask_url(url)}", out
     raise SourceError(f"no such sweep directory or ledger file: {source}")
 
@@ -97,8 +120,12 @@ def main(argv: list[str] | None = None, prog: str = "python -m sweep.report") ->
         from sweep.report.html import write_report
 
         written.append(write_report(args.html or Path(out_dir) / REPORT_FILE, summary, title, source))
-    print(f"{name}: {len(runs)} runs from {source}" + _skipped_note(skipped)
-          + (f"; wrote {', '.join(map(str, written))}" if written else ""), file=sys.stderr)
+    print(
+        f"{name}: {len(runs)} runs from {source}"
+        + _skipped_note(skipped)
+        + (f"; wrote {', '.join(map(str, written))}" if written else ""),
+        file=sys.stderr,
+    )
     return 0
 
 

@@ -9,6 +9,7 @@ loss-scale curves of its runs, a diverged run marked with an x at its first bad 
 Every string that comes from a config or a result is escaped: `html.escape` for the page, and the
 same for plotly labels, which plotly renders as a subset of HTML (entities decode back to the text).
 """
+
 from __future__ import annotations
 
 import html
@@ -36,8 +37,18 @@ table.tbl th { background: #f3f3f3; }
 code { background: #f3f3f3; padding: 0 3px; }
 """
 STATUS_COLORS = [[0.0, "#2e9e44"], [0.5, "#f2c94c"], [1.0, "#d64541"]]
-LINE_COLORS = ["#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#9467bd", "#8c564b", "#e377c2", "#7f7f7f",
-               "#bcbd22", "#17becf"]
+LINE_COLORS = [
+    "#1f77b4",
+    "#ff7f0e",
+    "#2ca02c",
+    "#d62728",
+    "#9467bd",
+    "#8c564b",
+    "#e377c2",
+    "#7f7f7f",
+    "#bcbd22",
+    "#17becf",
+]
 
 
 def write_report(path: Path, s: Summary, title: str, source: str) -> Path:
@@ -51,26 +62,42 @@ def render_html(s: Summary, title: str, source: str) -> str:
     from plotly.offline import get_plotlyjs
 
     notes = explanations(s)
-    body = [f"<h1>{esc(title)}</h1>", f"<p>{esc(s.counts_line())}; from {esc(source)}.</p>",
-            "<h2>Recommendation</h2>", f'<p class="recommendation">{esc(s.recommendation.line)}</p>',
-            f"<h2>{TITLES['divergence_map']}</h2>", f'<p class="note">{esc(notes["divergence_map"])}</p>',
-            plot_div(heatmap(s), HEATMAP_ID)]
+    body = [
+        f"<h1>{esc(title)}</h1>",
+        f"<p>{esc(s.counts_line())}; from {esc(source)}.</p>",
+        "<h2>Recommendation</h2>",
+        f'<p class="recommendation">{esc(s.recommendation.line)}</p>',
+        f"<h2>{TITLES['divergence_map']}</h2>",
+        f'<p class="note">{esc(notes["divergence_map"])}</p>',
+        plot_div(heatmap(s), HEATMAP_ID),
+    ]
     for key, table in tables(s).items():
         if table.empty:
             continue
         if key != "divergence_map":
             body += [f"<h2>{TITLES[key]}</h2>", f'<p class="note">{esc(notes[key])}</p>']
         body.append(table_html(table, index=key != "toggles"))
-    body += ["<h2>Curves per combination</h2>",
-             '<p class="note">loss, gradient norm and loss scale per step (log scale); one line per run; '
-             "x = a diverged run's first bad step.</p>", '<div class="curves">']
+    body += [
+        "<h2>Curves per combination</h2>",
+        '<p class="note">loss, gradient norm and loss scale per step (log scale); one line per run; '
+        "x = a diverged run's first bad step.</p>",
+        '<div class="curves">',
+    ]
     body += [plot_div(fig, f"curves-{i}") for i, fig in enumerate(curve_figures(s.runs))]
-    body += ["</div>", "<h2>Runs</h2>", "<details><summary>every run of the sweep</summary>",
-             table_html(runs_for_display(s.runs), index=False), "</details>"]
-    return ("<!DOCTYPE html>\n<html lang=\"en\"><head><meta charset=\"utf-8\">"
-            f"<title>{esc(title)}</title><style>{STYLE}</style>"
-            f'<script type="text/javascript">{get_plotlyjs()}</script></head>\n<body>\n'
-            + "\n".join(body) + "\n</body></html>\n")
+    body += [
+        "</div>",
+        "<h2>Runs</h2>",
+        "<details><summary>every run of the sweep</summary>",
+        table_html(runs_for_display(s.runs), index=False),
+        "</details>",
+    ]
+    return (
+        '<!DOCTYPE html>\n<html lang="en"><head><meta charset="utf-8">'
+        f"<title>{esc(title)}</title><style>{STYLE}</style>"
+        f'<script type="text/javascript">{get_plotlyjs()}</script></head>\n<body>\n'
+        + "\n".join(body)
+        + "\n</body></html>\n"
+    )
 
 
 def esc(text) -> str:
@@ -85,8 +112,9 @@ def plot_text(text) -> str:
 
 def table_html(table: pd.DataFrame, index: bool = True) -> str:
     """A summary table as HTML; every cell and header escaped."""
-    return table.to_html(index=index, escape=True, na_rep="-", classes="tbl", border=0,
-                         float_format=lambda x: f"{x:.4g}")
+    return table.to_html(
+        index=index, escape=True, na_rep="-", classes="tbl", border=0, float_format=lambda x: f"{x:.4g}"
+    )
 
 
 def plot_div(fig, div_id: str) -> str:
@@ -102,8 +130,9 @@ def heatmap(s: Summary):
     cells = s.cells
     row_axis, col_axes = cells.attrs["row_axis"], cells.attrs["col_axes"]
     rows = sorted(cells.row_key.unique(), key=lambda k: sort_key(cells.loc[cells.row_key == k, "row"].iloc[0]))
-    cols = list(dict.fromkeys(["/".join(map(str, c)) if isinstance(c, tuple) else str(c)
-                               for c in s.divergence_map.columns]))
+    cols = list(
+        dict.fromkeys(["/".join(map(str, c)) if isinstance(c, tuple) else str(c) for c in s.divergence_map.columns])
+    )
     by_cell = {(r.row_key, r.combo): r for r in cells.itertuples()}
     z, text, hover = [], [], []
     for rk in rows:
@@ -112,21 +141,39 @@ def heatmap(s: Summary):
             cell = by_cell.get((rk, c))
             zr.append(None if cell is None or pd.isna(cell.frac) else float(cell.frac))
             tr.append(plot_text(cell.label) if cell is not None else "")
-            hr.append("no run" if cell is None else
-                      f"{cell.diverged}/{cell.decided} decided runs diverged, {cell.runs} runs")
+            hr.append(
+                "no run" if cell is None else f"{cell.diverged}/{cell.decided} decided runs diverged, {cell.runs} runs"
+            )
         z.append(zr), text.append(tr), hover.append(hr)
-    fig = go.Figure(go.Heatmap(
-        z=z, x=[plot_text(c) for c in cols], y=[plot_text(k) for k in rows], text=text, customdata=hover,
-        texttemplate="%{text}", zmin=0, zmax=1, colorscale=STATUS_COLORS, xgap=2, ygap=2,
-        colorbar={"title": {"text": "diverged"}, "tickformat": ".0%"},
-        hovertemplate="%{y} | %{x}<br>%{text}<br>%{customdata}<extra></extra>"))
+    fig = go.Figure(
+        go.Heatmap(
+            z=z,
+            x=[plot_text(c) for c in cols],
+            y=[plot_text(k) for k in rows],
+            text=text,
+            customdata=hover,
+            texttemplate="%{text}",
+            zmin=0,
+            zmax=1,
+            colorscale=STATUS_COLORS,
+            xgap=2,
+            ygap=2,
+            colorbar={"title": {"text": "diverged"}, "tickformat": ".0%"},
+            hovertemplate="%{y} | %{x}<br>%{text}<br>%{customdata}<extra></extra>",
+        )
+    )
     fig.update_layout(
-        height=150 + 40 * len(rows), margin={"l": 80, "r": 20, "t": 30, "b": 40},
-        xaxis={"title": {"text": plot_text("/".join(col_axes) or ""), "standoff": 8}, "type": "category",
-               "automargin": True},
+        height=150 + 40 * len(rows),
+        margin={"l": 80, "r": 20, "t": 30, "b": 40},
+        xaxis={
+            "title": {"text": plot_text("/".join(col_axes) or ""), "standoff": 8},
+            "type": "category",
+            "automargin": True,
+        },
         yaxis={"title": {"text": plot_text(row_axis or "")}, "type": "category", "autorange": "reversed"},
-        plot_bgcolor="#dddddd", title={"text": "grey: no decided run (running, skipped, error or missing)",
-                                       "font": {"size": 12}})
+        plot_bgcolor="#dddddd",
+        title={"text": "grey: no decided run (running, skipped, error or missing)", "font": {"size": 12}},
+    )
     return fig
 
 
@@ -141,8 +188,10 @@ def curve_figures(runs: pd.DataFrame) -> list:
     lrs = sorted(df_lr.dropna().unique())
     several_seeds = df.seed.nunique() > 1
     figs = []
-    order = sorted(df._combo.unique(), key=lambda c: [sort_key(v) for v in
-                                                       df.loc[df._combo == c, [PARAM + a for a in axes]].iloc[0]])
+    order = sorted(
+        df._combo.unique(),
+        key=lambda c: [sort_key(v) for v in df.loc[df._combo == c, [PARAM + a for a in axes]].iloc[0]],
+    )
     for combo in order:
         group = df[df._combo == combo]
         curves = [(r, load_metrics(r.run_dir)) for r in group.itertuples()]
@@ -151,8 +200,7 @@ def curve_figures(runs: pd.DataFrame) -> list:
             continue
         has_scale = any("loss_scale" in m and m.loss_scale.notna().any() for _, m in curves)
         names = ["loss", "grad norm"] + (["loss scale"] if has_scale else [])
-        fig = make_subplots(rows=len(names), cols=1, shared_xaxes=True, vertical_spacing=0.06,
-                            subplot_titles=names)
+        fig = make_subplots(rows=len(names), cols=1, shared_xaxes=True, vertical_spacing=0.06, subplot_titles=names)
         for r, m in curves:
             lr = df_lr.at[r.Index]
             color = LINE_COLORS[lrs.index(lr) % len(LINE_COLORS)] if lr in lrs else "#444"
@@ -160,28 +208,50 @@ def curve_figures(runs: pd.DataFrame) -> list:
             if r.status != "stable":
                 name += f" ({r.status})"
             group_id = f"{r.Index}"
-            for row, col in enumerate(["loss", "grad_norm", "loss_scale"][:len(names)], start=1):
+            for row, col in enumerate(["loss", "grad_norm", "loss_scale"][: len(names)], start=1):
                 if col not in m:
                     continue
                 # markers too on short runs: a run that died at step 1 has a single finite point
-                fig.add_trace(go.Scatter(x=m.step, y=_finite(m[col]), name=plot_text(name),
-                                         mode="lines+markers" if len(m) <= 30 else "lines", marker={"size": 4},
-                                         legendgroup=group_id, showlegend=row == 1,
-                                         line={"color": color, "width": 1.5,
-                                               "dash": "solid" if r.status == "stable" else "dot"}),
-                              row=row, col=1)
+                fig.add_trace(
+                    go.Scatter(
+                        x=m.step,
+                        y=_finite(m[col]),
+                        name=plot_text(name),
+                        mode="lines+markers" if len(m) <= 30 else "lines",
+                        marker={"size": 4},
+                        legendgroup=group_id,
+                        showlegend=row == 1,
+                        line={"color": color, "width": 1.5, "dash": "solid" if r.status == "stable" else "dot"},
+                    ),
+                    row=row,
+                    col=1,
+                )
             if r.status == "diverged" and not pd.isna(r.first_bad_step):
                 step, y = _bad_point(m, int(r.first_bad_step))
-                fig.add_trace(go.Scatter(x=[step], y=[y], mode="markers", legendgroup=group_id, showlegend=False,
-                                         marker={"symbol": "x", "size": 11, "color": color},
-                                         hovertext=plot_text(f"{r.verdict} at step {r.first_bad_step}"),
-                                         hoverinfo="text"), row=1, col=1)
+                fig.add_trace(
+                    go.Scatter(
+                        x=[step],
+                        y=[y],
+                        mode="markers",
+                        legendgroup=group_id,
+                        showlegend=False,
+                        marker={"symbol": "x", "size": 11, "color": color},
+                        hovertext=plot_text(f"{r.verdict} at step {r.first_bad_step}"),
+                        hoverinfo="text",
+                    ),
+                    row=1,
+                    col=1,
+                )
         fig.update_yaxes(type="log", tickformat=".3~g")  # 1 2 5 10 20, not 1 2 5 10 2
         if has_scale:
             fig.update_yaxes(tickformat="~s", row=3, col=1)  # 32k 64k
         fig.update_xaxes(title_text="step", row=len(names), col=1)
-        fig.update_layout(title={"text": plot_text(combo), "font": {"size": 14}}, height=160 + 170 * len(names),
-                          margin={"l": 60, "r": 10, "t": 60, "b": 40}, legend={"font": {"size": 10}})
+        fig.update_layout(
+            title={"text": plot_text(combo), "font": {"size": 14}},
+            height=160 + 170 * len(names),
+            margin={"l": 60, "r": 10, "t": 60, "b": 40},
+            legend={"font": {"size": 10}},
+        )
         figs.append(fig)
     return figs
 
@@ -202,6 +272,9 @@ def _bad_point(m: pd.DataFrame, step: int) -> tuple[int, float | None]:
 
 
 def runs_for_display(runs: pd.DataFrame) -> pd.DataFrame:
-    cols = ["status", "verdict", "first_bad_step", "cause_where", "cause_module", "final_loss",
-            "steps_per_second", "seed"] + [c for c in runs.columns if c.startswith(PARAM)] + ["run_dir"]
-    return runs[cols].rename(columns=lambda c: c[len(PARAM):] if c.startswith(PARAM) else c)
+    cols = (
+        ["status", "verdict", "first_bad_step", "cause_where", "cause_module", "final_loss", "steps_per_second", "seed"]
+        + [c for c in runs.columns if c.startswith(PARAM)]
+        + ["run_dir"]
+    )
+    return runs[cols].rename(columns=lambda c: c[len(PARAM) :] if c.startswith(PARAM) else c)

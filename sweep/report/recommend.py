@@ -8,6 +8,7 @@
 - Toggles: from the toggle table, every axis value that diverged less without losing lr (or gained lr
   without diverging more) than the value it was paired with.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass, field
@@ -64,41 +65,56 @@ def toggle_advice(toggles: pd.DataFrame) -> list[Advice]:
     return out
 
 
-def recommend(runs: pd.DataFrame, recs: pd.DataFrame | None = None,
-              toggles: pd.DataFrame | None = None) -> Recommendation:
+def recommend(
+    runs: pd.DataFrame, recs: pd.DataFrame | None = None, toggles: pd.DataFrame | None = None
+) -> Recommendation:
     """What to use: the fastest stable precision at the highest stable lr with margin, and the toggles.
 
     `recs` (tables.frontier_records) and `toggles` (tables.toggle_effects) are computed when not given.
     """
     stable = runs[runs.status == "stable"]
     if stable.empty:
-        return Recommendation("No stable run in this sweep, so nothing to recommend: try lower optim.lr "
-                              "or a precision with fp32 master weights.")
+        return Recommendation(
+            "No stable run in this sweep, so nothing to recommend: try lower optim.lr "
+            "or a precision with fp32 master weights."
+        )
     recs = frontier_records(runs) if recs is None else recs
     advice = toggle_advice(toggle_effects(runs, recs) if toggles is None else toggles)
     axes = combo_axes(runs)
     precision_of = _precision_by_combo(runs, axes)
     if recs.empty:  # no lr in the params: recommend a combination without an lr
-        recs = pd.DataFrame({"combination": combo_labels(stable, axes), "max_stable_lr": np.nan,
-                             "loss_at_max_stable": stable.final_loss, "stable_lrs": [[]] * len(stable)})
+        recs = pd.DataFrame(
+            {
+                "combination": combo_labels(stable, axes),
+                "max_stable_lr": np.nan,
+                "loss_at_max_stable": stable.final_loss,
+                "stable_lrs": [[]] * len(stable),
+            }
+        )
         for a in axes:
             recs[a] = stable[PARAM + a]
         recs = recs.drop_duplicates("combination")
     else:
         recs = recs[recs.max_stable_lr.notna()]
         if recs.empty:
-            return Recommendation("No lr was stable in every replicate of any combination: nothing to "
-                                  "recommend; see the divergence map.")
+            return Recommendation(
+                "No lr was stable in every replicate of any combination: nothing to recommend; see the divergence map."
+            )
     recs = recs.assign(_precision=[precision_of.get(c) for c in recs.combination])
-    speed = stable.groupby(stable[PARAM + PRECISION].map(str) if PARAM + PRECISION in stable else
-                           pd.Series("", index=stable.index)).steps_per_second.mean()
+    speed = stable.groupby(
+        stable[PARAM + PRECISION].map(str) if PARAM + PRECISION in stable else pd.Series("", index=stable.index)
+    ).steps_per_second.mean()
     recs = recs.assign(_speed=recs._precision.map(lambda p: speed.get(str(p) if p is not None else "", np.nan)))
     fastest = recs.sort_values("_speed", ascending=False, na_position="last")._precision.iloc[0]
     cands = recs[recs._precision.map(str) == str(fastest)].copy()
-    cands["_follows"] = [sum(_key(c[a.axis]) == _key(a.better) for a in advice if a.axis in c)
-                         for _, c in cands.iterrows()]
-    best = cands.sort_values(["max_stable_lr", "_follows", "loss_at_max_stable", "combination"],
-                             ascending=[False, False, True, True], na_position="last").iloc[0]
+    cands["_follows"] = [
+        sum(_key(c[a.axis]) == _key(a.better) for a in advice if a.axis in c) for _, c in cands.iterrows()
+    ]
+    best = cands.sort_values(
+        ["max_stable_lr", "_follows", "loss_at_max_stable", "combination"],
+        ascending=[False, False, True, True],
+        na_position="last",
+    ).iloc[0]
     return _line(best, axes, fastest, speed, advice)
 
 
@@ -111,12 +127,18 @@ def _line(best: pd.Series, axes: list[str], precision, speed: pd.Series, advice:
     if not pd.isna(max_lr):
         settings[LR] = float(max(below) if below else max_lr)
         source = f"[frontier: {best.combination}]"
-        parts.append(f"one grid step below its largest stable lr {max_lr:.4g} {source}" if below else
-                     f"its largest stable lr {max_lr:.4g}, with no margin: no lr below it was stable, sweep lower "
-                     f"ones {source}")
+        parts.append(
+            f"one grid step below its largest stable lr {max_lr:.4g} {source}"
+            if below
+            else f"its largest stable lr {max_lr:.4g}, with no margin: no lr below it was stable, sweep lower "
+            f"ones {source}"
+        )
     rate = speed.get(str(precision) if precision is not None else "", np.nan)
-    parts.append(f"fastest stable precision, {rate:.3g} steps/s" if not pd.isna(rate) else
-                 "a stable precision; no run recorded its speed")
+    parts.append(
+        f"fastest stable precision, {rate:.3g} steps/s"
+        if not pd.isna(rate)
+        else "a stable precision; no run recorded its speed"
+    )
     if pd.isna(max_lr):
         parts[-1] += f" [frontier: {best.combination}]"
     line = "Use " + " ".join(f"{k}={_fmt(v)}" for k, v in settings.items()) + " (" + "; ".join(parts) + ")."

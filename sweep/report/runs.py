@@ -9,6 +9,7 @@ does not have the contract's shape (docs/design.md, "Files of one run") is left 
 `runs.attrs["skipped"]`, for the caller to report: one foreign or damaged file must not stop the
 report of the others.
 """
+
 from __future__ import annotations
 
 import json
@@ -23,13 +24,27 @@ from sweep.run.results import METRICS_FILE, RESULT_FILE, is_being_written
 
 log = logging.getLogger("sweep")
 
-OUTCOME_COLUMNS = ["status", "verdict", "first_bad_step", "cause_where", "cause_module", "final_loss",
-                   "initial_loss", "min_loss", "steps_run", "steps_per_second", "seed", "run_dir", "pruned_at_step",
-                   "superseded_by"]
+OUTCOME_COLUMNS = [
+    "status",
+    "verdict",
+    "first_bad_step",
+    "cause_where",
+    "cause_module",
+    "final_loss",
+    "initial_loss",
+    "min_loss",
+    "steps_run",
+    "steps_per_second",
+    "seed",
+    "run_dir",
+    "pruned_at_step",
+    "superseded_by",
+]
 INT_COLUMNS = ["first_bad_step", "steps_run", "seed", "pruned_at_step"]
 FLOAT_COLUMNS = ["final_loss", "initial_loss", "min_loss", "steps_per_second"]
-RESULT_KEYS = [c for c in OUTCOME_COLUMNS if c not in ("status", "run_dir", "cause_where", "cause_module",
-                                                        "superseded_by")]
+RESULT_KEYS = [
+    c for c in OUTCOME_COLUMNS if c not in ("status", "run_dir", "cause_where", "cause_module", "superseded_by")
+]
 """Outcome columns that result.json holds under the same name."""
 PARAM = "param:"
 DECIDED = ("stable", "diverged")
@@ -49,8 +64,9 @@ def runs_frame(rows: list[dict]) -> pd.DataFrame:
     params: dict[str, None] = {}
     for r in rows:
         params.update(dict.fromkeys(k for k in r if k.startswith(PARAM)))
-    df = pd.DataFrame([{c: r.get(c) for c in OUTCOME_COLUMNS + list(params)} for r in rows],
-                      columns=OUTCOME_COLUMNS + list(params))
+    df = pd.DataFrame(
+        [{c: r.get(c) for c in OUTCOME_COLUMNS + list(params)} for r in rows], columns=OUTCOME_COLUMNS + list(params)
+    )
     for c in INT_COLUMNS:
         df[c] = pd.array([None if _missing(v) else int(v) for v in df[c]], dtype="Int64")
     for c in FLOAT_COLUMNS:
@@ -88,9 +104,16 @@ def runs_from_dirs(sweep_dir: Path, starting_s: float = STARTING_S) -> pd.DataFr
             skipped.append(f"{path}: {problem}")
             continue
         cause = r.get("cause") or {}
-        rows.append(outcome_row(r.get("status", "error"), str(path.parent.resolve()), r.get("params") or {},
-                                cause_where=cause.get("where"), cause_module=cause.get("module"),
-                                **{k: r.get(k) for k in RESULT_KEYS if k in r}))
+        rows.append(
+            outcome_row(
+                r.get("status", "error"),
+                str(path.parent.resolve()),
+                r.get("params") or {},
+                cause_where=cause.get("where"),
+                cause_module=cause.get("module"),
+                **{k: r.get(k) for k in RESULT_KEYS if k in r},
+            )
+        )
     done = {}  # a cell (its params) -> the first finished run of it
     for r in rows:
         done.setdefault(_cell(r), r["run_dir"])
@@ -152,7 +175,7 @@ def result_problem(r) -> str | None:
 
 
 def _is_int64_or_none(v) -> bool:
-    return v is None or (isinstance(v, int) and not isinstance(v, bool) and -2 ** 63 <= v < 2 ** 63)
+    return v is None or (isinstance(v, int) and not isinstance(v, bool) and -(2**63) <= v < 2**63)
 
 
 def _is_float_or_none(v) -> bool:
@@ -170,7 +193,7 @@ def _is_float_or_none(v) -> bool:
 
 def _short(v) -> str:
     """A value for a one-line message: a huge integer by its size, anything else cut at 40 characters."""
-    if isinstance(v, int) and not isinstance(v, bool) and abs(v) >= 10 ** 30:
+    if isinstance(v, int) and not isinstance(v, bool) and abs(v) >= 10**30:
         return f"an integer of {len(str(abs(v)))} digits"
     text = repr(v)
     return text if len(text) <= 40 else text[:37] + "..."
@@ -197,8 +220,11 @@ def _params_from_overrides(path: Path) -> dict:
     except Exception as e:  # noqa: BLE001  (a hand-edited or foreign file: the run still counts)
         log.warning("cannot read the overrides of %s: %s", path.parent.parent, e)
         return {}
-    return {o.key_or_group: o.value() for o in parsed
-            if not o.key_or_group.startswith(("hydra", "ledger")) and not o.is_delete()}
+    return {
+        o.key_or_group: o.value()
+        for o in parsed
+        if not o.key_or_group.startswith(("hydra", "ledger")) and not o.is_delete()
+    }
 
 
 def load_metrics(run_dir: str | None) -> pd.DataFrame | None:

@@ -10,6 +10,7 @@ directory the latest finished one counts.
 Opening never creates anything: a SQLite file or journal that does not exist is an error, not a new,
 empty ledger. Every message names the storage through `mask_url`, never with its password.
 """
+
 from __future__ import annotations
 
 import math
@@ -74,8 +75,9 @@ def pick_study(storage: optuna.storages.BaseStorage, url: str, name: str | None)
     if not names:
         raise SourceError(f"no study in {where}")
     if len(names) > 1:
-        raise SourceError(f"{len(names)} studies in {where}: pass --study NAME, one of "
-                          + ", ".join(repr(n) for n in names))
+        raise SourceError(
+            f"{len(names)} studies in {where}: pass --study NAME, one of " + ", ".join(repr(n) for n in names)
+        )
     return names[0]
 
 

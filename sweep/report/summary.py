@@ -1,4 +1,5 @@
 """All the tables of one sweep, computed once from the runs table, for the terminal, Markdown and HTML."""
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -39,8 +40,12 @@ class Summary:
         known = [f"{counts[k]} {k}" for k in STATUSES if k in counts]
         superseded = int(self.runs.superseded_by.notna().sum()) if "superseded_by" in self.runs else 0
         if superseded:  # killed, and its cell redone by a later run: nothing is missing
-            known = [f"{k} ({'superseded' if superseded == counts['interrupted'] else f'{superseded} superseded'})"
-                     if k.endswith(" interrupted") else k for k in known]
+            known = [
+                f"{k} ({'superseded' if superseded == counts['interrupted'] else f'{superseded} superseded'})"
+                if k.endswith(" interrupted")
+                else k
+                for k in known
+            ]
         other = [f"{n} {k}" for k, n in counts.items() if k not in STATUSES]
         return f"{len(self.runs)} runs: " + ", ".join(known + other)
 
@@ -54,6 +59,15 @@ def summarize(runs: pd.DataFrame) -> Summary:
     cells, recs = divergence_cells(runs), frontier_records(runs)
     dmap, legend = divergence_map(runs, cells)
     toggles = toggle_effects(runs, recs)
-    return Summary(runs=all_runs, axes=swept_axes(runs), cells=cells, divergence_map=dmap, map_columns=legend,
-                   frontier=frontier(runs, recs), lr_sensitivity=lr_sensitivity(runs), toggles=toggles,
-                   root_causes=root_causes(runs), recommendation=recommend(runs, recs, toggles))
+    return Summary(
+        runs=all_runs,
+        axes=swept_axes(runs),
+        cells=cells,
+        divergence_map=dmap,
+        map_columns=legend,
+        frontier=frontier(runs, recs),
+        lr_sensitivity=lr_sensitivity(runs),
+        toggles=toggles,
+        root_causes=root_causes(runs),
+        recommendation=recommend(runs, recs, toggles),
+    )

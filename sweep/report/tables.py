@@ -13,6 +13,7 @@ decide anything; `skipped`, `error` and `running` runs are shown but never count
                     value, and the change in largest stable lr in lr-grid steps
 5. root_causes      verdict x where the run first went wrong
 """
+
 from __future__ import annotations
 
 from itertools import combinations
@@ -25,9 +26,15 @@ from sweep.report.runs import DECIDED, PARAM, param_columns
 LR = "optim.lr"
 SEED = "seed"
 PRECISION = "precision"
-SHORT = {"nonfinite_loss": "nan-loss", "nonfinite_grad": "nan-grad", "loss_spike": "spike",
-         "scale_collapse": "scale-min", "stalled": "stalled", "bad_input": "bad-input",
-         "corrupt_checkpoint": "bad-ckpt"}
+SHORT = {
+    "nonfinite_loss": "nan-loss",
+    "nonfinite_grad": "nan-grad",
+    "loss_spike": "spike",
+    "scale_collapse": "scale-min",
+    "stalled": "stalled",
+    "bad_input": "bad-input",
+    "corrupt_checkpoint": "bad-ckpt",
+}
 WHERE = ["data", "forward", "loss", "backward", "optimizer", "scaler", "checkpoint"]
 PENDING_MARK = "*"
 """Appended to a cell some of whose runs have no result yet."""
@@ -35,10 +42,10 @@ PENDING_MARK = "*"
 
 # --- axes and combinations ---------------------------------------------------------------------
 
+
 def swept_axes(runs: pd.DataFrame) -> list[str]:
     """Params that take more than one value in this sweep, in the order the sweep named them."""
-    return [c[len(PARAM):] for c in param_columns(runs)
-            if c != PARAM + SEED and runs[c].map(_key).nunique() > 1]
+    return [c[len(PARAM) :] for c in param_columns(runs) if c != PARAM + SEED and runs[c].map(_key).nunique() > 1]
 
 
 def combo_axes(runs: pd.DataFrame) -> list[str]:
@@ -97,6 +104,7 @@ def _grouped(records: list[dict], key: str) -> dict:
 
 # --- 1. divergence map -------------------------------------------------------------------------
 
+
 def divergence_cells(runs: pd.DataFrame) -> pd.DataFrame:
     """One row per (row value, combination) cell: its label and counts (the heatmap plots `frac`)."""
     axes = swept_axes(runs)
@@ -109,15 +117,39 @@ def divergence_cells(runs: pd.DataFrame) -> pd.DataFrame:
         decided = [r for r in group if r["status"] in DECIDED]
         diverged = [r for r in decided if r["status"] == "diverged"]
         first = group[0]
-        out.append({"row": first["_row"], "row_key": _key(first["_row"]),
-                    "combo": first["_cell"].split("|", 1)[1], **{a: first[PARAM + a] for a in col_axes},
-                    "label": cell_label(group), "runs": len(group), "decided": len(decided),
-                    "diverged": len(diverged), "frac": len(diverged) / len(decided) if decided else np.nan,
-                    "verdict": _mode([r["verdict"] for r in diverged]),
-                    "first_bad_step": min((r["first_bad_step"] for r in diverged if not pd.isna(r["first_bad_step"])),
-                                          default=None)})
-    cells = pd.DataFrame(out, columns=["row", "row_key", "combo", *col_axes, "label", "runs", "decided",
-                                       "diverged", "frac", "verdict", "first_bad_step"])
+        out.append(
+            {
+                "row": first["_row"],
+                "row_key": _key(first["_row"]),
+                "combo": first["_cell"].split("|", 1)[1],
+                **{a: first[PARAM + a] for a in col_axes},
+                "label": cell_label(group),
+                "runs": len(group),
+                "decided": len(decided),
+                "diverged": len(diverged),
+                "frac": len(diverged) / len(decided) if decided else np.nan,
+                "verdict": _mode([r["verdict"] for r in diverged]),
+                "first_bad_step": min(
+                    (r["first_bad_step"] for r in diverged if not pd.isna(r["first_bad_step"])), default=None
+                ),
+            }
+        )
+    cells = pd.DataFrame(
+        out,
+        columns=[
+            "row",
+            "row_key",
+            "combo",
+            *col_axes,
+            "label",
+            "runs",
+            "decided",
+            "diverged",
+            "frac",
+            "verdict",
+            "first_bad_step",
+        ],
+    )
     cells["first_bad_step"] = cells.first_bad_step.astype("Int64")
     cells.attrs.update(row_axis=row_axis, col_axes=col_axes)
     return cells
@@ -173,6 +205,7 @@ def _mode(values: list):
 
 # --- 2. stability frontier ---------------------------------------------------------------------
 
+
 def frontier_records(runs: pd.DataFrame) -> pd.DataFrame:
     """Per combination: its axis values, stability per lr, and the frontier columns."""
     if PARAM + LR not in runs:
@@ -185,11 +218,20 @@ def frontier_records(runs: pd.DataFrame) -> pd.DataFrame:
         diverged = [lr for lr, s in by_lr.items() if s == "diverged"]
         best = stable[-1] if stable else None
         ok = [r for r in group if r["status"] == "stable"]
-        out.append({"combination": group[0]["_combo"], **{a: group[0][PARAM + a] for a in axes},
-                    "by_lr": by_lr, "grid": sorted(by_lr), "stable_lrs": stable,
-                    "max_stable_lr": best, "min_diverging_lr": min(diverged) if diverged else None,
-                    "loss_at_max_stable": _mean(r["final_loss"] for r in ok if r["_lr"] == best),
-                    "steps_per_s": _mean(r["steps_per_second"] for r in ok), "runs": len(group)})
+        out.append(
+            {
+                "combination": group[0]["_combo"],
+                **{a: group[0][PARAM + a] for a in axes},
+                "by_lr": by_lr,
+                "grid": sorted(by_lr),
+                "stable_lrs": stable,
+                "max_stable_lr": best,
+                "min_diverging_lr": min(diverged) if diverged else None,
+                "loss_at_max_stable": _mean(r["final_loss"] for r in ok if r["_lr"] == best),
+                "steps_per_s": _mean(r["steps_per_second"] for r in ok),
+                "runs": len(group),
+            }
+        )
     out.sort(key=lambda rec: [sort_key(rec[a]) for a in axes])
     recs = pd.DataFrame(out)
     recs.attrs["axes"] = axes
@@ -211,8 +253,9 @@ def frontier(runs: pd.DataFrame, recs: pd.DataFrame | None = None) -> pd.DataFra
     recs = frontier_records(runs) if recs is None else recs
     if recs.empty:
         return pd.DataFrame()
-    table = recs.set_index("combination")[["max_stable_lr", "min_diverging_lr", "loss_at_max_stable",
-                                           "steps_per_s", "runs"]]
+    table = recs.set_index("combination")[
+        ["max_stable_lr", "min_diverging_lr", "loss_at_max_stable", "steps_per_s", "runs"]
+    ]
     table.index.name = "/".join(recs.attrs["axes"]) or "combination"
     return table.astype({c: float for c in table.columns if c != "runs"})
 
@@ -223,6 +266,7 @@ def _mean(values) -> float:
 
 
 # --- 3. lr sensitivity -------------------------------------------------------------------------
+
 
 def lr_sensitivity(runs: pd.DataFrame) -> pd.DataFrame:
     """Per combination: Wortsman et al.'s lr sensitivity over its lr grid (lower is more robust).
@@ -237,8 +281,7 @@ def lr_sensitivity(runs: pd.DataFrame) -> pd.DataFrame:
         return pd.DataFrame()
     axes = combo_axes(runs)
     out = []
-    for group in _grouped(_records(decided, _combo=combo_labels(decided, axes), _lr=_lr(decided)),
-                          "_combo").values():
+    for group in _grouped(_records(decided, _combo=combo_labels(decided, axes), _lr=_lr(decided)), "_combo").values():
         fallback = _mean(r["initial_loss"] for r in group)
         per_lr: dict[float, list[float]] = {}
         for r in group:
@@ -250,10 +293,18 @@ def lr_sensitivity(runs: pd.DataFrame) -> pd.DataFrame:
         any_stable = any(r["status"] == "stable" for r in group) and scores
         best_lr = min(scores, key=scores.get) if any_stable else np.nan
         best = scores[best_lr] if any_stable else np.nan
-        out.append({"combination": group[0]["_combo"], "_sort": [sort_key(group[0][PARAM + a]) for a in axes],
-                    "lr_sensitivity": float(np.mean([v - best for v in scores.values()])) if any_stable else np.nan,
-                    "best_loss": best, "best_lr": best_lr, "lrs": len(scores),
-                    "diverged_runs": sum(r["status"] == "diverged" for r in group), "runs": len(group)})
+        out.append(
+            {
+                "combination": group[0]["_combo"],
+                "_sort": [sort_key(group[0][PARAM + a]) for a in axes],
+                "lr_sensitivity": float(np.mean([v - best for v in scores.values()])) if any_stable else np.nan,
+                "best_loss": best,
+                "best_lr": best_lr,
+                "lrs": len(scores),
+                "diverged_runs": sum(r["status"] == "diverged" for r in group),
+                "runs": len(group),
+            }
+        )
     out.sort(key=lambda r: r["_sort"])
     table = pd.DataFrame(out).drop(columns="_sort").set_index("combination")
     table.index.name = "/".join(axes) or "combination"
@@ -261,6 +312,7 @@ def lr_sensitivity(runs: pd.DataFrame) -> pd.DataFrame:
 
 
 # --- 4. effect of each toggle ------------------------------------------------------------------
+
 
 def toggle_effects(runs: pd.DataFrame, recs: pd.DataFrame | None = None) -> pd.DataFrame:
     """Per axis (lr aside) and pair of its values a < b, over runs equal in everything else:
@@ -287,9 +339,15 @@ def toggle_effects(runs: pd.DataFrame, recs: pd.DataFrame | None = None) -> pd.D
         values = sorted({_key(v): v for v in decided[PARAM + axis]}.items(), key=lambda kv: sort_key(kv[1]))
         for (ka, a), (kb, b) in combinations(values, 2):
             both = outcome[ka].keys() & outcome[kb].keys()
-            row = {"axis": axis, "a": a, "b": b, "pairs": len(both),
-                   "diverged_a": sum(outcome[ka][k] for k in both), "diverged_b": sum(outcome[kb][k] for k in both),
-                   **_lr_steps(frontiers.get(ka, {}), frontiers.get(kb, {}), grid)}
+            row = {
+                "axis": axis,
+                "a": a,
+                "b": b,
+                "pairs": len(both),
+                "diverged_a": sum(outcome[ka][k] for k in both),
+                "diverged_b": sum(outcome[kb][k] for k in both),
+                **_lr_steps(frontiers.get(ka, {}), frontiers.get(kb, {}), grid),
+            }
             if row["pairs"] or row["combos"]:
                 out.append(row)
     columns = ["axis", "a", "b", "pairs", "diverged_a", "diverged_b", "combos", "lr_steps"]
@@ -327,6 +385,7 @@ def _max_stable_step(by_lr: dict, lrs: list[float], grid: list[float]) -> int:
 
 
 # --- 5. root causes ----------------------------------------------------------------------------
+
 
 def root_causes(runs: pd.DataFrame) -> pd.DataFrame:
     """Diverged runs counted by verdict (rows) and where they first went wrong (columns), with totals."""

@@ -5,6 +5,7 @@ Files written next to the runs (`write_summary`):
 - summary.csv / .parquet  the runs table, one row per run (what every table is computed from)
 - summary_<table>.csv     each table on its own; the divergence map in long form, one row per cell
 """
+
 from __future__ import annotations
 
 import logging
@@ -32,23 +33,28 @@ def explanations(s: Summary) -> dict[str, str]:
     """One sentence under each table's title, saying how to read it."""
     return {
         "divergence_map": f"columns: {s.map_columns}; rows: {s.divergence_map.index.name or '-'}; cell: stable, "
-                          "verdict@first_bad_step, or k/n div (diverged of the decided seeds); "
-                          "* = more runs still running, - = no run",
+        "verdict@first_bad_step, or k/n div (diverged of the decided seeds); "
+        "* = more runs still running, - = no run",
         "frontier": "per combination: the largest lr stable in every replicate, the smallest lr that diverged, "
-                    "the final loss at the former, mean steps/s of its stable runs",
+        "the final loss at the former, mean steps/s of its stable runs",
         "lr_sensitivity": "Wortsman et al. 2023: mean over the lr grid of min(final loss, initial loss) - "
-                          "best_loss, diverged runs at the initial loss; lower is more robust, 0 = every lr "
-                          "reached the best loss, - = no stable run",
+        "best_loss, diverged runs at the initial loss; lower is more robust, 0 = every lr "
+        "reached the best loss, - = no stable run",
         "toggles": "runs equal in everything else but this axis (a vs b): pairs, diverged with a and with b; "
-                   "combos: matched combinations; lr_steps: change of the largest stable lr from a to b, in "
-                   "lr-grid steps",
+        "combos: matched combinations; lr_steps: change of the largest stable lr from a to b, in "
+        "lr-grid steps",
         "root_causes": "diverged runs: verdict x where it first went wrong",
     }
 
 
 def tables(s: Summary) -> dict[str, pd.DataFrame]:
-    return {"divergence_map": s.divergence_map, "frontier": s.frontier, "lr_sensitivity": s.lr_sensitivity,
-            "toggles": s.toggles, "root_causes": s.root_causes}
+    return {
+        "divergence_map": s.divergence_map,
+        "frontier": s.frontier,
+        "lr_sensitivity": s.lr_sensitivity,
+        "toggles": s.toggles,
+        "root_causes": s.root_causes,
+    }
 
 
 def render_text(s: Summary, width: int = WIDTH) -> str:
@@ -73,8 +79,14 @@ def render_markdown(s: Summary, title: str = "Sweep summary") -> str:
     md = [f"# {md_escape(title)}", "", md_escape(s.counts_line()) + "."]  # statuses come from result.json files
     for key, table in tables(s).items():
         if not table.empty:
-            md += ["", f"## {TITLES[key]}", "", md_escape(notes[key]) + ".", "",
-                   to_markdown(table, index=key != "toggles")]
+            md += [
+                "",
+                f"## {TITLES[key]}",
+                "",
+                md_escape(notes[key]) + ".",
+                "",
+                to_markdown(table, index=key != "toggles"),
+            ]
     md += ["", "## Recommendation", "", md_escape(s.recommendation.line)]
     return "\n".join(md) + "\n"
 
@@ -109,9 +121,13 @@ def write_summary(sweep_dir: Path, s: Summary) -> list[Path]:
         written.append(sweep_dir / "summary.parquet")
     except ImportError:
         log.info("summary.parquet not written: pip install pyarrow")
-    long_forms = {"divergence_map": s.cells.drop(columns=["row_key"], errors="ignore"),
-                  "frontier": s.frontier, "lr_sensitivity": s.lr_sensitivity, "toggles": s.toggles,
-                  "root_causes": s.root_causes}
+    long_forms = {
+        "divergence_map": s.cells.drop(columns=["row_key"], errors="ignore"),
+        "frontier": s.frontier,
+        "lr_sensitivity": s.lr_sensitivity,
+        "toggles": s.toggles,
+        "root_causes": s.root_causes,
+    }
     for key, table in long_forms.items():
         if not table.empty:
             path = sweep_dir / f"summary_{key}.csv"

@@ -11,6 +11,7 @@ monitor kept, the sum is rolled back to where the spike began, bias-corrected, a
 mean squared norm of the steps before it (what a short-memory v would hold): ~1 or below when v kept
 up, >> 1 when it lagged. Read on the bad path only, from what is already at hand.
 """
+
 from __future__ import annotations
 
 import math
@@ -34,15 +35,22 @@ def adamw_second_moment(optimizer: torch.optim.Optimizer) -> tuple[float, int, f
     return total, steps, optimizer.param_groups[0]["betas"][1]
 
 
-def lag_ratio(v_sum: float, steps: int, beta2: float, recent: Sequence[tuple[int, float]], first_bad: int,
-              verdict_step: int, grad_clip: float = 0.0) -> tuple[float, int] | None:
+def lag_ratio(
+    v_sum: float,
+    steps: int,
+    beta2: float,
+    recent: Sequence[tuple[int, float]],
+    first_bad: int,
+    verdict_step: int,
+    grad_clip: float = 0.0,
+) -> tuple[float, int] | None:
     """(mean squared gradient norm before `first_bad` / bias-corrected sum(v) at `first_bad`, how many norms).
 
     `v_sum` and `steps` are the optimizer's now, after the updates of the steps before `verdict_step`;
     `recent` are (step, squared global gradient norm) of the last finite steps, unclipped (capped at
     grad_clip**2 here, as the optimizer saw them). None when there is nothing to compare.
     """
-    sq = {s: min(q, grad_clip ** 2) if grad_clip > 0 else q for s, q in recent}
+    sq = {s: min(q, grad_clip**2) if grad_clip > 0 else q for s, q in recent}
     before = [q for s, q in sq.items() if s < first_bad]
     if not before:  # the spike began before the kept norms: nothing to roll back with
         return None
@@ -51,18 +59,30 @@ def lag_ratio(v_sum: float, steps: int, beta2: float, recent: Sequence[tuple[int
             v_sum, steps = (v_sum - (1 - beta2) * sq[s]) / beta2, steps - 1
     if steps < 1 or not v_sum > 0:  # no update before the spike, or a rollback lost to rounding
         return None
-    return sum(before) / len(before) / (v_sum / (1 - beta2 ** steps)), len(before)
+    return sum(before) / len(before) / (v_sum / (1 - beta2**steps)), len(before)
 
 
-def lag_note(v_sum: float, steps: int, beta2: float, recent: Sequence[tuple[int, float]], first_bad: int,
-             verdict_step: int, grad_clip: float = 0.0) -> str:
+def lag_note(
+    v_sum: float,
+    steps: int,
+    beta2: float,
+    recent: Sequence[tuple[int, float]],
+    first_bad: int,
+    verdict_step: int,
+    grad_clip: float = 0.0,
+) -> str:
     """lag_ratio as a clause for a loss_spike's cause ('' when there is nothing to compare)."""
     found = lag_ratio(v_sum, steps, beta2, recent, first_bad, verdict_step, grad_clip)
     if found is None:
         return ""
     ratio, n = found
     if ratio >= LAGGED:
-        return (f"; AdamW's second moment lagged: the {n} squared gradient norms before step {first_bad} "
-                f"average {ratio:.3g}x its sum (beta2={beta2:g} averages ~{1 / (1 - beta2):.0f} steps), so the "
-                f"steps were ~{math.sqrt(ratio):.2g}x too large; a lower beta2 or a reset optimizer state re-estimates it")
-    return f"; AdamW's second moment kept up: the {n} squared gradient norms before step {first_bad} average {ratio:.2g}x its sum"
+        return (
+            f"; AdamW's second moment lagged: the {n} squared gradient norms before step {first_bad} "
+            f"average {ratio:.3g}x its sum (beta2={beta2:g} averages ~{1 / (1 - beta2):.0f} steps), so the "
+            f"steps were ~{math.sqrt(ratio):.2g}x too large; a lower beta2 or a reset optimizer state re-estimates it"
+        )
+    return (
+        f"; AdamW's second moment kept up: the {n} squared gradient norms before step {first_bad} "
+        f"average {ratio:.2g}x its sum"
+    )

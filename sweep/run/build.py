@@ -5,6 +5,7 @@ run depends on (seeds, deterministic mode, thread count, TF32 switches) back to 
 config says, before anything is built. That is what makes a run bit-reproducible however many jobs
 ran before it in the same process.
 """
+
 from __future__ import annotations
 
 import logging
@@ -117,14 +118,27 @@ def build_parts(run: RunConfig, device: torch.device, policy: PrecisionPolicy, s
     """
     d, m = run.data, run.model
     if m.arch is Arch.diffusers:
-        model = build_diffusers_model(m.name, channels=d.channels, frames=d.frames, height=d.height, width=d.width,
-                                      patch_size=m.patch_size, attention=run.attention.backend.value,
-                                      modulate=run.modulate.impl.value)
+        model = build_diffusers_model(
+            m.name,
+            channels=d.channels,
+            frames=d.frames,
+            height=d.height,
+            width=d.width,
+            patch_size=m.patch_size,
+            attention=run.attention.backend.value,
+            modulate=run.modulate.impl.value,
+        )
     else:
         model = build_model(
-            m.arch.value, m.size, input_size=d.height, in_channels=d.channels,
-            num_frames=None if m.is_image else d.frames, patch_size=m.patch_size,
-            qk_norm=m.qk_norm, attention=run.attention.backend.value, modulate=run.modulate.impl.value,
+            m.arch.value,
+            m.size,
+            input_size=d.height,
+            in_channels=d.channels,
+            num_frames=None if m.is_image else d.frames,
+            patch_size=m.patch_size,
+            qk_norm=m.qk_norm,
+            attention=run.attention.backend.value,
+            modulate=run.modulate.impl.value,
         )
     if m.qk_gain != 1.0:
         scale_query_key(model, m.qk_gain)
@@ -137,34 +151,65 @@ def build_parts(run: RunConfig, device: torch.device, policy: PrecisionPolicy, s
     o = run.optim
     # foreach=False: the single-tensor AdamW path is bit-stable across torch builds on CPU, and
     # keeps the optimizer state in the params' dtype (pure fp16/bf16 means exactly that).
-    optimizer = torch.optim.AdamW(param_groups(run, model), lr=o.lr, betas=tuple(o.betas), eps=o.eps,
-                                  weight_decay=o.weight_decay, foreach=False)
+    optimizer = torch.optim.AdamW(
+        param_groups(run, model), lr=o.lr, betas=tuple(o.betas), eps=o.eps, weight_decay=o.weight_decay, foreach=False
+    )
     if d.source is DataSource.synthetic:
-        dataset = SyntheticClips(num_samples=d.num_samples, frames=d.frames, channels=d.channels, height=d.height,
-                                 width=d.width, seed=d.seed, faults=[Fault(index=f.index, kind=f.kind) for f in d.faults],
-                                 as_images=m.is_image)
+        dataset = SyntheticClips(
+            num_samples=d.num_samples,
+            frames=d.frames,
+            channels=d.channels,
+            height=d.height,
+            width=d.width,
+            seed=d.seed,
+            faults=[Fault(index=f.index, kind=f.kind) for f in d.faults],
+            as_images=m.is_image,
+        )
     else:
-        dataset = FolderClips(Path(d.path), d.source.value, frames=d.frames, channels=d.channels, height=d.height,
-                              width=d.width, as_images=m.is_image)
+        dataset = FolderClips(
+            Path(d.path),
+            d.source.value,
+            frames=d.frames,
+            channels=d.channels,
+            height=d.height,
+            width=d.width,
+            as_images=m.is_image,
+        )
     if d.drop_bad:
         dataset = drop_bad_samples(dataset, d.range_limit)
     j = run.objective
-    objective = DiffusionObjective(kind=j.kind.value, num_train_timesteps=j.num_train_timesteps,
-                                   beta_schedule=j.beta_schedule.value, prediction=j.prediction.value,
-                                   flow_shift=j.flow_shift)
+    objective = DiffusionObjective(
+        kind=j.kind.value,
+        num_train_timesteps=j.num_train_timesteps,
+        beta_schedule=j.beta_schedule.value,
+        prediction=j.prediction.value,
+        flow_shift=j.flow_shift,
+    )
     noise_gen = torch.Generator(device=device).manual_seed(stream_seed(run.seed, _NOISE_STREAM))
     monitor = DivergenceMonitor(run.monitor)
     monitor.start([p for p in model.parameters() if p.requires_grad])
-    parts = RunParts(device=device, policy=policy, model=model, optimizer=optimizer,
-                     scaler=LossScaler(run.precision.scaler), dataset=dataset,
-                     order=BatchOrder(len(dataset), d.batch_size, stream_seed(run.seed, _ORDER_STREAM)),
-                     objective=objective, noise_gen=noise_gen, lr_at=lr_schedule(run), monitor=monitor,
-                     loaded=resume_from or init_from)
+    parts = RunParts(
+        device=device,
+        policy=policy,
+        model=model,
+        optimizer=optimizer,
+        scaler=LossScaler(run.precision.scaler),
+        dataset=dataset,
+        order=BatchOrder(len(dataset), d.batch_size, stream_seed(run.seed, _ORDER_STREAM)),
+        objective=objective,
+        noise_gen=noise_gen,
+        lr_at=lr_schedule(run),
+        monitor=monitor,
+        loaded=resume_from or init_from,
+    )
     if resume_from:
-        parts.start_step = checkpoint.resume(parts, Path(resume_from), verify=run.checkpoint.verify,
-                                             optimizer=run.checkpoint.resume_optimizer)
+        parts.start_step = checkpoint.resume(
+            parts, Path(resume_from), verify=run.checkpoint.verify, optimizer=run.checkpoint.resume_optimizer
+        )
         if parts.start_step >= run.steps:
-            raise ValueError(f"checkpoint.resume_from is at step {parts.start_step}, steps={run.steps}: nothing left to run")
+            raise ValueError(
+                f"checkpoint.resume_from is at step {parts.start_step}, steps={run.steps}: nothing left to run"
+            )
     return parts
 
 
@@ -175,8 +220,12 @@ def drop_bad_samples(dataset, limit: float) -> torch.utils.data.Dataset:
     kept = [i for i in range(len(dataset)) if not check_sample(dataset[i], limit)[0]]
     dropped = len(dataset) - len(kept)
     if dropped:
-        log.warning("data.drop_bad: left out %d of %d samples: %s", dropped, len(dataset),
-                    sorted(set(range(len(dataset))) - set(kept))[:20])
+        log.warning(
+            "data.drop_bad: left out %d of %d samples: %s",
+            dropped,
+            len(dataset),
+            sorted(set(range(len(dataset))) - set(kept))[:20],
+        )
     if not kept:
         raise ValueError("data.drop_bad: every sample failed the data check")
     return torch.utils.data.Subset(dataset, kept) if dropped else dataset

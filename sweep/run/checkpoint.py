@@ -23,6 +23,7 @@ pretrained file loaded silently, NaN predictions, the loss scaler halving down t
 With the data order a pure function of the step and every RNG state restored, a run resumed at step k
 computes exactly the losses the uninterrupted run computed from step k on (tests/test_checkpoint.py).
 """
+
 from __future__ import annotations
 
 import hashlib
@@ -41,7 +42,11 @@ from sweep.config import WEIGHT_SUFFIXES
 FORMAT = "dit-sweep-checkpoint/1"
 MANIFEST = "manifest.json"
 MODEL_FILE, OPTIM_FILE, TRAINER_FILE, TRAINER_JSON = (
-    "model.safetensors", "optimizer.safetensors", "trainer.safetensors", "trainer.json")
+    "model.safetensors",
+    "optimizer.safetensors",
+    "trainer.safetensors",
+    "trainer.json",
+)
 
 
 class CorruptCheckpoint(Exception):
@@ -53,6 +58,7 @@ class CorruptCheckpoint(Exception):
 
 
 # ---- hashing and the safetensors layout --------------------------------------------------------------
+
 
 def sha256_file(path: Path) -> str:
     h = hashlib.sha256()
@@ -76,10 +82,13 @@ def tensor_spans(path: Path) -> dict[str, TensorSpan]:
     raw = Path(path).read_bytes()
     try:
         (n,) = struct.unpack("<Q", raw[:8])
-        header = json.loads(raw[8:8 + n])
+        header = json.loads(raw[8 : 8 + n])
         base = 8 + n
-        return {name: TensorSpan(e["dtype"], base + e["data_offsets"][0], base + e["data_offsets"][1])
-                for name, e in header.items() if name != "__metadata__"}
+        return {
+            name: TensorSpan(e["dtype"], base + e["data_offsets"][0], base + e["data_offsets"][1])
+            for name, e in header.items()
+            if name != "__metadata__"
+        }
     except (struct.error, ValueError, KeyError, TypeError) as e:
         raise CorruptCheckpoint(Path(path).name, None, f"unreadable safetensors header ({type(e).__name__})") from e
 
@@ -87,7 +96,7 @@ def tensor_spans(path: Path) -> dict[str, TensorSpan]:
 def tensor_digests(path: Path) -> dict[str, str]:
     """SHA-256 of each tensor's raw bytes: the manifest keeps them so a bad byte is traced to its tensor."""
     raw = Path(path).read_bytes()
-    return {name: hashlib.sha256(raw[s.start:s.end]).hexdigest() for name, s in tensor_spans(path).items()}
+    return {name: hashlib.sha256(raw[s.start : s.end]).hexdigest() for name, s in tensor_spans(path).items()}
 
 
 def load_safetensors(path: Path) -> dict[str, torch.Tensor]:
@@ -109,6 +118,7 @@ def _scan_finite(file: str, tensors: dict[str, torch.Tensor]) -> None:
 
 # ---- saving ------------------------------------------------------------------------------------------
 
+
 def save(directory: Path, parts, next_step: int) -> Path:
     """Write a complete checkpoint of `parts` (sweep.run.build.RunParts) that resumes at `next_step`."""
     directory = Path(directory)
@@ -118,8 +128,12 @@ def save(directory: Path, parts, next_step: int) -> Path:
     model, opt = parts.model, parts.optimizer
     save_file({k: v.detach().contiguous().cpu() for k, v in model.state_dict().items()}, tmp / MODEL_FILE)
     names = {p: n for n, p in model.named_parameters()}
-    optim = {f"{names[p]}.{k}": v.detach().contiguous().cpu()
-             for p, state in opt.state.items() for k, v in state.items() if torch.is_tensor(v)}
+    optim = {
+        f"{names[p]}.{k}": v.detach().contiguous().cpu()
+        for p, state in opt.state.items()
+        for k, v in state.items()
+        if torch.is_tensor(v)
+    }
     save_file(optim, tmp / OPTIM_FILE)
     monitor_numbers, monitor_tensors = parts.monitor.state_dict()
     trainer = {"rng.noise": parts.noise_gen.get_state(), "rng.torch": torch.get_rng_state()}
@@ -127,8 +141,9 @@ def save(directory: Path, parts, next_step: int) -> Path:
         trainer.update({f"rng.cuda.{i}": s for i, s in enumerate(torch.cuda.get_rng_state_all())})
     trainer.update({f"monitor.{k}": v.contiguous().cpu() for k, v in monitor_tensors.items()})
     save_file(trainer, tmp / TRAINER_FILE)
-    (tmp / TRAINER_JSON).write_text(json.dumps(
-        {"next_step": next_step, "scaler": parts.scaler.state_dict(), "monitor": monitor_numbers}, indent=2))
+    (tmp / TRAINER_JSON).write_text(
+        json.dumps({"next_step": next_step, "scaler": parts.scaler.state_dict(), "monitor": monitor_numbers}, indent=2)
+    )
     files = {}
     for f in (MODEL_FILE, OPTIM_FILE, TRAINER_FILE, TRAINER_JSON):
         entry = {"sha256": sha256_file(tmp / f), "bytes": (tmp / f).stat().st_size}
@@ -142,6 +157,7 @@ def save(directory: Path, parts, next_step: int) -> Path:
 
 
 # ---- verifying and loading ---------------------------------------------------------------------------
+
 
 def read_manifest(directory: Path) -> dict:
     path = Path(directory) / MANIFEST
@@ -181,7 +197,9 @@ def verify_file(directory: Path, name: str, entry: dict) -> None:
     tensors = entry.get("tensors") if isinstance(entry.get("tensors"), dict) else {}
     for tensor, digest in tensor_digests(path).items():
         if tensors.get(tensor) != digest:
-            raise CorruptCheckpoint(name, tensor, f"SHA-256 mismatch in tensor {tensor} (the file changed since it was saved)")
+            raise CorruptCheckpoint(
+                name, tensor, f"SHA-256 mismatch in tensor {tensor} (the file changed since it was saved)"
+            )
     raise CorruptCheckpoint(name, None, "SHA-256 mismatch in the file header")
 
 
@@ -209,7 +227,9 @@ def load_weights(path: Path, verify: bool = True) -> dict[str, torch.Tensor]:
     if not path.is_file():
         raise FileNotFoundError(f"model.init_from: no such file or directory: {path}")
     if path.suffix not in WEIGHT_SUFFIXES:
-        raise ValueError(f"model.init_from: {path.name} is not a checkpoint directory or a {'/'.join(WEIGHT_SUFFIXES)} file")
+        raise ValueError(
+            f"model.init_from: {path.name} is not a checkpoint directory or a {'/'.join(WEIGHT_SUFFIXES)} file"
+        )
     if verify and (path.parent / MANIFEST).is_file():
         manifest = read_manifest(path.parent)
         if path.name in manifest["files"]:
@@ -220,7 +240,9 @@ def load_weights(path: Path, verify: bool = True) -> dict[str, torch.Tensor]:
         try:  # weights_only: tensors and plain containers, never arbitrary pickled objects
             tensors = torch.load(path, map_location="cpu", weights_only=True)
         except Exception as e:
-            raise CorruptCheckpoint(path.name, None, f"not loadable as weights only: {type(e).__name__}: {str(e).splitlines()[0]}") from e
+            raise CorruptCheckpoint(
+                path.name, None, f"not loadable as weights only: {type(e).__name__}: {str(e).splitlines()[0]}"
+            ) from e
         tensors = tensors.get("state_dict", tensors) if isinstance(tensors, dict) else tensors
         if not isinstance(tensors, dict) or not all(torch.is_tensor(v) for v in tensors.values()):
             raise CorruptCheckpoint(path.name, None, "not a flat state dict of tensors")
@@ -233,8 +255,10 @@ def load_model_weights(model: torch.nn.Module, state: dict[str, torch.Tensor], s
     """Copy a state dict into the model, keeping the model's dtypes; a mismatch is a plain error."""
     missing, unexpected = model.load_state_dict(state, strict=False)
     if missing or unexpected:
-        raise ValueError(f"{source} does not fit this model: missing {sorted(missing)[:3]}, unexpected {sorted(unexpected)[:3]}"
-                         " (was it saved by another model or size?)")
+        raise ValueError(
+            f"{source} does not fit this model: missing {sorted(missing)[:3]}, unexpected {sorted(unexpected)[:3]}"
+            " (was it saved by another model or size?)"
+        )
 
 
 def resume(parts, directory: Path, verify: bool = True, optimizer: bool = True) -> int:
@@ -249,7 +273,9 @@ def resume(parts, directory: Path, verify: bool = True, optimizer: bool = True) 
     load_model_weights(parts.model, load_checked(directory, MODEL_FILE, verify, manifest), str(directory))
     optim = load_checked(directory, OPTIM_FILE, verify, manifest) if optimizer else {}
     for name, p in parts.model.named_parameters():
-        state = {k: optim[f"{name}.{k}"].to(p.device) for k in ("step", "exp_avg", "exp_avg_sq") if f"{name}.{k}" in optim}
+        state = {
+            k: optim[f"{name}.{k}"].to(p.device) for k in ("step", "exp_avg", "exp_avg_sq") if f"{name}.{k}" in optim
+        }
         if state:
             parts.optimizer.state[p] = state
     trainer = load_checked(directory, TRAINER_FILE, verify, manifest)
@@ -304,15 +330,15 @@ def inject_fault(source: Path, dest: Path, kind: str, tensor: str | None) -> tup
     values = load_file(target)[name].reshape(-1)
     small = (values.float().abs() < 1).nonzero()
     at = span.start + size * (int(small[0]) if len(small) else 0)
-    bits = int.from_bytes(raw[at:at + size], "little")
+    bits = int.from_bytes(raw[at : at + size], "little")
     bits = nan_bits if kind == "nan" else bits ^ top_exponent
-    raw[at:at + size] = bits.to_bytes(size, "little")
+    raw[at : at + size] = bits.to_bytes(size, "little")
     target.write_bytes(bytes(raw))
     return (dest if source.is_dir() else target), name
 
 
 class CheckpointHook:
-    """A sweep.run.train.StepHook that saves every `every` steps into <run dir>/checkpoints and keeps the newest `keep`."""
+    """A sweep.run.train.StepHook: saves every `every` steps into <run dir>/checkpoints, keeps the newest `keep`."""
 
     def __init__(self, run_dir: Path, every: int, keep: int = 0) -> None:
         self.root, self.every, self.keep = Path(run_dir) / "checkpoints", every, keep

@@ -28,6 +28,7 @@ falls back to eager), and a recompile-limit hit raises instead of falling back. 
 architecture and shapes compile again from inductor's FX graph cache and AOTAutograd's cache
 (on disk, on by default), which is what makes the second run of a shape cheap.
 """
+
 from __future__ import annotations
 
 import logging
@@ -53,11 +54,15 @@ def compile_unsupported_reason(run: RunConfig, device: torch.device) -> str | No
     if not run.compile:
         return None
     if run.model.arch is Arch.diffusers:
-        return ("compile=true is not wired for model.arch=diffusers: its attention axis is a TorchFunctionMode "
-                "around each forward, unproven under torch.compile; run it uncompiled")
+        return (
+            "compile=true is not wired for model.arch=diffusers: its attention axis is a TorchFunctionMode "
+            "around each forward, unproven under torch.compile; run it uncompiled"
+        )
     if device.type not in FLASH_OPS:
-        return (f"compile=true proves its attention kernel by CPU profiler op names only (untested on "
-                f"{device.type}); run it uncompiled")
+        return (
+            f"compile=true proves its attention kernel by CPU profiler op names only (untested on "
+            f"{device.type}); run it uncompiled"
+        )
     return None
 
 
@@ -80,9 +85,15 @@ def compile_run(run: RunConfig, parts: RunParts) -> None:
     if reason is not None:
         raise KernelUnavailable(reason)
     how = " (compiled: inductor bmm+softmax)" if attention in ("math", "eager") else " (compiled)"
-    parts.kernels = {"attention": ATTENTION_KERNELS[attention] + how, "modulate": MODULATE_KERNELS[modulate] + " (compiled)"}
-    log.info("compile=true: compiled and profiled in %.1f s: %s", time.perf_counter() - start,
-             ", ".join(sorted(op for op in ops if op in SDPA_OPS or op.startswith("dit_sweep::"))) or "no SDPA op")
+    parts.kernels = {
+        "attention": ATTENTION_KERNELS[attention] + how,
+        "modulate": MODULATE_KERNELS[modulate] + " (compiled)",
+    }
+    log.info(
+        "compile=true: compiled and profiled in %.1f s: %s",
+        time.perf_counter() - start,
+        ", ".join(sorted(op for op in ops if op in SDPA_OPS or op.startswith("dit_sweep::"))) or "no SDPA op",
+    )
 
 
 def _compile_forward(model: torch.nn.Module) -> Callable[[], None]:
@@ -130,11 +141,16 @@ def _attention_mismatch(attention: str, ops: set[str], device: torch.device) -> 
     if attention == "flash":
         missing = [op for op in (flash, flash + "_backward") if op not in ops]
         if missing:
-            return f"compile=true: attention=flash did not run {', '.join(missing)} in the compiled graph; run it uncompiled"
+            return (
+                f"compile=true: attention=flash did not run {', '.join(missing)} in the compiled graph; "
+                "run it uncompiled"
+            )
         return None
     if flash in ops or flash + "_backward" in ops:
-        return (f"compile=true rewrites attention={attention} into the flash kernel ({flash} in the compiled "
-                f"graph); run it uncompiled")
+        return (
+            f"compile=true rewrites attention={attention} into the flash kernel ({flash} in the compiled "
+            f"graph); run it uncompiled"
+        )
     allowed = (MATH_OP,) if attention == "math" else ()  # eager: no SDPA op at all (math upcasts fp16, eager does not)
     other = sorted(op for op in ops if op in SDPA_OPS and op not in allowed)
     if other:

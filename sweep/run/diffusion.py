@@ -54,7 +54,7 @@ MAX_BETA = 0.999
 
 
 def _cosine_betas(num_train_timesteps: int) -> Tensor:
-    """diffusers' betas_for_alpha_bar(T) (alpha_transform_type="cosine", max_beta=0.999): Python floats, then float32."""
+    """diffusers' betas_for_alpha_bar(T) (alpha_transform_type="cosine", max_beta=0.999): floats, then float32."""
 
     def alpha_bar(t: float) -> float:
         return math.cos((t + 0.008) / 1.008 * math.pi / 2) ** 2
@@ -156,7 +156,7 @@ class DiffusionObjective:
         return (1 - sigma) * x0 + sigma * noise, noise - x0
 
     def _ddpm_coefficients(self, t: Tensor, like: Tensor) -> tuple[Tensor, Tensor]:
-        """sqrt(a_t) and sqrt(1 - a_t) per sample, shaped to broadcast against `like`, as DDPMScheduler computes them."""
+        """sqrt(a_t) and sqrt(1 - a_t) per sample, broadcastable against `like`, as DDPMScheduler computes them."""
         assert self.alphas_cumprod is not None
         # Kept on the sample's device after the first call, as diffusers does; `like` is float32
         # here, so the dtype cast diffusers makes (the bf16 hazard above) is a no-op.

@@ -5,6 +5,7 @@
 in one cell never aborts a sweep. Every outcome writes result.json (and metrics.csv once training
 started). The statuses, verdicts and files are a contract: docs/design.md, "Verdicts" and "Files of one run".
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -73,10 +74,12 @@ def new_result(run: RunConfig, params: dict) -> RunResult:
 def unsupported_reason(run: RunConfig, device: torch.device, policy: PrecisionPolicy) -> str | None:
     """Why this combination cannot run here as asked (a `skipped` run), or None: the one "can it run here?" check."""
     diffusers = run.model.arch is Arch.diffusers
-    return (policy.unsupported_reason(device)
-            or backend_unavailable_reason(run.attention.backend.value, device, policy.compute_dtype)
-            or (modulate_unsupported_reason(run.model.name, run.modulate.impl.value) if diffusers else None)
-            or compile_unsupported_reason(run, device))
+    return (
+        policy.unsupported_reason(device)
+        or backend_unavailable_reason(run.attention.backend.value, device, policy.compute_dtype)
+        or (modulate_unsupported_reason(run.model.name, run.modulate.impl.value) if diffusers else None)
+        or compile_unsupported_reason(run, device)
+    )
 
 
 def prepare(run: RunConfig, out_dir: Path, result: RunResult) -> RunParts | None:
@@ -100,8 +103,15 @@ def prepare(run: RunConfig, out_dir: Path, result: RunResult) -> RunParts | None
     return parts
 
 
-def conclude(result: RunResult, run: RunConfig, parts: RunParts, divergence: Divergence | None,
-             metrics: MetricsLog, train_seconds: float, hooks: Sequence[StepHook] = ()) -> None:
+def conclude(
+    result: RunResult,
+    run: RunConfig,
+    parts: RunParts,
+    divergence: Divergence | None,
+    metrics: MetricsLog,
+    train_seconds: float,
+    hooks: Sequence[StepHook] = (),
+) -> None:
     """Fill `result` from a finished training: kernels, metrics, the verdict, forensics of a NaN."""
     # What the model ran (its kernels are forced: no fallback), or under compile=true what the profiled
     # compiled graph ran (sweep/run/compiled.py).

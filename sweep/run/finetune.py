@@ -12,6 +12,7 @@ with `finetune.train_base=true` the base weights train too, at `optim.lr`.
 Each optimizer group carries `lr_scale` (its lr / optim.lr): the training loop's warmup/schedule
 sets `group["lr"] = lr_at(step) * lr_scale`, so both groups follow the same schedule.
 """
+
 from __future__ import annotations
 
 import torch
@@ -38,8 +39,9 @@ def apply_finetune(run: RunConfig, model: torch.nn.Module, dtype: torch.dtype) -
         return model
     from peft import LoraConfig, inject_adapter_in_model
 
-    config = LoraConfig(r=f.rank, lora_alpha=f.alpha, lora_dropout=f.dropout, init_lora_weights=True,
-                        target_modules=lora_targets(run))
+    config = LoraConfig(
+        r=f.rank, lora_alpha=f.alpha, lora_dropout=f.dropout, init_lora_weights=True, target_modules=lora_targets(run)
+    )
     model.requires_grad_(False)
     transformer = getattr(model, "transformer", None)
     if transformer is not None and hasattr(transformer, "add_adapter"):

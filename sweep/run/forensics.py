@@ -10,6 +10,7 @@ that the cheap checks could not pin on the data or the optimizer, the run is rep
   over the largest finite value of its dtype (1.0 = at the overflow edge; fp16's is 65504);
 - backward: the first module whose input gradient is non-finite while its output gradient was finite.
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -42,8 +43,11 @@ def _finite(ts: list[torch.Tensor]) -> bool:
 
 
 def _amax(ts: list[torch.Tensor]) -> float:
-    vals = [t.detach().abs().nan_to_num(nan=0.0, posinf=0.0).amax().item() for t in ts
-            if t.is_floating_point() and t.numel()]
+    vals = [
+        t.detach().abs().nan_to_num(nan=0.0, posinf=0.0).amax().item()
+        for t in ts
+        if t.is_floating_point() and t.numel()
+    ]
     return max(vals, default=0.0)
 
 
@@ -79,16 +83,24 @@ class ModuleProbe:
             dtype = floats[0].dtype
             self.headroom[name] = (amax / torch.finfo(dtype).max, amax, str(dtype).replace("torch.", ""))
             if self.forward_origin is None and not _finite(floats) and _finite(_tensors(inputs)):
-                self.forward_origin = (name, f"{name} ({type(module).__name__}) output is non-finite with finite "
-                                             f"inputs in {str(dtype).replace('torch.', '')}"
-                                             + (f"; finite max |x| {amax:.3g}" if amax else "; no finite value left"))
+                self.forward_origin = (
+                    name,
+                    f"{name} ({type(module).__name__}) output is non-finite with finite "
+                    f"inputs in {str(dtype).replace('torch.', '')}"
+                    + (f"; finite max |x| {amax:.3g}" if amax else "; no finite value left"),
+                )
+
         return hook
 
     def _backward_hook(self, name: str):
         def hook(module, grad_input, grad_output):
             if self.backward_origin is None and not _finite(_tensors(grad_input)) and _finite(_tensors(grad_output)):
-                self.backward_origin = (name, f"{name} ({type(module).__name__}) turned a finite output gradient "
-                                              f"into a non-finite input gradient")
+                self.backward_origin = (
+                    name,
+                    f"{name} ({type(module).__name__}) turned a finite output gradient "
+                    f"into a non-finite input gradient",
+                )
+
         return hook
 
     def closest_to_overflow(self, n: int = 5) -> list[dict]:
@@ -103,8 +115,9 @@ def replay(run: RunConfig, bad_step: int, device: torch.device) -> ModuleProbe:
     reset_process_state(run, policy)
     parts = build_parts(run, device, policy)
     probe = ModuleProbe(parts.model)
-    short = dataclasses.replace(run, steps=bad_step + 1,
-                                monitor=dataclasses.replace(run.monitor, stop_on_divergence=True))
+    short = dataclasses.replace(
+        run, steps=bad_step + 1, monitor=dataclasses.replace(run.monitor, stop_on_divergence=True)
+    )
     train(short, parts, MetricsLog(), RunProgress(short.steps, Progress.none, 1), probe=(bad_step, probe))
     return probe
 

@@ -24,6 +24,7 @@ What it does not touch: SDPA's CPU flash kernel (it keeps its own bf16/fp16 inte
 slow: 12 forward+backward calls took 0.3 s of a 10-s bf16 step budget, measured with a dispatch
 log), SDPA's math path on CPU (torch already computes it in fp32 there), and fp32 ops.
 """
+
 from __future__ import annotations
 
 import functools
@@ -36,11 +37,20 @@ from torch.utils._python_dispatch import TorchDispatchMode
 LOW_PRECISION = (torch.bfloat16, torch.float16)
 
 _aten = torch.ops.aten
-GEMM_OPS = frozenset({
-    _aten.mm.default, _aten.addmm.default, _aten.bmm.default, _aten.baddbmm.default,
-    _aten.mv.default, _aten.addmv.default, _aten.dot.default, _aten.addbmm.default,
-    _aten.convolution.default, _aten.convolution_backward.default,
-})
+GEMM_OPS = frozenset(
+    {
+        _aten.mm.default,
+        _aten.addmm.default,
+        _aten.bmm.default,
+        _aten.baddbmm.default,
+        _aten.mv.default,
+        _aten.addmv.default,
+        _aten.dot.default,
+        _aten.addbmm.default,
+        _aten.convolution.default,
+        _aten.convolution_backward.default,
+    }
+)
 """The ops autocast or a pure low-precision model sends to a bf16/fp16 GEMM on the CPU (a dispatch log
 of a training step shows linear as mm/addmm, attention's matmuls as bmm, patch embedding as
 convolution)."""
@@ -149,7 +159,9 @@ def cell_outcomes(sweep_dir: Path) -> dict[str, list]:
 def verdict_differences(native: dict[str, list], emulated: dict[str, list]) -> list[str]:
     """One line per cell whose emulated outcome is not the native one's (status, verdict, first bad step
     within TOLERANCE); empty when they agree."""
-    diffs = [f"{cell}: only in {'native' if cell in native else 'emulated'}" for cell in native.keys() ^ emulated.keys()]
+    diffs = [
+        f"{cell}: only in {'native' if cell in native else 'emulated'}" for cell in native.keys() ^ emulated.keys()
+    ]
     for cell in native.keys() & emulated.keys():
         (s1, v1, b1), (s2, v2, b2) = native[cell], emulated[cell]
         if (s1, v1) != (s2, v2) or (b1 is None) != (b2 is None) or (b1 is not None and abs(b1 - b2) > TOLERANCE):

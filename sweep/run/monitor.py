@@ -21,6 +21,7 @@ the previous check. The first criterion met becomes the run's verdict (docs/desi
   or the updates were below the weights' resolution (pure bf16 at small lr).
 - bad_input is decided before the forward, from the batch itself (sweep.data.checks.check_batch).
 """
+
 from __future__ import annotations
 
 import math
@@ -72,16 +73,27 @@ class DivergenceMonitor:
         self._skip_start: int | None = None
         self._above_since: int | None = None  # first step of the current run of raw losses above the threshold
         self.updates = 0  # updates applied by this run (a non-finite weight with none applied came in that way)
-        self.recent_sq: list[tuple[int, float]] = []  # (step, squared gradient norm) of the last RECENT finite ones (sweep.run.adam_lag)
+        self.recent_sq: list[
+            tuple[int, float]
+        ] = []  # (step, squared gradient norm) of the last RECENT finite ones (sweep.run.adam_lag)
 
     RECENT = 32
-    _STATE = ("initial_loss", "ema", "ema_min", "_updates_since_snapshot", "_skip_start", "_above_since",
-              "recent_sq")  # not `updates`: per run
+    _STATE = (
+        "initial_loss",
+        "ema",
+        "ema_min",
+        "_updates_since_snapshot",
+        "_skip_start",
+        "_above_since",
+        "recent_sq",
+    )  # not `updates`: per run
     _NEWER = {"_above_since": None, "recent_sq": []}  # absent from older checkpoints: their defaults
 
     def state_dict(self) -> tuple[dict, dict[str, torch.Tensor]]:
         """(JSON-able numbers, tensors) to checkpoint; a resumed run judges its steps as the original would."""
-        return {k: getattr(self, k) for k in self._STATE}, ({"snapshot": self._snapshot} if self._snapshot is not None else {})
+        return {k: getattr(self, k) for k in self._STATE}, (
+            {"snapshot": self._snapshot} if self._snapshot is not None else {}
+        )
 
     def load_state_dict(self, numbers: dict, tensors: dict[str, torch.Tensor]) -> None:
         for k in self._STATE:
@@ -89,8 +101,9 @@ class DivergenceMonitor:
         self.recent_sq = [(int(s), float(q)) for s, q in self.recent_sq]  # JSON made the pairs lists
         self._snapshot = tensors.get("snapshot")
 
-    def observe(self, step: int, loss: float, grad_norm: float, event: ScalerEvent,
-                scaler_detail: str = "") -> Divergence | None:
+    def observe(
+        self, step: int, loss: float, grad_norm: float, event: ScalerEvent, scaler_detail: str = ""
+    ) -> Divergence | None:
         """Check one step's loss, gradient norm and scaler decision.
 
         With a loss scaler, a non-finite loss or gradient is an overflow the scaler absorbs by skipping
@@ -104,7 +117,7 @@ class DivergenceMonitor:
             self.initial_loss = self.ema = loss
         if math.isfinite(grad_norm):
             self.recent_sq.append((step, grad_norm * grad_norm))
-            del self.recent_sq[:-self.RECENT]
+            del self.recent_sq[: -self.RECENT]
         spike = self._spike(step, loss)
         if event is ScalerEvent.skip:
             # The scaler skips the update, but a finite loss far above the running minimum is still a
@@ -115,12 +128,15 @@ class DivergenceMonitor:
         if not math.isfinite(loss):
             return Divergence("nonfinite_loss", step, Cause("forward", None, f"loss is {loss}"))
         if not math.isfinite(grad_norm):
-            return Divergence("nonfinite_grad", step,
-                              Cause("backward", None, f"gradient norm is {grad_norm} with a finite loss {loss:.4g}"))
+            return Divergence(
+                "nonfinite_grad",
+                step,
+                Cause("backward", None, f"gradient norm is {grad_norm} with a finite loss {loss:.4g}"),
+            )
         return spike
 
     def _spike(self, step: int, loss: float) -> Divergence | None:
-        """Fold a finite loss into the smoothed loss; loss_spike once that exceeds spike_factor x its running minimum."""
+        """Fold a finite loss into the smoothed loss; loss_spike once it exceeds spike_factor x its running minimum."""
         if self.initial_loss is None or not math.isfinite(loss):
             return None
         factor = self.cfg.spike_factor
@@ -134,9 +150,13 @@ class DivergenceMonitor:
         if loss > factor * self.initial_loss:
             what = f"the loss {loss:.4g} > {factor:g} x the initial loss {self.initial_loss:.4g} at step {step}"
         else:
-            what = (f"smoothed loss {self.ema:.4g} > {factor:g} x its running min {threshold / factor:.4g} at step "
-                    f"{step}; the loss {loss:.4g}")
-        return Divergence("loss_spike", first, Cause("optimizer", None, f"{what}, above {threshold:.4g} from step {first}"))
+            what = (
+                f"smoothed loss {self.ema:.4g} > {factor:g} x its running min {threshold / factor:.4g} at step "
+                f"{step}; the loss {loss:.4g}"
+            )
+        return Divergence(
+            "loss_spike", first, Cause("optimizer", None, f"{what}, above {threshold:.4g} from step {first}")
+        )
 
     def start(self, params: list[torch.Tensor]) -> None:
         """Take the first weight snapshot, before any update."""
@@ -164,11 +184,23 @@ class DivergenceMonitor:
             return None
         window = f"steps {step + 1 - self.cfg.stall_window}-{step}"
         if zero_grads >= self.cfg.stall_fraction:
-            return Divergence("stalled", step, Cause(
-                "backward", None,
-                f"gradients underflowed: {zero_grads:.0%} of gradient elements are exactly 0 and "
-                f"{unchanged:.0%} of the weight mass unchanged over {window}"))
-        return Divergence("stalled", step, Cause(
-            "optimizer", None,
-            f"updates lost: {unchanged:.0%} of the weight mass unchanged over {window} while "
-            f"{1 - zero_grads:.0%} of gradient elements are non-zero (updates below the weights' resolution)"))
+            return Divergence(
+                "stalled",
+                step,
+                Cause(
+                    "backward",
+                    None,
+                    f"gradients underflowed: {zero_grads:.0%} of gradient elements are exactly 0 and "
+                    f"{unchanged:.0%} of the weight mass unchanged over {window}",
+                ),
+            )
+        return Divergence(
+            "stalled",
+            step,
+            Cause(
+                "optimizer",
+                None,
+                f"updates lost: {unchanged:.0%} of the weight mass unchanged over {window} while "
+                f"{1 - zero_grads:.0%} of gradient elements are non-zero (updates below the weights' resolution)",
+            ),
+        )

@@ -23,6 +23,7 @@ packed runs record no attention-logit statistics (the logit hooks cannot see ins
 AMP every module outputs the dtype it outputs alone: linear and conv layers cast their operands
 themselves, since autocast misses them under vmap (_cast_like_autocast).
 """
+
 from __future__ import annotations
 
 import copy
@@ -52,6 +53,7 @@ def _cast_like_autocast(m: torch.nn.Module):
     with batched weights reaches no autocast rule at all. Packed AMP activations would then be fp32
     where the lone run's are fp16: no overflow where the lone run has one.
     """
+
     def forward(x: torch.Tensor) -> torch.Tensor:
         w, b = m.weight, m.bias
         if torch.is_autocast_enabled(x.device.type):
@@ -60,6 +62,7 @@ def _cast_like_autocast(m: torch.nn.Module):
         if isinstance(m, torch.nn.Linear):
             return torch.nn.functional.linear(x, w, b)
         return m._conv_forward(x, w, b)
+
     return forward
 
 
@@ -76,8 +79,10 @@ class PackedModel:
 
     def __call__(self, x: torch.Tensor, t: torch.Tensor) -> torch.Tensor:
         """x (K, B, ...), t (K, B) -> prediction (K, B, ...), run k with weights k."""
+
         def one(params, buffers, x, t):
             return functional_call(self.base, (params, buffers), (x, t))
+
         return vmap(one)(self.params, self.buffers, x, t)
 
     def keep(self, positions: list[int]) -> None:
@@ -127,20 +132,28 @@ class StackedAdamW:
         self.moments = {n: (m[index], v[index]) for n, (m, v) in self.moments.items()}
 
     def second_moment(self, position: int, run: int) -> tuple[float, int, float]:
-        """Run `run`'s (at `position` in the pack) sum of v, step count and beta2, as sweep.run.adam_lag.adamw_second_moment."""
-        return sum(float(v[position].float().sum()) for _, v in self.moments.values()), self.steps[run], self.hyper[run][0][1]
+        """Run `run`'s (at `position` in the pack) sum of v, step count and beta2, as
+        sweep.run.adam_lag.adamw_second_moment."""
+        return (
+            sum(float(v[position].float().sum()) for _, v in self.moments.values()),
+            self.steps[run],
+            self.hyper[run][0][1],
+        )
 
     @torch.no_grad()
     def step(self, runs: list[int], stepping: list[bool], lrs: list[float], params: dict[str, torch.Tensor]) -> None:
         """Update the packed runs `runs` (run ids, in pack order) whose `stepping` is True, at their `lrs`."""
         for k, go in zip(runs, stepping):
             self.steps[k] += go
-        cols = []  # per run, in double as torch computes them: the decay, 1-beta1, beta2, 1-beta2, sqrt(bias2), eps, -step size
+        # per run, in double as torch computes them: the decay, 1-beta1, beta2, 1-beta2, sqrt(bias2), eps, -step size
+        cols = []
         for k, lr in zip(runs, lrs):
             (b1, b2), eps, wd = self.hyper[k]
             n = max(self.steps[k], 1)
-            cols.append((1 - lr * wd, 1 - b1, b2, 1 - b2, (1 - b2 ** n) ** 0.5, eps, -(lr / (1 - b1 ** n))))
-        cols = torch.tensor(cols, dtype=torch.float32, device=self.device).T  # (7, L): fp32 scalars, as torch's kernels take them
+            cols.append((1 - lr * wd, 1 - b1, b2, 1 - b2, (1 - b2**n) ** 0.5, eps, -(lr / (1 - b1**n))))
+        cols = torch.tensor(
+            cols, dtype=torch.float32, device=self.device
+        ).T  # (7, L): fp32 scalars, as torch's kernels take them
         decays = any(self.hyper[k][2] for k in runs)
         keep = [i for i, go in enumerate(stepping) if not go]
         for name, (m, v) in self.moments.items():
@@ -177,8 +190,9 @@ def _per_run(values: list[float], like: torch.Tensor) -> torch.Tensor:
     return torch.tensor(values, dtype=like.dtype, device=like.device).view(-1, *[1] * (like.dim() - 1))
 
 
-def train_packed(runs: Sequence[RunConfig], parts: Sequence[RunParts], metrics: Sequence[MetricsLog],
-                 progress: RunProgress) -> list[Divergence | None]:
+def train_packed(
+    runs: Sequence[RunConfig], parts: Sequence[RunParts], metrics: Sequence[MetricsLog], progress: RunProgress
+) -> list[Divergence | None]:
     """Train the runs together; each one's first divergence (None when stable), as sweep.run.train.train would."""
     device, policy = parts[0].device, parts[0].policy
     model = PackedModel([p.model for p in parts])
@@ -189,7 +203,9 @@ def train_packed(runs: Sequence[RunConfig], parts: Sequence[RunParts], metrics: 
         live = [k for k in live if step < runs[k].steps and not (first[k] and runs[k].monitor.stop_on_divergence)]
         batches = {}
         for k in live:  # each run's own batch, data check and noise, in its own order
-            x0, issue = load_checked_batch(parts[k].dataset, parts[k].order.indices(step), runs[k].data.range_limit, runs[k].data.check)
+            x0, issue = load_checked_batch(
+                parts[k].dataset, parts[k].order.indices(step), runs[k].data.range_limit, runs[k].data.check
+            )
             if issue is not None:
                 first[k] = Divergence("bad_input", step, Cause("data", None, issue.detail))
                 continue
@@ -213,7 +229,9 @@ def train_packed(runs: Sequence[RunConfig], parts: Sequence[RunParts], metrics: 
         if any(parts[k].scaler.enabled for k in live):
             for g in grads:
                 g.mul_(_per_run([1.0 / s for s in scales], g))  # powers of two: exact in any dtype
-        losses, norms = torch.stack([loss.detach().float(), run_grad_norms(grads).to(loss.device)]).tolist()  # the one sync
+        losses, norms = torch.stack(
+            [loss.detach().float(), run_grad_norms(grads).to(loss.device)]
+        ).tolist()  # the one sync
         events, verdicts = [], []
         for i, k in enumerate(live):  # each run's scaler and monitor decide its step
             run, scaler = runs[k], parts[k].scaler
@@ -227,20 +245,34 @@ def train_packed(runs: Sequence[RunConfig], parts: Sequence[RunParts], metrics: 
         for i, k in enumerate(live):
             run, monitor, verdict = runs[k], parts[k].monitor, verdicts[i]
             if stepping[i]:
-                verdict = monitor.after_update(step, [p.detach()[i] for p in model.params.values() if p.requires_grad],
-                                               [g[i] for g in grads])
+                verdict = monitor.after_update(
+                    step, [p.detach()[i] for p in model.params.values() if p.requires_grad], [g[i] for g in grads]
+                )
             if verdict is not None and first[k] is None:  # before zero_grad: the explanation reads the gradients
                 x0, indices = batches[k][0], parts[k].order.indices(step)
-                first[k] = explain(verdict, model.run_params(i), pred[i], updated=monitor.updates > 0,
-                                   batch_issue=lambda: check_batch(x0, run.data.range_limit, sample_labels(parts[k].dataset, indices)),
-                                   second_moment=lambda: lag_note(*opt.second_moment(i, k), monitor.recent_sq,
-                                                                  verdict.step, step, run.optim.grad_clip))
+                first[k] = explain(
+                    verdict,
+                    model.run_params(i),
+                    pred[i],
+                    updated=monitor.updates > 0,
+                    batch_issue=lambda: check_batch(x0, run.data.range_limit, sample_labels(parts[k].dataset, indices)),
+                    second_moment=lambda: lag_note(
+                        *opt.second_moment(i, k), monitor.recent_sq, verdict.step, step, run.optim.grad_clip
+                    ),
+                )
             checked = (step + 1) % run.monitor.stall_window == 0
-            metrics[k].log(step=step, loss=losses[i], grad_norm=norms[i], lr=lrs[i],
-                           loss_scale=scales[i] if parts[k].scaler.enabled else "", skipped=int(events[i] is not ScalerEvent.step),
-                           unchanged_fraction=monitor.last_unchanged_fraction if checked else "",
-                           zero_grad_fraction=monitor.last_zero_grad_fraction if checked else "",
-                           attn_max_logit="", attn_min_entropy="")
+            metrics[k].log(
+                step=step,
+                loss=losses[i],
+                grad_norm=norms[i],
+                lr=lrs[i],
+                loss_scale=scales[i] if parts[k].scaler.enabled else "",
+                skipped=int(events[i] is not ScalerEvent.step),
+                unchanged_fraction=monitor.last_unchanged_fraction if checked else "",
+                zero_grad_fraction=monitor.last_zero_grad_fraction if checked else "",
+                attn_max_logit="",
+                attn_min_entropy="",
+            )
         model.zero_grad()
         progress.update(step, min(losses), None)
     return first

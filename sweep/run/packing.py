@@ -11,6 +11,7 @@ two SDPA kernels whose vmap fails there (cuda_vmap_failure).
 Each packed run ends exactly like a lone run: its own result.json and metrics.csv in its own job
 directory, and its own trial (sweep.job.finish_job).
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -34,8 +35,11 @@ log = logging.getLogger("sweep")
 
 # Top-level RunConfig keys that may differ inside a pack (each run has its own copy of these anyway).
 PER_RUN_KEYS = ("seed", "steps", "optim", "monitor", "objective", "ledger", "scenario", "progress", "log_every")
-PER_RUN_SUBKEYS = {"precision": ("scaler",), "data": ("seed", "faults", "num_samples", "drop_bad", "check", "range_limit"),
-                   "model": ("init_from", "qk_gain")}
+PER_RUN_SUBKEYS = {
+    "precision": ("scaler",),
+    "data": ("seed", "faults", "num_samples", "drop_bad", "check", "range_limit"),
+    "model": ("init_from", "qk_gain"),
+}
 
 
 def refusal(run: RunConfig, device: torch.device | None = None) -> str | None:
@@ -60,10 +64,15 @@ def cuda_vmap_failure(run: RunConfig, device: torch.device) -> str | None:
         return None
     backend = run.attention.backend.value
     if backend == "efficient":
-        return "attention=efficient: torch's vmap of SDPA's memory-efficient kernel fails on CUDA (LSE is not correctly aligned)"
+        return (
+            "attention=efficient: torch's vmap of SDPA's memory-efficient kernel fails on CUDA "
+            "(LSE is not correctly aligned)"
+        )
     if backend == "math" and PrecisionPolicy.from_config(run.precision).compute_dtype == torch.bfloat16:
-        return ("attention=math in bf16 on CUDA: torch's vmap of SDPA's math kernel fails in the softmax backward "
-                "(bf16 input with an fp32 gradient)")
+        return (
+            "attention=math in bf16 on CUDA: torch's vmap of SDPA's math kernel fails in the softmax backward "
+            "(bf16 input with an fp32 gradient)"
+        )
     return None
 
 
@@ -87,12 +96,13 @@ def plan(runs: Sequence[RunConfig], pack: int) -> list[list[int]]:
             alone.append([i])
         else:
             groups.setdefault(pack_key(run), []).append(i)
-    packs = [members[j:j + pack] for members in groups.values() for j in range(0, len(members), pack)]
+    packs = [members[j : j + pack] for members in groups.values() for j in range(0, len(members), pack)]
     return sorted(packs + alone, key=lambda p: p[0])
 
 
-def execute_pack(runs: Sequence[RunConfig], out_dirs: Sequence[Path], params: Sequence[dict],
-                 labels: Sequence[str]) -> list[RunResult]:
+def execute_pack(
+    runs: Sequence[RunConfig], out_dirs: Sequence[Path], params: Sequence[dict], labels: Sequence[str]
+) -> list[RunResult]:
     """Train the runs as one pack and write each run's files; a pack of one is sweep.run.execute.execute."""
     if len(runs) == 1:
         return [execute(runs[0], out_dirs[0], params[0], label=labels[0])]
@@ -109,12 +119,17 @@ def execute_pack(runs: Sequence[RunConfig], out_dirs: Sequence[Path], params: Se
             fail(results[i], e)
     members = [i for i, _ in built]
     if members:
-        progress = RunProgress(max(runs[i].steps for i in members), runs[members[0]].progress, runs[members[0]].log_every,
-                               f"pack of {len(members)}")
+        progress = RunProgress(
+            max(runs[i].steps for i in members),
+            runs[members[0]].progress,
+            runs[members[0]].log_every,
+            f"pack of {len(members)}",
+        )
         train_start = time.perf_counter()
         try:
-            divergences = train_packed([runs[i] for i in members], [p for _, p in built],
-                                       [metrics[i] for i in members], progress)
+            divergences = train_packed(
+                [runs[i] for i in members], [p for _, p in built], [metrics[i] for i in members], progress
+            )
             seconds = time.perf_counter() - train_start
             for (i, parts), divergence in zip(built, divergences):
                 results[i].packed = len(members)

@@ -15,6 +15,7 @@ overflow) and adds what DeepSpeed's has: hysteresis (overflows tolerated before 
 minimum scale at which another overflow stops the run ("Current loss scale already at minimum").
 It is our own because GradScaler has neither, and because the monitor must see each decision.
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -42,8 +43,9 @@ class PrecisionPolicy:
     """How bf16/fp16 GEMMs run: "native" kernels or "emulated" in fp32, rounded once (sweep/run/gemm.py)."""
 
     @classmethod
-    def from_config(cls, cfg: PrecisionConfig, device: torch.device | None = None,
-                    compiled: bool = False) -> "PrecisionPolicy":
+    def from_config(
+        cls, cfg: PrecisionConfig, device: torch.device | None = None, compiled: bool = False
+    ) -> "PrecisionPolicy":
         """The policy of `cfg` for a run on `device` (None: no device yet, GEMMs native)."""
         autocast = DTYPES[cfg.autocast_dtype.value] if cfg.autocast_dtype is not None else None
         policy = cls(cfg.name, DTYPES[cfg.param_dtype.value], autocast, cfg.tf32)
@@ -136,14 +138,19 @@ class LossScaler:
             self.scale = max(self.scale * self.cfg.backoff_factor, self.cfg.min_scale)
             self._hysteresis_left = self.cfg.hysteresis
         if self.consecutive_skips > self.cfg.max_consecutive_skips:
-            self.collapse_reason = (f"{self.consecutive_skips} consecutive overflow-skipped steps "
-                                    f"(scale now {self.scale:g})")
+            self.collapse_reason = (
+                f"{self.consecutive_skips} consecutive overflow-skipped steps (scale now {self.scale:g})"
+            )
             return ScalerEvent.collapse
         return ScalerEvent.skip
 
     def state_dict(self) -> dict:
-        return {"scale": self.scale, "clean_steps": self._clean_steps,
-                "hysteresis_left": self._hysteresis_left, "consecutive_skips": self.consecutive_skips}
+        return {
+            "scale": self.scale,
+            "clean_steps": self._clean_steps,
+            "hysteresis_left": self._hysteresis_left,
+            "consecutive_skips": self.consecutive_skips,
+        }
 
     def load_state_dict(self, state: dict) -> None:
         self.scale = float(state["scale"])

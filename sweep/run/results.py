@@ -10,6 +10,7 @@ a run held, so values are made JSON-safe on the way out (`json_safe`):
 - an integer outside the signed 64-bit range is its decimal string (readers such as pandas, SQL or
   JavaScript cannot hold it as a number), and any other non-JSON value (a Path, an enum) its str().
 """
+
 from __future__ import annotations
 
 import csv
@@ -28,11 +29,21 @@ RUNNING_LOCK = ".running.lock"
 """Locked (flock) by the process running a job, from its start until its result is recorded. A job
 directory without result.json whose lock no process holds was interrupted (kill -9, a crash, a lost
 node), not running: the kernel drops the lock when its process dies, however it dies."""
-METRIC_COLUMNS = ("step", "loss", "grad_norm", "lr", "loss_scale", "skipped",
-                  "unchanged_fraction", "zero_grad_fraction", "attn_max_logit", "attn_min_entropy")
+METRIC_COLUMNS = (
+    "step",
+    "loss",
+    "grad_norm",
+    "lr",
+    "loss_scale",
+    "skipped",
+    "unchanged_fraction",
+    "zero_grad_fraction",
+    "attn_max_logit",
+    "attn_min_entropy",
+)
 
 
-INT64 = 2 ** 63
+INT64 = 2**63
 
 
 def _finite_or_none(x: float | None) -> float | None:
@@ -95,8 +106,15 @@ class RunResult:
 
     def to_dict(self) -> dict:
         d = asdict(self)
-        for key in ("final_loss", "min_loss", "initial_loss", "max_grad_norm", "steps_per_second",
-                    "max_attn_logit", "min_attn_entropy"):
+        for key in (
+            "final_loss",
+            "min_loss",
+            "initial_loss",
+            "max_grad_norm",
+            "steps_per_second",
+            "max_attn_logit",
+            "min_attn_entropy",
+        ):
             d[key] = _finite_or_none(d[key])
         return d
 
@@ -106,7 +124,8 @@ class RunResult:
             where = (self.cause or {}).get("where")
             return f"diverged: {self.verdict} at step {self.first_bad_step}" + (f" ({where})" if where else "")
         if self.status == "stable":
-            return f"stable: final loss {self.final_loss:.4f} after {self.steps_run} steps ({self.steps_per_second:.1f} steps/s)"
+            speed = f"{self.steps_per_second:.1f} steps/s"
+            return f"stable: final loss {self.final_loss:.4f} after {self.steps_run} steps ({speed})"
         return f"{self.status}: {self.reason}"
 
 

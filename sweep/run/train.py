@@ -6,6 +6,7 @@ their global norm with foreach ops; fetch loss and norm in ONE device sync; let 
 monitor decide; clip and step only when the step is good. Monitoring, data checks and recording are
 other modules; this one only says the order things happen in.
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -40,9 +41,14 @@ class StepHook(Protocol):
         """Called once the step is logged; True stops the run after this step (not a divergence)."""
 
 
-def train(run: RunConfig, parts: RunParts, metrics: MetricsLog, progress: RunProgress,
-          probe: tuple[int, contextlib.AbstractContextManager] | None = None,
-          hooks: Sequence[StepHook] = ()) -> Divergence | None:
+def train(
+    run: RunConfig,
+    parts: RunParts,
+    metrics: MetricsLog,
+    progress: RunProgress,
+    probe: tuple[int, contextlib.AbstractContextManager] | None = None,
+    hooks: Sequence[StepHook] = (),
+) -> Divergence | None:
     """Train `run.steps` steps; return the first divergence (None when stable).
 
     `probe=(step, ctx)` runs that step's forward and backward inside `ctx` (forensics' module hooks);
@@ -62,8 +68,11 @@ def train(run: RunConfig, parts: RunParts, metrics: MetricsLog, progress: RunPro
         for group in opt.param_groups:
             group["lr"] = lr * group.get("lr_scale", 1.0)
         watch = step % run.monitor.logit_every == 0
-        with (probe[1] if probe and probe[0] == step else contextlib.nullcontext()), watching_logits(model, logits, watch), \
-                policy.gemm_mode():
+        with (
+            probe[1] if probe and probe[0] == step else contextlib.nullcontext(),
+            watching_logits(model, logits, watch),
+            policy.gemm_mode(),
+        ):
             with policy.autocast(device):
                 pred = model(noisy.to(policy.param_dtype), t)
             loss = parts.objective.loss(pred, target) * run.objective.loss_weight
@@ -82,18 +91,30 @@ def train(run: RunConfig, parts: RunParts, metrics: MetricsLog, progress: RunPro
             opt.step()
             verdict = monitor.after_update(step, params, grads)
         if verdict is not None:  # before zero_grad: the explanation reads the gradients
-            first = first or explain(verdict, list(model.named_parameters()), pred,
-                                     lambda: check_batch(x0, run.data.range_limit, sample_labels(parts.dataset, indices)),
-                                     updated=monitor.updates > 0,
-                                     second_moment=lambda: lag_note(*adamw_second_moment(opt), monitor.recent_sq,
-                                                                    verdict.step, step, run.optim.grad_clip))
+            first = first or explain(
+                verdict,
+                list(model.named_parameters()),
+                pred,
+                lambda: check_batch(x0, run.data.range_limit, sample_labels(parts.dataset, indices)),
+                updated=monitor.updates > 0,
+                second_moment=lambda: lag_note(
+                    *adamw_second_moment(opt), monitor.recent_sq, verdict.step, step, run.optim.grad_clip
+                ),
+            )
         opt.zero_grad(set_to_none=True)
         checked = (step + 1) % run.monitor.stall_window == 0  # stall statistics exist on check steps only
-        metrics.log(step=step, loss=loss_v, grad_norm=norm_v, lr=lr, loss_scale=scale if scaler.enabled else "",
-                    skipped=int(event is not ScalerEvent.step),
-                    unchanged_fraction=monitor.last_unchanged_fraction if checked else "",
-                    zero_grad_fraction=monitor.last_zero_grad_fraction if checked else "",
-                    attn_max_logit=max_logit, attn_min_entropy=min_entropy)
+        metrics.log(
+            step=step,
+            loss=loss_v,
+            grad_norm=norm_v,
+            lr=lr,
+            loss_scale=scale if scaler.enabled else "",
+            skipped=int(event is not ScalerEvent.step),
+            unchanged_fraction=monitor.last_unchanged_fraction if checked else "",
+            zero_grad_fraction=monitor.last_zero_grad_fraction if checked else "",
+            attn_max_logit=max_logit,
+            attn_min_entropy=min_entropy,
+        )
         progress.update(step, loss_v, scale if scaler.enabled else None)
         if verdict is not None and run.monitor.stop_on_divergence:
             break
@@ -102,9 +123,14 @@ def train(run: RunConfig, parts: RunParts, metrics: MetricsLog, progress: RunPro
     return first
 
 
-def explain(verdict: Divergence, named_params: list[tuple[str, torch.Tensor]], pred: torch.Tensor,
-            batch_issue: Callable[[], BatchIssue | None], updated: bool,
-            second_moment: Callable[[], str] = lambda: "") -> Divergence:
+def explain(
+    verdict: Divergence,
+    named_params: list[tuple[str, torch.Tensor]],
+    pred: torch.Tensor,
+    batch_issue: Callable[[], BatchIssue | None],
+    updated: bool,
+    second_moment: Callable[[], str] = lambda: "",
+) -> Divergence:
     """Sharpen `cause` from what is at hand on the bad path only (full forensics replay is separate).
 
     `named_params` are the run's (name, weight) pairs, each weight with its `.grad`; `batch_issue`
@@ -120,14 +146,23 @@ def explain(verdict: Divergence, named_params: list[tuple[str, torch.Tensor]], p
         if issue is not None:  # the batch was bad and nobody checked it
             verdict.cause = Cause("data", None, f"the batch held bad values: {issue.detail}")
         elif name is not None and not updated:
-            verdict.cause = Cause("checkpoint", name.rsplit(".", 1)[0], f"weight {name} is non-finite before any update"
-                                  + (f" ({verdict.cause.detail})" if verdict.verdict == "scale_collapse" else ""))
+            verdict.cause = Cause(
+                "checkpoint",
+                name.rsplit(".", 1)[0],
+                f"weight {name} is non-finite before any update"
+                + (f" ({verdict.cause.detail})" if verdict.verdict == "scale_collapse" else ""),
+            )
         elif name is not None:
-            verdict.cause = Cause("optimizer", name.rsplit(".", 1)[0],
-                                  f"weight {name} is non-finite after the update of step {verdict.step - 1}")
+            verdict.cause = Cause(
+                "optimizer",
+                name.rsplit(".", 1)[0],
+                f"weight {name} is non-finite after the update of step {verdict.step - 1}",
+            )
         elif verdict.verdict == "scale_collapse":
             if not bool(torch.isfinite(pred).all()):  # overflowing forward: no scale can fix that
-                verdict.cause = Cause("forward", None, f"model output non-finite with finite weights; {verdict.cause.detail}")
+                verdict.cause = Cause(
+                    "forward", None, f"model output non-finite with finite weights; {verdict.cause.detail}"
+                )
         elif bool(torch.isfinite(pred).all()):
             verdict.cause = Cause("loss", None, "model output finite, loss non-finite")
         else:

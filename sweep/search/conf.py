@@ -5,6 +5,7 @@ discovery imports in every Hydra app installed beside ours: so nothing here impo
 the implementation (sweep/search/sweeper.py). The run's own schema (sweep/config.py) takes
 PrunerConfig from here for `ledger.pruner`.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass, field
@@ -44,7 +45,8 @@ class PrunerConfig:
 
     name: PrunerName = PrunerName.none
     report_every: int = 5
-    """Report the loss to the trial every this many steps (a storage round-trip each); the pruner decides on those steps only."""
+    """Report the loss to the trial every this many steps (a storage round-trip each); the pruner decides on
+    those steps only."""
     n_startup_trials: int = 5
     """median, percentile: prune nothing until this many trials have completed."""
     n_warmup_steps: int = 0

@@ -7,6 +7,7 @@ round, so combinations share nothing but the ledger, a resumed search reuses eve
 the number of runs is logarithmic in the interval: 1e-5..1e-1 at 2x takes 2 + 4 runs per combination
 where a 2x grid takes 15.
 """
+
 from __future__ import annotations
 
 import math

@@ -20,6 +20,7 @@ sweeper asked for (`ledger.trial_number`); any other run adds a finished trial o
 Several processes may write at once: SQLite gets a long busy timeout and every write is retried.
 A storage URL's password never reaches a log or a file: `mask_url` is what gets printed.
 """
+
 from __future__ import annotations
 
 import logging
@@ -89,8 +90,9 @@ _OPENED: dict[tuple, tuple[optuna.storages.BaseStorage, Optional[tuple[int, int]
 _KEEP_OPEN = 8
 
 
-def open_storage(url: str, heartbeat_s: Optional[int] = None, stale_after_s: Optional[int] = None
-                 ) -> optuna.storages.BaseStorage:
+def open_storage(
+    url: str, heartbeat_s: Optional[int] = None, stale_after_s: Optional[int] = None
+) -> optuna.storages.BaseStorage:
     """An Optuna storage for a URL or a journal file path, safe for concurrent writers.
 
     With `heartbeat_s`, an RDB storage can tell stale RUNNING trials (no heartbeat for `stale_after_s`).
@@ -134,8 +136,10 @@ def _open_storage(url: str, heartbeat_s: Optional[int], stale_after_s: Optional[
         Path(url.split(":///", 1)[1]).parent.mkdir(parents=True, exist_ok=True)
         kwargs["engine_kwargs"] = {"connect_args": {"timeout": 60}}
     # Retried: processes creating the same new database at once race on its schema tables.
-    return with_retries(lambda: optuna.storages.RDBStorage(url, heartbeat_interval=heartbeat_s,
-                                                           grace_period=stale_after_s, **kwargs), "open storage")
+    return with_retries(
+        lambda: optuna.storages.RDBStorage(url, heartbeat_interval=heartbeat_s, grace_period=stale_after_s, **kwargs),
+        "open storage",
+    )
 
 
 def with_retries(fn: Callable[[], T], what: str, attempts: int = 8) -> T:
@@ -153,22 +157,33 @@ def with_retries(fn: Callable[[], T], what: str, attempts: int = 8) -> T:
 
 def load_study(url: str, study_name: str) -> optuna.Study:
     storage = open_storage(url)
-    return with_retries(lambda: optuna.create_study(storage=storage, study_name=study_name, direction="minimize",
-                                                    load_if_exists=True), "create_study")
+    return with_retries(
+        lambda: optuna.create_study(storage=storage, study_name=study_name, direction="minimize", load_if_exists=True),
+        "create_study",
+    )
 
 
 def trial_user_attrs(result: dict, run_dir: Path) -> dict:
     """The verdict and its context, as trial user attributes (JSON-safe, no NaN)."""
     cause = result.get("cause") or {}
-    attrs = {"status": result["status"], "verdict": result.get("verdict"),
-             "first_bad_step": result.get("first_bad_step"), "cause_where": cause.get("where"),
-             "cause_module": cause.get("module"), "cause_detail": cause.get("detail"),
-             "final_loss": result.get("final_loss"), "initial_loss": result.get("initial_loss"),
-             "min_loss": result.get("min_loss"), "steps_run": result.get("steps_run"),
-             "steps_per_second": result.get("steps_per_second"), "seed": result.get("seed"),
-             "reason": result.get("reason"), "pruned_at_step": result.get("pruned_at_step"),
-             "run_dir": str(Path(run_dir).resolve()),
-             "params": result.get("params") or {}}
+    attrs = {
+        "status": result["status"],
+        "verdict": result.get("verdict"),
+        "first_bad_step": result.get("first_bad_step"),
+        "cause_where": cause.get("where"),
+        "cause_module": cause.get("module"),
+        "cause_detail": cause.get("detail"),
+        "final_loss": result.get("final_loss"),
+        "initial_loss": result.get("initial_loss"),
+        "min_loss": result.get("min_loss"),
+        "steps_run": result.get("steps_run"),
+        "steps_per_second": result.get("steps_per_second"),
+        "seed": result.get("seed"),
+        "reason": result.get("reason"),
+        "pruned_at_step": result.get("pruned_at_step"),
+        "run_dir": str(Path(run_dir).resolve()),
+        "params": result.get("params") or {},
+    }
     return attrs
 
 
@@ -199,9 +214,14 @@ def distribution_for(value: Any, choices: Optional[list] = None) -> Optional[Bas
     return None  # lists, None, free strings: kept in user_attrs["params"] only
 
 
-def record_run(cfg: LedgerConfig, sweep_dir: Path, run_dir: Path, result: dict,
-               choices_of: Callable[[str], Optional[list]] = lambda key: None,
-               penalty_factor: float = 10.0) -> Optional[int]:
+def record_run(
+    cfg: LedgerConfig,
+    sweep_dir: Path,
+    run_dir: Path,
+    result: dict,
+    choices_of: Callable[[str], Optional[list]] = lambda key: None,
+    penalty_factor: float = 10.0,
+) -> Optional[int]:
     """Record one finished run as a trial; returns its trial number (None when the ledger is off)."""
     if not cfg.enabled:
         return None
@@ -218,14 +238,20 @@ def record_run(cfg: LedgerConfig, sweep_dir: Path, run_dir: Path, result: dict,
         if dist is not None:
             params[key], dists[key] = v, dist
     trial = optuna.trial.create_trial(
-        state=state, value=value if state is TrialState.COMPLETE else None, params=params, distributions=dists,
-        user_attrs=attrs, system_attrs={CONSTRAINTS_KEY: constraints} if constraints else {})
+        state=state,
+        value=value if state is TrialState.COMPLETE else None,
+        params=params,
+        distributions=dists,
+        user_attrs=attrs,
+        system_attrs={CONSTRAINTS_KEY: constraints} if constraints else {},
+    )
     try:
         return _add_trial(study, trial)
     except ValueError as e:  # a param recorded with another distribution kind earlier in this study
         log.warning("ledger: %s; recording this run's params in user_attrs only", e)
-        trial = optuna.trial.create_trial(state=state, value=trial.value, user_attrs=attrs,
-                                          system_attrs=trial.system_attrs)
+        trial = optuna.trial.create_trial(
+            state=state, value=trial.value, user_attrs=attrs, system_attrs=trial.system_attrs
+        )
         return _add_trial(study, trial)
 
 
@@ -244,8 +270,11 @@ def _finish_asked_trial(study, number, state, value, constraints, attrs) -> int:
     for k, v in attrs.items():
         with_retries(lambda: storage.set_trial_user_attr(trial_id, k, v), "set_trial_user_attr")  # noqa: B023  (called now)
     if constraints:
-        with_retries(lambda: storage.set_trial_system_attr(trial_id, CONSTRAINTS_KEY, constraints),
-                     "set_trial_system_attr")
-    with_retries(lambda: study.tell(number, value if state is TrialState.COMPLETE else None, state=state,
-                                    skip_if_finished=True), "tell")
+        with_retries(
+            lambda: storage.set_trial_system_attr(trial_id, CONSTRAINTS_KEY, constraints), "set_trial_system_attr"
+        )
+    with_retries(
+        lambda: study.tell(number, value if state is TrialState.COMPLETE else None, state=state, skip_if_finished=True),
+        "tell",
+    )
     return number

@@ -14,6 +14,7 @@ Being pruned is not a verdict: the run ends `skipped` with reason "pruned by Med
 A non-finite loss is never reported (a NaN prunes by itself in ThresholdPruner and spoils the medians):
 the run is diverging and the monitor calls it, `diverged` as always.
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -38,19 +39,29 @@ def make_pruner(cfg: PrunerConfig) -> Optional[optuna.pruners.BasePruner]:
     if cfg.name == "none":
         return None
     if cfg.name == "median":
-        return p.MedianPruner(n_startup_trials=cfg.n_startup_trials, n_warmup_steps=cfg.n_warmup_steps,
-                              n_min_trials=cfg.n_min_trials)
+        return p.MedianPruner(
+            n_startup_trials=cfg.n_startup_trials, n_warmup_steps=cfg.n_warmup_steps, n_min_trials=cfg.n_min_trials
+        )
     if cfg.name == "percentile":
-        return p.PercentilePruner(cfg.percentile, n_startup_trials=cfg.n_startup_trials,
-                                  n_warmup_steps=cfg.n_warmup_steps, n_min_trials=cfg.n_min_trials)
+        return p.PercentilePruner(
+            cfg.percentile,
+            n_startup_trials=cfg.n_startup_trials,
+            n_warmup_steps=cfg.n_warmup_steps,
+            n_min_trials=cfg.n_min_trials,
+        )
     if cfg.name == "threshold":
         return p.ThresholdPruner(lower=cfg.lower, upper=cfg.upper, n_warmup_steps=cfg.n_warmup_steps)
     if cfg.name == "successive_halving":
-        return p.SuccessiveHalvingPruner(**optional(min_resource=cfg.min_resource, reduction_factor=cfg.reduction_factor),
-                                         min_early_stopping_rate=cfg.min_early_stopping_rate)
+        return p.SuccessiveHalvingPruner(
+            **optional(min_resource=cfg.min_resource, reduction_factor=cfg.reduction_factor),
+            min_early_stopping_rate=cfg.min_early_stopping_rate,
+        )
     if cfg.name == "hyperband":
-        return p.HyperbandPruner(**optional(min_resource=cfg.min_resource, max_resource=cfg.max_resource,
-                                            reduction_factor=cfg.reduction_factor))
+        return p.HyperbandPruner(
+            **optional(
+                min_resource=cfg.min_resource, max_resource=cfg.max_resource, reduction_factor=cfg.reduction_factor
+            )
+        )
     raise ValueError(f"unknown pruner {cfg.name!r}")  # validate_pruner rejects it first
 
 
@@ -59,8 +70,11 @@ def pruner_overrides(cfg: PrunerConfig) -> list[str]:
     if cfg.name == "none":
         return []
     default = PrunerConfig()
-    return [f"ledger.pruner.{f.name}={'null' if v is None else getattr(v, 'value', v)}" for f in dataclasses.fields(cfg)
-            if (v := getattr(cfg, f.name)) != getattr(default, f.name) or f.name == "name"]
+    return [
+        f"ledger.pruner.{f.name}={'null' if v is None else getattr(v, 'value', v)}"
+        for f in dataclasses.fields(cfg)
+        if (v := getattr(cfg, f.name)) != getattr(default, f.name) or f.name == "name"
+    ]
 
 
 @dataclass
@@ -102,21 +116,29 @@ def pruning_hooks(run: RunConfig, sweep_dir: Path) -> list[PruningHook]:
     if ledger.pruner.name == "none" or not ledger.enabled:
         return []
     if ledger.trial_number is None:
-        log.warning("ledger.pruner: a run prunes only as a trial of our Optuna sweeper "
-                    "(hydra/sweeper=optuna_sweep hydra.sweeper.pruner.name=...); not pruning")
+        log.warning(
+            "ledger.pruner: a run prunes only as a trial of our Optuna sweeper "
+            "(hydra/sweeper=optuna_sweep hydra.sweeper.pruner.name=...); not pruning"
+        )
         return []
     url = storage_url(ledger, sweep_dir)
     try:
         study = load_study(url, ledger.study_name or str(sweep_dir))
         study.pruner = make_pruner(ledger.pruner)
-        trial_id = with_retries(lambda: study._storage.get_trial_id_from_study_id_trial_number(
-            study._study_id, ledger.trial_number), "get_trial_id")
+        trial_id = with_retries(
+            lambda: study._storage.get_trial_id_from_study_id_trial_number(study._study_id, ledger.trial_number),
+            "get_trial_id",
+        )
         trial = optuna.Trial(study, trial_id)
         if trial._cached_frozen_trial.state is not optuna.trial.TrialState.RUNNING:  # a job re-run by hand
             log.warning("pruning: trial %s is already finished; not pruning", ledger.trial_number)
             return []
     except Exception as e:  # noqa: BLE001
-        log.warning("pruning: cannot open trial %s in %s (%s); not pruning", ledger.trial_number, mask_url(url),
-                    str(e).replace(url, mask_url(url)))
+        log.warning(
+            "pruning: cannot open trial %s in %s (%s); not pruning",
+            ledger.trial_number,
+            mask_url(url),
+            str(e).replace(url, mask_url(url)),
+        )
         return []
     return [PruningHook(trial, ledger.pruner.report_every, last_step=run.steps - 1)]

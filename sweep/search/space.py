@@ -10,6 +10,7 @@ Unlike hydra-optuna-sweeper 1.3, range(a, b, step) keeps Hydra's exclusive upper
 sampler (that plugin turned it into an IntDistribution that includes b). A plain `key=value` is a
 fixed override passed to every job unchanged.
 """
+
 from __future__ import annotations
 
 import itertools

@@ -22,6 +22,7 @@ study name). Trials left RUNNING by a killed sweep are failed once their heartbe
 `stale_after_s` (the sweeper beats for every trial it launched, every `heartbeat_s`), and only what is missing runs:
 up to `n_trials` finished trials, or for `sampler.name=grid` exactly the cells with no finished trial.
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -55,14 +56,14 @@ warnings.filterwarnings("ignore", message="Heartbeat of storage is supposed to b
 warnings.filterwarnings("ignore", category=optuna.exceptions.ExperimentalWarning)
 
 
-
 def make_sampler(conf: SamplerConf, space: dict) -> optuna.samplers.BaseSampler:
     """The Optuna sampler; constrained samplers learn the infeasible (diverged) region."""
     constraints = lambda t: t.system_attrs.get(CONSTRAINTS_KEY, (0.0,))  # noqa: E731
     name = SamplerName(conf.name)
     if name is SamplerName.tpe:
-        return optuna.samplers.TPESampler(seed=conf.seed, n_startup_trials=conf.n_startup_trials,
-                                          constraints_func=constraints)
+        return optuna.samplers.TPESampler(
+            seed=conf.seed, n_startup_trials=conf.n_startup_trials, constraints_func=constraints
+        )
     if name in (SamplerName.random, SamplerName.grid):  # grid cells are enqueued explicitly, see _grid_batch
         return optuna.samplers.RandomSampler(seed=conf.seed)
     if name is SamplerName.cmaes:
@@ -113,8 +114,11 @@ def fail_stale_trials(study: optuna.Study, stale_after_s: int) -> list[int]:
         stale_ids = rdb_storage(study)._get_stale_trial_ids(study._study_id)
     else:
         now = datetime.datetime.now()
-        stale_ids = [t._trial_id for t in study.get_trials(deepcopy=False, states=(TrialState.RUNNING,))
-                     if t.datetime_start is None or (now - t.datetime_start).total_seconds() > stale_after_s]
+        stale_ids = [
+            t._trial_id
+            for t in study.get_trials(deepcopy=False, states=(TrialState.RUNNING,))
+            if t.datetime_start is None or (now - t.datetime_start).total_seconds() > stale_after_s
+        ]
     failed = []
     for trial_id in stale_ids:
         storage.set_trial_system_attr(trial_id, STALE_ATTR, True)
@@ -145,9 +149,14 @@ def claim_lock(study: optuna.Study):
         from sqlalchemy import text
 
         pg = rdb.engine.dialect.name == "postgresql"
-        lock_id = int.from_bytes(hashlib.sha1(key).digest()[:8], "big", signed=True) if pg else hashlib.sha1(key).hexdigest()
-        take, free = (("SELECT pg_advisory_lock(:k)", "SELECT pg_advisory_unlock(:k)") if pg
-                      else ("SELECT GET_LOCK(:k, -1)", "SELECT RELEASE_LOCK(:k)"))
+        lock_id = (
+            int.from_bytes(hashlib.sha1(key).digest()[:8], "big", signed=True) if pg else hashlib.sha1(key).hexdigest()
+        )
+        take, free = (
+            ("SELECT pg_advisory_lock(:k)", "SELECT pg_advisory_unlock(:k)")
+            if pg
+            else ("SELECT GET_LOCK(:k, -1)", "SELECT RELEASE_LOCK(:k)")
+        )
         with rdb.engine.connect().execution_options(isolation_level="AUTOCOMMIT") as conn:
             conn.execute(text(take), {"k": lock_id})
             try:
@@ -174,32 +183,50 @@ class OptunaSweeperImpl(Sweeper):
     (sweep.search.conf.OptunaSweepConf); a bad setting is a ConfigError, one line like any other.
     """
 
-    def __init__(self, sampler: Any, n_trials: int, n_jobs: int, heartbeat_s: int, stale_after_s: int,
-                 mode: str = "search", frontier_param: str = "optim.lr", frontier_factor: float = 2.0,
-                 params: Optional[dict] = None, pruner: Any = None):
+    def __init__(
+        self,
+        sampler: Any,
+        n_trials: int,
+        n_jobs: int,
+        heartbeat_s: int,
+        stale_after_s: int,
+        mode: str = "search",
+        frontier_param: str = "optim.lr",
+        frontier_factor: float = 2.0,
+        params: Optional[dict] = None,
+        pruner: Any = None,
+    ):
         if mode not in tuple(SweepMode):
             raise ConfigError(f"hydra.sweeper.mode: must be search or frontier, got {mode!r}")
         if frontier_factor <= 1:
             raise ConfigError(f"hydra.sweeper.frontier_factor: must be > 1, got {frontier_factor}")
         mode = SweepMode(mode)
         self.mode, self.frontier_param, self.frontier_factor = mode, frontier_param, frontier_factor
-        self.sampler_conf = SamplerConf(**OmegaConf.to_container(sampler)) if not isinstance(sampler, SamplerConf) else sampler
+        self.sampler_conf = (
+            SamplerConf(**OmegaConf.to_container(sampler)) if not isinstance(sampler, SamplerConf) else sampler
+        )
         if self.sampler_conf.name not in tuple(SamplerName):
-            raise ConfigError(f"hydra.sweeper.sampler.name: unknown sampler {self.sampler_conf.name!r}; "
-                              f"choose {', '.join(s.value for s in SamplerName)}")
+            raise ConfigError(
+                f"hydra.sweeper.sampler.name: unknown sampler {self.sampler_conf.name!r}; "
+                f"choose {', '.join(s.value for s in SamplerName)}"
+            )
         self.n_trials, self.n_jobs = n_trials, n_jobs
         self.heartbeat_s, self.stale_after_s = heartbeat_s, stale_after_s
         self.params = dict(params or {})
         pruner = OmegaConf.to_container(pruner) if OmegaConf.is_config(pruner) else pruner
-        self.pruner_conf = validate_pruner(pruner if isinstance(pruner, PrunerConfig) else PrunerConfig(**(pruner or {})),
-                                           "hydra.sweeper.pruner")
-        if mode is SweepMode.frontier and self.pruner_conf.name is not PrunerName.none:  # a pruned probe decides no bracket
+        self.pruner_conf = validate_pruner(
+            pruner if isinstance(pruner, PrunerConfig) else PrunerConfig(**(pruner or {})), "hydra.sweeper.pruner"
+        )
+        if (
+            mode is SweepMode.frontier and self.pruner_conf.name is not PrunerName.none
+        ):  # a pruned probe decides no bracket
             raise ConfigError("hydra.sweeper.pruner: frontier mode needs every run to finish; prune in search mode")
 
     def setup(self, *, hydra_context: HydraContext, task_function: TaskFunction, config: DictConfig) -> None:
         self.hydra_context, self.config = hydra_context, config
         self.launcher = Plugins.instance().instantiate_launcher(
-            hydra_context=hydra_context, task_function=task_function, config=config)
+            hydra_context=hydra_context, task_function=task_function, config=config
+        )
 
     def _study(self) -> optuna.Study:
         node = self.config.get("ledger")  # absent when the app is not ours (Hydra's own test apps)
@@ -209,14 +236,18 @@ class OptunaSweeperImpl(Sweeper):
         name = ledger.study_name or str(sweep_dir)
         log.info("optuna sweeper: study %r in %s", name, mask_url(url))
         storage = open_storage(url, heartbeat_s=self.heartbeat_s, stale_after_s=self.stale_after_s)
-        return with_retries(lambda: optuna.create_study(storage=storage, study_name=name, direction="minimize",
-                                                        load_if_exists=True), "create_study")
+        return with_retries(
+            lambda: optuna.create_study(storage=storage, study_name=name, direction="minimize", load_if_exists=True),
+            "create_study",
+        )
 
     def sweep(self, arguments: List[str]) -> Any:
         args = [f"{k}={v}" for k, v in self.params.items()] + list(arguments)
         space, fixed = search_space.parse(args)
         if not space:
-            raise ConfigError("the optuna sweeper needs at least one swept axis (e.g. 'optim.lr=tag(log,interval(1e-5,1e-1))')")
+            raise ConfigError(
+                "the optuna sweeper needs at least one swept axis (e.g. 'optim.lr=tag(log,interval(1e-5,1e-1))')"
+            )
         Path(self.config.hydra.sweep.dir).mkdir(parents=True, exist_ok=True)
         OmegaConf.save(self.config, Path(self.config.hydra.sweep.dir) / "multirun.yaml")
         study = self._study()
@@ -235,16 +266,22 @@ class OptunaSweeperImpl(Sweeper):
         with Heartbeat(study, self.heartbeat_s) as heartbeat:
             while True:
                 with claim_lock(study):  # concurrent sweepers on one study never claim the same trial
-                    batch = (self._frontier_batch(study, space) if self.mode is SweepMode.frontier
-                             else self._next_batch(study, space, grid))
+                    batch = (
+                        self._frontier_batch(study, space)
+                        if self.mode is SweepMode.frontier
+                        else self._next_batch(study, space, grid)
+                    )
                 if not batch:
                     break
                 heartbeat.trial_ids = {t._trial_id for t in batch}
                 heartbeat.beat()
                 ours = "ledger" in self.config  # jobs of our app finish their own trial in the ledger
-                overrides = [fixed + [search_space.as_override(k, v) for k, v in t.params.items()]
-                             + ([f"ledger.trial_number={t.number}", *pruner_overrides(self.pruner_conf)] if ours else [])
-                             for t in batch]
+                overrides = [
+                    fixed
+                    + [search_space.as_override(k, v) for k, v in t.params.items()]
+                    + ([f"ledger.trial_number={t.number}", *pruner_overrides(self.pruner_conf)] if ours else [])
+                    for t in batch
+                ]
                 self.validate_batch_is_legal(overrides)
                 # Job dirs are named by trial number: unique even with other sweepers on this study.
                 results = self.launcher.launch(overrides, initial_job_idx=batch[0].number)
@@ -261,7 +298,10 @@ class OptunaSweeperImpl(Sweeper):
     def _check_frontier_space(self, space: dict) -> None:
         dist = space.get(self.frontier_param)
         if not isinstance(dist, optuna.distributions.FloatDistribution) or dist.low <= 0:
-            raise ConfigError(f"hydra.sweeper.frontier_param: frontier mode needs {self.frontier_param}=tag(log,interval(low,high)) with low > 0")
+            raise ConfigError(
+                f"hydra.sweeper.frontier_param: frontier mode needs {self.frontier_param}="
+                "tag(log,interval(low,high)) with low > 0"
+            )
 
     def _brackets(self, study: optuna.Study, space: dict) -> dict[tuple, Bracket]:
         """Each combination's bracket, rebuilt from the finished trials in the ledger."""
@@ -277,8 +317,10 @@ class OptunaSweeperImpl(Sweeper):
         return brackets
 
     def _frontier_batch(self, study: optuna.Study, space: dict) -> list:
-        running = {tuple(sorted((k, v) for k, v in t.params.items() if k != self.frontier_param))
-                   for t in study.get_trials(deepcopy=False, states=(TrialState.RUNNING,))}
+        running = {
+            tuple(sorted((k, v) for k, v in t.params.items() if k != self.frontier_param))
+            for t in study.get_trials(deepcopy=False, states=(TrialState.RUNNING,))
+        }
         batch = []
         for key, bracket in self._brackets(study, space).items():
             lr = bracket.next_lr(self.frontier_factor)
@@ -295,19 +337,32 @@ class OptunaSweeperImpl(Sweeper):
         dist = space[self.frontier_param]
         rows = []
         for key, b in self._brackets(study, space).items():
-            rows.append({**dict(key), "max_stable": b.stable, "min_diverged": b.diverged,
-                         "runs": b.runs, "verdict": b.verdict()})
+            rows.append(
+                {
+                    **dict(key),
+                    "max_stable": b.stable,
+                    "min_diverged": b.diverged,
+                    "runs": b.runs,
+                    "verdict": b.verdict(),
+                }
+            )
         table = pd.DataFrame(rows)
         table.to_csv(Path(self.config.hydra.sweep.dir) / "frontier.csv", index=False)
         per_grid = grid_runs(dist.low, dist.high, self.frontier_factor)
-        print(f"\nFrontier of {self.frontier_param} within {self.frontier_factor:g}x over "
-              f"[{dist.low:g}, {dist.high:g}]: {int(table.runs.sum())} runs; a grid at the same resolution "
-              f"needs {per_grid * len(table)} ({per_grid} per combination)\n"
-              + table.to_string(index=False, float_format=lambda x: f"{x:.3g}", na_rep="-"), flush=True)
+        print(
+            f"\nFrontier of {self.frontier_param} within {self.frontier_factor:g}x over "
+            f"[{dist.low:g}, {dist.high:g}]: {int(table.runs.sum())} runs; a grid at the same resolution "
+            f"needs {per_grid * len(table)} ({per_grid} per combination)\n"
+            + table.to_string(index=False, float_format=lambda x: f"{x:.3g}", na_rep="-"),
+            flush=True,
+        )
 
     def _finished(self, study: optuna.Study, trials: Optional[list] = None) -> list:
-        return [t for t in (study.get_trials(deepcopy=False) if trials is None else trials)
-                if t.state.is_finished() and not t.system_attrs.get(STALE_ATTR)]
+        return [
+            t
+            for t in (study.get_trials(deepcopy=False) if trials is None else trials)
+            if t.state.is_finished() and not t.system_attrs.get(STALE_ATTR)
+        ]
 
     def _next_batch(self, study: optuna.Study, space: dict, grid: Optional[list]) -> list:
         """Ask for the next trials: the missing grid cells, or enough to reach n_trials."""
@@ -315,8 +370,9 @@ class OptunaSweeperImpl(Sweeper):
         trials = study.get_trials(deepcopy=False)
         running_trials = [t for t in trials if t.state is TrialState.RUNNING]
         if grid is not None:
-            done = {tuple(sorted(t.params.items())) for t in self._finished(study, trials)
-                    if t.state is not TrialState.FAIL}
+            done = {
+                tuple(sorted(t.params.items())) for t in self._finished(study, trials) if t.state is not TrialState.FAIL
+            }
             running = {tuple(sorted(t.params.items())) for t in running_trials}
             todo = [c for c in grid if tuple(sorted(c.items())) not in done | running | self._attempted][: self.n_jobs]
             self._attempted |= {tuple(sorted(c.items())) for c in todo}  # a failing cell is not retried in a loop
@@ -335,6 +391,9 @@ class OptunaSweeperImpl(Sweeper):
         if ret.status.name == "COMPLETED" and isinstance(value, (int, float)) and math.isfinite(value):
             study.tell(trial, float(value), skip_if_finished=True)
             return
-        log.warning("optuna sweeper: trial %d was not recorded by its job (%s); marking it FAIL",
-                    trial.number, type(value).__name__ if isinstance(value, BaseException) else ret.status.name)
+        log.warning(
+            "optuna sweeper: trial %d was not recorded by its job (%s); marking it FAIL",
+            trial.number,
+            type(value).__name__ if isinstance(value, BaseException) else ret.status.name,
+        )
         study.tell(trial, state=TrialState.FAIL, skip_if_finished=True)
