@@ -24,6 +24,8 @@ from sweep.config import RunConfig, check_inputs, enum_choices, to_run_config
 from sweep.errors import exiting_on_config_error
 from sweep.run.execute import execute
 from sweep.run.results import hold_run_dir, release_run_dir
+from sweep.search.ledger import mask_url, record_run, storage_url
+from sweep.search.pruning import pruning_hooks
 
 log = logging.getLogger("sweep")
 
@@ -90,8 +92,7 @@ def job_spec_task(cfg: DictConfig) -> JobSpec:
 def run_job(cfg: DictConfig) -> dict:
     """The Hydra task function: run the composed config in Hydra's job directory; returns result.json's content."""
     job = job_spec_task(cfg)
-    from sweep.search.pruning import pruning_hooks  # reports to the ledger's trial: only with our sweeper's pruner
-
+    # pruning_hooks: reports to the ledger's trial, only with our sweeper's pruner (sweep/search/pruning.py)
     result = execute(job.run, job.run_dir, job.params, label=job.label, hooks=pruning_hooks(job.run, job.sweep_dir))
     return finish_job(job, result)
 
@@ -132,8 +133,6 @@ def group_or_enum_choices(key: str) -> list | None:
 
 def record(run: RunConfig, sweep_dir: Path, run_dir: Path, result: dict) -> None:
     """Write the run into the ledger; a ledger failure is logged, never raised (result.json is written)."""
-    from sweep.search.ledger import mask_url, record_run, storage_url
-
     try:
         record_run(run.ledger, sweep_dir, run_dir, result, group_or_enum_choices, run.monitor.spike_factor)
     except Exception as e:  # noqa: BLE001

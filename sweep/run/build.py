@@ -24,6 +24,7 @@ from models import build_model, scale_query_key
 from models.diffusers_zoo import build_diffusers_model
 from sweep.config import Arch, DataSource, RunConfig, Schedule
 from sweep.data.batches import BatchOrder
+from sweep.data.checks import check_sample
 from sweep.data.folder import FolderClips
 from sweep.data.synthetic import Fault, SyntheticClips
 from sweep.run import checkpoint
@@ -215,8 +216,6 @@ def build_parts(run: RunConfig, device: torch.device, policy: PrecisionPolicy, s
 
 def drop_bad_samples(dataset, limit: float) -> torch.utils.data.Dataset:
     """The dataset without the samples the data doctor's check rejects (NaN/Inf/out of range/constant)."""
-    from sweep.data.checks import check_sample
-
     kept = [i for i in range(len(dataset)) if not check_sample(dataset[i], limit)[0]]
     dropped = len(dataset) - len(kept)
     if dropped:
