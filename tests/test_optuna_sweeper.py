@@ -206,3 +206,30 @@ def test_frontier_search_finds_the_grid_boundary_with_fewer_runs(tmp_path):
     assert fp32.max_stable < grid_diverged and fp32.min_diverged > grid_stable  # the same boundary as the grid
     assert pd.isna(front.loc["fp16_pure"].max_stable)  # diverges at the bottom: two runs and done
     assert front.runs.sum() < 2 * 15 and front.loc["fp16_pure"].runs == 2
+
+
+@pytest.mark.parametrize(
+    "setting,message",
+    [
+        ({"frontier_factor": 0.5}, r"^hydra.sweeper.frontier_factor: must be > 1, got 0.5$"),
+        ({"mode": "bisect"}, r"^hydra.sweeper.mode: must be search or frontier, got 'bisect'$"),
+        ({"sampler": {"name": "tpee"}}, r"^hydra.sweeper.sampler.name: unknown sampler 'tpee'"),
+        ({"mode": "frontier", "pruner": {"name": "median"}}, r"^hydra.sweeper.pruner: frontier mode needs every run"),
+    ],
+)
+def test_bad_sweeper_settings_are_config_errors(setting, message):
+    """The plugin builds the implementation; its settings fail as ConfigError, like every other config mistake."""
+    from hydra_plugins.dit_sweep.optuna_sweep import OptunaSweeper
+    from sweep.config import ConfigError
+
+    settings = {"sampler": {}, "n_trials": 2, "n_jobs": 1, "heartbeat_s": 5, "stale_after_s": 30, **setting}
+    with pytest.raises(ConfigError, match=message):
+        OptunaSweeper(**settings)
+
+
+def test_a_bad_sweeper_setting_is_one_line_and_exit_2(tmp_path):
+    proc = sweep(tmp_path, "hydra.sweeper.frontier_factor=0.5", "optim.lr=tag(log,interval(1e-4,1e-2))", check=False)
+    lines = [ln for ln in proc.stderr.splitlines() if ln.strip()]
+    assert proc.returncode == 2 and lines == [
+        "sweep: config error: hydra.sweeper.frontier_factor: must be > 1, got 0.5"
+    ]

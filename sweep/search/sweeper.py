@@ -202,9 +202,8 @@ class OptunaSweeperImpl(Sweeper):
             raise ConfigError(f"hydra.sweeper.frontier_factor: must be > 1, got {frontier_factor}")
         mode = SweepMode(mode)
         self.mode, self.frontier_param, self.frontier_factor = mode, frontier_param, frontier_factor
-        self.sampler_conf = (
-            SamplerConf(**OmegaConf.to_container(sampler)) if not isinstance(sampler, SamplerConf) else sampler
-        )
+        sampler = OmegaConf.to_container(sampler) if OmegaConf.is_config(sampler) else sampler
+        self.sampler_conf = sampler if isinstance(sampler, SamplerConf) else SamplerConf(**(sampler or {}))
         if self.sampler_conf.name not in tuple(SamplerName):
             raise ConfigError(
                 f"hydra.sweeper.sampler.name: unknown sampler {self.sampler_conf.name!r}; "
