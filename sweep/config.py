@@ -417,7 +417,11 @@ class RunConfig:
 
 def register_schemas() -> None:
     """Register the schema so `conf/config.yaml` can name it first in its defaults list."""
-    ConfigStore.instance().store(name="run_schema", node=RunConfig)
+    node = OmegaConf.structured(RunConfig)
+    # model.kwargs are the custom factory's own keys: Hydra's struct mode would refuse every new one
+    # ('model.kwargs={depth:2}' would need a `+`), so that one node is open.
+    OmegaConf.set_struct(node.model.kwargs, False)
+    ConfigStore.instance().store(name="run_schema", node=node)
 
 
 register_schemas()
