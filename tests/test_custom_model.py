@@ -243,19 +243,19 @@ def test_lora_on_a_custom_model_wraps_the_named_modules(tmp_path):
 
 # --- the example gets the built-in model's verdicts -----------------------------------------------------------
 
-CELLS = [
-    ("fp16_pure", "1e-4", "flash"),
-    ("fp16_pure", "3e-2", "math"),
-    ("fp32", "3e-2", "flash"),
-    ("bf16_amp", "3e-2", "math"),
+CELLS = [("fp16_pure", lr, att) for lr in ("1e-4", "1e-3", "3e-2") for att in ("flash", "math")] + [
+    (precision, "3e-2", att) for precision in ("fp32", "bf16_amp", "fp16_amp") for att in ("flash", "math")
 ]
+"""The demo grid's fp16_pure cells and lr 3e-2 cells (conf/experiment/demo.yaml), at the test size; all diverge."""
+STABLE = [("fp32", "1e-4", "flash"), ("bf16_amp", "1e-3", "math")]
+"""And two the built-in model survives, so the example is not just a model that always diverges."""
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("precision,lr,attention", CELLS)
+@pytest.mark.parametrize("precision,lr,attention", CELLS + STABLE)
 def test_the_example_gets_the_builtin_models_verdicts(precision, lr, attention, tmp_path):
     common = [f"precision={precision}", f"optim.lr={lr}", f"attention={attention}", "steps=15", "threads=1"]
     ours = execute(make_run("model=custom", EXAMPLE, *common), tmp_path / "custom", {})
     builtin = execute(make_run("model=video_dit_tiny", *common), tmp_path / "builtin", {})
-    assert ours.status == builtin.status == "diverged"
+    assert ours.status == builtin.status == ("stable" if (precision, lr, attention) in STABLE else "diverged")
     assert ours.verdict == builtin.verdict, (ours.verdict, ours.first_bad_step, builtin.verdict, builtin.first_bad_step)
