@@ -109,7 +109,7 @@ def call_factory(target: str, kwargs: dict, inputs: dict) -> nn.Module:
         message = str(e).strip().splitlines()[0] if str(e).strip() else ""
         raise CustomModelError(f"{target}({shown}) raised {type(e).__name__}: {message}") from e
     if not isinstance(module, nn.Module):
-        raise CustomModelError(f"{target} returned a {type(module).__name__}, not a torch.nn.Module")
+        raise CustomModelError(f"{target} returned {type(module).__name__} {module!r:.40}, not a torch.nn.Module")
     return module
 
 

@@ -98,7 +98,7 @@ def test_custom_keys_are_refused_on_other_models(overrides, key):
     "target,words",
     [
         ("tests.custom_factories:raises", "raised RuntimeError: no weights for this size"),
-        ("tests.custom_factories:not_a_module", "returned a int, not a torch.nn.Module"),
+        ("tests.custom_factories:not_a_module", "returned int 42, not a torch.nn.Module"),
         ("examples.my_dit:build", "raised ValueError: depth must be even"),
     ],
 )
