@@ -11,7 +11,7 @@ models, at ~0.1-0.5M parameters. `DiffusersAdapter` gives them the native sweep 
   * conditioning: a fixed synthetic text embedding (seeded buffer, the same in every run), its
     all-ones mask, pooled projections (HunyuanVideo) and a fixed class label (DiT) stand in for a
     text encoder's output;
-  * attention axis: every forward runs under `SdpaRoute` (models/diffusers_kernels.py), which
+  * attention axis: every forward runs under `SdpaRoute` (models/sdpa_route.py), which
     forces one SDPA backend (flash/math) or replaces each SDPA call by softmax(QK^T) in the
     working dtype (eager), and counts the SDPA calls, so a run records what really ran;
   * modulate axis: where the adaLN modulation lives in a replaceable module (AdaLayerNormZero,
@@ -32,6 +32,7 @@ import torch.nn as nn
 from torch import Tensor
 
 from models.modulate import MODULATE_KERNELS
+from models.sdpa_route import SdpaRoute
 
 # models.diffusers_kernels (which imports diffusers, ~1 s) loads only when a model is built, so the
 # config validation can read ZOO cheaply.
@@ -247,8 +248,6 @@ class DiffusersAdapter(nn.Module):
     def __init__(
         self, name: str, transformer: nn.Module, attention: str, modulate: str, patch_size: int, seed: int = 0
     ):
-        from models.diffusers_kernels import SdpaRoute
-
         super().__init__()
         self.name, self.spec, self.attention, self.modulate, self.patch_size = (
             name,

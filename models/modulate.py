@@ -66,8 +66,36 @@ def _backward(ctx, grad: Tensor) -> tuple[Tensor, Tensor, Tensor]:
 _fused_modulate.register_autograd(_backward, setup_context=_setup_context)
 
 
-def modulate(x: Tensor, shift: Tensor, scale: Tensor, impl: str) -> Tensor:
-    """x (B, N, D) * (1 + scale (B, D)) + shift (B, D), per batch row, with the chosen implementation."""
+class ModulateCount:
+    """`with counter:` around a forward counts the `modulate` calls made inside, per impl, and gives
+    `modulate(..., impl=None)` its impl: how a custom model's adapter (models/custom.py) knows whether
+    the modulate axis reached the model at all. Nested counters each count; the innermost sets the impl."""
+
+    _active: list[ModulateCount] = []
+
+    def __init__(self, impl: str = "eager"):
+        if impl not in MODULATE_IMPLS:
+            raise ValueError(f"unknown modulate impl {impl!r}; choose one of {MODULATE_IMPLS}")
+        self.impl = impl
+        self.calls: dict[str, int] = {}
+
+    def __enter__(self) -> ModulateCount:
+        self.calls = {}
+        ModulateCount._active.append(self)
+        return self
+
+    def __exit__(self, *exc) -> None:
+        ModulateCount._active.remove(self)
+
+
+def modulate(x: Tensor, shift: Tensor, scale: Tensor, impl: str | None = None) -> Tensor:
+    """x (B, N, D) * (1 + scale (B, D)) + shift (B, D), per batch row, with the chosen implementation.
+
+    impl None: the innermost active `ModulateCount`'s impl (a custom model's adapter), else eager."""
+    if impl is None:
+        impl = ModulateCount._active[-1].impl if ModulateCount._active else "eager"
+    for counter in ModulateCount._active:
+        counter.calls[impl] = counter.calls.get(impl, 0) + 1
     if impl not in MODULATE_IMPLS:
         raise ValueError(f"unknown modulate impl {impl!r}; choose one of {MODULATE_IMPLS}")
     # Both impls take exactly one shift/scale row per batch row; a silent broadcast of a

@@ -56,6 +56,7 @@ class Arch(str, Enum):
     dit = "dit"
     video_dit = "video_dit"
     diffusers = "diffusers"  # a tiny diffusers transformer, named by model.name (models/diffusers_zoo.py)
+    custom = "custom"  # the user's own nn.Module, built by model.target (models/custom.py, docs/models.md)
 
 
 class FaultKind(str, Enum):
@@ -177,6 +178,10 @@ class ModelConfig:
     as in a pretrained checkpoint whose logits grew (the VideoChat2 case: fp16 overflows from step 0)."""
     init_from: Optional[str] = None
     """Initial weights: a checkpoint directory (manifest verified) or a .safetensors/.pt weights file."""
+    target: Optional[str] = None
+    """arch=custom only: `pkg.module:factory`, a callable returning an nn.Module with forward(x, t) (docs/models.md)."""
+    kwargs: Dict[str, Any] = field(default_factory=dict)
+    """arch=custom only: keyword arguments of the factory (data shape and axes come from the config, not here)."""
 
     @property
     def is_image(self) -> bool:
@@ -185,6 +190,10 @@ class ModelConfig:
             from models.diffusers_zoo import ZOO  # models imports torch; composing a config does not need it
 
             return ZOO[self.name].is_image
+        if self.arch is Arch.custom:  # the factory declares it: `factory.is_image = True` (models/custom.py)
+            from models.custom import factory_is_image, load_factory
+
+            return factory_is_image(load_factory(self.target))
         return self.arch is Arch.dit
 
 
@@ -408,7 +417,11 @@ class RunConfig:
 
 def register_schemas() -> None:
     """Register the schema so `conf/config.yaml` can name it first in its defaults list."""
-    ConfigStore.instance().store(name="run_schema", node=RunConfig)
+    node = OmegaConf.structured(RunConfig)
+    # model.kwargs are the custom factory's own keys: Hydra's struct mode would refuse every new one
+    # ('model.kwargs={depth:2}' would need a `+`), so that one node is open.
+    OmegaConf.set_struct(node.model.kwargs, False)
+    ConfigStore.instance().store(name="run_schema", node=node)
 
 
 register_schemas()
@@ -515,6 +528,7 @@ def validate(run: RunConfig) -> RunConfig:
             f"model.arch=dit trains on images: use data=synthetic_image (frames=1), got {d.frames}",
         )
     _validate_diffusers(run)
+    _validate_custom(run)
     for i, f in enumerate(d.faults):
         _require(
             0 <= f.index < d.num_samples,
@@ -606,7 +620,38 @@ def check_inputs(run: RunConfig) -> RunConfig:
     resume = run.checkpoint.resume_from
     if resume is not None:
         _require(Path(resume).is_dir(), "checkpoint.resume_from", f"no such checkpoint directory: {resume}")
+    if run.model.arch is Arch.custom:
+        _probe_custom(run)
     return run
+
+
+_PROBED: dict[str, None] = {}
+"""Custom-model factory calls already probed in this process (key: target, kwargs and config inputs)."""
+
+
+def _probe_custom(run: RunConfig) -> None:
+    """Build the custom model once (per distinct call): a factory that raises or returns no nn.Module is one
+    line and exit 2 before any run, not a crash in the middle of a sweep. Costs one model construction."""
+    from models.custom import CustomModelError, probe_factory
+
+    m, d = run.model, run.data
+    inputs = dict(
+        channels=d.channels,
+        frames=d.frames,
+        height=d.height,
+        width=d.width,
+        patch_size=m.patch_size,
+        attention=run.attention.backend.value,
+        modulate=run.modulate.impl.value,
+    )
+    key = repr((m.target, sorted(m.kwargs.items()), sorted(inputs.items())))
+    if key in _PROBED:
+        return
+    try:
+        probe_factory(m.target, m.kwargs, inputs)
+    except CustomModelError as e:
+        raise ConfigError(f"model.target: {e}") from None
+    _PROBED[key] = None
 
 
 ROOM_INSIDE = 64
@@ -719,6 +764,68 @@ def _validate_diffusers(run: RunConfig) -> None:
             "data.frames",
             f"model.name={m.name} is a video model: use data=synthetic_video (frames > 1), got {d.frames}",
         )
+
+
+_CUSTOM_UNUSED = {"qk_norm": False, "qk_gain": 1.0}
+
+
+def _validate_custom(run: RunConfig) -> None:
+    """model.target, model.kwargs and the keys a custom model does not use (models/custom.py, docs/models.md)."""
+    m, d = run.model, run.data
+    if m.arch is not Arch.custom:
+        _require(
+            m.target is None, "model.target", f"names a custom model factory: only with model=custom, got {m.target!r}"
+        )
+        _require(
+            not m.kwargs,
+            "model.kwargs",
+            f"are a custom model's factory arguments: only with model=custom, got {m.kwargs}",
+        )
+        return
+    from models.custom import FACTORY_INPUTS, CustomModelError, factory_is_image, load_factory
+
+    _require(bool(m.target), "model.target", "model=custom needs the factory: model.target=pkg.module:factory")
+    try:
+        image = factory_is_image(load_factory(m.target))
+    except CustomModelError as e:
+        raise ConfigError(f"model.target: {e}") from None
+    _require(
+        m.size == "tiny",
+        "model.size",
+        f"a custom model's size is its factory's business (model.kwargs), got {m.size!r}",
+    )
+    for key, default in _CUSTOM_UNUSED.items():
+        value = getattr(m, key)
+        _require(
+            value == default,
+            f"model.{key}",
+            f"is implemented for the native models only; a custom model does this itself (model.kwargs), got {value}",
+        )
+    for key in m.kwargs:
+        _require(
+            key not in FACTORY_INPUTS,
+            f"model.kwargs.{key}",
+            "comes from the config (data.channels/frames/height/width, model.patch_size, attention, modulate) "
+            "when the factory's signature names it: set that instead",
+        )
+    if image:
+        _require(
+            d.frames == 1,
+            "data.frames",
+            f"{m.target} is an image model (is_image=True): use data=synthetic_image (frames=1), got {d.frames}",
+        )
+    else:
+        _require(
+            d.frames > 1,
+            "data.frames",
+            f"{m.target} is a video model (no is_image=True): use data=synthetic_video (frames > 1), got {d.frames}",
+        )
+    f = run.finetune
+    _require(
+        f.method is not FinetuneMethod.lora or bool(f.target_modules),
+        "finetune.target_modules",
+        "model=custom has no known attention projection names: give them, e.g. finetune.target_modules=[qkv,proj]",
+    )
 
 
 def enum_choices(dotted_key: str) -> Optional[list]:

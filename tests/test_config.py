@@ -25,6 +25,7 @@ def test_every_option_composes_and_validates(group, option):
     extra = ["model=dit_tiny"] if option == "synthetic_image" else []
     extra += ["data=synthetic_image"] if option.startswith(("dit_", "diffusers_dit_", "pixart_", "sana_")) else []
     extra += [f"data.path={REPO}"] if option.endswith("_folder") else []  # any existing directory validates
+    extra += ["model.target=examples.my_dit:build"] if option == "custom" else []  # model=custom needs its factory
     run = make_run(f"{group}={option}", *extra, fast=False)
     assert isinstance(run, RunConfig)
 

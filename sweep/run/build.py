@@ -21,6 +21,7 @@ import numpy as np
 import torch
 
 from models import build_model, scale_query_key
+from models.custom import build_custom_model
 from models.diffusers_zoo import build_diffusers_model
 from sweep.config import Arch, DataSource, RunConfig, Schedule
 from sweep.data.batches import BatchOrder
@@ -121,6 +122,18 @@ def build_parts(run: RunConfig, device: torch.device, policy: PrecisionPolicy, s
     if m.arch is Arch.diffusers:
         model = build_diffusers_model(
             m.name,
+            channels=d.channels,
+            frames=d.frames,
+            height=d.height,
+            width=d.width,
+            patch_size=m.patch_size,
+            attention=run.attention.backend.value,
+            modulate=run.modulate.impl.value,
+        )
+    elif m.arch is Arch.custom:  # the user's factory, checked before the sweep (sweep.config.check_inputs)
+        model = build_custom_model(
+            m.target,
+            m.kwargs,
             channels=d.channels,
             frames=d.frames,
             height=d.height,

@@ -58,6 +58,11 @@ def compile_unsupported_reason(run: RunConfig, device: torch.device) -> str | No
             "compile=true is not wired for model.arch=diffusers: its attention axis is a TorchFunctionMode "
             "around each forward, unproven under torch.compile; run it uncompiled"
         )
+    if run.model.arch is Arch.custom:
+        return (
+            "compile=true is not wired for model=custom: its attention axis is a TorchFunctionMode around each "
+            "forward, unproven under torch.compile; run it uncompiled"
+        )
     if device.type not in FLASH_OPS:
         return (
             f"compile=true proves its attention kernel by CPU profiler op names only (untested on "

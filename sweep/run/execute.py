@@ -72,7 +72,10 @@ def new_result(run: RunConfig, params: dict) -> RunResult:
 
 
 def unsupported_reason(run: RunConfig, device: torch.device, policy: PrecisionPolicy) -> str | None:
-    """Why this combination cannot run here as asked (a `skipped` run), or None: the one "can it run here?" check."""
+    """Why this combination cannot run here as asked (a `skipped` run), or None: the one "can it run here?" check.
+
+    What only a forward can tell is KernelUnavailable from the model, also `skipped` (see `fail`): a forced SDPA
+    kernel refusing a shape, or a custom model the attention/modulate axis did not reach (models/custom.py)."""
     diffusers = run.model.arch is Arch.diffusers
     return (
         policy.unsupported_reason(device)

@@ -29,6 +29,8 @@ def lora_targets(run: RunConfig) -> list[str]:
     """The module names LoRA wraps: finetune.target_modules, else the architecture's attention projections."""
     if run.finetune.target_modules:
         return list(run.finetune.target_modules)
+    if run.model.arch is Arch.custom:  # validate() already refuses this: a custom model's names are unknown
+        raise ValueError("model=custom: finetune.target_modules must name the modules LoRA wraps")
     return LORA_TARGETS["diffusers" if run.model.arch is Arch.diffusers else "native"]
 
 

@@ -1,0 +1,1 @@
+"""Example user models for `python -m sweep model=custom model.target=examples.<module>:<factory>`."""

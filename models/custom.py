@@ -1,0 +1,202 @@
+"""Any nn.Module behind the sweep's interface: `model=custom model.target=pkg.module:factory`.
+
+The protocol (docs/models.md, "Your own model"):
+  * `factory(**model.kwargs, **shape)` returns an nn.Module whose `forward(x, t)` returns a prediction
+    of x's shape; x is (B, C, F, H, W) for video data or (B, C, H, W) for image data, t a float
+    timestep tensor (B,). Conditioning, if any, is the model's own business.
+  * `shape` holds the names of FACTORY_INPUTS that the factory's signature names explicitly
+    (channels, frames, height, width, patch_size from the data and model config; attention and
+    modulate, the axes' values); a `**kwargs` catch-all gets none of them, and model.kwargs may not
+    set them (they come from the config, so the data and the model cannot disagree).
+  * image or video: `factory.is_image = True` declares an image model (a function attribute, or a
+    class attribute when the factory is the class); without it the model is a video model.
+  * attention axis: `CustomAdapter.forward` runs the model under `SdpaRoute`, so every
+    `torch.nn.functional.scaled_dot_product_attention` call inside is forced to the asked backend
+    (or replaced by the eager formula) and counted.
+  * modulate axis: the model calls `models.modulate.modulate(x, shift, scale, impl)` with the
+    `modulate` it was given, or with impl omitted (the adapter's `ModulateCount` supplies it); the
+    calls are counted per impl.
+  * honesty: after the first forward, an attention other than the default (math) with no SDPA call,
+    or a modulate other than eager with no call of that impl, raises KernelUnavailable (the run is
+    `skipped` with the reason): the axis did not reach the model, so the run would claim a kernel
+    that never ran.
+
+Torch only: no sweep/ or Hydra imports (tests/test_layout.py).
+"""
+
+from __future__ import annotations
+
+import importlib
+import inspect
+from typing import Any, Callable
+
+import torch
+import torch.nn as nn
+from torch import Tensor
+
+from models.attention import KernelUnavailable
+from models.modulate import MODULATE_KERNELS, ModulateCount
+from models.sdpa_route import SdpaRoute
+
+FACTORY_INPUTS = ("channels", "frames", "height", "width", "patch_size", "attention", "modulate")
+"""Keyword names the factory gets from the config when its signature names them."""
+
+DEFAULT_ATTENTION = "math"
+"""The attention value a model without SDPA calls may run under (it is the config default): no claim is made."""
+
+
+class CustomModelError(ValueError):
+    """The target or the factory does not meet the protocol (sweep/config.py turns it into a ConfigError)."""
+
+
+def load_factory(target: str) -> Callable[..., Any]:
+    """`pkg.module:attr` -> the callable; CustomModelError naming what is wrong."""
+    if not isinstance(target, str) or ":" not in target:
+        raise CustomModelError(f"must be pkg.module:factory (a colon between module and attribute), got {target!r}")
+    module_name, _, attr = target.partition(":")
+    if not module_name or not attr:
+        raise CustomModelError(f"must be pkg.module:factory (module and attribute both named), got {target!r}")
+    try:
+        module = importlib.import_module(module_name)
+    except Exception as e:  # any import failure of user code is a config mistake, one line
+        raise CustomModelError(f"cannot import module {module_name!r}: {type(e).__name__}: {e}") from e
+    obj: Any = module
+    for part in attr.split("."):
+        if not hasattr(obj, part):
+            raise CustomModelError(f"module {module_name!r} has no attribute {attr!r}")
+        obj = getattr(obj, part)
+    if not callable(obj):
+        raise CustomModelError(f"{target} is a {type(obj).__name__}, not callable")
+    return obj
+
+
+def factory_is_image(factory: Callable[..., Any]) -> bool:
+    """Whether the factory declares an image model (`factory.is_image = True`); video otherwise."""
+    value = getattr(factory, "is_image", False)
+    if not isinstance(value, bool):
+        raise CustomModelError(f"the factory's is_image must be True or False, got {value!r}")
+    return value
+
+
+def factory_inputs(factory: Callable[..., Any]) -> tuple[str, ...]:
+    """The FACTORY_INPUTS the factory's signature names explicitly (so it gets them)."""
+    try:
+        params = inspect.signature(factory).parameters
+    except (TypeError, ValueError):  # a builtin without a signature: it gets model.kwargs only
+        return ()
+    named = {n for n, p in params.items() if p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)}
+    return tuple(n for n in FACTORY_INPUTS if n in named)
+
+
+def factory_arguments(factory: Callable[..., Any], kwargs: dict, inputs: dict) -> dict:
+    """model.kwargs plus the config values (of `inputs`) the factory's signature names."""
+    clash = sorted(set(kwargs) & set(FACTORY_INPUTS))
+    if clash:
+        raise CustomModelError(
+            f"{clash[0]} comes from the config (data.*, model.patch_size, attention, modulate), not model.kwargs"
+        )
+    return {**kwargs, **{n: inputs[n] for n in factory_inputs(factory)}}
+
+
+def call_factory(target: str, kwargs: dict, inputs: dict) -> nn.Module:
+    """The user's module, built; CustomModelError (one line) when the factory raises or returns a non-module."""
+    factory = load_factory(target)
+    arguments = factory_arguments(factory, kwargs, inputs)
+    try:
+        module = factory(**arguments)
+    except Exception as e:  # the user's code: any failure is reported in one line
+        shown = ", ".join(f"{k}={v!r}" for k, v in arguments.items())
+        message = str(e).strip().splitlines()[0] if str(e).strip() else ""
+        raise CustomModelError(f"{target}({shown}) raised {type(e).__name__}: {message}") from e
+    if not isinstance(module, nn.Module):
+        raise CustomModelError(f"{target} returned {type(module).__name__} {module!r:.40}, not a torch.nn.Module")
+    return module
+
+
+class CustomAdapter(nn.Module):
+    """The user's module as `model(x, t) -> prediction`, its forward under the attention route and the
+    modulate counter. Its state_dict is the user's under `model.`."""
+
+    def __init__(self, model: nn.Module, target: str, attention: str, modulate: str, is_image: bool):
+        super().__init__()
+        self.model = model
+        self.target, self.attention, self.modulate, self.is_image = target, attention, modulate, is_image
+        self.route = SdpaRoute(attention)
+        self.counter = ModulateCount(modulate)
+        self.modulate_calls: dict[str, int] = {}
+        self.forwards = 0
+
+    def forward(self, x: Tensor, t: Tensor) -> Tensor:
+        with self.route, self.counter:
+            out = self.model(x, t)
+        self.modulate_calls = dict(self.counter.calls)
+        if not isinstance(out, Tensor) or out.shape != x.shape:
+            got = tuple(out.shape) if isinstance(out, Tensor) else type(out).__name__
+            raise ValueError(
+                f"{self.target}: forward(x, t) must return a prediction of x's shape {tuple(x.shape)}, got {got}"
+            )
+        if self.forwards == 0:
+            self._check_axes_reached()
+        self.forwards += 1
+        return out
+
+    def _check_axes_reached(self) -> None:
+        """KernelUnavailable (a `skipped` run) when a requested kernel never ran in the first forward."""
+        if self.route.calls_last_forward == 0 and self.attention != DEFAULT_ATTENTION:
+            raise KernelUnavailable(
+                f"attention={self.attention}: {self.target} made no torch.nn.functional.scaled_dot_product_attention "
+                "call in its forward, so the forced kernel would not run (only the default attention=math runs it)"
+            )
+        if self.modulate != "eager" and not self.modulate_calls.get(self.modulate):
+            seen = f" (it called it with {self.modulate_calls})" if self.modulate_calls else ""
+            raise KernelUnavailable(
+                f"modulate={self.modulate}: {self.target} never called models.modulate.modulate with impl "
+                f"{self.modulate!r}{seen}, so the fused kernel would not run"
+            )
+
+    def kernels(self) -> dict:
+        """What ran in the last forward, counted: the SDPA kernel and calls, the modulate impl and calls."""
+        n = self.route.calls_last_forward
+        out: dict = {
+            "attention": self.route.kernel_name if n else "none: no scaled_dot_product_attention call",
+            "sdpa_calls_per_forward": n,
+        }
+        if self.modulate_calls.get(self.modulate):
+            out["modulate"] = MODULATE_KERNELS[self.modulate]
+        else:
+            out["modulate"] = "eager (the model's own code: no models.modulate.modulate call)"
+        out["modulate_calls_per_forward"] = dict(self.modulate_calls)
+        out["model"] = self.target
+        return out
+
+
+def build_custom_model(
+    target: str,
+    kwargs: dict,
+    *,
+    channels: int,
+    frames: int,
+    height: int,
+    width: int,
+    patch_size: int,
+    attention: str = "math",
+    modulate: str = "eager",
+) -> CustomAdapter:
+    """factory(**kwargs, **the config values its signature names), wrapped in CustomAdapter."""
+    inputs = dict(
+        channels=channels,
+        frames=frames,
+        height=height,
+        width=width,
+        patch_size=patch_size,
+        attention=attention,
+        modulate=modulate,
+    )
+    module = call_factory(target, dict(kwargs), inputs)
+    return CustomAdapter(module, target, attention, modulate, factory_is_image(load_factory(target)))
+
+
+def probe_factory(target: str, kwargs: dict, inputs: dict) -> None:
+    """Build the model once, leaving the global RNG as it was: CustomModelError when the factory fails."""
+    with torch.random.fork_rng(devices=[]):
+        call_factory(target, dict(kwargs), inputs)

@@ -1,0 +1,81 @@
+"""Factories for tests/test_custom_model.py, named as `model.target=tests.custom_factories:<name>`."""
+
+from __future__ import annotations
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+from models.modulate import modulate
+
+NOT_CALLABLE = 3
+
+
+class NoAttention(nn.Module):
+    """A per-voxel MLP: no SDPA call, no models.modulate call."""
+
+    def __init__(self, channels: int, width: int = 16):
+        super().__init__()
+        self.net = nn.Sequential(nn.Linear(channels + 1, width), nn.GELU(), nn.Linear(width, channels))
+
+    def forward(self, x, t):
+        h = x.movedim(1, -1)  # (B, ..., C)
+        tt = (t / 1000).to(h.dtype).view(-1, *([1] * (h.dim() - 1))).expand(*h.shape[:-1], 1)
+        return self.net(torch.cat([h, tt], dim=-1)).movedim(-1, 1)
+
+
+def no_attention(channels: int, width: int = 16) -> nn.Module:
+    return NoAttention(channels, width)
+
+
+class Tokens(nn.Module):
+    """Pixels as tokens, one SDPA call, one modulate call with impl omitted (the adapter supplies it)."""
+
+    def __init__(self, channels: int, dim: int = 16):
+        super().__init__()
+        self.inp, self.qkv, self.ada, self.out = (
+            nn.Linear(channels, dim),
+            nn.Linear(dim, 3 * dim),
+            nn.Linear(1, 2 * dim),
+            nn.Linear(dim, channels),
+        )
+
+    def forward(self, x, t):
+        b, c = x.shape[:2]
+        h = self.inp(x.reshape(b, c, -1).transpose(1, 2))  # (B, N, dim)
+        q, k, v = self.qkv(h)[:, None].chunk(3, dim=-1)  # (B, 1, N, dim) each
+        h = h + F.scaled_dot_product_attention(q, k, v)[:, 0]
+        shift, scale = self.ada((t / 1000)[:, None].to(h.dtype)).chunk(2, dim=1)
+        h = modulate(h, shift, scale)  # impl from the adapter
+        return self.out(h).transpose(1, 2).reshape(x.shape)
+
+
+def tokens(channels: int, dim: int = 16) -> nn.Module:
+    return Tokens(channels, dim)
+
+
+def image_tokens(channels: int) -> nn.Module:
+    return Tokens(channels)
+
+
+image_tokens.is_image = True
+
+
+def raises(channels: int) -> nn.Module:
+    raise RuntimeError("no weights for this size")
+
+
+def not_a_module() -> int:
+    return 42
+
+
+def wrong_shape(channels: int) -> nn.Module:
+    class Half(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.w = nn.Parameter(torch.ones(()))
+
+        def forward(self, x, t):
+            return x[:, :1] * self.w
+
+    return Half()

@@ -1,0 +1,261 @@
+"""model=custom: any nn.Module from `model.target=pkg.module:factory` behind the sweep's axes (models/custom.py)."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+import torch
+from torch.profiler import ProfilerActivity, profile
+
+from models.attention import FLASH_OPS, MATH_OP
+from models.custom import build_custom_model
+from models.modulate import MODULATE_OP
+from sweep.config import ConfigError, check_inputs
+from sweep.run.compiled import compile_unsupported_reason
+from sweep.run.execute import execute
+from sweep.run.packing import refusal
+from tests.conftest import REPO, make_run
+
+FLASH_OP = FLASH_OPS["cpu"]
+EXAMPLE = "model.target=examples.my_dit:build"
+SMALL = "model.kwargs={dim:32,depth:2,heads:2}"  # the example at a test size: 2 blocks, 2 heads
+
+
+def custom(target: str, *overrides: str):
+    return make_run("model=custom", f"model.target={target}", *overrides)
+
+
+def op_names(fn) -> dict[str, int]:
+    with profile(activities=[ProfilerActivity.CPU]) as prof:
+        fn()
+    return {e.key: e.count for e in prof.key_averages()}
+
+
+def example(attention: str = "math", modulate: str = "eager"):
+    torch.manual_seed(0)
+    return build_custom_model(
+        "examples.my_dit:build",
+        {"dim": 32, "depth": 2, "heads": 2},
+        channels=3,
+        frames=4,
+        height=8,
+        width=8,
+        patch_size=2,
+        attention=attention,
+        modulate=modulate,
+    )
+
+
+def example_inputs():
+    g = torch.Generator().manual_seed(1)
+    return torch.randn(2, 3, 4, 8, 8, generator=g), torch.tensor([10.0, 500.0])
+
+
+# --- config errors: one line naming the key, before any run --------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "overrides,key,words",
+    [
+        (["model.target=examples.my_dit.build"], "model.target", "colon"),
+        (["model.target=examples.nope:build"], "model.target", "cannot import module 'examples.nope'"),
+        (["model.target=examples.my_dit:nope"], "model.target", "has no attribute 'nope'"),
+        (["model.target=tests.custom_factories:NOT_CALLABLE"], "model.target", "not callable"),
+        ([], "model.target", "needs the factory"),
+        ([EXAMPLE, "model.size=S"], "model.size", "factory's business"),
+        ([EXAMPLE, "model.qk_norm=true"], "model.qk_norm", "native models only"),
+        ([EXAMPLE, "model.qk_gain=2.0"], "model.qk_gain", "native models only"),
+        ([EXAMPLE, "model.name=dit"], "model.name", "only with model.arch=diffusers"),
+        ([EXAMPLE, "model.kwargs={channels:4}"], "model.kwargs.channels", "comes from the config"),
+        ([EXAMPLE, "data=synthetic_image", "data.frames=1"], "data.frames", "is a video model"),
+        (["model.target=tests.custom_factories:image_tokens"], "data.frames", "is an image model"),
+        ([EXAMPLE, "finetune=lora"], "finetune.target_modules", "no known attention projection names"),
+    ],
+)
+def test_bad_custom_config_is_a_config_error_naming_the_key(overrides, key, words):
+    with pytest.raises(ConfigError) as err:
+        make_run("model=custom", *overrides)
+    message = str(err.value)
+    assert message.startswith(f"{key}: ") and words in message and "\n" not in message, message
+
+
+@pytest.mark.parametrize(
+    "overrides,key",
+    [
+        (["model.target=examples.my_dit:build"], "model.target"),
+        (["model.kwargs={depth:2}"], "model.kwargs"),
+    ],
+)
+def test_custom_keys_are_refused_on_other_models(overrides, key):
+    with pytest.raises(ConfigError, match=f"^{key}: .*only with model=custom"):
+        make_run(*overrides)
+
+
+@pytest.mark.parametrize(
+    "target,words",
+    [
+        ("tests.custom_factories:raises", "raised RuntimeError: no weights for this size"),
+        ("tests.custom_factories:not_a_module", "returned int 42, not a torch.nn.Module"),
+        ("examples.my_dit:build", "raised ValueError: depth must be even"),
+    ],
+)
+def test_a_failing_factory_is_a_config_error_before_any_run(target, words):
+    run = custom(target, "model.kwargs={depth:3}" if target.startswith("examples") else "model.kwargs={}")
+    with pytest.raises(ConfigError) as err:
+        check_inputs(run)
+    assert str(err.value).startswith("model.target: ") and words in str(err.value), str(err.value)
+
+
+def _sweep(*args: str, cwd) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [sys.executable, "-m", "sweep", *args],
+        cwd=cwd,
+        capture_output=True,
+        text=True,
+        timeout=180,
+        env={**__import__("os").environ, "PYTHONPATH": str(REPO)},
+    )
+
+
+@pytest.mark.parametrize(
+    "args,words",
+    [
+        (["model.target=examples.my_dit:nope"], "model.target: module 'examples.my_dit' has no attribute 'nope'"),
+        (  # a grid: the factory fails in one cell only, found before the first run
+            ["-m", "model.kwargs.depth=2,3", "steps=1"],
+            "raised ValueError: depth must be even (spatial, temporal pairs), got 3 (in the sweep cell",
+        ),
+    ],
+)
+def test_cli_mistake_is_one_line_and_exit_2(args, words, tmp_path):
+    base = ["model=custom", "model.target=examples.my_dit:build"] if "nope" not in args[0] else ["model=custom"]
+    proc = _sweep(*args, *base, f"hydra.run.dir={tmp_path}/run", f"hydra.sweep.dir={tmp_path}/sweep", cwd=REPO)
+    assert proc.returncode == 2, proc.stderr
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("sweep: config error: ") and words in lines[0], proc.stderr
+    assert not (tmp_path / "sweep" / "0").exists() and not (tmp_path / "run" / "result.json").exists()
+
+
+# --- the attention axis: forced, counted, and proven by the profiler ------------------------------------------
+
+
+def test_attention_axis_forces_the_sdpa_kernel_inside_the_custom_model():
+    x, t = example_inputs()
+    outs = {}
+    for backend in ("flash", "math", "eager"):
+        model = example(attention=backend)
+        ops = op_names(lambda: outs.__setitem__(backend, model(x, t).detach()))  # noqa: B023  (called now)
+        calls = model.route.calls_last_forward
+        assert calls == 2  # one per block (depth 2: a spatial and a temporal attention)
+        if backend == "flash":
+            assert ops.get(FLASH_OP) == calls and MATH_OP not in ops
+        elif backend == "math":
+            assert ops.get(MATH_OP) == calls and FLASH_OP not in ops
+        else:
+            assert FLASH_OP not in ops and MATH_OP not in ops and ops.get("aten::softmax", 0) >= calls
+        assert model.kernels()["sdpa_calls_per_forward"] == calls
+    torch.testing.assert_close(outs["flash"], outs["math"], atol=1e-5, rtol=1e-4)
+    torch.testing.assert_close(outs["eager"], outs["math"], atol=1e-5, rtol=1e-4)
+
+
+def test_a_run_records_the_kernels_that_ran(tmp_path):
+    r = execute(custom("examples.my_dit:build", SMALL, "attention=flash", "steps=2"), tmp_path, {})
+    assert r.status == "stable", r.reason
+    assert r.kernels["attention"] == "sdpa:FLASH_ATTENTION" and r.kernels["sdpa_calls_per_forward"] == 2
+    assert r.kernels["modulate"] == "eager" and r.kernels["modulate_calls_per_forward"] == {"eager": 5}
+    assert r.kernels["model"] == "examples.my_dit:build"
+    assert json.loads((tmp_path / "result.json").read_text())["kernels"] == r.kernels
+
+
+def test_a_model_without_sdpa_is_skipped_for_a_forced_attention(tmp_path):
+    target = "tests.custom_factories:no_attention"
+    r = execute(custom(target, "attention=flash", "steps=2"), tmp_path / "flash", {})
+    assert r.status == "skipped"
+    assert "attention=flash" in r.reason and "made no torch.nn.functional.scaled_dot_product_attention" in r.reason
+    r = execute(custom(target, "attention=math", "steps=2"), tmp_path / "math", {})  # the default claims nothing
+    assert r.status == "stable", r.reason
+    assert r.kernels["attention"].startswith("none") and r.kernels["sdpa_calls_per_forward"] == 0
+
+
+# --- the modulate axis ----------------------------------------------------------------------------------------
+
+
+def test_fused_modulate_runs_the_custom_op_where_the_model_calls_models_modulate():
+    x, t = example_inputs()
+    eager, fused = example(modulate="eager"), example(modulate="fused")
+    fused.load_state_dict(eager.state_dict())
+    for p in eager.parameters():  # adaLN-Zero starts at zero: give the modulation something to do
+        torch.nn.init.normal_(p, std=0.05) if p.dim() > 1 else None
+    fused.load_state_dict(eager.state_dict())
+    ops = op_names(lambda: fused(x, t))
+    assert ops.get(MODULATE_OP) == 5  # 2 per block x 2 blocks + the output layer
+    assert fused.kernels()["modulate"] == MODULATE_OP and fused.kernels()["modulate_calls_per_forward"] == {"fused": 5}
+    assert MODULATE_OP not in op_names(lambda: eager(x, t))
+    torch.testing.assert_close(fused(x, t), eager(x, t), atol=1e-5, rtol=1e-4)
+    buggy = example(modulate="fused_buggy")
+    buggy.load_state_dict(eager.state_dict())
+    assert not torch.allclose(buggy(x, t), eager(x, t), atol=1e-4)  # the axis really changes the computation
+
+
+def test_modulate_impl_omitted_comes_from_the_adapter(tmp_path):
+    r = execute(custom("tests.custom_factories:tokens", "modulate=fused", "steps=2"), tmp_path, {})
+    assert r.status == "stable", r.reason
+    assert r.kernels["modulate"] == MODULATE_OP and r.kernels["modulate_calls_per_forward"] == {"fused": 1}
+    assert r.kernels["sdpa_calls_per_forward"] == 1
+
+
+def test_a_model_without_models_modulate_is_skipped_for_fused(tmp_path):
+    r = execute(custom("tests.custom_factories:no_attention", "modulate=fused", "steps=2"), tmp_path, {})
+    assert r.status == "skipped" and "modulate=fused" in r.reason and "never called models.modulate" in r.reason
+
+
+# --- the rest of the run: shapes, errors, what cannot run -----------------------------------------------------
+
+
+def test_an_image_model_trains_on_images(tmp_path):
+    r = execute(
+        custom("tests.custom_factories:image_tokens", "data=synthetic_image", "data.frames=1", "steps=2"), tmp_path, {}
+    )
+    assert r.status == "stable", r.reason
+
+
+def test_a_wrong_output_shape_is_an_error_with_one_message(tmp_path):
+    r = execute(custom("tests.custom_factories:wrong_shape", "steps=1"), tmp_path, {})
+    assert r.status == "error" and "must return a prediction of x's shape" in r.reason
+
+
+def test_compile_and_packing_say_why_not():
+    run = custom("examples.my_dit:build", SMALL)
+    assert "model=custom" in refusal(run) or "custom model" in refusal(run)
+    compiled = custom("examples.my_dit:build", SMALL, "compile=true")
+    assert "model=custom" in compile_unsupported_reason(compiled, torch.device("cpu"))
+
+
+def test_lora_on_a_custom_model_wraps_the_named_modules(tmp_path):
+    run = custom("examples.my_dit:build", SMALL, "finetune=lora", "finetune.target_modules=[to_qkv,out]", "steps=2")
+    r = execute(run, tmp_path, {})
+    assert r.status == "stable", r.reason
+    assert r.n_params > execute(custom("examples.my_dit:build", SMALL, "steps=1"), tmp_path / "base", {}).n_params
+
+
+# --- the example gets the built-in model's verdicts -----------------------------------------------------------
+
+CELLS = [("fp16_pure", lr, att) for lr in ("1e-4", "1e-3", "3e-2") for att in ("flash", "math")] + [
+    (precision, "3e-2", att) for precision in ("fp32", "bf16_amp", "fp16_amp") for att in ("flash", "math")
+]
+"""The demo grid's fp16_pure cells and lr 3e-2 cells (conf/experiment/demo.yaml), at the test size; all diverge."""
+STABLE = [("fp32", "1e-4", "flash"), ("bf16_amp", "1e-3", "math")]
+"""And two the built-in model survives, so the example is not just a model that always diverges."""
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("precision,lr,attention", CELLS + STABLE)
+def test_the_example_gets_the_builtin_models_verdicts(precision, lr, attention, tmp_path):
+    common = [f"precision={precision}", f"optim.lr={lr}", f"attention={attention}", "steps=15", "threads=1"]
+    ours = execute(make_run("model=custom", EXAMPLE, *common), tmp_path / "custom", {})
+    builtin = execute(make_run("model=video_dit_tiny", *common), tmp_path / "builtin", {})
+    assert ours.status == builtin.status == ("stable" if (precision, lr, attention) in STABLE else "diverged")
+    assert ours.verdict == builtin.verdict, (ours.verdict, ours.first_bad_step, builtin.verdict, builtin.first_bad_step)
