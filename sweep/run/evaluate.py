@@ -136,7 +136,10 @@ class Evaluator:
         was_training = model.training
         model.eval()
         try:
-            loss = eval_loss(forward or model, self.data, self.policy, self.device, self.cfg.batch_size)
+            # compile=true: the eager forward, as logit-watching steps do; the sealed compiled graph has no
+            # no_grad variant and may not recompile (sweep/run/compiled.py).
+            forward = forward or getattr(model, "eager_forward", model)
+            loss = eval_loss(forward, self.data, self.policy, self.device, self.cfg.batch_size)
         finally:
             model.train(was_training)
         self.losses[step] = loss

@@ -106,8 +106,6 @@ def train(
                 ),
             )
         opt.zero_grad(set_to_none=True)
-        evaluated = evaluator is not None and first is None and verdict is None and evaluator.due(step)
-        eval_v = evaluator(model, step) if evaluated else ""
         checked = (step + 1) % run.monitor.stall_window == 0  # stall statistics exist on check steps only
         metrics.log(
             step=step,
@@ -120,12 +118,16 @@ def train(
             zero_grad_fraction=monitor.last_zero_grad_fraction if checked else "",
             attn_max_logit=max_logit,
             attn_min_entropy=min_entropy,
-            eval_loss=eval_v,
+            eval_loss="",
         )
         progress.update(step, loss_v, scale if scaler.enabled else None)
         if verdict is not None and run.monitor.stop_on_divergence:
             break
-        if any([hook.after_step(step, loss_v, parts) for hook in hooks]):  # a list: every hook runs
+        stop = any([hook.after_step(step, loss_v, parts) for hook in hooks])  # a list: every hook runs
+        # After the hooks, which see the training step only (a profiler hook must not see the eval forward).
+        if evaluator is not None and first is None and evaluator.due(step):
+            metrics.rows[-1]["eval_loss"] = evaluator(model, step)
+        if stop:
             break
     return first
 
