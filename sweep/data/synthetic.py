@@ -114,6 +114,26 @@ def _render_all(seed: int, num_samples: int, channels: int, frames: int, height:
     return data
 
 
+@lru_cache(maxsize=2)  # a sweep evaluates every run on the same held-out clips
+def _render_range(seed: int, start: int, count: int, channels: int, frames: int, height: int, width: int) -> Tensor:
+    """Clips start .. start+count-1 as (count, C, F, H, W), each rendered alone exactly as _render_all renders it.
+    A separate cache from _render_all's: rendering held-out clips never evicts or touches the training clips."""
+    data = torch.empty(count, channels, frames, height, width)
+    for j in range(count):
+        data[j] = _render_clip(generator(sample_seed(seed, start + j)), channels, frames, height, width)
+    return data
+
+
+def held_out_clips(
+    seed: int, num_samples: int, count: int, channels: int, frames: int, height: int, width: int, as_images: bool
+) -> Tensor:
+    """The `count` clips right after the training set, indices [num_samples, num_samples + count): the batch
+    order draws from range(num_samples) only, so no training step ever sees them. Clean (faults index the
+    training set only), float32, (count, C, F, H, W) or (count, C, H, W) with as_images; a copy."""
+    clips = _render_range(seed, num_samples, count, channels, frames, height, width).clone()
+    return clips[:, :, 0] if as_images else clips
+
+
 class SyntheticClips(Dataset):
     """Map-style dataset of synthetic clips (C, F, H, W), or images (C, H, W) with as_images."""
 

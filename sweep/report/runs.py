@@ -33,6 +33,7 @@ OUTCOME_COLUMNS = [
     "final_loss",
     "initial_loss",
     "min_loss",
+    "eval_loss",
     "steps_run",
     "steps_per_second",
     "seed",
@@ -41,7 +42,7 @@ OUTCOME_COLUMNS = [
     "superseded_by",
 ]
 INT_COLUMNS = ["first_bad_step", "steps_run", "seed", "pruned_at_step"]
-FLOAT_COLUMNS = ["final_loss", "initial_loss", "min_loss", "steps_per_second"]
+FLOAT_COLUMNS = ["final_loss", "initial_loss", "min_loss", "eval_loss", "steps_per_second"]
 RESULT_KEYS = [
     c for c in OUTCOME_COLUMNS if c not in ("status", "run_dir", "cause_where", "cause_module", "superseded_by")
 ]

@@ -105,7 +105,14 @@ def trial_row(trial: optuna.trial.FrozenTrial) -> dict:
     status = attrs.get("status") or _status_from_state(trial)
     outcome = {k: attrs.get(k) for k in RESULT_KEYS if k in attrs}
     outcome.update(cause_where=attrs.get("cause_where"), cause_module=attrs.get("cause_module"))
-    if outcome.get("final_loss") is None and status == "stable" and trial.value is not None:
+    if (
+        outcome.get("final_loss") is None
+        and outcome.get("eval_loss") is None
+        and status == "stable"
+        and trial.value is not None
+    ):
+        # A trial some other app completed: its value is the best we know (ours record final_loss, and a value
+        # that is the eval loss when they have one).
         outcome["final_loss"] = trial.value
     recorded = attrs.get("params") or {}  # every param, in the order the run named them
     params = {**recorded, **{k: v for k, v in trial.params.items() if k not in recorded}}

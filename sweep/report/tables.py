@@ -228,6 +228,7 @@ def frontier_records(runs: pd.DataFrame) -> pd.DataFrame:
                 "max_stable_lr": best,
                 "min_diverging_lr": min(diverged) if diverged else None,
                 "loss_at_max_stable": _mean(r["final_loss"] for r in ok if r["_lr"] == best),
+                "eval_at_max_stable": _mean(r.get("eval_loss") for r in ok if r["_lr"] == best),
                 "steps_per_s": _mean(r["steps_per_second"] for r in ok),
                 "runs": len(group),
             }
@@ -249,12 +250,13 @@ def lr_stability(group: list[dict]) -> dict[float, str]:
 
 
 def frontier(runs: pd.DataFrame, recs: pd.DataFrame | None = None) -> pd.DataFrame:
-    """Per combination: max_stable_lr, min_diverging_lr, loss_at_max_stable (final loss), steps_per_s, runs."""
+    """Per combination: max_stable_lr, min_diverging_lr, loss_at_max_stable (final loss), eval_at_max_stable
+    (held-out eval loss, sweep/run/evaluate.py), steps_per_s, runs."""
     recs = frontier_records(runs) if recs is None else recs
     if recs.empty:
         return pd.DataFrame()
     table = recs.set_index("combination")[
-        ["max_stable_lr", "min_diverging_lr", "loss_at_max_stable", "steps_per_s", "runs"]
+        ["max_stable_lr", "min_diverging_lr", "loss_at_max_stable", "eval_at_max_stable", "steps_per_s", "runs"]
     ]
     table.index.name = "/".join(recs.attrs["axes"]) or "combination"
     return table.astype({c: float for c in table.columns if c != "runs"})

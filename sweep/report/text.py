@@ -36,7 +36,7 @@ def explanations(s: Summary) -> dict[str, str]:
         "verdict@first_bad_step, or k/n div (diverged of the decided seeds); "
         "* = more runs still running, - = no run",
         "frontier": "per combination: the largest lr stable in every replicate, the smallest lr that diverged, "
-        "the final loss at the former, mean steps/s of its stable runs",
+        "the final loss at the former and its held-out eval loss, mean steps/s of its stable runs",
         "lr_sensitivity": "Wortsman et al. 2023: mean over the lr grid of min(final loss, initial loss) - "
         "best_loss, diverged runs at the initial loss; lower is more robust, 0 = every lr "
         "reached the best loss, - = no stable run",

@@ -119,6 +119,7 @@ def _compile_forward(model: torch.nn.Module) -> Callable[[], None]:
             return compiled_forward(*args, **kwargs)
 
     model.forward = forward
+    model.eager_forward = eager_forward  # the eval loss (sweep/run/evaluate.py): no_grad would be another graph
     return lambda: stance.__setitem__(0, "fail_on_recompile")
 
 

@@ -25,6 +25,7 @@ from sweep.config import Arch, RunConfig
 from sweep.run.build import RunParts, build_parts, reset_process_state, resolve_device
 from sweep.run.checkpoint import CheckpointHook, CorruptCheckpoint
 from sweep.run.compiled import compile_run, compile_unsupported_reason
+from sweep.run.evaluate import Evaluator, eval_settings, make_evaluator
 from sweep.run.forensics import locate
 from sweep.run.gemm import LOW_PRECISION
 from sweep.run.monitor import Divergence
@@ -52,13 +53,14 @@ def execute(run: RunConfig, out_dir: Path, params: dict, label: str = "", hooks:
             compile_run(run, parts)
         if run.checkpoint.every:
             hooks = [CheckpointHook(out_dir, run.checkpoint.every, run.checkpoint.keep), *hooks]
+        evaluator = make_evaluator(run, parts)
         progress = RunProgress(run.steps, run.progress, run.log_every, label)
         train_start = time.perf_counter()
         try:
-            divergence = train(run, parts, metrics, progress, hooks=hooks)
+            divergence = train(run, parts, metrics, progress, hooks=hooks, evaluator=evaluator)
         finally:
             progress.close()
-        conclude(result, run, parts, divergence, metrics, time.perf_counter() - train_start, hooks)
+        conclude(result, run, parts, divergence, metrics, time.perf_counter() - train_start, hooks, evaluator)
     except Exception as e:  # noqa: BLE001  (see fail)
         fail(result, e)
     finally:
@@ -68,7 +70,9 @@ def execute(run: RunConfig, out_dir: Path, params: dict, label: str = "", hooks:
 
 def new_result(run: RunConfig, params: dict) -> RunResult:
     """A run's result before anything happened: an error until something better is known."""
-    return RunResult(status="error", params=params, versions=package_versions(), seed=run.seed)
+    result = RunResult(status="error", params=params, versions=package_versions(), seed=run.seed)
+    result.eval = eval_settings(run)
+    return result
 
 
 def unsupported_reason(run: RunConfig, device: torch.device, policy: PrecisionPolicy) -> str | None:
@@ -114,14 +118,17 @@ def conclude(
     metrics: MetricsLog,
     train_seconds: float,
     hooks: Sequence[StepHook] = (),
+    evaluator: Evaluator | None = None,
 ) -> None:
-    """Fill `result` from a finished training: kernels, metrics, the verdict, forensics of a NaN."""
+    """Fill `result` from a finished training: kernels, metrics, the verdict, the eval loss, forensics of a NaN."""
     # What the model ran (its kernels are forced: no fallback), or under compile=true what the profiled
     # compiled graph ran (sweep/run/compiled.py).
     result.kernels = parts.kernels or parts.model.kernels()
     if parts.policy.compute_dtype in LOW_PRECISION:  # bf16/fp16 GEMMs: native kernels or emulated (sweep/run/gemm.py)
         result.kernels = {**result.kernels, "gemm": parts.policy.gemm}
     _fill_from_metrics(result, metrics, train_seconds)
+    # The weights before the first bad step (a loss spike's excursion began before the step that tripped it).
+    result.eval_loss = evaluator.before(divergence.step if divergence else None) if evaluator else None
     if divergence is None:
         result.status = "stable"
         pruned = next((h.pruned for h in hooks if getattr(h, "pruned", None) is not None), None)

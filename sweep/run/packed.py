@@ -38,6 +38,7 @@ from sweep.data.batches import load_checked_batch, sample_labels
 from sweep.data.checks import check_batch
 from sweep.run.adam_lag import lag_note
 from sweep.run.build import RunParts
+from sweep.run.evaluate import Evaluator
 from sweep.run.monitor import Cause, Divergence
 from sweep.run.precision import ScalerEvent
 from sweep.run.progress import RunProgress
@@ -102,6 +103,12 @@ class PackedModel:
             w.grad = p.grad[i] if p.grad is not None else None
             named.append((name, w))
         return named
+
+    def forward_of(self, i: int):
+        """Run i's forward alone (no vmap): the prediction its weights give, as the lone run computes it."""
+        params = {n: p.detach()[i] for n, p in self.params.items()}
+        buffers = {n: b[i] for n, b in self.buffers.items()}
+        return lambda x, t: functional_call(self.base, (params, buffers), (x, t))
 
     def zero_grad(self) -> None:
         for p in self.params.values():
@@ -191,9 +198,17 @@ def _per_run(values: list[float], like: torch.Tensor) -> torch.Tensor:
 
 
 def train_packed(
-    runs: Sequence[RunConfig], parts: Sequence[RunParts], metrics: Sequence[MetricsLog], progress: RunProgress
+    runs: Sequence[RunConfig],
+    parts: Sequence[RunParts],
+    metrics: Sequence[MetricsLog],
+    progress: RunProgress,
+    evaluators: Sequence[Evaluator | None] | None = None,
 ) -> list[Divergence | None]:
-    """Train the runs together; each one's first divergence (None when stable), as sweep.run.train.train would."""
+    """Train the runs together; each one's first divergence (None when stable), as sweep.run.train.train would.
+
+    `evaluators[k]` measures run k's eval loss when due, as train does, on run k's weight slice forwarded
+    alone (no vmap), so a packed run's eval loss is its weights' as a lone run would compute it."""
+    evaluators = evaluators or [None] * len(runs)
     device, policy = parts[0].device, parts[0].policy
     model = PackedModel([p.model for p in parts])
     opt = StackedAdamW(parts, model.params)
@@ -260,6 +275,9 @@ def train_packed(
                         *opt.second_moment(i, k), monitor.recent_sq, verdict.step, step, run.optim.grad_clip
                     ),
                 )
+            ev = evaluators[k]
+            due = ev is not None and first[k] is None and verdict is None and ev.due(step)
+            eval_v = ev(model.base, step, forward=model.forward_of(i)) if due else ""
             checked = (step + 1) % run.monitor.stall_window == 0
             metrics[k].log(
                 step=step,
@@ -272,6 +290,7 @@ def train_packed(
                 zero_grad_fraction=monitor.last_zero_grad_fraction if checked else "",
                 attn_max_logit="",
                 attn_min_entropy="",
+                eval_loss=eval_v,
             )
         model.zero_grad()
         progress.update(step, min(losses), None)

@@ -25,6 +25,7 @@ import torch
 
 from sweep.config import Arch, FinetuneMethod, PrunerName, RunConfig
 from sweep.run.build import resolve_device
+from sweep.run.evaluate import make_evaluator
 from sweep.run.execute import conclude, execute, fail, new_result, prepare, write_outcome
 from sweep.run.packed import train_packed
 from sweep.run.precision import PrecisionPolicy
@@ -132,14 +133,15 @@ def execute_pack(
         )
         train_start = time.perf_counter()
         try:
+            evaluators = [make_evaluator(runs[i], parts) for i, parts in built]
             divergences = train_packed(
-                [runs[i] for i in members], [p for _, p in built], [metrics[i] for i in members], progress
+                [runs[i] for i in members], [p for _, p in built], [metrics[i] for i in members], progress, evaluators
             )
             seconds = time.perf_counter() - train_start
-            for (i, parts), divergence in zip(built, divergences):
+            for (i, parts), divergence, evaluator in zip(built, divergences, evaluators):
                 results[i].packed = len(members)
                 try:
-                    conclude(results[i], runs[i], parts, divergence, metrics[i], seconds)
+                    conclude(results[i], runs[i], parts, divergence, metrics[i], seconds, evaluator=evaluator)
                 except Exception as e:  # noqa: BLE001
                     fail(results[i], e)
         except Exception as e:  # noqa: BLE001  (a kernel that refused, or a bug: every run of the pack says so)

@@ -4,7 +4,7 @@ The fields of result.json are a contract (docs/design.md, "Files of one run"); t
 the acceptance checks read them. JSON has no NaN or Infinity, and result.json must be written whatever
 a run held, so values are made JSON-safe on the way out (`json_safe`):
 - a non-finite measured number (final_loss, min_loss, initial_loss, max_grad_norm, steps_per_second,
-  max_attn_logit, min_attn_entropy) is null: the verdict already says the loss went non-finite;
+  max_attn_logit, min_attn_entropy, eval_loss) is null: the verdict already says the loss went non-finite;
 - a non-finite float anywhere else (a param, a cause, a headroom entry) is the string "inf", "-inf"
   or "nan", so the value is not lost;
 - an integer outside the signed 64-bit range is its decimal string (readers such as pandas, SQL or
@@ -40,6 +40,7 @@ METRIC_COLUMNS = (
     "zero_grad_fraction",
     "attn_max_logit",
     "attn_min_entropy",
+    "eval_loss",
 )
 
 
@@ -103,6 +104,11 @@ class RunResult:
     """Trial packing: how many runs trained together in this run's pack (sweep/run/packed.py); null when alone."""
     pruned_at_step: int | None = None
     """The step after which the sweeper's pruner stopped this run (status skipped; sweep/search/pruning.py)."""
+    eval_loss: float | None = None
+    """The loss on the held-out eval set (sweep/run/evaluate.py): after the last step of a stable run; for a
+    diverged run the last evaluation before its first bad step; null when none was made."""
+    eval: dict | None = None
+    """The eval settings (enabled, every, samples, seed, batch_size), the clips, and `reason` when disabled."""
 
     def to_dict(self) -> dict:
         d = asdict(self)
@@ -114,6 +120,7 @@ class RunResult:
             "steps_per_second",
             "max_attn_logit",
             "min_attn_entropy",
+            "eval_loss",
         ):
             d[key] = _finite_or_none(d[key])
         return d

@@ -21,6 +21,7 @@ from sweep.data.batches import load_checked_batch, sample_labels
 from sweep.data.checks import BatchIssue, check_batch
 from sweep.run.adam_lag import adamw_second_moment, lag_note
 from sweep.run.build import RunParts
+from sweep.run.evaluate import Evaluator
 from sweep.run.monitor import Cause, Divergence
 from sweep.run.precision import ScalerEvent
 from sweep.run.progress import RunProgress
@@ -48,11 +49,14 @@ def train(
     progress: RunProgress,
     probe: tuple[int, contextlib.AbstractContextManager] | None = None,
     hooks: Sequence[StepHook] = (),
+    evaluator: Evaluator | None = None,
 ) -> Divergence | None:
     """Train `run.steps` steps; return the first divergence (None when stable).
 
     `probe=(step, ctx)` runs that step's forward and backward inside `ctx` (forensics' module hooks);
-    every other step runs hook-free. `hooks` run after every step, in order, all of them.
+    every other step runs hook-free. `hooks` run after every step, in order, all of them. `evaluator`
+    measures the eval loss after the update of each step it says is due, until the first verdict
+    (sweep/run/evaluate.py: no RNG draw, no grad, so the training curve is the same without it).
     """
     model, opt, scaler, device, policy = parts.model, parts.optimizer, parts.scaler, parts.device, parts.policy
     params = [p for p in model.parameters() if p.requires_grad]
@@ -114,11 +118,16 @@ def train(
             zero_grad_fraction=monitor.last_zero_grad_fraction if checked else "",
             attn_max_logit=max_logit,
             attn_min_entropy=min_entropy,
+            eval_loss="",
         )
         progress.update(step, loss_v, scale if scaler.enabled else None)
         if verdict is not None and run.monitor.stop_on_divergence:
             break
-        if any([hook.after_step(step, loss_v, parts) for hook in hooks]):  # a list: every hook runs
+        stop = any([hook.after_step(step, loss_v, parts) for hook in hooks])  # a list: every hook runs
+        # After the hooks, which see the training step only (a profiler hook must not see the eval forward).
+        if evaluator is not None and first is None and evaluator.due(step):
+            metrics.rows[-1]["eval_loss"] = evaluator(model, step)
+        if stop:
             break
     return first
 

@@ -4,11 +4,14 @@ One study per sweep. Storage defaults to a SQLite file `ledger.db` in the sweep 
 set up); `ledger.storage` takes any Optuna RDB URL (postgresql://, mysql://, sqlite:///) or a path
 ending in `.log`/`.jsonl` for Optuna's journal file. How a run becomes a trial (docs/design.md, "The ledger"):
 
-- stable: COMPLETE, value = final loss, feasible (constraint -1).
+- stable: COMPLETE, value = its eval loss (held-out clips, sweep/run/evaluate.py), or its final loss
+  when it has none (eval off, folder data), feasible (constraint -1).
 - diverged: COMPLETE with a penalty value, `spike_factor` x the run's initial loss, and an infeasible
-  constraint (+1). A stable run's loss never exceeded that (the monitor would have called it a
-  spike), so the penalty ranks every diverged run below every stable one of the same setup. Never
-  NaN: the sampler must learn that the region diverges, and Optuna's TPE ignores FAIL trials.
+  constraint (+1). A stable run's training loss never exceeded that (the monitor would have called it
+  a spike); its eval loss is not watched by the monitor, so a stable value is capped just below its
+  own run's penalty (`stable_value`; the true eval_loss stays in user_attrs). So the penalty ranks
+  every diverged run below every stable one of the same setup. Never NaN: the sampler must learn
+  that the region diverges, and Optuna's TPE ignores FAIL trials.
 - skipped (cannot run on this device): PRUNED, no value. A run our sweeper's pruner stopped is skipped
   too, with `pruned_at_step`; its trial keeps the losses it reported, the last one as its value.
 - error (a bug or a crash): FAIL.
@@ -174,6 +177,7 @@ def trial_user_attrs(result: dict, run_dir: Path) -> dict:
         "cause_module": cause.get("module"),
         "cause_detail": cause.get("detail"),
         "final_loss": result.get("final_loss"),
+        "eval_loss": result.get("eval_loss"),
         "initial_loss": result.get("initial_loss"),
         "min_loss": result.get("min_loss"),
         "steps_run": result.get("steps_run"),
@@ -191,14 +195,28 @@ def trial_outcome(result: dict, penalty_factor: float = 10.0) -> tuple[TrialStat
     """(state, value, constraints) of a run's trial."""
     status = result["status"]
     if status == "stable":
-        value = result.get("final_loss")
-        return TrialState.COMPLETE, value if value is not None else math.inf, (FEASIBLE,)
+        return TrialState.COMPLETE, stable_value(result, penalty_factor), (FEASIBLE,)
     if status == "diverged":
-        initial = result.get("initial_loss")
-        return TrialState.COMPLETE, penalty_factor * initial if initial is not None else 1e6, (INFEASIBLE,)
+        return TrialState.COMPLETE, penalty(result, penalty_factor), (INFEASIBLE,)
     if status == "skipped":
         return TrialState.PRUNED, None, None
     return TrialState.FAIL, None, None
+
+
+def penalty(result: dict, penalty_factor: float = 10.0) -> float:
+    """A diverged run's value: `penalty_factor` (monitor.spike_factor) x its initial loss, 1e6 without one."""
+    initial = result.get("initial_loss")
+    return penalty_factor * initial if initial is not None else 1e6
+
+
+def stable_value(result: dict, penalty_factor: float = 10.0) -> float:
+    """A stable run's value: its eval loss, else its final loss (inf without either), kept strictly below
+    the penalty the same run would have had diverged (its eval loss is not bounded by the spike test)."""
+    value = result.get("eval_loss")
+    value = result.get("final_loss") if value is None else value
+    if value is None:
+        return math.inf
+    return min(value, math.nextafter(penalty(result, penalty_factor), -math.inf))
 
 
 def distribution_for(value: Any, choices: Optional[list] = None) -> Optional[BaseDistribution]:
