@@ -20,18 +20,14 @@ import hydra
 from omegaconf import DictConfig
 
 from sweep import config as _schemas  # noqa: F401  (registers the schema before Hydra composes)
-from sweep.config import check_inputs, to_run_config
-from sweep.errors import config_error_line, exit_config_error, exiting_on_config_error
+from sweep.errors import config_error_line, exit_config_error
+from sweep.job import run_job
 
 CONF_DIR = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "conf")
 
 
 @hydra.main(config_path=CONF_DIR, config_name="config", version_base="1.3")
 def _hydra_main(cfg: DictConfig) -> dict:
-    with exiting_on_config_error():  # a mistake is one line before torch and the models are imported (~2 s)
-        check_inputs(to_run_config(cfg))
-    from sweep.job import run_job
-
     return run_job(cfg)
 
 

@@ -493,7 +493,7 @@ def nonfinite_floats(node: Any, key: str = "") -> Iterator[tuple[str, float]]:
 
 def validate(run: RunConfig) -> RunConfig:
     """Reject values no run can use; each message names the dotted key."""
-    from models.sizes import MODEL_SIZES  # a plain dict; the rest of models/ imports torch
+    from models.registry import MODEL_SIZES  # imports torch (models/), which composing a config never needs
 
     for key, value in nonfinite_floats(run):  # the first one: one line names one key
         raise ConfigError(f"{key}: must be a finite number, got {value}")
