@@ -434,6 +434,20 @@ class RunConfig:
     scenario: ScenarioConfig = field(default_factory=ScenarioConfig)
     ledger: LedgerConfig = field(default_factory=LedgerConfig)
 
+    @property
+    def model_inputs(self) -> dict:
+        """What a diffusers or custom model is built for: the data shape, patch size and kernel choices."""
+        d = self.data
+        return dict(
+            channels=d.channels,
+            frames=d.frames,
+            height=d.height,
+            width=d.width,
+            patch_size=self.model.patch_size,
+            attention=self.attention.backend.value,
+            modulate=self.modulate.impl.value,
+        )
+
 
 def register_schemas() -> None:
     """Register the schema so `conf/config.yaml` can name it first in its defaults list."""
@@ -659,16 +673,7 @@ def _probe_custom(run: RunConfig) -> None:
     line and exit 2 before any run, not a crash in the middle of a sweep. Costs one model construction."""
     from models.custom import CustomModelError, probe_factory
 
-    m, d = run.model, run.data
-    inputs = dict(
-        channels=d.channels,
-        frames=d.frames,
-        height=d.height,
-        width=d.width,
-        patch_size=m.patch_size,
-        attention=run.attention.backend.value,
-        modulate=run.modulate.impl.value,
-    )
+    m, inputs = run.model, run.model_inputs
     key = repr((m.target, sorted(m.kwargs.items()), sorted(inputs.items())))
     if key in _PROBED:
         return

@@ -120,28 +120,9 @@ def build_parts(run: RunConfig, device: torch.device, policy: PrecisionPolicy, s
     """
     d, m = run.data, run.model
     if m.arch is Arch.diffusers:
-        model = build_diffusers_model(
-            m.name,
-            channels=d.channels,
-            frames=d.frames,
-            height=d.height,
-            width=d.width,
-            patch_size=m.patch_size,
-            attention=run.attention.backend.value,
-            modulate=run.modulate.impl.value,
-        )
+        model = build_diffusers_model(m.name, **run.model_inputs)
     elif m.arch is Arch.custom:  # the user's factory, checked before the sweep (sweep.config.check_inputs)
-        model = build_custom_model(
-            m.target,
-            m.kwargs,
-            channels=d.channels,
-            frames=d.frames,
-            height=d.height,
-            width=d.width,
-            patch_size=m.patch_size,
-            attention=run.attention.backend.value,
-            modulate=run.modulate.impl.value,
-        )
+        model = build_custom_model(m.target, m.kwargs, **run.model_inputs)
     else:
         model = build_model(
             m.arch.value,
