@@ -407,6 +407,9 @@ class RunConfig:
     """Everything one run needs; the root of the composed config."""
 
     seed: int = 0
+    replicates: int = 1
+    """Multirun only: run every combination with this many seeds, seed .. seed + replicates - 1; the tables
+    show their mean, spread and "k of n diverged" (sweep/search/replicates.py, sweep/report/noise.py)."""
     steps: int = 50
     device: str = "auto"
     """auto, cpu, cuda or cuda:N."""
@@ -505,6 +508,9 @@ def nonfinite_floats(node: Any, key: str = "") -> Iterator[tuple[str, float]]:
             yield from nonfinite_floats(value, f"{key}[{i}]")
 
 
+MAX_REPLICATES = 100
+
+
 def validate(run: RunConfig) -> RunConfig:
     """Reject values no run can use; each message names the dotted key."""
     from models.registry import MODEL_SIZES  # imports torch (models/), which composing a config never needs
@@ -516,6 +522,16 @@ def validate(run: RunConfig) -> RunConfig:
     _require(0 <= run.threads <= MAX_THREADS, "threads", f"must be in [0, {MAX_THREADS}] (0 = auto), got {run.threads}")
     for key, seed in (("seed", run.seed), ("data.seed", run.data.seed)):
         _require(0 <= seed <= MAX_SEED, key, f"must be in [0, {MAX_SEED}] (2**32 - 1), got {seed}")
+    _require(
+        1 <= run.replicates <= MAX_REPLICATES,
+        "replicates",
+        f"must be in [1, {MAX_REPLICATES}], got {run.replicates}",
+    )
+    _require(
+        run.seed + run.replicates - 1 <= MAX_SEED,
+        "replicates",
+        f"seeds {run.seed}..{run.seed + run.replicates - 1} go past {MAX_SEED} (2**32 - 1)",
+    )
     _require(
         run.device == "auto" or run.device == "cpu" or run.device.startswith("cuda"),
         "device",

@@ -10,7 +10,7 @@ annotations` here: Hydra execs plugin modules outside sys.modules, where string 
 
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Dict, Optional, Sequence
+from typing import Any, Dict, List, Optional, Sequence
 
 from hydra._internal.core_plugins.basic_sweeper import BasicSweeper
 from hydra.core.config_store import ConfigStore
@@ -62,6 +62,17 @@ class GridSweeper(BasicSweeper):
             config_loader=ComposedOnce(hydra_context.config_loader), callbacks=hydra_context.callbacks
         )
         super().setup(hydra_context=context, task_function=task_function, config=config)
+
+    def sweep(self, arguments: List[str]) -> Any:
+        """Hydra's grid, plus the replicate seeds of `replicates=N` (sweep/search/replicates.py)."""
+        from omegaconf import OmegaConf
+
+        from sweep.search.replicates import replicate_overrides
+
+        replicates = OmegaConf.select(self.config, "replicates", default=1)
+        seed = OmegaConf.select(self.config, "seed", default=0)
+        extra = replicate_overrides([*self._parse_config(), *arguments], replicates, seed) if replicates else []
+        return super().sweep([*arguments, *extra])
 
     def validate_batch_is_legal(self, batch: Sequence[Sequence[str]]) -> None:
         from omegaconf import OmegaConf
