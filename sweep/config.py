@@ -182,6 +182,12 @@ class ModelConfig:
     """arch=custom only: `pkg.module:factory`, a callable returning an nn.Module with forward(x, t) (docs/models.md)."""
     kwargs: Dict[str, Any] = field(default_factory=dict)
     """arch=custom only: keyword arguments of the factory (data shape and axes come from the config, not here)."""
+    width: Optional[int] = None
+    """Native models: the hidden size instead of the named size's, its head dim kept (heads = width / head
+    dim): the size axis of `+ladder=width` (docs/ladder.md). null = the size's own."""
+    depth: Optional[int] = None
+    """Native models: the number of blocks instead of the named size's (even for video_dit: spatial +
+    temporal pairs): the size axis of `+ladder=depth`. null = the size's own."""
 
     @property
     def is_image(self) -> bool:
@@ -327,6 +333,23 @@ class CheckpointConfig:
     """The tensor `inject` corrupts; null = the first attention weight."""
 
 
+class LadderAxis(str, Enum):
+    width = "width"
+    depth = "depth"
+
+
+@dataclass
+class LadderConfig:
+    """The frontier across sizes (`+ladder=width|depth`, sweep/report/ladder.py, docs/ladder.md)."""
+
+    axis: Optional[LadderAxis] = None
+    """Which size the sweep steps through (model.width or model.depth); null = no ladder."""
+    target: Optional[int] = None
+    """The width (or depth) to extrapolate the largest stable lr to."""
+    confidence: float = 0.9
+    """Of the prediction interval at the target."""
+
+
 @dataclass
 class EvalConfig:
     """The evaluation loss (sweep/run/evaluate.py, docs/eval_loss.md): the model's loss on held-out clips,
@@ -434,6 +457,7 @@ class RunConfig:
     monitor: MonitorConfig = field(default_factory=MonitorConfig)
     checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
     eval: EvalConfig = field(default_factory=EvalConfig)
+    ladder: LadderConfig = field(default_factory=LadderConfig)
     scenario: ScenarioConfig = field(default_factory=ScenarioConfig)
     ledger: LedgerConfig = field(default_factory=LedgerConfig)
 
@@ -513,7 +537,7 @@ MAX_REPLICATES = 100
 
 def validate(run: RunConfig) -> RunConfig:
     """Reject values no run can use; each message names the dotted key."""
-    from models.registry import MODEL_SIZES  # imports torch (models/), which composing a config never needs
+    from models.registry import MODEL_SIZES, sized  # imports torch (models/), which composing a config never needs
 
     for key, value in nonfinite_floats(run):  # the first one: one line names one key
         raise ConfigError(f"{key}: must be a finite number, got {value}")
@@ -558,8 +582,29 @@ def validate(run: RunConfig) -> RunConfig:
         "precision.cpu_gemm",
         "emulated is for eager runs; compile=true runs inductor's own kernels (use auto or native)",
     )
+    lad = run.ladder
+    _require(lad.target is None or lad.target > 0, "ladder.target", f"must be > 0, got {lad.target}")
+    _require(0 < lad.confidence < 1, "ladder.confidence", f"must be in (0, 1), got {lad.confidence}")
     m = run.model
     _require(m.size in MODEL_SIZES, "model.size", f"unknown size {m.size!r}; choose one of {', '.join(MODEL_SIZES)}")
+    if m.arch in (Arch.dit, Arch.video_dit):
+        for key, dims in (("width", {"width": m.width}), ("depth", {"depth": m.depth})):
+            try:
+                sized(m.size, **dims)
+            except ValueError as e:
+                raise ConfigError(f"model.{key}: {e}") from None
+        _require(
+            m.depth is None or m.arch is Arch.dit or m.depth % 2 == 0,
+            "model.depth",
+            f"video_dit spends its blocks as (spatial, temporal) pairs: must be even, got {m.depth}",
+        )
+    else:
+        for key in ("width", "depth"):
+            _require(
+                getattr(m, key) is None,
+                f"model.{key}",
+                f"sizes the native models only (dit, video_dit), not model.arch={m.arch.value}",
+            )
     _require(m.patch_size > 0, "model.patch_size", f"must be > 0, got {m.patch_size}")
     _require(m.qk_gain > 0, "model.qk_gain", f"must be > 0, got {m.qk_gain}")
     d = run.data

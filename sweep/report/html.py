@@ -78,6 +78,8 @@ def render_html(s: Summary, title: str, source: str) -> str:
         if key != "divergence_map":
             body += [f"<h2>{TITLES[key]}</h2>", f'<p class="note">{esc(notes[key])}</p>']
         body.append(table_html(table, index=key != "toggles"))
+    if not s.ladder.empty:
+        body.append(plot_div(ladder_figure(s.ladder), "ladder"))
     body += [
         "<h2>Curves per combination</h2>",
         '<p class="note">training loss, held-out eval loss, gradient norm and loss scale per step (log '
@@ -175,6 +177,82 @@ def heatmap(s: Summary):
         yaxis={"title": {"text": plot_text(row_axis or "")}, "type": "category", "autorange": "reversed"},
         plot_bgcolor="#dddddd",
         title={"text": "grey: no decided run (running, skipped, error or missing)", "font": {"size": 12}},
+    )
+    return fig
+
+
+def ladder_figure(table: pd.DataFrame):
+    """Largest stable lr against size, log-log: each size's bracket as an error bar around lr*, the fitted
+    line extended to the target, and the prediction there with its interval."""
+    import plotly.graph_objects as go
+
+    axis = table.attrs["axis"].split(".")[-1]
+    fig = go.Figure()
+    for i, (combo, r) in enumerate(table.iterrows()):
+        color = LINE_COLORS[i % len(LINE_COLORS)]
+        pts = [p for p in table.attrs["points"][combo] if not pd.isna(p[3])]
+        if pts:
+            sizes, lo, hi, mid = (list(c) for c in zip(*pts))
+            fig.add_trace(
+                go.Scatter(
+                    x=sizes,
+                    y=mid,
+                    mode="markers",
+                    name=plot_text(f"{combo}: measured"),
+                    marker={"color": color, "size": 8},
+                    error_y={
+                        "type": "data",
+                        "symmetric": False,
+                        "array": [h - m for h, m in zip(hi, mid)],
+                        "arrayminus": [m - lo_ for m, lo_ in zip(mid, lo)],
+                    },
+                )
+            )
+        if pd.isna(r.exponent) or not pts:
+            continue
+        x_end = r.target if not pd.isna(r.predicted_lr) else max(sizes)
+        xs = np.geomspace(min(sizes), x_end, 30)
+        # least squares passes through the centroid of the fitted points (log-log)
+        ys_fit = np.exp(np.mean(np.log(mid)) + r.exponent * (np.log(xs) - np.mean(np.log(sizes))))
+        fig.add_trace(
+            go.Scatter(
+                x=xs,
+                y=ys_fit,
+                mode="lines",
+                name=plot_text(f"{combo}: fit, exponent {r.exponent:.2f}"),
+                line={"color": color, "dash": "dash"},
+            )
+        )
+        if not pd.isna(r.predicted_lr):
+            err = (
+                {}
+                if pd.isna(r.low)
+                else {
+                    "error_y": {
+                        "type": "data",
+                        "symmetric": False,
+                        "array": [r.high - r.predicted_lr],
+                        "arrayminus": [r.predicted_lr - r.low],
+                    }
+                }
+            )
+            fig.add_trace(
+                go.Scatter(
+                    x=[r.target],
+                    y=[r.predicted_lr],
+                    mode="markers",
+                    name=plot_text(f"{combo}: predicted at {axis} {r.target:g}"),
+                    marker={"color": color, "size": 11, "symbol": "diamond-open"},
+                    **err,
+                )
+            )
+    fig.update_xaxes(type="log", title_text=axis)
+    fig.update_yaxes(type="log", title_text="largest stable lr", tickformat=".1e")
+    fig.update_layout(
+        title={"text": "Frontier across sizes", "font": {"size": 14}},
+        height=480,
+        margin={"l": 70, "r": 10, "t": 50, "b": 50},
+        legend={"font": {"size": 10}},
     )
     return fig
 
@@ -291,7 +369,7 @@ def _eval_bands(curves: list, df_lr: pd.Series, lrs: list) -> list[tuple[float, 
 
 
 def _add_band(fig, band: pd.DataFrame, color: str, name: str, row: int) -> None:
-    """The noise band of one lr's replicates: mean ± sd of their eval losses, shaded translucent over the runs' lines."""
+    """The noise band of one lr's replicates: mean ± sd of their eval losses, translucent over the runs' lines."""
     import plotly.graph_objects as go
 
     rgb = tuple(int(color[i : i + 2], 16) for i in (1, 3, 5))

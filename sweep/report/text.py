@@ -15,6 +15,7 @@ from pathlib import Path
 
 import pandas as pd
 
+from sweep.report.ladder import ladder_lines
 from sweep.report.noise import quality_column, quality_name
 from sweep.report.summary import Summary
 
@@ -27,6 +28,7 @@ TITLES = {
     "lr_sensitivity": "LR sensitivity",
     "toggles": "Effect of each toggle",
     "root_causes": "Root causes",
+    "ladder": "Frontier across sizes",
 }
 
 
@@ -48,6 +50,10 @@ def explanations(s: Summary) -> dict[str, str]:
         f"lr-grid steps; eval_change: mean relative change of the {q} from a to b over pairs stable on both "
         "sides, eval_noise: 2 standard errors of it; quality: tie when within noise (or under 0.1%)",
         "root_causes": "diverged runs: verdict x where it first went wrong",
+        "ladder": "per combination of the other axes: log(largest stable lr) fitted against log(size) over the "
+        "sizes whose lr bracket is closed (lr* = sqrt(max stable x min diverging)); exponent = slope; the "
+        "prediction at the target size with its interval (Student t, residual + bracket variance; 3+ sizes); "
+        "an extrapolation, not a measurement (docs/ladder.md)",
     }
 
 
@@ -58,6 +64,7 @@ def tables(s: Summary) -> dict[str, pd.DataFrame]:
         "lr_sensitivity": s.lr_sensitivity,
         "toggles": s.toggles,
         "root_causes": s.root_causes,
+        "ladder": s.ladder,
     }
 
 
@@ -70,6 +77,8 @@ def render_text(s: Summary, width: int = WIDTH) -> str:
             continue
         head = textwrap.fill(f"{TITLES[key]} ({notes[key]})", width, subsequent_indent="  ")
         parts += ["", head, table_text(table, index=key != "toggles", width=width)]
+        if key == "ladder":
+            parts += [textwrap.fill(line, width, subsequent_indent="  ") for line in ladder_lines(table)]
     parts += ["", "Recommendation", textwrap.fill(s.recommendation.line, width, subsequent_indent="  ")]
     return "\n".join(parts)
 
@@ -91,6 +100,8 @@ def render_markdown(s: Summary, title: str = "Sweep summary") -> str:
                 "",
                 to_markdown(table, index=key != "toggles"),
             ]
+            if key == "ladder":
+                md += ["", *(f"- {md_escape(line)}" for line in ladder_lines(table))]
     md += ["", "## Recommendation", "", md_escape(s.recommendation.line)]
     return "\n".join(md) + "\n"
 
@@ -131,6 +142,7 @@ def write_summary(sweep_dir: Path, s: Summary) -> list[Path]:
         "lr_sensitivity": s.lr_sensitivity,
         "toggles": s.toggles,
         "root_causes": s.root_causes,
+        "ladder": s.ladder,
     }
     for key, table in long_forms.items():
         if not table.empty:

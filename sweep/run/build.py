@@ -134,6 +134,8 @@ def build_parts(run: RunConfig, device: torch.device, policy: PrecisionPolicy, s
             qk_norm=m.qk_norm,
             attention=run.attention.backend.value,
             modulate=run.modulate.impl.value,
+            width=m.width,
+            depth=m.depth,
         )
     if m.qk_gain != 1.0:
         scale_query_key(model, m.qk_gain)
