@@ -206,14 +206,23 @@ def check_budget(released: Released, n_params: int, budget: int = PARAM_BUDGET) 
     kw = released.kwargs
     present = [k for k in SIZE_KEYS if k in kw and kw[k] is not None]
     now = ", ".join(f"{k}={kw[k]}" for k in present)
+    suggested = {**SUGGESTED, "attention_head_dim": 32}
+    if kw.get("rope_axes_dim"):  # its axes must sum to the head dim: the released split, scaled to 32
+        suggested["rope_axes_dim"] = _scaled_split(list(kw["rope_axes_dim"]), 32)
     example = ",".join(
-        f"{k}:{v}" for k, v in {**SUGGESTED, "attention_head_dim": 32}.items() if k in kw and kw[k] is not None
+        f"{k}:{json.dumps(v).replace(' ', '')}" for k, v in suggested.items() if k in kw and kw[k] is not None
     )
     raise DiffusersConfigError(
         "model.shrink",
         f"{released.cls_name} from {released.path} would have {n_params / 1e6:,.0f}M parameters, over the "
         f"{budget / 1e6:.0f}M a proxy run allows; shrink it, e.g. 'model.shrink={{{example}}}' (now {now})",
     )
+
+
+def _scaled_split(parts: list[int], total: int) -> list[int]:
+    """`parts` scaled to sum to `total`, each even (a rotary axis rotates pairs), the remainder on the last."""
+    scaled = [max(2, 2 * round(p * total / sum(parts) / 2)) for p in parts[:-1]]
+    return [*scaled, total - sum(scaled)]
 
 
 def build_from_config(

@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import re
 import subprocess
 import sys
 
@@ -65,9 +66,13 @@ def shrink_override(shrink: dict) -> str:
 
 
 def released_run(stem: str, *extra: str, shrink: dict | None = None):
+    return make_run(*released_run_overrides(stem, *extra, shrink=shrink))
+
+
+def released_run_overrides(stem: str, *extra: str, shrink: dict | None = None) -> list[str]:
     name, default, _ = RELEASED[stem]
     data = ["data=synthetic_image", "data.frames=1"] if ZOO[name].is_image else []
-    return make_run(
+    return [
         "model=diffusers_config",
         f"model.config={path(stem)}",
         shrink_override(default if shrink is None else shrink),
@@ -76,7 +81,7 @@ def released_run(stem: str, *extra: str, shrink: dict | None = None):
         "threads=1",
         "eval.samples=2",
         *extra,
-    )
+    ]
 
 
 def op_names(fn) -> dict[str, int]:
@@ -234,6 +239,8 @@ def test_an_unshrunk_released_config_is_refused_with_the_keys_to_shrink(stem):
     message = str(err.value)
     assert message.startswith("model.shrink: ") and f"over the {PARAM_BUDGET // 10**6}M" in message, message
     assert "model.shrink={num_layers:2," in message and "num_layers=" in message and "\n" not in message
+    suggested = re.search(r"'(model\.shrink=\{.*?\})'", message).group(1)  # and the suggestion runs
+    check_inputs(make_run(*[o for o in released_run_overrides(stem) if not o.startswith("model.shrink")], suggested))
 
 
 def test_a_shrink_the_class_cannot_run_is_one_line_before_any_run():
@@ -258,6 +265,7 @@ def test_the_probe_leaves_the_global_rng_as_it_was():
     assert torch.equal(after, torch.rand(1))
 
 
+@pytest.mark.slow
 def test_cli_unknown_class_in_a_grid_is_one_line_and_exit_2_before_any_run(tmp_path):
     (tmp_path / "foo.json").write_text('{"_class_name": "FooTransformer3DModel"}')
     proc = subprocess.run(
