@@ -334,3 +334,15 @@ def test_a_zoo_models_own_config_as_a_file_builds_the_zoo_model(name, tmp_path):
     assert all(a[k].shape == b[k].shape and torch.equal(a[k], b[k]) for k in a), [
         k for k in a if a[k].shape != b[k].shape or not torch.equal(a[k], b[k])
     ]
+
+
+def test_lora_compile_and_packing_treat_it_as_a_diffusers_model(tmp_path):
+    from sweep.run.compiled import compile_unsupported_reason
+    from sweep.run.packing import refusal
+
+    run = released_run("cogvideox_2b", "finetune=lora", "steps=2")
+    r = execute(run, tmp_path, {})
+    assert r.status == "stable", r.reason  # LoRA found diffusers' to_q/to_k/to_v/to_out.0 in the released class
+    assert "cogvideox_2b.json is a diffusers model" in refusal(released_run("cogvideox_2b"))
+    compiled = released_run("cogvideox_2b", "compile=true")
+    assert "model.arch=diffusers_config" in compile_unsupported_reason(compiled, torch.device("cpu"))
