@@ -141,6 +141,7 @@ class Released:
     """ZOO key of the class."""
     cls_name: str
     kwargs: dict
+    shrink: dict = field(default_factory=dict)
     ignored: list = field(default_factory=list)
     """File keys the class's __init__ does not take (left out)."""
 
@@ -184,19 +185,38 @@ def resolve(
     tiny = spec.config(channels, frames, height, width, patch_size)
     kwargs.update({k: tiny[k] for k in spec.data_keys})
     kwargs.update(dict(spec.fixed))
+    heads, head_dim = kwargs.get("num_attention_heads"), kwargs.get("attention_head_dim")
     for key in spec.hidden_tied:
-        kwargs[key] = kwargs["num_attention_heads"] * kwargs["attention_head_dim"]
+        if not (isinstance(heads, int) and isinstance(head_dim, int)):
+            raise DiffusersConfigError(
+                "model.shrink",
+                f"{spec.cls_name}: num_attention_heads and attention_head_dim must be integers (they set {key}), "
+                f"got {heads!r} and {head_dim!r}",
+            )
+        kwargs[key] = heads * head_dim
     ignored = sorted(k for k in config if not k.startswith("_") and k not in params)
-    return Released(str(path), name, spec.cls_name, kwargs, ignored)
+    return Released(str(path), name, spec.cls_name, kwargs, dict(shrink), ignored)
 
 
 def count_parameters(released: Released) -> int:
     """Parameters of the model `released` describes, built on the meta device (no memory, ~0.2 s)."""
     import diffusers
 
-    with torch.device("meta"):
-        model = getattr(diffusers, released.cls_name)(**released.kwargs)
+    try:
+        with torch.device("meta"):
+            model = getattr(diffusers, released.cls_name)(**released.kwargs)
+    except Exception as e:  # the class's own checks of its arguments: one line naming the class
+        raise DiffusersConfigError("model.shrink", f"{_what(released)} cannot be built: {_one_line(e)}") from e
     return sum(p.numel() for p in model.parameters())
+
+
+def _what(released: Released) -> str:
+    return f"{released.cls_name} from {released.path} with model.shrink={released.shrink}"
+
+
+def _one_line(e: Exception) -> str:
+    message = str(e).strip().splitlines()[0] if str(e).strip() else ""
+    return f"{type(e).__name__}: {message}"
 
 
 def check_budget(released: Released, n_params: int, budget: int = PARAM_BUDGET) -> None:
@@ -263,11 +283,10 @@ def probe(path: str, shrink: dict, inputs: dict) -> None:
             with torch.no_grad():
                 out = model(x, torch.tensor([500.0]))
         except Exception as e:  # the class's own code: any failure is one line naming the class
-            message = str(e).strip().splitlines()[0] if str(e).strip() else ""
             raise DiffusersConfigError(
                 "model.shrink",
                 f"{model.spec.cls_name} from {path} with model.shrink={shrink} fails on a batch of the data's shape "
-                f"{tuple(x.shape)}: {type(e).__name__}: {message}",
+                f"{tuple(x.shape)}: {_one_line(e)}",
             ) from e
     if out.shape != x.shape:
         raise DiffusersConfigError(

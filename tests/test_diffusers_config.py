@@ -256,6 +256,15 @@ def test_a_shrink_the_class_cannot_run_is_one_line_before_any_run():
     assert "\n" not in message
 
 
+def test_a_shrink_value_the_class_refuses_is_one_line():
+    run = released_run("cogvideox_2b", shrink={**SHRINK, "num_layers": "two"})
+    with pytest.raises(ConfigError) as err:
+        check_inputs(run)
+    message = str(err.value)
+    assert message.startswith("model.shrink: CogVideoXTransformer3DModel from ") and "cannot be built: " in message
+    assert "TypeError" in message and "\n" not in message, message
+
+
 def test_the_probe_leaves_the_global_rng_as_it_was():
     run = released_run("cogvideox_2b", "data.height=4", "data.width=4")  # a shape not probed before
     torch.manual_seed(123)
