@@ -57,6 +57,7 @@ class Arch(str, Enum):
     video_dit = "video_dit"
     diffusers = "diffusers"  # a tiny diffusers transformer, named by model.name (models/diffusers_zoo.py)
     custom = "custom"  # the user's own nn.Module, built by model.target (models/custom.py, docs/models.md)
+    diffusers_config = "diffusers_config"  # a released diffusers transformer, shrunk, from model.config (config.json)
 
 
 class FaultKind(str, Enum):
@@ -188,14 +189,29 @@ class ModelConfig:
     depth: Optional[int] = None
     """Native models: the number of blocks instead of the named size's (even for video_dit: spatial +
     temporal pairs): the size axis of `+ladder=depth`. null = the size's own."""
+    config: Optional[str] = None
+    """arch=diffusers_config only: a released model's transformer/config.json (models/diffusers_config.py)."""
+    shrink: Dict[str, Any] = field(default_factory=dict)
+    """arch=diffusers_config only: keyword arguments that override the file's, e.g. {num_layers: 2}."""
+
+    @property
+    def diffusers_name(self) -> Optional[str]:
+        """The ZOO key (models/diffusers_zoo.py) of a diffusers model, built tiny or from a released config."""
+        if self.arch is Arch.diffusers:
+            return self.name
+        if self.arch is Arch.diffusers_config:
+            from models.diffusers_config import read_config, zoo_name
+
+            return zoo_name(read_config(self.config), self.config)
+        return None
 
     @property
     def is_image(self) -> bool:
         """Whether the model trains on images (B, C, H, W) rather than clips (B, C, F, H, W)."""
-        if self.arch is Arch.diffusers:
+        if self.arch in (Arch.diffusers, Arch.diffusers_config):
             from models.diffusers_zoo import ZOO  # models imports torch; composing a config does not need it
 
-            return ZOO[self.name].is_image
+            return ZOO[self.diffusers_name].is_image
         if self.arch is Arch.custom:  # the factory declares it: `factory.is_image = True` (models/custom.py)
             from models.custom import factory_is_image, load_factory
 
@@ -482,6 +498,7 @@ def register_schemas() -> None:
     # model.kwargs are the custom factory's own keys: Hydra's struct mode would refuse every new one
     # ('model.kwargs={depth:2}' would need a `+`), so that one node is open.
     OmegaConf.set_struct(node.model.kwargs, False)
+    OmegaConf.set_struct(node.model.shrink, False)  # likewise the released class's keys
     ConfigStore.instance().store(name="run_schema", node=node)
 
 
@@ -623,6 +640,7 @@ def validate(run: RunConfig) -> RunConfig:
             f"model.arch=dit trains on images: use data=synthetic_image (frames=1), got {d.frames}",
         )
     _validate_diffusers(run)
+    _validate_diffusers_config(run)
     _validate_custom(run)
     for i, f in enumerate(d.faults):
         _require(
@@ -722,6 +740,8 @@ def check_inputs(run: RunConfig) -> RunConfig:
         _require(Path(resume).is_dir(), "checkpoint.resume_from", f"no such checkpoint directory: {resume}")
     if run.model.arch is Arch.custom:
         _probe_custom(run)
+    if run.model.arch is Arch.diffusers_config:
+        _probe_diffusers_config(run)
     return run
 
 
@@ -742,6 +762,23 @@ def _probe_custom(run: RunConfig) -> None:
         probe_factory(m.target, m.kwargs, inputs)
     except CustomModelError as e:
         raise ConfigError(f"model.target: {e}") from None
+    _PROBED[key] = None
+
+
+def _probe_diffusers_config(run: RunConfig) -> None:
+    """Count the released model's parameters (meta device) against the budget, then build it and run one
+    forward at the data's shape (per distinct file, shrink and data shape): over budget, or a shrink the class
+    cannot run, is one line and exit 2 before any run."""
+    from models.diffusers_config import DiffusersConfigError, probe
+
+    m, inputs = run.model, run.model_inputs
+    key = repr(("diffusers_config", m.config, sorted(m.shrink.items()), sorted(inputs.items())))
+    if key in _PROBED:
+        return
+    try:
+        probe(m.config, m.shrink, inputs)
+    except DiffusersConfigError as e:
+        raise ConfigError(f"{e.key}: {e}") from None
     _PROBED[key] = None
 
 
@@ -857,6 +894,44 @@ def _validate_diffusers(run: RunConfig) -> None:
         )
 
 
+def _validate_diffusers_config(run: RunConfig) -> None:
+    """model.config and model.shrink of a released diffusers config (models/diffusers_config.py): the file, its
+    class and the shrink keys are checked here; the size budget and a forward in check_inputs."""
+    m, d = run.model, run.data
+    if m.arch is not Arch.diffusers_config:
+        _require(
+            m.config is None,
+            "model.config",
+            f"names a released diffusers config: only with model=diffusers_config, got {m.config!r}",
+        )
+        _require(
+            not m.shrink, "model.shrink", f"shrinks a released config: only with model=diffusers_config, got {m.shrink}"
+        )
+        return
+    from models.diffusers_config import DiffusersConfigError, resolve
+
+    try:
+        released = resolve(m.config, m.shrink, **{k: v for k, v in run.model_inputs.items() if k in _SHAPE_KEYS})
+    except DiffusersConfigError as e:
+        raise ConfigError(f"{e.key}: {e}") from None
+    _require(m.size == "tiny", "model.size", f"a released config's size is set by model.shrink, got {m.size!r}")
+    for key, default in _CUSTOM_UNUSED.items():
+        value = getattr(m, key)
+        _require(
+            value == default,
+            f"model.{key}",
+            f"is implemented for the native models only; a diffusers model keeps its own (model.shrink), got {value}",
+        )
+    image = released.spec.is_image
+    use = "an image model: use data=synthetic_image (frames=1)" if image else "a video model: use data=synthetic_video"
+    _require(
+        (d.frames == 1) == image,
+        "data.frames",
+        f"{released.cls_name} ({m.config}) is {use}{'' if image else ' (frames > 1)'}, got {d.frames}",
+    )
+
+
+_SHAPE_KEYS = ("channels", "frames", "height", "width", "patch_size")
 _CUSTOM_UNUSED = {"qk_norm": False, "qk_gain": 1.0}
 
 
