@@ -30,7 +30,7 @@ from pathlib import Path
 from typing import Iterator
 
 from sweep.config import MlflowConfig
-from sweep.run.results import METRIC_COLUMNS, METRICS_FILE, RESULT_FILE, RunResult
+from sweep.run.results import METRIC_COLUMNS, METRICS_FILE, RESULT_FILE, RunResult, TrackerError
 from sweep.run.urls import mask_url
 
 log = logging.getLogger("sweep")
@@ -68,7 +68,7 @@ def requests_to(cfg: MlflowConfig, uri: str) -> Iterator[None]:
     try:
         yield
     except Exception as e:  # noqa: BLE001  (re-raised, masked)
-        raise RuntimeError(_masked(e, uri)) from None
+        raise TrackerError(_masked(e, uri)) from None
     finally:
         for k in ours:
             os.environ.pop(k, None)

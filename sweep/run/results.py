@@ -223,6 +223,10 @@ def read_result(run_dir: Path) -> dict:
     return json.loads((Path(run_dir) / RESULT_FILE).read_text())
 
 
+class TrackerError(RuntimeError):
+    """A tracker's failure, already said in one line with its cause's type (MetricsLog adds no type name)."""
+
+
 class MetricSink(Protocol):
     """Somewhere a run's rows go as it trains (a tracker: sweep/run/tensorboard_sink.py, mlflow_sink.py).
 
@@ -315,8 +319,9 @@ class MetricsLog:
             getattr(sink, method)(*args)
             return True
         except Exception as e:  # noqa: BLE001  (a tracker never fails a run: server down, disk full, a bug)
-            reason = (str(e).strip().splitlines() or [type(e).__name__])[0][:300]
-            self.logging[sink.name] = f"failed: {type(e).__name__}: {reason}"
+            reason = (str(e).strip().splitlines() or [""])[0]
+            reason = reason if isinstance(e, TrackerError) else f"{type(e).__name__}: {reason}"
+            self.logging[sink.name] = f"failed: {reason[:300]}"
             log.warning("logger %s failed, the run goes on without it: %s", sink.name, self.logging[sink.name])
             return False
 
