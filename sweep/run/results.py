@@ -333,6 +333,8 @@ class CsvStream:
         self.path, self.started = path, False
 
     def append(self, rows: list[dict]) -> None:
+        if not self.started:
+            self.path.parent.mkdir(parents=True, exist_ok=True)
         with self.path.open("a" if self.started else "w", newline="") as f:
             w = csv.DictWriter(f, fieldnames=METRIC_COLUMNS, extrasaction="ignore", restval="")
             if not self.started:
