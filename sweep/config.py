@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import copy
 import dataclasses
+import importlib.util
 import math
 import os
 import typing
@@ -675,6 +676,12 @@ def validate(run: RunConfig) -> RunConfig:
     _require(lg.mlflow.timeout_s > 0, "logger.mlflow.timeout_s", f"must be > 0, got {lg.mlflow.timeout_s}")
     _require(lg.mlflow.retries >= 0, "logger.mlflow.retries", f"must be >= 0, got {lg.mlflow.retries}")
     _require(bool(lg.tensorboard.dir), "logger.tensorboard.dir", "must name a folder inside the run directory")
+    for name, package in (("tensorboard", "tensorboard"), ("mlflow", "mlflow")):
+        _require(
+            not getattr(lg, name).enabled or importlib.util.find_spec(package) is not None,
+            "logger",
+            f"{name} is not installed: pip install -e '.[tracking]' (docs/loggers.md)",
+        )
     return run
 
 

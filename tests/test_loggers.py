@@ -1,7 +1,8 @@
 """logger=tensorboard|mlflow (docs/loggers.md): every run's curves and verdict where users already look.
 
-A real `mlflow server` (SQLite backend, 127.0.0.1, a free port) starts once for this module, in the
-background while the tests that need no server run. Grids run in this process (multirun_in_process).
+A real `mlflow server` (SQLite backend, 127.0.0.1, a free port; tests/mlflow_server.py) starts in the
+background as soon as this module is collected, and serves the whole module. Grids run in this process
+(multirun_in_process).
 The last test kills the server in the middle of a sweep: keep it last.
 """
 
@@ -10,13 +11,8 @@ from __future__ import annotations
 import csv
 import json
 import math
-import os
-import signal
 import socket
-import subprocess
 import sys
-import time
-import urllib.request
 from pathlib import Path
 
 import pytest
@@ -28,55 +24,18 @@ from sweep.run.results import METRIC_COLUMNS, METRICS_FILE, MetricsLog, RunResul
 from sweep.run.trackers import open_sinks
 
 from .conftest import compose_cfg, make_run, multirun_in_process
+from .mlflow_server import MlflowServer, stop_early, take_early
 
 GRID = ["precision=fp32,fp16_pure", "optim.lr=1e-4,1e-3", "steps=6"]  # 2 stable, 2 diverged (nan at step 1)
 COLUMNS = [c for c in METRIC_COLUMNS if c != "step"]
 
 
-class MlflowServer:
-    """`mlflow server` in its own process group (its uvicorn worker is a child process)."""
-
-    def __init__(self, root: Path) -> None:
-        with socket.socket() as s:
-            s.bind(("127.0.0.1", 0))
-            self.port = s.getsockname()[1]
-        self.uri = f"http://127.0.0.1:{self.port}"
-        self.log = root / "server.log"
-        cmd = [sys.executable, "-m", "mlflow", "server", "--host", "127.0.0.1", "--port", str(self.port)]
-        cmd += ["--backend-store-uri", f"sqlite:///{root / 'mlflow.db'}", "--artifacts-destination", str(root / "art")]
-        cmd += ["--workers", "1"]
-        env = {**os.environ, "MLFLOW_SERVER_ENABLE_JOB_EXECUTION": "false"}  # no job-runner processes
-        self.proc = subprocess.Popen(
-            cmd, cwd=root, env=env, stdout=self.log.open("w"), stderr=subprocess.STDOUT, start_new_session=True
-        )
-        self.ready = False
-
-    def wait(self, timeout_s: float = 150) -> str:
-        deadline = time.monotonic() + timeout_s
-        while not self.ready:
-            if self.proc.poll() is not None:
-                pytest.fail(f"mlflow server exited ({self.proc.returncode}):\n{self.log.read_text()[-3000:]}")
-            if time.monotonic() > deadline:
-                pytest.fail(f"mlflow server not up after {timeout_s} s:\n{self.log.read_text()[-3000:]}")
-            try:
-                with urllib.request.urlopen(f"{self.uri}/health", timeout=2) as r:
-                    self.ready = r.status == 200
-            except OSError:
-                time.sleep(0.25)
-        return self.uri
-
-    def kill(self) -> None:
-        if self.proc.poll() is None:
-            os.killpg(self.proc.pid, signal.SIGKILL)  # its own group: the server and its worker, nothing else
-        self.proc.wait(timeout=30)
-
-
 @pytest.fixture(scope="module", autouse=True)
-def server(tmp_path_factory):
-    """Started before this module's first test; `uri` below waits for it."""
-    s = MlflowServer(tmp_path_factory.mktemp("mlflow_server"))
+def server():
+    """Started by conftest when this module was collected (tests/mlflow_server.py); `uri` waits for it."""
+    s = take_early()
     yield s
-    s.kill()
+    stop_early()
 
 
 @pytest.fixture(scope="module")

@@ -13,10 +13,12 @@ The sweep's parent run is made when the multirun starts (sweep.callbacks.Tracker
 `start_sweep_run`), and its ids are left in <sweep dir>/mlflow_parent.json for the jobs, whichever
 process or node runs them; it ends with the sweep's counts as tags and summary.md as an artifact.
 
-A tracker that fails never fails a run: MetricsLog turns the exception into a warning and result.json's
-`logging`. So that a dead server costs seconds, not MLflow's default of 7 retries with exponential
-backoff and a 120 s timeout, requests here run with `retries` and `timeout_s` unless the user's
-environment sets MLflow's own variables. A URL's password is masked in every message (sweep.run.urls).
+Batches go to the server from a sender thread of the run's own, so the training loop only queues them;
+the run's end waits for them before it logs the verdict. A tracker that fails never fails a run:
+MetricsLog turns the exception into a warning and result.json's `logging`. So that a dead server
+costs seconds, not MLflow's default of 7 retries with exponential backoff and a 120 s timeout,
+requests here run with `retries` and `timeout_s` unless the user's environment sets MLflow's own
+variables. A URL's password is masked in every message (sweep.run.urls).
 """
 
 from __future__ import annotations
@@ -25,6 +27,8 @@ import contextlib
 import json
 import logging
 import os
+import queue
+import threading
 import time
 from pathlib import Path
 from typing import Iterator
@@ -178,6 +182,9 @@ class MlflowSink:
         self.uri = tracking_uri(cfg, sweep_dir)
         self.client = None
         self.run_id: str | None = None
+        self._queue: queue.SimpleQueue = queue.SimpleQueue()
+        self._sender: threading.Thread | None = None
+        self._error: Exception | None = None
 
     def start(self) -> None:
         from mlflow.entities import Param
@@ -198,8 +205,10 @@ class MlflowSink:
                 self.client.log_batch(self.run_id, params=params[i : i + MAX_PARAMS])
 
     def write(self, rows: list[dict]) -> None:
+        """Queue the rows' metrics for the sender thread: the training loop never waits for the server."""
         from mlflow.entities import Metric
 
+        self._raise_if_failed()
         now = int(time.time() * 1000)
         metrics = [
             Metric(key, float(row[key]), now, row["step"])
@@ -207,12 +216,39 @@ class MlflowSink:
             for key in SCALARS
             if row.get(key, "") != "" and row.get(key) is not None
         ]
-        with requests_to(self.cfg, self.uri):
-            for i in range(0, len(metrics), MAX_METRICS):
-                self.client.log_batch(self.run_id, metrics=metrics[i : i + MAX_METRICS])
+        if self._sender is None:
+            self._sender = threading.Thread(target=self._send, name=f"mlflow {self.run_name[:40]}", daemon=True)
+            self._sender.start()
+        self._queue.put(metrics)
+
+    def _send(self) -> None:
+        """The sender thread: one log_batch per 1000 metrics; after a failure it only drains the queue."""
+        while (metrics := self._queue.get()) is not None:
+            if self._error is not None:
+                continue
+            try:
+                with requests_to(self.cfg, self.uri):
+                    for i in range(0, len(metrics), MAX_METRICS):
+                        self.client.log_batch(self.run_id, metrics=metrics[i : i + MAX_METRICS])
+            except Exception as e:  # noqa: BLE001  (raised in the run's thread by the next write or finish)
+                self._error = e
+
+    def _raise_if_failed(self) -> None:
+        if self._error is not None:
+            raise self._error
+
+    def _drain(self) -> None:
+        """Wait until every queued metric is sent (or failed)."""
+        if self._sender is not None:
+            self._queue.put(None)
+            self._sender.join()
+            self._sender = None
+        self._raise_if_failed()
 
     def finish(self, result: RunResult, out_dir: Path) -> None:
         from mlflow.entities import RunTag
+
+        self._drain()
 
         cause = result.cause or {}
         values = {
