@@ -156,6 +156,9 @@ def test_a_password_in_the_tracking_uri_never_reaches_the_result_or_the_log(tmp_
     metrics = MetricsLog(tmp_path, open_sinks(run.logger, tmp_path, tmp_path, {}, "x"))
     assert metrics.logging["mlflow"].startswith("failed: ") and "127.0.0.1" in metrics.logging["mlflow"]
     assert "s3cret" not in metrics.logging["mlflow"] and "s3cret" not in caplog.text
+    from sweep.__main__ import literal_password_arg  # and on the command line it is refused before Hydra saves it
+
+    assert literal_password_arg([f"logger.mlflow.tracking_uri={secret_uri}"]) == "logger.mlflow.tracking_uri"
 
 
 # --- with the server ---
