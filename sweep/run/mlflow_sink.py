@@ -131,8 +131,13 @@ def start_sweep_run(cfg: MlflowConfig, sweep_dir: Path, command: str) -> str:
         client = _client(uri)
         parent = read_parent(sweep_dir)
         if parent is not None:
-            client.update_run(parent["run_id"], status=RunStatus.to_string(RunStatus.RUNNING))
-            return parent["run_id"]
+            try:
+                client.update_run(parent["run_id"], status=RunStatus.to_string(RunStatus.RUNNING))
+                return parent["run_id"]
+            except Exception as e:  # noqa: BLE001  (deleted, or another tracking server now: a new parent)
+                log.warning(
+                    "logger mlflow: the sweep's earlier parent run is gone (%s); starting a new one", _masked(e, uri)
+                )
         exp = experiment_id(client, experiment_name(cfg, sweep_dir), sweep_dir, uri)
         tags = {"sweep_dir": str(Path(sweep_dir).resolve()), "command": command[:5000]}
         run = client.create_run(exp, run_name=f"sweep {Path(sweep_dir).name}", tags=tags)
