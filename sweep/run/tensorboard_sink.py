@@ -2,12 +2,14 @@
 
     python -m sweep -m logger=tensorboard optim.lr=1e-4,1e-3,1e-2 && tensorboard --logdir <sweep dir>
 
-Every metrics.csv column is a scalar of the same name, at the same steps (blank cells are left out), in
-double precision, so the event files hold exactly the numbers of metrics.csv. At the end the run writes
-its verdict and first bad step as text (tag `verdict`) and an HParams session: the swept params plus
-`status`, `verdict` and `first_bad_step` as its hparams, so TensorBoard's HParams tab shows the sweep's
-table, one row per run, with the last value of every scalar. torch's SummaryWriter writes the files;
-this module is imported only when logger=tensorboard is chosen.
+Every metrics.csv column is a scalar of the same name, at the same steps (blank cells are left out).
+TensorBoard scalars are float32: its default (fast, Rust) loader shows no double-precision scalar at all
+(tensorboard 2.21, tensorboard-data-server 0.7.2), so each value is metrics.csv's rounded to float32 once,
+which for the values computed in fp32 (loss, grad_norm, attention stats) is the same number exactly.
+At the end the run writes its verdict and first bad step as text (tag `verdict`) and an HParams
+session: the swept params plus `status`, `verdict` and `first_bad_step` as its hparams, so TensorBoard's
+HParams tab shows the sweep's table, one row per run, with the last value of every scalar. torch's
+SummaryWriter writes the files; this module is imported only when logger=tensorboard is chosen.
 """
 
 from __future__ import annotations
@@ -47,7 +49,7 @@ class TensorBoardSink:
             for key in SCALARS:
                 value = row.get(key, "")
                 if value != "" and value is not None:
-                    add(key, float(value), step, new_style=True, double_precision=True)
+                    add(key, float(value), step)  # float32: TensorBoard's own loader drops doubles
             self.last_step = step
         self.writer.flush()
 
