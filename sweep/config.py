@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import copy
 import dataclasses
+import importlib.util
 import math
 import os
 import typing
@@ -402,6 +403,44 @@ class LedgerConfig:
 
 
 @dataclass
+class TensorBoardConfig:
+    """Event files per run (sweep/run/tensorboard_sink.py): `tensorboard --logdir <sweep dir>` shows them all."""
+
+    enabled: bool = False
+    dir: str = "tensorboard"
+    """The event files' folder, inside the run directory."""
+
+
+@dataclass
+class MlflowConfig:
+    """Each run an MLflow run, nested under one parent run per sweep (sweep/run/mlflow_sink.py)."""
+
+    enabled: bool = False
+    tracking_uri: Optional[str] = None
+    """null = $MLFLOW_TRACKING_URI, else sqlite:///<sweep dir>/mlflow.db. A password goes in the environment
+    (MLFLOW_TRACKING_PASSWORD, or tracking_uri='${oc.env:MY_URI}'), never on the command line."""
+    experiment: Optional[str] = None
+    """The MLflow experiment of the sweep; null = the sweep directory's path (as the ledger's study)."""
+    timeout_s: int = 10
+    """Per HTTP request to the tracking server; a server that does not answer costs this once per run."""
+    retries: int = 1
+    """HTTP retries per request (MLflow's own default of 7 with backoff waits minutes on a dead server)."""
+
+
+@dataclass
+class LoggerConfig:
+    """Trackers that get every run's curves and verdict (conf/logger/, docs/loggers.md): logger=none (default),
+    tensorboard, mlflow, or several as a list: 'logger=[tensorboard,mlflow]'."""
+
+    tensorboard: TensorBoardConfig = field(default_factory=TensorBoardConfig)
+    mlflow: MlflowConfig = field(default_factory=MlflowConfig)
+    flush_every: int = 50
+    """Rows sent to the trackers (and appended to metrics.csv) in one batch ..."""
+    flush_s: float = 10.0
+    """... or after this many seconds, whichever comes first; the rest at the end of the run."""
+
+
+@dataclass
 class ScenarioExpect:
     """One expected outcome of a scenario: the runs whose params match `when` must end like this."""
 
@@ -476,6 +515,7 @@ class RunConfig:
     ladder: LadderConfig = field(default_factory=LadderConfig)
     scenario: ScenarioConfig = field(default_factory=ScenarioConfig)
     ledger: LedgerConfig = field(default_factory=LedgerConfig)
+    logger: LoggerConfig = field(default_factory=LoggerConfig)
 
     @property
     def model_inputs(self) -> dict:
@@ -709,6 +749,18 @@ def validate(run: RunConfig) -> RunConfig:
         f"must be a database URL (sqlite:///..., postgresql://...) or a journal file ending in .log, got {st!r}",
     )
     validate_pruner(run.ledger.pruner, "ledger.pruner")
+    lg = run.logger
+    _require(lg.flush_every > 0, "logger.flush_every", f"must be > 0, got {lg.flush_every}")
+    _require(lg.flush_s >= 0, "logger.flush_s", f"must be >= 0, got {lg.flush_s}")
+    _require(lg.mlflow.timeout_s > 0, "logger.mlflow.timeout_s", f"must be > 0, got {lg.mlflow.timeout_s}")
+    _require(lg.mlflow.retries >= 0, "logger.mlflow.retries", f"must be >= 0, got {lg.mlflow.retries}")
+    _require(bool(lg.tensorboard.dir), "logger.tensorboard.dir", "must name a folder inside the run directory")
+    for name, package in (("tensorboard", "tensorboard"), ("mlflow", "mlflow")):
+        _require(
+            not getattr(lg, name).enabled or importlib.util.find_spec(package) is not None,
+            "logger",
+            f"{name} is not installed: pip install -e '.[tracking]' (docs/loggers.md)",
+        )
     return run
 
 

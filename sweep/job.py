@@ -24,6 +24,7 @@ from sweep.config import ConfigError, RunConfig, check_inputs, enum_choices, to_
 from sweep.errors import exiting_on_config_error
 from sweep.run.execute import execute
 from sweep.run.results import hold_run_dir, release_run_dir
+from sweep.run.trackers import open_sinks
 from sweep.search.ledger import mask_url, record_run, storage_url
 from sweep.search.pruning import pruning_hooks
 
@@ -35,7 +36,7 @@ def swept_params(cfg: DictConfig, overrides: list[str], choices: dict) -> dict:
     params = {}
     for override in OverridesParser.create().parse_overrides(overrides):
         key = override.key_or_group
-        if key.startswith(("hydra", "ledger")) or override.is_delete():
+        if key.startswith(("hydra", "ledger", "logger")) or override.is_delete():
             continue
         if key in choices:
             params[key] = choices[key]
@@ -95,8 +96,15 @@ def run_job(cfg: DictConfig) -> dict:
     """The Hydra task function: run the composed config in Hydra's job directory; returns result.json's content."""
     job = job_spec_task(cfg)
     # pruning_hooks: reports to the ledger's trial, only with our sweeper's pruner (sweep/search/pruning.py)
-    result = execute(job.run, job.run_dir, job.params, label=job.label, hooks=pruning_hooks(job.run, job.sweep_dir))
+    hooks = pruning_hooks(job.run, job.sweep_dir)
+    result = execute(job.run, job.run_dir, job.params, label=job.label, hooks=hooks, sinks=job_sinks(job))
     return finish_job(job, result)
+
+
+def job_sinks(job: JobSpec) -> list:
+    """The trackers of `logger` for this job, each run named by its job number and swept params."""
+    name = f"{job.num}: {job.label}" if job.multirun else job.label or job.run_dir.name
+    return open_sinks(job.run.logger, job.run_dir, job.sweep_dir, job.params, name)
 
 
 def finish_job(job: JobSpec, result) -> dict:

@@ -13,7 +13,7 @@ from sweep.config import ConfigError, RunConfig
 
 from .conftest import CONF_DIR, REPO, make_run
 
-GROUPS = ["precision", "attention", "modulate", "model", "data", "optim", "objective", "monitor"]
+GROUPS = ["precision", "attention", "modulate", "model", "data", "optim", "objective", "monitor", "logger"]
 
 
 def options(group: str) -> list[str]:

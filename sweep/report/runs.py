@@ -225,7 +225,7 @@ def _params_from_overrides(path: Path) -> dict:
     return {
         o.key_or_group: o.value()
         for o in parsed
-        if not o.key_or_group.startswith(("hydra", "ledger")) and not o.is_delete()
+        if not o.key_or_group.startswith(("hydra", "ledger", "logger")) and not o.is_delete()
     }
 
 

@@ -31,20 +31,28 @@ from sweep.run.gemm import LOW_PRECISION
 from sweep.run.monitor import Divergence
 from sweep.run.precision import PrecisionPolicy
 from sweep.run.progress import RunProgress
-from sweep.run.results import MetricsLog, RunResult, package_versions, write_result
+from sweep.run.results import MetricSink, MetricsLog, RunResult, package_versions, write_result
 from sweep.run.train import StepHook, train
 
 log = logging.getLogger("sweep")
 
 
-def execute(run: RunConfig, out_dir: Path, params: dict, label: str = "", hooks: Sequence[StepHook] = ()) -> RunResult:
+def execute(
+    run: RunConfig,
+    out_dir: Path,
+    params: dict,
+    label: str = "",
+    hooks: Sequence[StepHook] = (),
+    sinks: Sequence[MetricSink] = (),
+) -> RunResult:
     """Run one config and write its files; the returned result is what result.json holds.
 
-    `hooks` act after every training step (sweep.run.train.StepHook).
+    `hooks` act after every training step (sweep.run.train.StepHook); `sinks` get the metrics rows as the run
+    goes, and its verdict at the end (the trackers of `logger`, sweep/run/trackers.py).
     """
     out_dir = Path(out_dir)
     start = time.perf_counter()
-    result, metrics = new_result(run, params), MetricsLog()
+    result, metrics = new_result(run, params), new_metrics(run, out_dir, sinks)
     try:
         parts = prepare(run, out_dir, result)
         if parts is None:
@@ -73,6 +81,11 @@ def new_result(run: RunConfig, params: dict) -> RunResult:
     result = RunResult(status="error", params=params, versions=package_versions(), seed=run.seed)
     result.eval = eval_settings(run)
     return result
+
+
+def new_metrics(run: RunConfig, out_dir: Path, sinks: Sequence[MetricSink] = ()) -> MetricsLog:
+    """The run's metrics rows, streamed to metrics.csv and the sinks in batches of `logger.flush_*`."""
+    return MetricsLog(out_dir, sinks, run.logger.flush_every, run.logger.flush_s)
 
 
 def unsupported_reason(run: RunConfig, device: torch.device, policy: PrecisionPolicy) -> str | None:
@@ -158,12 +171,16 @@ def fail(result: RunResult, e: Exception) -> None:
 
 
 def write_outcome(out_dir: Path, result: RunResult, metrics: MetricsLog, start: float) -> None:
-    """result.json always; metrics.csv once training started."""
+    """result.json always; metrics.csv once training started; then the trackers get the verdict and the files."""
     result.seconds = time.perf_counter() - start
     out_dir.mkdir(parents=True, exist_ok=True)
     if metrics.rows:
         metrics.write(out_dir)
+    result.logging = dict(metrics.logging)
     write_result(out_dir, result)
+    if metrics.finish(result, out_dir):  # a tracker failed at the very end: result.json says so
+        result.logging = dict(metrics.logging)
+        write_result(out_dir, result)
 
 
 def _fill_from_metrics(result: RunResult, metrics: MetricsLog, train_seconds: float) -> None:
