@@ -23,6 +23,7 @@ from omegaconf import DictConfig, OmegaConf
 from sweep.config import RunConfig, check_inputs, enum_choices, to_run_config
 from sweep.errors import exiting_on_config_error
 from sweep.run.execute import execute
+from sweep.run.interrupt import StopOnSignal, stopping_on_signals
 from sweep.run.results import hold_run_dir, release_run_dir
 from sweep.search.ledger import mask_url, record_run, storage_url
 from sweep.search.pruning import pruning_hooks
@@ -90,11 +91,25 @@ def job_spec_task(cfg: DictConfig) -> JobSpec:
 
 
 def run_job(cfg: DictConfig) -> dict:
-    """The Hydra task function: run the composed config in Hydra's job directory; returns result.json's content."""
+    """The Hydra task function: run the composed config in Hydra's job directory; returns result.json's content.
+
+    Ctrl-C or SIGTERM stops the run after its current step; its files and trial are written, then the
+    process exits with 128 + the signal's number, ending the sweep (sweep/run/interrupt.py)."""
     job = job_spec_task(cfg)
-    # pruning_hooks: reports to the ledger's trial, only with our sweeper's pruner (sweep/search/pruning.py)
-    result = execute(job.run, job.run_dir, job.params, label=job.label, hooks=pruning_hooks(job.run, job.sweep_dir))
-    return finish_job(job, result)
+    with stopping_on_signals() as request:
+        # pruning_hooks: reports to the ledger's trial, only with our sweeper's pruner (sweep/search/pruning.py)
+        hooks = [*pruning_hooks(job.run, job.sweep_dir), StopOnSignal(request, job.run.steps)]
+        result = execute(job.run, job.run_dir, job.params, label=job.label, hooks=hooks)
+        returned = finish_job(job, result)
+    if request.signum is not None:
+        log.warning(
+            "%s: stopped%s; run the same command again to resume the unfinished %s",
+            request.name,
+            f" {job.run_dir} after step {result.interrupted_at_step}" if result.status == "interrupted" else "",
+            "cells" if job.multirun else "run",
+        )
+        raise SystemExit(128 + request.signum)
+    return returned
 
 
 def finish_job(job: JobSpec, result) -> dict:

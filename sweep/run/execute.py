@@ -132,8 +132,12 @@ def conclude(
     if divergence is None:
         result.status = "stable"
         pruned = next((h.pruned for h in hooks if getattr(h, "pruned", None) is not None), None)
+        interrupted = next((h.interrupted for h in hooks if getattr(h, "interrupted", None) is not None), None)
         if pruned is not None:  # stopped early by the sweeper's pruner: not a verdict (sweep/search/pruning.py)
             result.status, result.reason, result.pruned_at_step = "skipped", pruned.reason, pruned.step
+        elif interrupted is not None:  # Ctrl-C or SIGTERM: the files hold the steps run (sweep/run/interrupt.py)
+            result.status, result.reason = "interrupted", interrupted.reason
+            result.interrupted_at_step = interrupted.step
     else:
         result.status = "diverged"
         result.verdict, result.first_bad_step = divergence.verdict, divergence.step

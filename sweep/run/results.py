@@ -70,7 +70,7 @@ def json_safe(value):
 class RunResult:
     """The outcome of one run."""
 
-    status: str  # stable | diverged | skipped | error
+    status: str  # stable | diverged | skipped | error | interrupted
     verdict: str | None = None
     first_bad_step: int | None = None
     cause: dict | None = None
@@ -109,6 +109,8 @@ class RunResult:
     diverged run the last evaluation before its first bad step; null when none was made."""
     eval: dict | None = None
     """The eval settings (enabled, every, samples, seed, batch_size), the clips, and `reason` when disabled."""
+    interrupted_at_step: int | None = None
+    """The last step run before SIGINT/SIGTERM stopped this run (status interrupted; sweep/run/interrupt.py)."""
 
     def to_dict(self) -> dict:
         d = asdict(self)

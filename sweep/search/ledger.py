@@ -185,6 +185,7 @@ def trial_user_attrs(result: dict, run_dir: Path) -> dict:
         "seed": result.get("seed"),
         "reason": result.get("reason"),
         "pruned_at_step": result.get("pruned_at_step"),
+        "interrupted_at_step": result.get("interrupted_at_step"),
         "run_dir": str(Path(run_dir).resolve()),
         "params": result.get("params") or {},
     }

@@ -1,0 +1,170 @@
+"""Ctrl-C and SIGTERM during a run or a sweep: the run stops after its step, its files and trial say
+`interrupted` at that step, a second signal exits at once, and the same command resumes the unfinished cells."""
+
+from __future__ import annotations
+
+import csv
+import json
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+
+import optuna
+import pytest
+from optuna.trial import TrialState
+
+from sweep.config import LedgerConfig
+from sweep.run.execute import execute
+from sweep.run.interrupt import StopOnSignal, stopping_on_signals
+from sweep.search.ledger import record_run
+
+from .cluster_servers import sweep_cmd, sweep_env
+from .conftest import REPO, make_run
+
+
+class SignalAt:
+    """A StepHook that sends this process `signum` after `step`, as a user's Ctrl-C would arrive mid-run."""
+
+    def __init__(self, step: int, signum: int) -> None:
+        self.step, self.signum = step, signum
+
+    def after_step(self, step, loss, parts) -> bool:
+        if step == self.step:
+            os.kill(os.getpid(), self.signum)
+        return False
+
+
+def metrics_rows(run_dir) -> list[dict]:
+    with open(run_dir / "metrics.csv") as f:
+        return list(csv.DictReader(f))
+
+
+@pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGTERM])
+def test_a_signal_stops_the_run_after_its_step_with_files_valid_up_to_it(tmp_path, signum):
+    run = make_run("steps=40", "threads=1")
+    before = signal.getsignal(signum)
+    with stopping_on_signals() as request:
+        result = execute(run, tmp_path, {"optim.lr": 1e-3}, hooks=[SignalAt(2, signum), StopOnSignal(request, 40)])
+    assert signal.getsignal(signum) is before  # put back after the job
+    assert request.signum == signum
+
+    saved = json.loads((tmp_path / "result.json").read_text())
+    name = signal.Signals(signum).name
+    assert saved["status"] == "interrupted" and saved["interrupted_at_step"] == 2
+    assert saved["reason"] == f"{name} after step 2 of 40" and saved["verdict"] is None
+    rows = metrics_rows(tmp_path)
+    assert [int(r["step"]) for r in rows] == [0, 1, 2] and saved["steps_run"] == 3
+    assert saved["final_loss"] == pytest.approx(float(rows[-1]["loss"]))
+    assert saved["initial_loss"] == pytest.approx(float(rows[0]["loss"]))
+    assert result.headline() == f"interrupted: {name} after step 2 of 40"
+
+    # Closed in the ledger, as a failed trial that says why: not RUNNING, not a result the sampler learns from.
+    record_run(LedgerConfig(), tmp_path, tmp_path, result.to_dict())
+    (trial,) = optuna.load_study(study_name=str(tmp_path), storage=f"sqlite:///{tmp_path / 'ledger.db'}").trials
+    assert trial.state is TrialState.FAIL
+    assert trial.user_attrs["status"] == "interrupted" and trial.user_attrs["interrupted_at_step"] == 2
+
+
+def test_a_signal_after_the_last_step_interrupts_nothing(tmp_path):
+    run = make_run("steps=3", "threads=1")
+    with stopping_on_signals() as request:
+        result = execute(run, tmp_path, {}, hooks=[SignalAt(2, signal.SIGINT), StopOnSignal(request, 3)])
+    assert result.status == "stable" and result.steps_run == 3 and result.interrupted_at_step is None
+
+
+SECOND_SIGNAL = """
+import sys, time
+from sweep.run.interrupt import stopping_on_signals
+with stopping_on_signals() as request:
+    print("ready", flush=True)
+    time.sleep(60)  # a step that takes long: the first signal waits for it, the second does not
+print("finished the step", flush=True)
+"""
+
+
+def test_a_second_ctrl_c_exits_at_once():
+    proc = subprocess.Popen(
+        [sys.executable, "-c", SECOND_SIGNAL],
+        cwd=REPO,
+        env=sweep_env(),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    assert proc.stdout.readline().strip() == "ready"
+    start = time.monotonic()
+    proc.send_signal(signal.SIGINT)
+    time.sleep(0.3)
+    assert proc.poll() is None  # the first one only asked the step to finish
+    proc.send_signal(signal.SIGINT)
+    out, err = proc.communicate(timeout=10)
+    assert proc.returncode == 128 + signal.SIGINT and time.monotonic() - start < 5
+    assert "finished the step" not in out
+    assert "SIGINT: stopping after the current step (SIGINT again to exit at once)" in err
+    assert "second SIGINT: exiting now" in err
+
+
+def _lines_until(proc, needle: str, seen: list[str], timeout: float = 120) -> None:
+    """Read the process's output until a line holds `needle` (the rest keeps being read in the background)."""
+    found = threading.Event()
+
+    def read():
+        for line in proc.stdout:
+            seen.append(line)
+            if needle in line:
+                found.set()
+        found.set()
+
+    threading.Thread(target=read, daemon=True).start()
+    assert found.wait(timeout), "".join(seen)
+
+
+@pytest.mark.slow
+def test_sigterm_stops_a_sweep_closes_its_trial_and_the_same_command_resumes_the_unfinished_cells(tmp_path):
+    sweep_dir = tmp_path / "sweep"
+    axes = ["hydra.sweeper.sampler.name=grid", "optim.lr=choice(1e-3,2e-3)", "progress=log", "log_every=1"]
+    proc = subprocess.Popen(
+        sweep_cmd(sweep_dir, *axes, "steps=400"),
+        cwd=REPO,
+        env=sweep_env(),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
+    seen: list[str] = []
+    try:
+        _lines_until(proc, "step 3/400", seen)
+        proc.send_signal(signal.SIGTERM)  # what Slurm and `timeout` send
+        proc.wait(timeout=60)
+    finally:
+        proc.kill()
+    out = "".join(seen)
+    assert proc.returncode == 128 + signal.SIGTERM, out
+    assert "run the same command again to resume the unfinished cells" in out
+
+    result = json.loads((sweep_dir / "0" / "result.json").read_text())
+    step = result["interrupted_at_step"]
+    assert result["status"] == "interrupted" and 2 <= step < 399
+    rows = metrics_rows(sweep_dir / "0")
+    assert len(rows) == step + 1 == result["steps_run"] and result["final_loss"] == pytest.approx(
+        float(rows[-1]["loss"])
+    )
+    assert not (sweep_dir / "1").exists()  # the sweep stopped: no further cell started
+
+    storage = f"sqlite:///{sweep_dir / 'ledger.db'}"
+    (trial,) = optuna.load_study(study_name=str(sweep_dir), storage=storage).trials
+    assert trial.state is TrialState.FAIL and trial.user_attrs["status"] == "interrupted"
+    lr = trial.params["optim.lr"]
+
+    # The same swept axes (a fixed value such as steps may change): both cells run, the stopped one again.
+    resumed = subprocess.run(
+        sweep_cmd(sweep_dir, *axes, "steps=3"), cwd=REPO, env=sweep_env(), capture_output=True, text=True, timeout=120
+    )
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    trials = optuna.load_study(study_name=str(sweep_dir), storage=storage).trials
+    done = sorted(t.params["optim.lr"] for t in trials if t.state is TrialState.COMPLETE)
+    assert done == [1e-3, 2e-3] and len(trials) == 3 and lr in done
+    assert not any(t.state is TrialState.RUNNING for t in trials)
