@@ -360,6 +360,9 @@ class LedgerConfig:
     """Set by our Optuna sweeper: the trial this run finishes (null: the run adds a trial of its own)."""
     pruner: PrunerConfig = field(default_factory=PrunerConfig)
     """Set by our Optuna sweeper (hydra.sweeper.pruner): report the loss to the trial, stop when pruned."""
+    lock_timeout_s: float = 30.0
+    """How long recording a run waits for a ledger another process holds locked (a SQLite write transaction)
+    before it logs a warning and leaves the trial to be recorded later (sweep/search/pending.py)."""
 
 
 @dataclass
@@ -630,6 +633,8 @@ def validate(run: RunConfig) -> RunConfig:
         f"must be a database URL (sqlite:///..., postgresql://...) or a journal file ending in .log, got {st!r}",
     )
     validate_pruner(run.ledger.pruner, "ledger.pruner")
+    lt = run.ledger.lock_timeout_s
+    _require(lt > 0, "ledger.lock_timeout_s", f"must be > 0, got {lt}")
     return run
 
 

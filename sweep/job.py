@@ -25,7 +25,8 @@ from sweep.errors import exiting_on_config_error
 from sweep.run.execute import execute
 from sweep.run.interrupt import StopOnSignal, stopping_on_signals
 from sweep.run.results import hold_run_dir, release_run_dir
-from sweep.search.ledger import mask_url, record_run, storage_url
+from sweep.search.ledger import is_locked, mask_url, record_run, storage_error_line, storage_url
+from sweep.search.pending import mark_pending
 from sweep.search.pruning import pruning_hooks
 
 log = logging.getLogger("sweep")
@@ -147,11 +148,25 @@ def group_or_enum_choices(key: str) -> list | None:
 
 
 def record(run: RunConfig, sweep_dir: Path, run_dir: Path, result: dict) -> None:
-    """Write the run into the ledger; a ledger failure is logged, never raised (result.json is written)."""
+    """Write the run into the ledger; a ledger failure is logged, never raised (result.json is written),
+    and the trial is left to be recorded later (sweep/search/pending.py)."""
     try:
         record_run(run.ledger, sweep_dir, run_dir, result, group_or_enum_choices, run.monitor.spike_factor)
+        return
     except Exception as e:  # noqa: BLE001
         url = mask_url(storage_url(run.ledger, sweep_dir))
-        log.error(
-            "ledger: could not record %s in %s: %s", run_dir, url, str(e).replace(run.ledger.storage or "\0", url)
+        error = storage_error_line(e).replace(run.ledger.storage or "\0", url)
+        locked = is_locked(e)
+    later = f"it will be recorded at the end of the sweep, or by: python -m sweep.sync_ledger {sweep_dir}"
+    if not mark_pending(run.ledger, sweep_dir, run_dir, run.monitor.spike_factor, error):
+        later = "and it cannot be recorded later"
+    if locked:
+        log.warning(
+            "ledger: %s is locked by another process (waited %g s, ledger.lock_timeout_s); %s is not recorded yet: %s",
+            url,
+            run.ledger.lock_timeout_s,
+            run_dir,
+            later,
         )
+    else:
+        log.error("ledger: could not record %s in %s: %s; %s", run_dir, url, error, later)

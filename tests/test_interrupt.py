@@ -22,7 +22,7 @@ from sweep.run.interrupt import StopOnSignal, stopping_on_signals
 from sweep.search.ledger import record_run
 
 from .cluster_servers import sweep_cmd, sweep_env
-from .conftest import REPO, make_run
+from .conftest import REPO, make_run, multirun_in_process
 
 
 class SignalAt:
@@ -160,10 +160,8 @@ def test_sigterm_stops_a_sweep_closes_its_trial_and_the_same_command_resumes_the
     lr = trial.params["optim.lr"]
 
     # The same swept axes (a fixed value such as steps may change): both cells run, the stopped one again.
-    resumed = subprocess.run(
-        sweep_cmd(sweep_dir, *axes, "steps=3"), cwd=REPO, env=sweep_env(), capture_output=True, text=True, timeout=120
-    )
-    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    # In this process: the same sweep as `python -m sweep -m` without a second interpreter start-up.
+    multirun_in_process(sweep_dir, "hydra/sweeper=optuna_sweep", *axes, "progress=none", "steps=3")
     trials = optuna.load_study(study_name=str(sweep_dir), storage=storage).trials
     done = sorted(t.params["optim.lr"] for t in trials if t.state is TrialState.COMPLETE)
     assert done == [1e-3, 2e-3] and len(trials) == 3 and lr in done
