@@ -8,6 +8,7 @@ started). The statuses, verdicts and files are a contract: docs/design.md, "Verd
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import json
 import logging
@@ -162,12 +163,25 @@ def fail(result: RunResult, e: Exception) -> None:
 
 
 def write_outcome(out_dir: Path, result: RunResult, metrics: MetricsLog, start: float) -> None:
-    """result.json always; metrics.csv once training started."""
+    """result.json always; metrics.csv once training started.
+
+    A file system that refuses them (full, read-only) makes the run an `error` that names why and what the
+    run had come to; it reaches the log and the ledger, and a resume runs the cell again. Never raises."""
     result.seconds = time.perf_counter() - start
-    out_dir.mkdir(parents=True, exist_ok=True)
-    if metrics.rows:
-        metrics.write(out_dir)
-    write_result(out_dir, result)
+    try:
+        out_dir.mkdir(parents=True, exist_ok=True)
+        if metrics.rows:
+            metrics.write(out_dir)
+        write_result(out_dir, result)
+    except OSError as e:
+        outcome = result.headline()
+        result.status, result.reason = (
+            "error",
+            f"{type(e).__name__}: {e} (writing the files of a run that ended {outcome})",
+        )
+        log.error("run files not written in %s: %s", out_dir, result.reason)
+        with contextlib.suppress(OSError):  # result.json may still fit where metrics.csv did not
+            write_result(out_dir, result)
 
 
 def _fill_from_metrics(result: RunResult, metrics: MetricsLog, train_seconds: float) -> None:

@@ -153,8 +153,12 @@ def write_result(out_dir: Path, result: RunResult) -> Path:
     path = Path(out_dir) / RESULT_FILE
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_suffix(".tmp")
-    tmp.write_text(json.dumps(json_safe(result.to_dict()), indent=2, allow_nan=False) + "\n")
-    tmp.replace(path)  # a reader never sees half a file
+    try:
+        tmp.write_text(json.dumps(json_safe(result.to_dict()), indent=2, allow_nan=False) + "\n")
+        tmp.replace(path)  # a reader never sees half a file
+    except OSError:  # a full disk: no half-written .tmp left behind; an earlier result.json stays as it was
+        tmp.unlink(missing_ok=True)
+        raise
     return path
 
 
