@@ -18,7 +18,8 @@ from sweep.job import record
 from sweep.search.pending import PENDING_FILE, pending_runs, record_pending
 from sweep.sync_ledger import main as sync_main
 
-from .conftest import make_run
+from .cluster_servers import LEDGER_FROM_ENV, postgres_url  # noqa: F401  (fixture)
+from .conftest import REPO, make_run
 
 
 def result(status="stable", **kw) -> dict:
@@ -114,3 +115,39 @@ def test_lock_timeout_must_be_positive(value):
 
     with pytest.raises(ConfigError, match="ledger.lock_timeout_s: must be > 0"):
         make_run(f"ledger.lock_timeout_s={value}")
+
+
+@pytest.mark.slow
+def test_postgres_stopped_mid_sweep_loses_no_trial(tmp_path, monkeypatch, postgres_url, capsys):
+    """The server goes down while job 1 trains: jobs 1 and 2 keep their results and leave their trials
+    pending (the log names the cause); once it is back, python -m sweep.sync_ledger records them."""
+    import sweep.job
+
+    from .conftest import multirun_in_process
+
+    sweep_dir = tmp_path / "sweep"
+    real = sweep.job.execute
+
+    def execute(run, out_dir, *args, **kwargs):
+        if out_dir.name == "1":
+            subprocess.run(["bash", str(REPO / "scripts" / "postgres.sh"), "stop"], check=True, capture_output=True)
+        return real(run, out_dir, *args, **kwargs)
+
+    monkeypatch.setattr(sweep.job, "execute", execute)
+    monkeypatch.setenv("SWEEP_LEDGER_URL", postgres_url)
+    try:
+        multirun_in_process(sweep_dir, "optim.lr=1e-3,2e-3,3e-3", "steps=2", LEDGER_FROM_ENV, "ledger.lock_timeout_s=1")
+    finally:
+        subprocess.run(["bash", str(REPO / "scripts" / "postgres.sh")], check=True, capture_output=True)
+    out = "".join(capsys.readouterr())  # Hydra's job logging replaces the handlers caplog would use
+    errors = [line for line in out.splitlines() if "ledger: could not record" in line]
+    assert len(errors) == 2 and all("failed: Connection refused" in e for e in errors), out[-3000:]
+    assert "it will be recorded at the end of the sweep" in errors[0]
+    assert out.count("ledger: still not recorded") == 2  # the sweep's end tried again
+    assert pending_runs(sweep_dir) == [sweep_dir / "1", sweep_dir / "2"]
+    assert all(json.loads((sweep_dir / n / "result.json").read_text())["status"] == "stable" for n in "012")
+
+    assert sync_main([str(sweep_dir)]) == 0  # the URL comes from SWEEP_LEDGER_URL, as it did for the sweep
+    study = optuna.load_study(study_name=str(sweep_dir), storage=postgres_url)
+    assert sorted(t.user_attrs["run_dir"] for t in study.trials) == [str(sweep_dir / n) for n in "012"]
+    assert pending_runs(sweep_dir) == []
