@@ -166,3 +166,30 @@ def test_sigterm_stops_a_sweep_closes_its_trial_and_the_same_command_resumes_the
     done = sorted(t.params["optim.lr"] for t in trials if t.state is TrialState.COMPLETE)
     assert done == [1e-3, 2e-3] and len(trials) == 3 and lr in done
     assert not any(t.state is TrialState.RUNNING for t in trials)
+
+
+def test_ctrl_c_stops_a_grid_and_the_same_command_runs_only_the_unfinished_cells(tmp_path, monkeypatch):
+    import sweep.job
+
+    real, ran = sweep.job.execute, []
+
+    def execute(run, out_dir, *args, hooks=(), **kwargs):
+        ran.append(out_dir.name)
+        if out_dir.name == "1" and len(ran) == 2:  # Ctrl-C while cell 1 trains, the first time only
+            hooks = [SignalAt(1, signal.SIGINT), *hooks]
+        return real(run, out_dir, *args, hooks=hooks, **kwargs)
+
+    monkeypatch.setattr(sweep.job, "execute", execute)
+    grid = ("optim.lr=1e-3,2e-3,3e-3", "steps=4")
+    with pytest.raises(SystemExit) as exit_:
+        multirun_in_process(tmp_path, *grid)
+    assert exit_.value.code == 128 + signal.SIGINT and ran == ["0", "1"]  # no cell after the interrupted one
+    stopped = json.loads((tmp_path / "1" / "result.json").read_text())
+    assert (stopped["status"], stopped["interrupted_at_step"], stopped["steps_run"]) == ("interrupted", 1, 2)
+    first = (tmp_path / "0" / "result.json").read_text()
+
+    ran.clear()
+    multirun_in_process(tmp_path, *grid, "threads=1")  # the same sweep (threads does not change a run)
+    assert ran == ["1", "2"]  # the finished cell 0 is kept, the interrupted one and the rest run
+    assert (tmp_path / "0" / "result.json").read_text() == first
+    assert [json.loads((tmp_path / n / "result.json").read_text())["status"] for n in "12"] == ["stable", "stable"]
