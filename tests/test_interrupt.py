@@ -193,3 +193,18 @@ def test_ctrl_c_stops_a_grid_and_the_same_command_runs_only_the_unfinished_cells
     assert ran == ["1", "2"]  # the finished cell 0 is kept, the interrupted one and the rest run
     assert (tmp_path / "0" / "result.json").read_text() == first
     assert [json.loads((tmp_path / n / "result.json").read_text())["status"] for n in "12"] == ["stable", "stable"]
+
+
+def test_an_interrupted_run_redone_by_a_resume_is_superseded_in_the_report(tmp_path):
+    """The Optuna sweeper redoes an interrupted cell as a new trial in a new directory: the report counts
+    the cell once, by its finished run."""
+    from sweep.report.runs import runs_from_dirs
+    from sweep.run.results import RunResult, write_result
+
+    params = {"optim.lr": 1e-3}
+    write_result(tmp_path / "0", RunResult("interrupted", params=params, reason="SIGINT after step 1 of 9"))
+    write_result(tmp_path / "1", RunResult("stable", params=params, final_loss=0.5, steps_run=9))
+    write_result(tmp_path / "2", RunResult("interrupted", params={"optim.lr": 2e-3}))  # not redone yet
+    runs = runs_from_dirs(tmp_path).set_index("run_dir")
+    assert runs.loc[str((tmp_path / "0").resolve()), "superseded_by"] == str((tmp_path / "1").resolve())
+    assert runs.superseded_by.notna().sum() == 1
