@@ -47,12 +47,12 @@ def read_only_over(run_dir) -> None:
     subprocess.run(["mount", "-t", "tmpfs", "-o", "ro,size=64k", "tmpfs", str(run_dir)], check=True)
 
 
-def sweep_with_fault_at_job_1(monkeypatch, tmp_path, mnt, fault) -> tuple[list, BaseException | None]:
-    """A 3-cell grid in `mnt`, the ledger outside it; `fault(job 1's dir)` strikes while job 1 trains."""
+def sweep_with_fault(monkeypatch, tmp_path, mnt, job: str, fault) -> tuple[list, BaseException | None]:
+    """A 2-cell grid in `mnt`, the ledger outside it; `fault(the job's dir)` strikes while that job trains."""
     real = sweep.job.execute
 
     def execute(run, out_dir, *args, **kwargs):
-        if out_dir.name == "1":
+        if out_dir.name == job:
             fault(out_dir)
         return real(run, out_dir, *args, **kwargs)
 
@@ -60,20 +60,20 @@ def sweep_with_fault_at_job_1(monkeypatch, tmp_path, mnt, fault) -> tuple[list, 
     raised = None
     try:
         multirun_in_process(
-            mnt / "sweep", "optim.lr=1e-3,2e-3,3e-3", "steps=3", f"ledger.storage=sqlite:///{tmp_path / 'ledger.db'}"
+            mnt / "sweep", "optim.lr=1e-3,2e-3", "steps=3", f"ledger.storage=sqlite:///{tmp_path / 'ledger.db'}"
         )
     except OSError as e:
         raised = e
     finally:
-        subprocess.run(["umount", "-l", str(mnt / "sweep" / "1")], capture_output=True)
+        subprocess.run(["umount", "-l", str(mnt / "sweep" / job)], capture_output=True)
     study = optuna.load_study(study_name=str(mnt / "sweep"), storage=f"sqlite:///{tmp_path / 'ledger.db'}")
     return study.trials, raised
 
 
-def test_a_disk_that_fills_mid_sweep_stops_it_with_every_written_result_intact(monkeypatch, tmp_path, mount):
-    trials, raised = sweep_with_fault_at_job_1(monkeypatch, tmp_path, mount, lambda _: fill(mount))
-    # Job 2: Hydra cannot write its .hydra/ before our code runs; python -m sweep says so in one line (below).
-    assert raised is not None and raised.errno == errno.ENOSPC
+@pytest.mark.slow
+def test_a_disk_that_fills_mid_sweep_keeps_every_written_result_and_names_the_cause(monkeypatch, tmp_path, mount):
+    trials, raised = sweep_with_fault(monkeypatch, tmp_path, mount, "1", lambda _: fill(mount))
+    assert raised is None  # the summary cannot be saved either: logged, the sweep ends as usual
 
     sweep_dir = mount / "sweep"
     first = json.loads((sweep_dir / "0" / "result.json").read_text())  # written before the fault: intact
@@ -88,16 +88,16 @@ def test_a_disk_that_fills_mid_sweep_stops_it_with_every_written_result_intact(m
 
 
 def test_a_run_dir_that_turns_read_only_mid_sweep_is_an_error_and_the_sweep_goes_on(monkeypatch, tmp_path, mount):
-    trials, raised = sweep_with_fault_at_job_1(monkeypatch, tmp_path, mount, read_only_over)
+    trials, raised = sweep_with_fault(monkeypatch, tmp_path, mount, "0", read_only_over)
     assert raised is None
     sweep_dir = mount / "sweep"
     by_dir = {t.user_attrs["run_dir"]: t.user_attrs for t in trials}
-    assert [by_dir[str((sweep_dir / n).resolve())]["status"] for n in "012"] == ["stable", "error", "stable"]
-    assert "Read-only file system" in by_dir[str((sweep_dir / "1").resolve())]["reason"]
-    for n in "02":
-        assert json.loads((sweep_dir / n / "result.json").read_text())["status"] == "stable"
+    assert [by_dir[str((sweep_dir / n).resolve())]["status"] for n in "01"] == ["error", "stable"]
+    assert "Read-only file system" in by_dir[str((sweep_dir / "0").resolve())]["reason"]
+    assert json.loads((sweep_dir / "1" / "result.json").read_text())["status"] == "stable"
 
 
+@pytest.mark.slow
 def test_a_read_only_sweep_dir_is_one_line_not_a_traceback(tmp_path, mount):
     subprocess.run(["mount", "-o", "remount,ro", str(mount)], check=True)
     proc = subprocess.run(
