@@ -151,3 +151,22 @@ def test_postgres_stopped_mid_sweep_loses_no_trial(tmp_path, monkeypatch, postgr
     study = optuna.load_study(study_name=str(sweep_dir), storage=postgres_url)
     assert sorted(t.user_attrs["run_dir"] for t in study.trials) == [str(sweep_dir / n) for n in "012"]
     assert pending_runs(sweep_dir) == []
+
+
+def test_a_sweeper_trial_failed_before_its_run_was_recorded_gets_a_new_trial_with_its_params(tmp_path):
+    """Recorded late, a sweeper's trial has been failed meanwhile (the sweeper settles what its job left
+    RUNNING): the run becomes a new trial in the sweeper's search space, with the asked params."""
+    from dataclasses import replace
+
+    from sweep.config import LedgerConfig
+    from sweep.search.ledger import record_run
+
+    storage = f"sqlite:///{tmp_path / 'ledger.db'}"
+    study = optuna.create_study(study_name=str(tmp_path), storage=storage)
+    asked = study.ask({"optim.lr": optuna.distributions.FloatDistribution(1e-5, 1e-1, log=True)})
+    study.tell(asked, state=TrialState.FAIL)
+    number = record_run(replace(LedgerConfig(), trial_number=asked.number), tmp_path, tmp_path / "0", result())
+    late = trials(tmp_path)[number]
+    assert number != asked.number and late.state is TrialState.COMPLETE
+    assert late.params == asked.params and late.distributions == asked.distributions
+    assert late.user_attrs["status"] == "stable"
