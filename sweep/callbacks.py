@@ -168,7 +168,8 @@ class SweepSummary(Callback):
             log.warning("no run of this sweep wrote a result.json (%s)", sweep_dir)
             return
         try:
-            summary = summarize(runs)
+            target = OmegaConf.select(config, "ladder.target", default=None)
+            summary = summarize(runs, target, OmegaConf.select(config, "ladder.confidence", default=0.9))
             text = render_text(summary)
             written = write_summary(sweep_dir, summary)
         except Exception:

@@ -22,7 +22,7 @@ import torch
 
 from models import KernelUnavailable, backend_unavailable_reason, count_params
 from models.diffusers_zoo import modulate_unsupported_reason
-from sweep.config import Arch, RunConfig
+from sweep.config import RunConfig
 from sweep.run.build import RunParts, build_parts, reset_process_state, resolve_device
 from sweep.run.checkpoint import CheckpointHook, CorruptCheckpoint
 from sweep.run.compiled import compile_run, compile_unsupported_reason
@@ -81,11 +81,11 @@ def unsupported_reason(run: RunConfig, device: torch.device, policy: PrecisionPo
 
     What only a forward can tell is KernelUnavailable from the model, also `skipped` (see `fail`): a forced SDPA
     kernel refusing a shape, or a custom model the attention/modulate axis did not reach (models/custom.py)."""
-    diffusers = run.model.arch is Arch.diffusers
+    diffusers = run.model.diffusers_name  # a zoo model or a released config's class
     return (
         policy.unsupported_reason(device)
         or backend_unavailable_reason(run.attention.backend.value, device, policy.compute_dtype)
-        or (modulate_unsupported_reason(run.model.name, run.modulate.impl.value) if diffusers else None)
+        or (modulate_unsupported_reason(diffusers, run.modulate.impl.value) if diffusers else None)
         or compile_unsupported_reason(run, device)
     )
 

@@ -45,8 +45,9 @@ PER_RUN_SUBKEYS = {
 
 def refusal(run: RunConfig, device: torch.device | None = None) -> str | None:
     """Why this run must train alone (None when it can be packed); `device` defaults to the run's own."""
-    if run.model.arch is Arch.diffusers:
-        return f"model {run.model.name} is a diffusers model: packing supports the native dit/video_dit models"
+    if run.model.arch in (Arch.diffusers, Arch.diffusers_config):
+        which = run.model.name or run.model.config
+        return f"model {which} is a diffusers model: packing supports the native dit/video_dit models"
     if run.model.arch is Arch.custom:
         return (
             f"model {run.model.target} is a custom model: packing (vmap over K runs) supports the native "
