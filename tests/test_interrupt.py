@@ -229,3 +229,32 @@ def test_an_interrupted_optuna_batch_leaves_no_trial_running_and_resumes(tmp_pat
     trials = optuna.load_study(study_name=str(tmp_path), storage=f"sqlite:///{tmp_path / 'ledger.db'}").trials
     done = sorted(t.params["optim.lr"] for t in trials if t.state is TrialState.COMPLETE)
     assert done == [1e-3, 2e-3] and len(trials) == 4
+
+
+@pytest.mark.slow
+def test_ctrl_c_in_a_packed_sweep_finishes_the_pack_and_starts_no_other(tmp_path, monkeypatch):
+    """hydra/launcher=packed: the pack in progress is the window a signal waits for; the same command
+    then runs only the packs that did not start."""
+    import sweep.run.packing
+
+    real, packs = sweep.run.packing.execute_pack, []
+
+    def execute_pack(runs, out_dirs, *args, **kwargs):
+        packs.append(sorted(d.name for d in out_dirs))
+        if len(packs) == 1:
+            os.kill(os.getpid(), signal.SIGINT)  # while the first pack trains
+        return real(runs, out_dirs, *args, **kwargs)
+
+    monkeypatch.setattr(sweep.run.packing, "execute_pack", execute_pack)
+    grid = ("hydra/launcher=packed", "hydra.launcher.pack=2", "optim.lr=1e-3,2e-3,3e-3,4e-3", "steps=3")
+    with pytest.raises(SystemExit) as exit_:
+        multirun_in_process(tmp_path, *grid)
+    assert exit_.value.code == 128 + signal.SIGINT and len(packs) == 1
+    done = sorted(p.parent.name for p in tmp_path.glob("*/result.json"))
+    assert done == packs[0] and len(done) == 2
+    kept = {n: (tmp_path / n / "result.json").read_text() for n in done}
+
+    multirun_in_process(tmp_path, *grid)
+    assert sorted(n for p in packs[1:] for n in p) == sorted({"0", "1", "2", "3"} - set(done))
+    assert all((tmp_path / n / "result.json").read_text() == text for n, text in kept.items())
+    assert len(list(tmp_path.glob("*/result.json"))) == 4
