@@ -12,6 +12,7 @@ full report with a traceback.
 
 from __future__ import annotations
 
+import errno
 import os
 import re
 import sys
@@ -23,6 +24,8 @@ from sweep import config as _schemas  # noqa: F401  (registers the schema before
 from sweep.errors import config_error_line, exit_config_error
 from sweep.job import run_job
 
+DISK_ERRORS = (errno.ENOSPC, errno.EDQUOT, errno.EROFS, errno.EACCES, errno.EPERM)
+"""What a file system says when it will not take the sweep's files: full, over quota, read-only, not ours."""
 CONF_DIR = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "conf")
 
 
@@ -87,6 +90,14 @@ def main() -> None:
     os.environ["HYDRA_FULL_ERROR"] = "1"  # let errors reach us so a user mistake can be one line
     try:
         _hydra_main()
+    except OSError as exc:
+        if user_wants_traceback or exc.errno not in DISK_ERRORS:
+            raise
+        # Hydra writes each job's .hydra/ before our code runs: a full or read-only disk stops the sweep there.
+        print(
+            f"sweep: stopped: {exc.strerror}: {exc.filename}; every result.json written so far stands", file=sys.stderr
+        )
+        sys.exit(1)
     except Exception as exc:
         line = None if user_wants_traceback else config_error_line(exc)
         if line is None:

@@ -156,6 +156,37 @@ class TrackerSweep(Callback):
         return OmegaConf.to_object(node) if node is not None and node.enabled else None
 
 
+class PendingTrials(Callback):
+    """Record the trials the ledger could not take when their runs ended (sweep/search/pending.py): at the
+    start of a sweep (what a killed or interrupted one left) and at its end."""
+
+    def on_multirun_start(self, config: DictConfig, **kwargs: Any) -> None:
+        record_pending_trials(config)
+
+    def on_multirun_end(self, config: DictConfig, **kwargs: Any) -> None:
+        record_pending_trials(config)
+
+
+def record_pending_trials(config: DictConfig) -> None:
+    from sweep.search.pending import pending_runs, record_pending
+
+    sweep_dir = Path(str(config.hydra.sweep.dir))
+    if "ledger" not in config or not sweep_dir.is_dir() or not pending_runs(sweep_dir):
+        return
+    from sweep.job import group_or_enum_choices  # the same param choices the jobs record with
+
+    done, problems = record_pending(
+        sweep_dir,
+        OmegaConf.select(config, "ledger.storage", default=None),  # resolved: a URL from the environment too
+        group_or_enum_choices,
+        float(OmegaConf.select(config, "ledger.lock_timeout_s", default=30.0)),
+    )
+    if done:
+        log.info("ledger: recorded %d trial(s) left pending: %s", len(done), ", ".join(str(d) for d in done))
+    for line in problems:
+        log.warning("ledger: still not recorded: %s (later: python -m sweep.sync_ledger %s)", line, sweep_dir)
+
+
 class SweepSummary(Callback):
     """At the end of every multirun: the tables on the terminal, summary.md/.csv/.parquet in the sweep dir."""
 

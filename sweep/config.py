@@ -400,6 +400,9 @@ class LedgerConfig:
     """Set by our Optuna sweeper: the trial this run finishes (null: the run adds a trial of its own)."""
     pruner: PrunerConfig = field(default_factory=PrunerConfig)
     """Set by our Optuna sweeper (hydra.sweeper.pruner): report the loss to the trial, stop when pruned."""
+    lock_timeout_s: float = 30.0
+    """How long recording a run waits for a ledger another process holds locked (a SQLite write transaction)
+    before it logs a warning and leaves the trial to be recorded later (sweep/search/pending.py)."""
 
 
 @dataclass
@@ -761,6 +764,8 @@ def validate(run: RunConfig) -> RunConfig:
             "logger",
             f"{name} is not installed: pip install -e '.[tracking]' (docs/loggers.md)",
         )
+    lt = run.ledger.lock_timeout_s
+    _require(lt > 0, "ledger.lock_timeout_s", f"must be > 0, got {lt}")
     return run
 
 

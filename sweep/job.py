@@ -23,9 +23,11 @@ from omegaconf import DictConfig, OmegaConf
 from sweep.config import ConfigError, RunConfig, check_inputs, enum_choices, to_run_config
 from sweep.errors import exiting_on_config_error
 from sweep.run.execute import execute
+from sweep.run.interrupt import StopOnSignal, stopping_on_signals
 from sweep.run.results import hold_run_dir, release_run_dir
 from sweep.run.trackers import open_sinks
-from sweep.search.ledger import mask_url, record_run, storage_url
+from sweep.search.ledger import is_locked, mask_url, record_run, storage_error_line, storage_url
+from sweep.search.pending import mark_pending
 from sweep.search.pruning import pruning_hooks
 
 log = logging.getLogger("sweep")
@@ -93,12 +95,25 @@ def job_spec_task(cfg: DictConfig) -> JobSpec:
 
 
 def run_job(cfg: DictConfig) -> dict:
-    """The Hydra task function: run the composed config in Hydra's job directory; returns result.json's content."""
+    """The Hydra task function: run the composed config in Hydra's job directory; returns result.json's content.
+
+    Ctrl-C or SIGTERM stops the run after its current step; its files and trial are written, then the
+    process exits with 128 + the signal's number, ending the sweep (sweep/run/interrupt.py)."""
     job = job_spec_task(cfg)
-    # pruning_hooks: reports to the ledger's trial, only with our sweeper's pruner (sweep/search/pruning.py)
-    hooks = pruning_hooks(job.run, job.sweep_dir)
-    result = execute(job.run, job.run_dir, job.params, label=job.label, hooks=hooks, sinks=job_sinks(job))
-    return finish_job(job, result)
+    with stopping_on_signals() as request:
+        # pruning_hooks: reports to the ledger's trial, only with our sweeper's pruner (sweep/search/pruning.py)
+        hooks = [*pruning_hooks(job.run, job.sweep_dir), StopOnSignal(request, job.run.steps)]
+        result = execute(job.run, job.run_dir, job.params, label=job.label, hooks=hooks, sinks=job_sinks(job))
+        returned = finish_job(job, result)
+    if request.signum is not None:
+        log.warning(
+            "%s: stopped%s; run the same command again to resume the unfinished %s",
+            request.name,
+            f" {job.run_dir} after step {result.interrupted_at_step}" if result.status == "interrupted" else "",
+            "cells" if job.multirun else "run",
+        )
+        raise SystemExit(128 + request.signum)
+    return returned
 
 
 def job_sinks(job: JobSpec) -> list:
@@ -142,11 +157,25 @@ def group_or_enum_choices(key: str) -> list | None:
 
 
 def record(run: RunConfig, sweep_dir: Path, run_dir: Path, result: dict) -> None:
-    """Write the run into the ledger; a ledger failure is logged, never raised (result.json is written)."""
+    """Write the run into the ledger; a ledger failure is logged, never raised (result.json is written),
+    and the trial is left to be recorded later (sweep/search/pending.py)."""
     try:
         record_run(run.ledger, sweep_dir, run_dir, result, group_or_enum_choices, run.monitor.spike_factor)
+        return
     except Exception as e:  # noqa: BLE001
         url = mask_url(storage_url(run.ledger, sweep_dir))
-        log.error(
-            "ledger: could not record %s in %s: %s", run_dir, url, str(e).replace(run.ledger.storage or "\0", url)
+        error = storage_error_line(e).replace(run.ledger.storage or "\0", url)
+        locked = is_locked(e)
+    later = f"it will be recorded at the end of the sweep, or by: python -m sweep.sync_ledger {sweep_dir}"
+    if not mark_pending(run.ledger, sweep_dir, run_dir, run.monitor.spike_factor, error):
+        later = "and it cannot be recorded later"
+    if locked:
+        log.warning(
+            "ledger: %s is locked by another process (waited %g s, ledger.lock_timeout_s); %s is not recorded yet: %s",
+            url,
+            run.ledger.lock_timeout_s,
+            run_dir,
+            later,
         )
+    else:
+        log.error("ledger: could not record %s in %s: %s; %s", run_dir, url, error, later)

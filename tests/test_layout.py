@@ -144,4 +144,5 @@ def test_the_top_of_sweep_holds_only_what_a_user_runs_or_configures(top):
         "doctor",
         "scenario",
         "summary",
+        "sync_ledger",
     }

@@ -11,13 +11,17 @@ No `from __future__ import annotations` here: Hydra execs plugin modules outside
 string annotations break dataclasses.
 """
 
+import logging
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Dict, List, Optional, Sequence
 
 from hydra._internal.core_plugins.basic_sweeper import BasicSweeper
 from hydra.core.config_store import ConfigStore
+from hydra.core.utils import JobReturn, JobStatus
 from hydra.types import HydraContext
+
+log = logging.getLogger(__name__)
 
 
 @dataclass
@@ -66,7 +70,8 @@ class ComposedOnce:
 
 
 class GridSweeper(BasicSweeper):
-    """The basic grid sweeper that validates every cell's values up front (mode=grid), or the Optuna
+    """The basic grid sweeper that validates every cell's values up front and runs only the cells a
+    previous run of the same sweep did not finish (mode=grid; see `finished_result`), or the Optuna
     sweeper's frontier search (mode=frontier; sweep/search/sweeper.py)."""
 
     def __init__(
@@ -109,6 +114,9 @@ class GridSweeper(BasicSweeper):
             config_loader=ComposedOnce(hydra_context.config_loader), callbacks=hydra_context.callbacks
         )
         super().setup(hydra_context=context, task_function=task_function, config=config)
+        self.finished: Dict[int, JobReturn] = {}  # job number -> the return of a cell already finished
+        self.cells_seen = 0
+        self.launcher = ResumingLauncher(self.launcher, self.finished)
 
     def sweep(self, arguments: List[str]) -> Any:
         """Hydra's grid, plus the replicate seeds of `replicates=N` (sweep/search/replicates.py)."""
@@ -130,21 +138,93 @@ class GridSweeper(BasicSweeper):
 
         loader = self.hydra_context.config_loader
         compose = getattr(loader, "compose_and_keep", loader.load_sweep_config)
-        for num, overrides in enumerate(batch):
+        first, self.cells_seen = self.cells_seen, self.cells_seen + len(batch)  # batches come in launch order
+        for num, overrides in enumerate(batch, start=first):
             cfg = compose(self.config, list(overrides))
             if OmegaConf.get_type(cfg) is not RunConfig:  # another app's config: Hydra's checks only
                 continue
             try:
                 check_inputs(to_run_config(cfg))  # after a scenario's pretraining: its checkpoint exists now
-                check_job_dir(cfg, num)
+                job_dir = check_job_dir(cfg, num)
             except ConfigError as e:
                 raise ConfigError(f"{e} (in the sweep cell {' '.join(overrides)})") from None
+            result = finished_result(job_dir, overrides)
+            if result is not None:
+                self.finished[num] = JobReturn(
+                    overrides=list(overrides),
+                    working_dir=str(job_dir),
+                    status=JobStatus.COMPLETED,
+                    _return_value=result,
+                )
+        if any(first <= n < self.cells_seen for n in self.finished):
+            log.info(
+                "grid: %d of %d cells already finished in %s (a result.json says so): not run again",
+                sum(first <= n < self.cells_seen for n in self.finished),
+                len(batch),
+                self.config.hydra.sweep.dir,
+            )
 
 
-def check_job_dir(cfg, job_num: int) -> None:
+FINISHED = ("stable", "diverged", "skipped")
+"""Statuses a resumed grid keeps; `error` and `interrupted` cells (and those without result.json) run again."""
+
+
+def finished_result(job_dir: Path, overrides: Sequence[str]) -> Optional[dict]:
+    """The result.json of a cell a previous run of this sweep finished, or None. The job directory must
+    hold this very cell (its .hydra/overrides.yaml, less what does not change a run's outcome)."""
+    import json
+
+    from omegaconf import OmegaConf
+
+    from sweep.callbacks import NOT_WHAT_RUNS
+
+    try:
+        result = json.loads((job_dir / "result.json").read_text())
+        theirs = [str(o) for o in OmegaConf.load(job_dir / ".hydra" / "overrides.yaml")]
+    except Exception:  # noqa: BLE001  (missing, unreadable or damaged: not finished)
+        return None
+
+    def outcome(ovs):
+        return [o for o in ovs if not o.split("=", 1)[0].lstrip("+~").startswith(NOT_WHAT_RUNS)]
+
+    if not isinstance(result, dict) or result.get("status") not in FINISHED or outcome(theirs) != outcome(overrides):
+        return None
+    return result
+
+
+class ResumingLauncher:
+    """The configured launcher, given only the cells not finished yet; the finished ones return their
+    result.json. Unfinished cells keep their job numbers (and so their directories): each run of
+    consecutive ones is launched on its own."""
+
+    def __init__(self, launcher, finished: Dict[int, JobReturn]) -> None:
+        self.launcher, self.finished = launcher, finished
+
+    def __getattr__(self, name):
+        if name in ("launcher", "finished"):
+            raise AttributeError(name)
+        return getattr(self.launcher, name)
+
+    def launch(self, job_overrides: Sequence[Sequence[str]], initial_job_idx: int) -> Sequence[JobReturn]:
+        returns: List[JobReturn] = []
+        todo: List[Sequence[str]] = []
+        for num, overrides in enumerate(job_overrides, start=initial_job_idx):
+            if num in self.finished:
+                if todo:
+                    returns += self.launcher.launch(todo, initial_job_idx=num - len(todo))
+                    todo = []
+                returns.append(self.finished[num])
+            else:
+                todo.append(overrides)
+        if todo:
+            returns += self.launcher.launch(todo, initial_job_idx=initial_job_idx + len(job_overrides) - len(todo))
+        return returns
+
+
+def check_job_dir(cfg, job_num: int) -> Path:
     """The cell's job directory, <sweep dir>/<subdir>, can be created: a subdir such as
     ${hydra.job.override_dirname} grows with the overrides. hydra.job.num is set only at launch, so a
-    copy gets one (the cell's place in its batch: as many digits, near enough)."""
+    copy gets one (the number the launcher will give it). Returns the directory."""
     import copy
 
     from omegaconf import OmegaConf, open_dict, read_write
@@ -155,4 +235,6 @@ def check_job_dir(cfg, job_num: int) -> None:
     with read_write(cfg), open_dict(cfg):
         cfg.hydra.job.num = job_num
     subdir = OmegaConf.select(cfg, "hydra.sweep.subdir", default="", throw_on_resolution_failure=False)
-    check_output_dir(str(Path(str(cfg.hydra.sweep.dir)) / str(subdir or "")), "hydra.sweep.subdir")
+    job_dir = Path(str(cfg.hydra.sweep.dir)) / str(subdir or "")
+    check_output_dir(str(job_dir), "hydra.sweep.subdir")
+    return job_dir

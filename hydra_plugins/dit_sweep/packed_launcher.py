@@ -58,6 +58,7 @@ class PackedLauncher(Launcher):
     def launch(self, job_overrides: Sequence[Sequence[str]], initial_job_idx: int) -> Sequence[JobReturn]:
         from sweep.config import RunConfig
         from sweep.job import finish_job, job_sinks, job_spec_task
+        from sweep.run.interrupt import stopping_on_signals
         from sweep.run.packing import execute_pack, plan
 
         setup_globals()
@@ -97,18 +98,26 @@ class PackedLauncher(Launcher):
             specs.append(returns[-1].return_value)
             configure_log(self.config.hydra.hydra_logging, self.config.hydra.verbose)
         ours = [i for i, spec in enumerate(specs) if spec is not None]
-        for members in plan([specs[i].run for i in ours], self.pack):  # Phase 2: train, pack by pack
-            jobs = [specs[ours[m]] for m in members]
-            if len(jobs) > 1:
-                log.info("Packing %d runs: %s", len(jobs), ", ".join(f"#{j.num}" for j in jobs))
-            results = execute_pack(
-                [j.run for j in jobs],
-                [j.run_dir for j in jobs],
-                [j.params for j in jobs],
-                [j.label for j in jobs],
-                [job_sinks(j) for j in jobs],
-            )
-            for m, job, result in zip(members, jobs, results):
-                ret = returns[ours[m]]
-                ret.return_value, ret.status = finish_job(job, result), JobStatus.COMPLETED
+        # Ctrl-C/SIGTERM: the pack in progress trains to its end and is recorded, no later pack starts (their
+        # job dirs have no result.json: a resume runs them); a second signal exits at once (sweep/run/interrupt.py).
+        with stopping_on_signals() as request:
+            for members in plan([specs[i].run for i in ours], self.pack):  # Phase 2: train, pack by pack
+                jobs = [specs[ours[m]] for m in members]
+                if len(jobs) > 1:
+                    log.info("Packing %d runs: %s", len(jobs), ", ".join(f"#{j.num}" for j in jobs))
+                results = execute_pack(
+                    [j.run for j in jobs],
+                    [j.run_dir for j in jobs],
+                    [j.params for j in jobs],
+                    [j.label for j in jobs],
+                    [job_sinks(j) for j in jobs],
+                )
+                for m, job, result in zip(members, jobs, results):
+                    ret = returns[ours[m]]
+                    ret.return_value, ret.status = finish_job(job, result), JobStatus.COMPLETED
+                if request.signum is not None:
+                    break
+        if request.signum is not None:
+            log.warning("%s: stopped after the pack in progress; run the same command again to resume", request.name)
+            raise SystemExit(128 + request.signum)
         return returns

@@ -118,7 +118,11 @@ def runs_from_dirs(sweep_dir: Path, starting_s: float = STARTING_S) -> pd.DataFr
         )
     done = {}  # a cell (its params) -> the first finished run of it
     for r in rows:
-        done.setdefault(_cell(r), r["run_dir"])
+        if r["status"] != "interrupted":
+            done.setdefault(_cell(r), r["run_dir"])
+    for r in rows:  # stopped by Ctrl-C/SIGTERM (result.json says so), then redone by a resume
+        if r["status"] == "interrupted" and done.get(_cell(r)) is not None:
+            r["superseded_by"] = done[_cell(r)]
     for overrides in sweep_dir.rglob(".hydra/overrides.yaml"):
         job_dir = overrides.parent.parent.resolve()
         if job_dir in finished:

@@ -8,6 +8,7 @@ started). The statuses, verdicts and files are a contract: docs/design.md, "Verd
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import json
 import logging
@@ -145,8 +146,12 @@ def conclude(
     if divergence is None:
         result.status = "stable"
         pruned = next((h.pruned for h in hooks if getattr(h, "pruned", None) is not None), None)
+        interrupted = next((h.interrupted for h in hooks if getattr(h, "interrupted", None) is not None), None)
         if pruned is not None:  # stopped early by the sweeper's pruner: not a verdict (sweep/search/pruning.py)
             result.status, result.reason, result.pruned_at_step = "skipped", pruned.reason, pruned.step
+        elif interrupted is not None:  # Ctrl-C or SIGTERM: the files hold the steps run (sweep/run/interrupt.py)
+            result.status, result.reason = "interrupted", interrupted.reason
+            result.interrupted_at_step = interrupted.step
     else:
         result.status = "diverged"
         result.verdict, result.first_bad_step = divergence.verdict, divergence.step
@@ -171,16 +176,30 @@ def fail(result: RunResult, e: Exception) -> None:
 
 
 def write_outcome(out_dir: Path, result: RunResult, metrics: MetricsLog, start: float) -> None:
-    """result.json always; metrics.csv once training started; then the trackers get the verdict and the files."""
+    """result.json always; metrics.csv once training started; then the trackers get the verdict and the files.
+
+    A file system that refuses them (full, read-only) makes the run an `error` that names why and what the
+    run had come to; it reaches the log and the ledger, and a resume runs the cell again. Never raises."""
     result.seconds = time.perf_counter() - start
-    out_dir.mkdir(parents=True, exist_ok=True)
-    if metrics.rows:
-        metrics.write(out_dir)
-    result.logging = dict(metrics.logging)
-    write_result(out_dir, result)
-    if metrics.finish(result, out_dir):  # a tracker failed at the very end: result.json says so
+    try:
+        out_dir.mkdir(parents=True, exist_ok=True)
+        if metrics.rows:
+            metrics.write(out_dir)
         result.logging = dict(metrics.logging)
         write_result(out_dir, result)
+    except OSError as e:
+        outcome = result.headline()
+        result.status, result.reason = (
+            "error",
+            f"{type(e).__name__}: {e} (writing the files of a run that ended {outcome})",
+        )
+        log.error("run files not written in %s: %s", out_dir, result.reason)
+        with contextlib.suppress(OSError):  # result.json may still fit where metrics.csv did not
+            write_result(out_dir, result)
+    if metrics.finish(result, out_dir):  # a tracker failed at the very end: result.json says so
+        result.logging = dict(metrics.logging)
+        with contextlib.suppress(OSError):
+            write_result(out_dir, result)
 
 
 def _fill_from_metrics(result: RunResult, metrics: MetricsLog, train_seconds: float) -> None:

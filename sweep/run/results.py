@@ -75,7 +75,7 @@ def json_safe(value):
 class RunResult:
     """The outcome of one run."""
 
-    status: str  # stable | diverged | skipped | error
+    status: str  # stable | diverged | skipped | error | interrupted
     verdict: str | None = None
     first_bad_step: int | None = None
     cause: dict | None = None
@@ -116,6 +116,8 @@ class RunResult:
     """The eval settings (enabled, every, samples, seed, batch_size), the clips, and `reason` when disabled."""
     logging: dict = field(default_factory=dict)
     """Each tracker of `logger` (docs/loggers.md): "ok", or "failed: <reason>" (the run itself is unaffected)."""
+    interrupted_at_step: int | None = None
+    """The last step run before SIGINT/SIGTERM stopped this run (status interrupted; sweep/run/interrupt.py)."""
 
     def to_dict(self) -> dict:
         d = asdict(self)
@@ -158,8 +160,12 @@ def write_result(out_dir: Path, result: RunResult) -> Path:
     path = Path(out_dir) / RESULT_FILE
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_suffix(".tmp")
-    tmp.write_text(json.dumps(json_safe(result.to_dict()), indent=2, allow_nan=False) + "\n")
-    tmp.replace(path)  # a reader never sees half a file
+    try:
+        tmp.write_text(json.dumps(json_safe(result.to_dict()), indent=2, allow_nan=False) + "\n")
+        tmp.replace(path)  # a reader never sees half a file
+    except OSError:  # a full disk: no half-written .tmp left behind; an earlier result.json stays as it was
+        tmp.unlink(missing_ok=True)
+        raise
     return path
 
 

@@ -49,6 +49,8 @@ STALE_ATTR = "stale"
 """System attr on trials the Optuna sweeper failed as stale (killed): they do not count as done."""
 CONSTRAINTS_KEY = "constraints"  # where Optuna's constrained samplers read a trial's constraints
 LEDGER_FILE = "ledger.db"
+SQLITE_BUSY_S = 60.0
+"""How long a SQLite statement waits for another writer's lock, unless a run's ledger.lock_timeout_s says otherwise."""
 INFEASIBLE, FEASIBLE = 1.0, -1.0
 
 
@@ -56,27 +58,31 @@ def storage_url(cfg: LedgerConfig, sweep_dir: Path) -> str:
     return cfg.storage or f"sqlite:///{Path(sweep_dir).resolve() / LEDGER_FILE}"
 
 
-# Storages this process opened: (pid, url, heartbeat_s, stale_after_s) -> (storage, identity of its file).
+# Storages this process opened: (pid, url, heartbeat_s, stale_after_s, lock wait) -> (storage, identity of its file).
 _OPENED: dict[tuple, tuple[optuna.storages.BaseStorage, Optional[tuple[int, int]]]] = {}
 _KEEP_OPEN = 8
 
 
 def open_storage(
-    url: str, heartbeat_s: Optional[int] = None, stale_after_s: Optional[int] = None
+    url: str,
+    heartbeat_s: Optional[int] = None,
+    stale_after_s: Optional[int] = None,
+    lock_timeout_s: float = SQLITE_BUSY_S,
 ) -> optuna.storages.BaseStorage:
     """An Optuna storage for a URL or a journal file path, safe for concurrent writers.
 
     With `heartbeat_s`, an RDB storage can tell stale RUNNING trials (no heartbeat for `stale_after_s`).
+    A SQLite statement waits up to `lock_timeout_s` for a lock another process holds.
     Opened once per process: a new SQLAlchemy engine plus Optuna's schema check cost about half of
     recording a run (docs/cluster.md), and multirun jobs share a process. The storage holds no trials
     of its own (each study wraps it in a fresh cache), so other writers stay visible. A forked child,
     or a database or journal file deleted or replaced since, gets a storage of its own.
     """
-    key = (os.getpid(), url, heartbeat_s, stale_after_s)
+    key = (os.getpid(), url, heartbeat_s, stale_after_s, lock_timeout_s)
     opened = _OPENED.get(key)
     if opened is not None and opened[1] == _file_identity(url):
         return opened[0]
-    storage = _open_storage(url, heartbeat_s, stale_after_s)
+    storage = _open_storage(url, heartbeat_s, stale_after_s, lock_timeout_s)
     _OPENED.pop(key, None)
     _OPENED[key] = (storage, _file_identity(url))
     while len(_OPENED) > _KEEP_OPEN:  # a long process (a test session) opens many: keep the newest
@@ -94,7 +100,9 @@ def _file_identity(url: str) -> Optional[tuple[int, int]]:
     return (st.st_dev, st.st_ino) if st else None
 
 
-def _open_storage(url: str, heartbeat_s: Optional[int], stale_after_s: Optional[int]) -> optuna.storages.BaseStorage:
+def _open_storage(
+    url: str, heartbeat_s: Optional[int], stale_after_s: Optional[int], lock_timeout_s: float
+) -> optuna.storages.BaseStorage:
     if "://" not in url:
         if not url.endswith((".log", ".jsonl", ".journal")):
             raise ValueError(f"ledger.storage {url!r} is neither a database URL nor a journal file (.log)")
@@ -105,33 +113,66 @@ def _open_storage(url: str, heartbeat_s: Optional[int], stale_after_s: Optional[
     kwargs: dict[str, Any] = {}
     if url.startswith("sqlite"):
         Path(url.split(":///", 1)[1]).parent.mkdir(parents=True, exist_ok=True)
-        kwargs["engine_kwargs"] = {"connect_args": {"timeout": 60}}
+        kwargs["engine_kwargs"] = {"connect_args": {"timeout": lock_timeout_s}}
     # Retried: processes creating the same new database at once race on its schema tables.
     return with_retries(
         lambda: optuna.storages.RDBStorage(url, heartbeat_interval=heartbeat_s, grace_period=stale_after_s, **kwargs),
         "open storage",
+        deadline=time.monotonic() + lock_timeout_s,
     )
 
 
-def with_retries(fn: Callable[[], T], what: str, attempts: int = 8) -> T:
-    """Retry a storage operation that lost a race with another writer (SQLite 'database is locked')."""
+def with_retries(fn: Callable[[], T], what: str, attempts: int = 8, deadline: Optional[float] = None) -> T:
+    """Retry a storage operation that lost a race with another writer (SQLite 'database is locked'),
+    `attempts` times at most and not past `deadline` (time.monotonic())."""
     for attempt in range(attempts):
         try:
             return fn()
         except Exception as e:
-            if attempt == attempts - 1 or "password" in str(e).lower():
+            late = deadline is not None and time.monotonic() >= deadline
+            if attempt == attempts - 1 or late or "password" in str(e).lower() or _says(e, DAMAGED):
                 raise
             time.sleep(0.05 * 2**attempt * (1 + random.random()))
             log.debug("retrying %s after %s", what, type(e).__name__)
     raise AssertionError("unreachable")
 
 
-def load_study(url: str, study_name: str) -> optuna.Study:
-    storage = open_storage(url)
+def load_study(url: str, study_name: str, lock_timeout_s: float = SQLITE_BUSY_S) -> optuna.Study:
+    storage = open_storage(url, lock_timeout_s=lock_timeout_s)
     return with_retries(
         lambda: optuna.create_study(storage=storage, study_name=study_name, direction="minimize", load_if_exists=True),
         "create_study",
+        deadline=time.monotonic() + lock_timeout_s,
     )
+
+
+def _causes(e: Optional[BaseException]) -> list[BaseException]:
+    """`e` and what it wraps: Optuna wraps the driver's error ("An exception is raised during the commit")."""
+    chain: list[BaseException] = []
+    while e is not None and len(chain) < 8 and e not in chain:
+        chain.append(e)
+        e = e.__cause__ or e.__context__
+    return chain
+
+
+def _says(e: BaseException, phrases: tuple[str, ...]) -> bool:
+    return any(p in str(c) for c in _causes(e) for p in phrases)
+
+
+def is_locked(e: BaseException) -> bool:
+    """Whether a storage error is another process holding the database locked (SQLite), not a fault."""
+    return _says(e, ("database is locked", "database table is locked"))
+
+
+DAMAGED = ("file is not a database", "database disk image is malformed")
+"""What SQLite says of a ledger file that is not (or no longer) a database: retrying cannot help."""
+
+
+def storage_error_line(e: BaseException) -> str:
+    """One line naming what went wrong with the storage: the innermost error, whatever wrapped it."""
+    inner = _causes(e)[-1]
+    text = str(inner).strip().splitlines()
+    return f"{type(inner).__name__}: {text[0]}" if text else type(inner).__name__
 
 
 def trial_user_attrs(result: dict, run_dir: Path) -> dict:
@@ -153,6 +194,7 @@ def trial_user_attrs(result: dict, run_dir: Path) -> dict:
         "seed": result.get("seed"),
         "reason": result.get("reason"),
         "pruned_at_step": result.get("pruned_at_step"),
+        "interrupted_at_step": result.get("interrupted_at_step"),
         "run_dir": str(Path(run_dir).resolve()),
         "params": result.get("params") or {},
     }
@@ -208,16 +250,19 @@ def record_run(
     choices_of: Callable[[str], Optional[list]] = lambda key: None,
     penalty_factor: float = 10.0,
 ) -> Optional[int]:
-    """Record one finished run as a trial; returns its trial number (None when the ledger is off)."""
+    """Record one finished run as a trial; returns its trial number (None when the ledger is off).
+
+    Waits about `cfg.lock_timeout_s` at most for a locked ledger, then raises (is_locked tells)."""
     if not cfg.enabled:
         return None
     url = storage_url(cfg, sweep_dir)
     name = cfg.study_name or str(sweep_dir)
-    study = load_study(url, name)
+    deadline = time.monotonic() + cfg.lock_timeout_s
+    study = load_study(url, name, cfg.lock_timeout_s)
     state, value, constraints = trial_outcome(result, penalty_factor)
     attrs = trial_user_attrs(result, run_dir)
     if cfg.trial_number is not None:
-        return _finish_asked_trial(study, cfg.trial_number, state, value, constraints, attrs)
+        return _finish_asked_trial(study, cfg.trial_number, state, value, constraints, attrs, deadline)
     params, dists = {}, {}
     for key, v in (result.get("params") or {}).items():
         dist = distribution_for(v, choices_of(key))
@@ -232,35 +277,54 @@ def record_run(
         system_attrs={CONSTRAINTS_KEY: constraints} if constraints else {},
     )
     try:
-        return _add_trial(study, trial)
+        return _add_trial(study, trial, deadline)
     except ValueError as e:  # a param recorded with another distribution kind earlier in this study
         log.warning("ledger: %s; recording this run's params in user_attrs only", e)
         trial = optuna.trial.create_trial(
             state=state, value=trial.value, user_attrs=attrs, system_attrs=trial.system_attrs
         )
-        return _add_trial(study, trial)
+        return _add_trial(study, trial, deadline)
 
 
-def _add_trial(study: optuna.Study, trial: optuna.trial.FrozenTrial) -> int:
+def _add_trial(study: optuna.Study, trial: optuna.trial.FrozenTrial, deadline: Optional[float] = None) -> int:
     """study.add_trial, but returning the new trial's number."""
     trial._validate()
     storage = study._storage
-    trial_id = with_retries(lambda: storage.create_new_trial(study._study_id, template_trial=trial), "add_trial")
+    trial_id = with_retries(
+        lambda: storage.create_new_trial(study._study_id, template_trial=trial), "add_trial", deadline=deadline
+    )
     return storage.get_trial_number_from_id(trial_id)
 
 
-def _finish_asked_trial(study, number, state, value, constraints, attrs) -> int:
-    """Finish the RUNNING trial our sweeper asked for: attributes, constraints, then tell."""
-    trial_id = study._storage.get_trial_id_from_study_id_trial_number(study._study_id, number)
+def _finish_asked_trial(study, number, state, value, constraints, attrs, deadline=None) -> int:
+    """Finish the RUNNING trial our sweeper asked for: attributes, constraints, then tell.
+
+    Recorded late (sweep/search/pending.py), the sweeper has failed that trial meanwhile: the run becomes a
+    new trial with the asked trial's params, in the sweeper's search space."""
     storage = study._storage
+    trial_id = storage.get_trial_id_from_study_id_trial_number(study._study_id, number)
+    asked = storage.get_trial(trial_id)
+    if asked.state.is_finished():
+        late = optuna.trial.create_trial(
+            state=state,
+            value=value if state is TrialState.COMPLETE else None,
+            params=asked.params,
+            distributions=asked.distributions,
+            user_attrs=attrs,
+            system_attrs={CONSTRAINTS_KEY: constraints} if constraints else {},
+        )
+        return _add_trial(study, late, deadline)
     for k, v in attrs.items():
-        with_retries(lambda: storage.set_trial_user_attr(trial_id, k, v), "set_trial_user_attr")  # noqa: B023  (called now)
+        with_retries(lambda: storage.set_trial_user_attr(trial_id, k, v), "set_trial_user_attr", deadline=deadline)  # noqa: B023  (called now)
     if constraints:
         with_retries(
-            lambda: storage.set_trial_system_attr(trial_id, CONSTRAINTS_KEY, constraints), "set_trial_system_attr"
+            lambda: storage.set_trial_system_attr(trial_id, CONSTRAINTS_KEY, constraints),
+            "set_trial_system_attr",
+            deadline=deadline,
         )
     with_retries(
         lambda: study.tell(number, value if state is TrialState.COMPLETE else None, state=state, skip_if_finished=True),
         "tell",
+        deadline=deadline,
     )
     return number

@@ -291,7 +291,11 @@ class OptunaSweeperImpl(Sweeper):
                 ]
                 self.validate_batch_is_legal(overrides)
                 # Job dirs are named by trial number: unique even with other sweepers on this study.
-                results = self.launcher.launch(overrides, initial_job_idx=batch[0].number)
+                try:
+                    results = self.launcher.launch(overrides, initial_job_idx=batch[0].number)
+                except BaseException:  # Ctrl-C/SIGTERM (sweep/run/interrupt.py), or a crash: no trial stays RUNNING
+                    self._fail_unfinished(study, batch)
+                    raise
                 for trial, ret in zip(batch, results):
                     self._settle(study, trial, ret)
                 returns.append(results)
@@ -365,11 +369,25 @@ class OptunaSweeperImpl(Sweeper):
         )
 
     def _finished(self, study: optuna.Study, trials: Optional[list] = None) -> list:
+        """Trials that count as done: not failed as stale, not stopped by Ctrl-C/SIGTERM (a resume runs them again)."""
         return [
             t
             for t in (study.get_trials(deepcopy=False) if trials is None else trials)
-            if t.state.is_finished() and not t.system_attrs.get(STALE_ATTR)
+            if t.state.is_finished()
+            and not t.system_attrs.get(STALE_ATTR)
+            and t.user_attrs.get("status") != "interrupted"
         ]
+
+    def _fail_unfinished(self, study: optuna.Study, batch: list) -> None:
+        """The sweep stops inside a batch: fail its trials no job finished, marked stale (they do not count as
+        done, so a resume runs them), rather than leave them RUNNING until their heartbeat goes stale."""
+        for trial in batch:
+            try:
+                if study._storage.get_trial(trial._trial_id).state is TrialState.RUNNING:
+                    study._storage.set_trial_system_attr(trial._trial_id, STALE_ATTR, True)
+                    study._storage.set_trial_state_values(trial._trial_id, TrialState.FAIL)
+            except Exception as e:  # noqa: BLE001  (the ledger may be what failed; resume fails them as stale)
+                log.warning("optuna sweeper: could not fail trial %d: %s", trial.number, e)
 
     def _next_batch(self, study: optuna.Study, space: dict, grid: Optional[list]) -> list:
         """Ask for the next trials: the missing grid cells, or enough to reach n_trials."""

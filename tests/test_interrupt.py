@@ -1,0 +1,260 @@
+"""Ctrl-C and SIGTERM during a run or a sweep: the run stops after its step, its files and trial say
+`interrupted` at that step, a second signal exits at once, and the same command resumes the unfinished cells."""
+
+from __future__ import annotations
+
+import csv
+import json
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+
+import optuna
+import pytest
+from optuna.trial import TrialState
+
+from sweep.config import LedgerConfig
+from sweep.run.execute import execute
+from sweep.run.interrupt import StopOnSignal, stopping_on_signals
+from sweep.search.ledger import record_run
+
+from .cluster_servers import sweep_cmd, sweep_env
+from .conftest import REPO, make_run, multirun_in_process
+
+
+class SignalAt:
+    """A StepHook that sends this process `signum` after `step`, as a user's Ctrl-C would arrive mid-run."""
+
+    def __init__(self, step: int, signum: int) -> None:
+        self.step, self.signum = step, signum
+
+    def after_step(self, step, loss, parts) -> bool:
+        if step == self.step:
+            os.kill(os.getpid(), self.signum)
+        return False
+
+
+def metrics_rows(run_dir) -> list[dict]:
+    with open(run_dir / "metrics.csv") as f:
+        return list(csv.DictReader(f))
+
+
+@pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGTERM])
+def test_a_signal_stops_the_run_after_its_step_with_files_valid_up_to_it(tmp_path, signum):
+    run = make_run("steps=40", "threads=1")
+    before = signal.getsignal(signum)
+    with stopping_on_signals() as request:
+        result = execute(run, tmp_path, {"optim.lr": 1e-3}, hooks=[SignalAt(2, signum), StopOnSignal(request, 40)])
+    assert signal.getsignal(signum) is before  # put back after the job
+    assert request.signum == signum
+
+    saved = json.loads((tmp_path / "result.json").read_text())
+    name = signal.Signals(signum).name
+    assert saved["status"] == "interrupted" and saved["interrupted_at_step"] == 2
+    assert saved["reason"] == f"{name} after step 2 of 40" and saved["verdict"] is None
+    rows = metrics_rows(tmp_path)
+    assert [int(r["step"]) for r in rows] == [0, 1, 2] and saved["steps_run"] == 3
+    assert saved["final_loss"] == pytest.approx(float(rows[-1]["loss"]))
+    assert saved["initial_loss"] == pytest.approx(float(rows[0]["loss"]))
+    assert result.headline() == f"interrupted: {name} after step 2 of 40"
+
+    # Closed in the ledger, as a failed trial that says why: not RUNNING, not a result the sampler learns from.
+    record_run(LedgerConfig(), tmp_path, tmp_path, result.to_dict())
+    (trial,) = optuna.load_study(study_name=str(tmp_path), storage=f"sqlite:///{tmp_path / 'ledger.db'}").trials
+    assert trial.state is TrialState.FAIL
+    assert trial.user_attrs["status"] == "interrupted" and trial.user_attrs["interrupted_at_step"] == 2
+
+
+def test_a_signal_after_the_last_step_interrupts_nothing(tmp_path):
+    run = make_run("steps=3", "threads=1")
+    with stopping_on_signals() as request:
+        result = execute(run, tmp_path, {}, hooks=[SignalAt(2, signal.SIGINT), StopOnSignal(request, 3)])
+    assert result.status == "stable" and result.steps_run == 3 and result.interrupted_at_step is None
+
+
+SECOND_SIGNAL = """
+import sys, time
+from sweep.run.interrupt import stopping_on_signals
+with stopping_on_signals() as request:
+    print("ready", flush=True)
+    time.sleep(60)  # a step that takes long: the first signal waits for it, the second does not
+print("finished the step", flush=True)
+"""
+
+
+def test_a_second_ctrl_c_exits_at_once():
+    proc = subprocess.Popen(
+        [sys.executable, "-c", SECOND_SIGNAL],
+        cwd=REPO,
+        env=sweep_env(),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    assert proc.stdout.readline().strip() == "ready"
+    proc.send_signal(signal.SIGINT)
+    # Wait for the handler to have seen it: two signals still pending at once count as one.
+    first = proc.stderr.readline() + proc.stderr.readline()
+    assert "SIGINT: stopping after the current step (SIGINT again to exit at once)" in first
+    assert proc.poll() is None  # the first one only asked the step to finish
+    start = time.monotonic()
+    proc.send_signal(signal.SIGINT)
+    out, err = proc.communicate(timeout=30)
+    assert proc.returncode == 128 + signal.SIGINT and time.monotonic() - start < 5
+    assert "finished the step" not in out and "second SIGINT: exiting now" in err
+
+
+def _lines_until(proc, needle: str, seen: list[str], timeout: float = 120) -> None:
+    """Read the process's output until a line holds `needle` (the rest keeps being read in the background)."""
+    found = threading.Event()
+
+    def read():
+        for line in proc.stdout:
+            seen.append(line)
+            if needle in line:
+                found.set()
+        found.set()
+
+    threading.Thread(target=read, daemon=True).start()
+    assert found.wait(timeout), "".join(seen)
+
+
+@pytest.mark.slow
+def test_sigterm_stops_a_sweep_process_and_closes_its_trial(tmp_path):
+    sweep_dir = tmp_path / "sweep"
+    axes = ["hydra.sweeper.sampler.name=grid", "optim.lr=choice(1e-3,2e-3)", "progress=log", "log_every=1"]
+    proc = subprocess.Popen(
+        sweep_cmd(sweep_dir, *axes, "steps=400"),
+        cwd=REPO,
+        env=sweep_env(),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
+    seen: list[str] = []
+    try:
+        _lines_until(proc, "step 3/400", seen)
+        proc.send_signal(signal.SIGTERM)  # what Slurm and `timeout` send
+        proc.wait(timeout=60)
+    finally:
+        proc.kill()
+    out = "".join(seen)
+    assert proc.returncode == 128 + signal.SIGTERM, out
+    assert "run the same command again to resume the unfinished cells" in out
+
+    result = json.loads((sweep_dir / "0" / "result.json").read_text())
+    step = result["interrupted_at_step"]
+    assert result["status"] == "interrupted" and 2 <= step < 399
+    rows = metrics_rows(sweep_dir / "0")
+    assert len(rows) == step + 1 == result["steps_run"] and result["final_loss"] == pytest.approx(
+        float(rows[-1]["loss"])
+    )
+    assert not (sweep_dir / "1").exists()  # the sweep stopped: no further cell started
+
+    storage = f"sqlite:///{sweep_dir / 'ledger.db'}"
+    (trial,) = optuna.load_study(study_name=str(sweep_dir), storage=storage).trials
+    assert trial.state is TrialState.FAIL and trial.user_attrs["status"] == "interrupted"
+
+
+@pytest.mark.slow
+def test_ctrl_c_stops_a_grid_and_the_same_command_runs_only_the_unfinished_cells(tmp_path, monkeypatch):
+    import sweep.job
+
+    real, ran = sweep.job.execute, []
+
+    def execute(run, out_dir, *args, hooks=(), **kwargs):
+        ran.append(out_dir.name)
+        if out_dir.name == "1" and len(ran) == 2:  # Ctrl-C while cell 1 trains, the first time only
+            hooks = [SignalAt(1, signal.SIGINT), *hooks]
+        return real(run, out_dir, *args, hooks=hooks, **kwargs)
+
+    monkeypatch.setattr(sweep.job, "execute", execute)
+    grid = ("optim.lr=1e-3,2e-3,3e-3", "steps=4")
+    with pytest.raises(SystemExit) as exit_:
+        multirun_in_process(tmp_path, *grid)
+    assert exit_.value.code == 128 + signal.SIGINT and ran == ["0", "1"]  # no cell after the interrupted one
+    stopped = json.loads((tmp_path / "1" / "result.json").read_text())
+    assert (stopped["status"], stopped["interrupted_at_step"], stopped["steps_run"]) == ("interrupted", 1, 2)
+    first = (tmp_path / "0" / "result.json").read_text()
+
+    ran.clear()
+    multirun_in_process(tmp_path, *grid, "threads=1")  # the same sweep (threads does not change a run)
+    assert ran == ["1", "2"]  # the finished cell 0 is kept, the interrupted one and the rest run
+    assert (tmp_path / "0" / "result.json").read_text() == first
+    assert [json.loads((tmp_path / n / "result.json").read_text())["status"] for n in "12"] == ["stable", "stable"]
+
+
+def test_an_interrupted_run_redone_by_a_resume_is_superseded_in_the_report(tmp_path):
+    """The Optuna sweeper redoes an interrupted cell as a new trial in a new directory: the report counts
+    the cell once, by its finished run."""
+    from sweep.report.runs import runs_from_dirs
+    from sweep.run.results import RunResult, write_result
+
+    params = {"optim.lr": 1e-3}
+    write_result(tmp_path / "0", RunResult("interrupted", params=params, reason="SIGINT after step 1 of 9"))
+    write_result(tmp_path / "1", RunResult("stable", params=params, final_loss=0.5, steps_run=9))
+    write_result(tmp_path / "2", RunResult("interrupted", params={"optim.lr": 2e-3}))  # not redone yet
+    runs = runs_from_dirs(tmp_path).set_index("run_dir")
+    assert runs.loc[str((tmp_path / "0").resolve()), "superseded_by"] == str((tmp_path / "1").resolve())
+    assert runs.superseded_by.notna().sum() == 1
+
+
+@pytest.mark.slow
+def test_an_interrupted_optuna_batch_leaves_no_trial_running_and_resumes(tmp_path, monkeypatch):
+    """n_jobs=2: the first job is interrupted, so the second never starts; its asked trial is failed as
+    stale instead of staying RUNNING until its heartbeat goes stale. Neither counts as done: the same
+    command runs both cells."""
+    import sweep.job
+    from sweep.search.ledger import STALE_ATTR
+
+    real = sweep.job.execute
+
+    def execute(run, out_dir, *args, hooks=(), **kwargs):
+        return real(run, out_dir, *args, hooks=[SignalAt(0, signal.SIGTERM), *hooks], **kwargs)
+
+    monkeypatch.setattr(sweep.job, "execute", execute)
+    axes = ("hydra/sweeper=optuna_sweep", "hydra.sweeper.sampler.name=grid", "optim.lr=choice(1e-3,2e-3)")
+    with pytest.raises(SystemExit):
+        multirun_in_process(tmp_path, *axes, "hydra.sweeper.n_jobs=2", "steps=5")
+    trials = optuna.load_study(study_name=str(tmp_path), storage=f"sqlite:///{tmp_path / 'ledger.db'}").trials
+    assert [t.state for t in trials] == [TrialState.FAIL, TrialState.FAIL]
+    assert trials[0].user_attrs["status"] == "interrupted" and trials[0].user_attrs["interrupted_at_step"] == 0
+    assert trials[1].system_attrs.get(STALE_ATTR) is True and not (tmp_path / "1" / "result.json").exists()
+
+    monkeypatch.setattr(sweep.job, "execute", real)  # the same swept axes again (steps may change): both cells run
+    multirun_in_process(tmp_path, *axes, "steps=2")
+    trials = optuna.load_study(study_name=str(tmp_path), storage=f"sqlite:///{tmp_path / 'ledger.db'}").trials
+    done = sorted(t.params["optim.lr"] for t in trials if t.state is TrialState.COMPLETE)
+    assert done == [1e-3, 2e-3] and len(trials) == 4
+
+
+@pytest.mark.slow
+def test_ctrl_c_in_a_packed_sweep_finishes_the_pack_and_starts_no_other(tmp_path, monkeypatch):
+    """hydra/launcher=packed: the pack in progress is the window a signal waits for; the same command
+    then runs only the packs that did not start."""
+    import sweep.run.packing
+
+    real, packs = sweep.run.packing.execute_pack, []
+
+    def execute_pack(runs, out_dirs, *args, **kwargs):
+        packs.append(sorted(d.name for d in out_dirs))
+        if len(packs) == 1:
+            os.kill(os.getpid(), signal.SIGINT)  # while the first pack trains
+        return real(runs, out_dirs, *args, **kwargs)
+
+    monkeypatch.setattr(sweep.run.packing, "execute_pack", execute_pack)
+    grid = ("hydra/launcher=packed", "hydra.launcher.pack=2", "optim.lr=1e-3,2e-3,3e-3,4e-3", "steps=3")
+    with pytest.raises(SystemExit) as exit_:
+        multirun_in_process(tmp_path, *grid)
+    assert exit_.value.code == 128 + signal.SIGINT and len(packs) == 1
+    done = sorted(p.parent.name for p in tmp_path.glob("*/result.json"))
+    assert done == packs[0] and len(done) == 2
+    kept = {n: (tmp_path / n / "result.json").read_text() for n in done}
+
+    multirun_in_process(tmp_path, *grid)
+    assert sorted(n for p in packs[1:] for n in p) == sorted({"0", "1", "2", "3"} - set(done))
+    assert all((tmp_path / n / "result.json").read_text() == text for n, text in kept.items())
+    assert len(list(tmp_path.glob("*/result.json"))) == 4

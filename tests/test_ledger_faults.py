@@ -1,0 +1,172 @@
+"""A ledger that cannot take a trial when its run ends: locked by another process, replaced by garbage,
+its server stopped. The run's result.json stands, the wait is bounded, the log names the cause, and the
+trial is recorded later (sweep/search/pending.py)."""
+
+from __future__ import annotations
+
+import json
+import logging
+import subprocess
+import sys
+import time
+
+import optuna
+import pytest
+from optuna.trial import TrialState
+
+from sweep.job import record
+from sweep.search.pending import PENDING_FILE, pending_runs, record_pending
+from sweep.sync_ledger import main as sync_main
+
+from .cluster_servers import LEDGER_FROM_ENV, postgres_url  # noqa: F401  (fixture)
+from .conftest import REPO, make_run
+
+
+def result(status="stable", **kw) -> dict:
+    return {
+        "status": status,
+        "final_loss": 0.5,
+        "initial_loss": 1.0,
+        "steps_run": 3,
+        "params": {"optim.lr": 1e-3},
+        **kw,
+    }
+
+
+def trials(sweep_dir):
+    return optuna.load_study(study_name=str(sweep_dir), storage=f"sqlite:///{sweep_dir / 'ledger.db'}").trials
+
+
+HOLD_LOCK = """
+import sqlite3, sys
+conn = sqlite3.connect(sys.argv[1], isolation_level=None)
+conn.execute("BEGIN EXCLUSIVE")  # a write transaction another process keeps open
+print("locked", flush=True)
+sys.stdin.read()  # until the test closes our stdin
+conn.execute("ROLLBACK")
+"""
+
+
+def test_a_locked_ledger_is_waited_for_a_bounded_time_then_the_trial_is_recorded_later(tmp_path, caplog):
+    sweep_dir = tmp_path
+    run = make_run("ledger.lock_timeout_s=1")
+    (sweep_dir / "0").mkdir()
+    record(run, sweep_dir, sweep_dir / "0", result())  # the ledger exists, with one trial
+    (sweep_dir / "1").mkdir()
+    (sweep_dir / "1" / "result.json").write_text(json.dumps(result("diverged", verdict="loss_spike")))
+
+    holder = subprocess.Popen(
+        [sys.executable, "-c", HOLD_LOCK, str(sweep_dir / "ledger.db")],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        assert holder.stdout.readline().strip() == "locked"
+        start = time.monotonic()
+        with caplog.at_level(logging.WARNING, logger="sweep"):
+            record(run, sweep_dir, sweep_dir / "1", json.loads((sweep_dir / "1" / "result.json").read_text()))
+        waited = time.monotonic() - start
+        assert waited < 8, waited  # about lock_timeout_s, not minutes
+        line = caplog.records[-1].getMessage()
+        assert caplog.records[-1].levelno == logging.WARNING
+        assert "is locked by another process (waited 1 s, ledger.lock_timeout_s)" in line
+        assert f"python -m sweep.sync_ledger {sweep_dir}" in line
+        assert pending_runs(sweep_dir) == [sweep_dir / "1"]
+        assert record_pending(sweep_dir, lock_timeout_s=0.5)[1]  # still locked: still pending, said why
+        assert pending_runs(sweep_dir) == [sweep_dir / "1"]
+    finally:
+        holder.stdin.close()
+        holder.wait(timeout=10)
+
+    assert sync_main([str(sweep_dir)]) == 0  # the lock went away: recorded
+    assert not (sweep_dir / "1" / PENDING_FILE).exists()
+    recorded = {t.user_attrs["run_dir"]: t for t in trials(sweep_dir)}
+    late = recorded[str((sweep_dir / "1").resolve())]
+    assert late.state is TrialState.COMPLETE and late.user_attrs["verdict"] == "loss_spike"
+    assert len(recorded) == 2
+
+
+def test_a_ledger_file_replaced_by_random_bytes_loses_no_result_and_says_so(tmp_path, caplog):
+    sweep_dir = tmp_path
+    run = make_run()
+    (sweep_dir / "0").mkdir()
+    record(run, sweep_dir, sweep_dir / "0", result())
+    (sweep_dir / "ledger.db").write_bytes(bytes(range(256)) * 64)  # mid-sweep, something overwrote it
+    (sweep_dir / "1").mkdir()
+    (sweep_dir / "1" / "result.json").write_text(json.dumps(result()))
+    with caplog.at_level(logging.ERROR, logger="sweep"):
+        record(run, sweep_dir, sweep_dir / "1", result())
+    line = caplog.records[-1].getMessage()
+    assert f"could not record {sweep_dir / '1'}" in line and "file is not a database" in line
+    assert "it will be recorded at the end of the sweep" in line
+    assert json.loads((sweep_dir / "1" / "result.json").read_text())["status"] == "stable"
+    assert pending_runs(sweep_dir) == [sweep_dir / "1"]
+    assert sync_main([str(sweep_dir)]) == 1  # still garbage: still pending, exit 1
+
+    (sweep_dir / "ledger.db").unlink()  # the user moves the damaged file away: a fresh ledger takes it
+    assert sync_main([str(sweep_dir)]) == 0
+    assert [t.user_attrs["status"] for t in trials(sweep_dir)] == ["stable"]
+
+
+@pytest.mark.parametrize("value", ["0", "-1"])
+def test_lock_timeout_must_be_positive(value):
+    from sweep.config import ConfigError
+
+    with pytest.raises(ConfigError, match="ledger.lock_timeout_s: must be > 0"):
+        make_run(f"ledger.lock_timeout_s={value}")
+
+
+@pytest.mark.slow
+def test_postgres_stopped_mid_sweep_loses_no_trial(tmp_path, monkeypatch, postgres_url, capsys):
+    """The server goes down while job 1 trains: jobs 1 and 2 keep their results and leave their trials
+    pending (the log names the cause); once it is back, python -m sweep.sync_ledger records them."""
+    import sweep.job
+
+    from .conftest import multirun_in_process
+
+    sweep_dir = tmp_path / "sweep"
+    real = sweep.job.execute
+
+    def execute(run, out_dir, *args, **kwargs):
+        if out_dir.name == "1":
+            subprocess.run(["bash", str(REPO / "scripts" / "postgres.sh"), "stop"], check=True, capture_output=True)
+        return real(run, out_dir, *args, **kwargs)
+
+    monkeypatch.setattr(sweep.job, "execute", execute)
+    monkeypatch.setenv("SWEEP_LEDGER_URL", postgres_url)
+    try:
+        multirun_in_process(sweep_dir, "optim.lr=1e-3,2e-3,3e-3", "steps=2", LEDGER_FROM_ENV, "ledger.lock_timeout_s=1")
+    finally:
+        subprocess.run(["bash", str(REPO / "scripts" / "postgres.sh")], check=True, capture_output=True)
+    out = "".join(capsys.readouterr())  # Hydra's job logging replaces the handlers caplog would use
+    errors = [line for line in out.splitlines() if "ledger: could not record" in line]
+    assert len(errors) == 2 and all("failed: Connection refused" in e for e in errors), out[-3000:]
+    assert "it will be recorded at the end of the sweep" in errors[0]
+    assert out.count("ledger: still not recorded") == 2  # the sweep's end tried again
+    assert pending_runs(sweep_dir) == [sweep_dir / "1", sweep_dir / "2"]
+    assert all(json.loads((sweep_dir / n / "result.json").read_text())["status"] == "stable" for n in "012")
+
+    assert sync_main([str(sweep_dir)]) == 0  # the URL comes from SWEEP_LEDGER_URL, as it did for the sweep
+    study = optuna.load_study(study_name=str(sweep_dir), storage=postgres_url)
+    assert sorted(t.user_attrs["run_dir"] for t in study.trials) == [str(sweep_dir / n) for n in "012"]
+    assert pending_runs(sweep_dir) == []
+
+
+def test_a_sweeper_trial_failed_before_its_run_was_recorded_gets_a_new_trial_with_its_params(tmp_path):
+    """Recorded late, a sweeper's trial has been failed meanwhile (the sweeper settles what its job left
+    RUNNING): the run becomes a new trial in the sweeper's search space, with the asked params."""
+    from dataclasses import replace
+
+    from sweep.config import LedgerConfig
+    from sweep.search.ledger import record_run
+
+    storage = f"sqlite:///{tmp_path / 'ledger.db'}"
+    study = optuna.create_study(study_name=str(tmp_path), storage=storage)
+    asked = study.ask({"optim.lr": optuna.distributions.FloatDistribution(1e-5, 1e-1, log=True)})
+    study.tell(asked, state=TrialState.FAIL)
+    number = record_run(replace(LedgerConfig(), trial_number=asked.number), tmp_path, tmp_path / "0", result())
+    late = trials(tmp_path)[number]
+    assert number != asked.number and late.state is TrialState.COMPLETE
+    assert late.params == asked.params and late.distributions == asked.distributions
+    assert late.user_attrs["status"] == "stable"
