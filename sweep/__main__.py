@@ -90,15 +90,15 @@ def main() -> None:
     os.environ["HYDRA_FULL_ERROR"] = "1"  # let errors reach us so a user mistake can be one line
     try:
         _hydra_main()
-    except OSError as exc:
-        if user_wants_traceback or exc.errno not in DISK_ERRORS:
-            raise
-        # Hydra writes each job's .hydra/ before our code runs: a full or read-only disk stops the sweep there.
-        print(
-            f"sweep: stopped: {exc.strerror}: {exc.filename}; every result.json written so far stands", file=sys.stderr
-        )
-        sys.exit(1)
     except Exception as exc:
+        # Hydra writes each job's .hydra/ before our code runs: a full or read-only disk stops the sweep there.
+        # (Hydra's MissingConfigException is an OSError too, without an errno: a config error, below.)
+        if isinstance(exc, OSError) and exc.errno in DISK_ERRORS and not user_wants_traceback:
+            print(
+                f"sweep: stopped: {exc.strerror}: {exc.filename}; every result.json written so far stands",
+                file=sys.stderr,
+            )
+            sys.exit(1)
         line = None if user_wants_traceback else config_error_line(exc)
         if line is None:
             raise
