@@ -26,6 +26,7 @@ import argparse
 import json
 import os
 import sys
+import tempfile
 from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -169,14 +170,33 @@ def _report_path(root: Path, json_arg: str | None) -> list[Path]:
     return ([folder / REPORT_NAME] if os.access(folder, os.W_OK) else []) + [Path.cwd() / REPORT_NAME]
 
 
+def _umask() -> int:
+    mask = os.umask(0o022)
+    os.umask(mask)
+    return mask
+
+
 def write_report(report: dict, candidates: list[Path]) -> Path | None:
-    """Write the report to the first candidate that accepts it."""
+    """Write the report to the first candidate that accepts it.
+
+    Written to a fresh temporary file beside it, then renamed over the name: a symlink planted there
+    (the scanned folder may belong to someone else) is replaced, never written through, and a reader
+    never sees half a report.
+    """
+    text = json.dumps(report, indent=2) + "\n"
     for path in candidates:
+        tmp = None
         try:
             path.parent.mkdir(parents=True, exist_ok=True)
-            path.write_text(json.dumps(report, indent=2) + "\n")
+            fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")  # O_EXCL
+            with os.fdopen(fd, "w") as f:
+                f.write(text)
+            os.chmod(tmp, 0o666 & ~_umask())  # mkstemp makes it 0600; give it a plain file's mode
+            os.replace(tmp, path)
             return path
         except OSError:
+            if tmp is not None:
+                Path(tmp).unlink(missing_ok=True)
             continue
     return None
 

@@ -187,3 +187,19 @@ def test_check_sample_matches_check_batch() -> None:
     assert [p.kind for p in check_sample(x)[0]] == ["nan"]  # most severe first, like check_batch
     assert [p.kind for p in check_sample(torch.zeros(2, 3))[0]] == ["constant"]
     assert [p.kind for p in check_sample(torch.empty(0))[0]] == ["empty"]
+
+
+def test_the_report_replaces_a_planted_symlink_and_never_writes_through_it(latents, tmp_path, capsys) -> None:
+    """DIR/doctor_report.json -> a file elsewhere: the link is replaced by the report; its target is untouched."""
+    root, _ = latents
+    data = tmp_path / "data"
+    data.mkdir()
+    (data / "a.safetensors").write_bytes((root / "a.safetensors").read_bytes())
+    victim = tmp_path / "victim.conf"
+    victim.write_text("precious\n")
+    (data / "doctor_report.json").symlink_to(victim)
+    assert main([str(data)]) == 0
+    assert victim.read_text() == "precious\n"
+    report = data / "doctor_report.json"
+    assert not report.is_symlink() and _report(report)["n_samples"] == 1
+    assert sorted(p.name for p in data.iterdir()) == ["a.safetensors", "doctor_report.json"]  # no temp file left
