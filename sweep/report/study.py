@@ -21,7 +21,7 @@ import pandas as pd
 from optuna.trial import TrialState
 
 from sweep.report.runs import RESULT_KEYS, outcome_row, runs_frame
-from sweep.search.ledger import CONSTRAINTS_KEY, STALE_ATTR, mask_url
+from sweep.search.ledger import CONSTRAINTS_KEY, STALE_ATTR, driver_url, mask_url
 
 """System attr that sweep.search.sweeper sets on a RUNNING trial it failed because its job died."""
 JOURNAL_SUFFIXES = (".log", ".jsonl", ".journal")
@@ -58,7 +58,7 @@ def open_storage(url: str) -> optuna.storages.BaseStorage:
     if url.startswith("sqlite:///") and not Path(url.split(":///", 1)[1]).is_file():
         raise SourceError(f"no such SQLite ledger: {url.split(':///', 1)[1]}")
     try:
-        return optuna.storages.RDBStorage(url, heartbeat_interval=None)
+        return optuna.storages.RDBStorage(driver_url(url), heartbeat_interval=None)
     except Exception as e:  # noqa: BLE001  (driver missing, host unreachable, bad credentials, ...)
         raise SourceError(f"cannot open {mask_url(url)}: {_clean(e, url)}") from None
 
