@@ -32,7 +32,7 @@ def config_error_line(exc: BaseException) -> str | None:
         key = getattr(err, "full_key", None)
         msg = str(err).split("\n")[0].strip()
         return f"{key}: {msg}" if key else msg
-    if isinstance(exc, HydraException):
+    if isinstance(exc, HydraException) or _raised_reading_overrides(exc):
         lines = [ln.strip() for ln in str(exc).splitlines() if ln.strip()]
         options = getattr(exc, "options", None)
         head = lines[0] if lines else type(exc).__name__
@@ -40,10 +40,32 @@ def config_error_line(exc: BaseException) -> str | None:
     return None
 
 
+# Hydra modules that only read the command line's overrides and the defaults list they make: a plain
+# ValueError/TypeError raised there is about the user's input (`precision=null`: "Config group override
+# must be a string or a list. Got NoneType"), not a bug.
+_HYDRA_INPUT_MODULES = ("hydra/_internal/defaults_list.py", "hydra/core/override_parser/")
+
+
+def _raised_reading_overrides(exc: BaseException) -> bool:
+    if not isinstance(exc, (ValueError, TypeError)) or exc.__traceback__ is None:
+        return False
+    tb = exc.__traceback__
+    while tb.tb_next is not None:
+        tb = tb.tb_next
+    where = tb.tb_frame.f_code.co_filename.replace("\\", "/")
+    return any(m in where for m in _HYDRA_INPUT_MODULES)
+
+
 def exit_config_error(line: ConfigError | str) -> NoReturn:
     """Print the one line and exit with status 2."""
-    print(f"{PREFIX}{line}", file=sys.stderr)
+    print(f"{PREFIX}{one_line(str(line))}", file=sys.stderr)
     sys.exit(2)
+
+
+def one_line(text: str) -> str:
+    """`text` with its line breaks and other control characters escaped (`\\n`): a value quoted on the
+    command line may hold any of them, and the message that names it must stay one line."""
+    return "".join(c if c.isprintable() else c.encode("unicode_escape").decode("ascii") for c in text)
 
 
 @contextlib.contextmanager
