@@ -17,7 +17,9 @@ from __future__ import annotations
 import copy
 import dataclasses
 import enum
+import functools
 import math
+import tempfile
 import typing
 from pathlib import Path
 
@@ -79,6 +81,22 @@ _FLOATS = st.one_of(
 ).map(lambda x: "nan" if math.isnan(x) else ("inf" if x == math.inf else "-inf" if x == -math.inf else repr(x)))
 
 
+PATH_KEYS = ("data.path", "model.init_from", "checkpoint.resume_from", "ledger.storage")
+
+
+@functools.cache
+def existing_paths() -> list[str]:
+    """Paths that exist, of the wrong kind for most keys: an empty folder, a folder of junk, junk files."""
+    root = Path(tempfile.mkdtemp(prefix="cli_fuzz_"))
+    (root / "empty").mkdir()
+    (root / "junk").mkdir()
+    for name in ("model.safetensors", "manifest.json", "a.npy", "b.mp4", "c.pt"):
+        (root / "junk" / name).write_bytes(b"\x00not what it says\n")
+    (root / "weights.safetensors").write_bytes(b"")
+    (root / "notes.txt").write_text("hello")
+    return [str(root / p) for p in ("empty", "junk", "junk/model.safetensors", "weights.safetensors", "notes.txt")]
+
+
 def _optional(t) -> tuple[typing.Any, bool]:
     if typing.get_origin(t) is typing.Union and type(None) in typing.get_args(t):
         (inner,) = [a for a in typing.get_args(t) if a is not type(None)]
@@ -106,6 +124,8 @@ def values_for(key: str, t) -> st.SearchStrategy[str]:
         own.append(items.map(lambda xs: "[" + ",".join(xs) + "]"))
     elif origin in (dict, typing.Dict):
         own.append(st.sampled_from(["{}", "{a: 1}", "{steps: nan}", "{'': 1}", "{a: {b: [1, 2]}}"]))
+    elif t is str and key in PATH_KEYS:
+        own.append(st.sampled_from(existing_paths()).map(lambda p: f"'{p}'"))
     elif t is str:
         prefix = SAFE_STRINGS.get(key)
         own.append(_ODD_TEXT.map(lambda s: prefix + "".join(c for c in s if c.isalnum())) if prefix else _ODD)
@@ -136,13 +156,25 @@ _UNKNOWN = st.one_of(
 )
 
 OVERRIDE = st.one_of(st.sampled_from(LEAVES).flatmap(_override), _group_override(), _UNKNOWN)
-COMMAND = st.lists(OVERRIDE, min_size=1, max_size=4)
+# One real option of a group (each distinct set of options costs one full compose, ~0.1-0.3 s).
+_VALID_GROUP = st.sampled_from(
+    [f"{g}={o}" for g, opts in RUNNABLE_GROUPS.items() for o in opts] + [f"data={o}" for o in GROUPS["data"]]
+)
+_LEAF = st.sampled_from(LEAVES).flatmap(_override)
+COMMAND = st.one_of(
+    st.lists(OVERRIDE, min_size=1, max_size=4),  # anything
+    st.tuples(st.lists(_VALID_GROUP, max_size=1), st.lists(_LEAF, min_size=1, max_size=3)).map(
+        lambda gl: gl[0] + gl[1]
+    ),  # real options, then values: reaches validation and check_inputs past the group choice
+)
 
 
 @st.composite
 def runnable_command(draw) -> list[str]:
     """Overrides a quick real run accepts: runnable group options and in-range numbers."""
     out = [f"{g}={draw(st.sampled_from(opts))}" for g, opts in RUNNABLE_GROUPS.items() if draw(st.booleans())]
+    if "model=dit_tiny" in out:  # an image model: image data
+        out += ["data=synthetic_image", "data.frames=1"]
     out.append(f"optim.lr={draw(st.sampled_from(['1e-5', '1e-3', '0.1', '10.0']))}")
     out.append(f"seed={draw(st.integers(0, 2**31))}")
     if draw(st.booleans()):
@@ -186,14 +218,20 @@ class Composer:
         keys = [o for o in parsed if o.key_or_group not in GROUPS]
         if any(o.key_or_group.startswith("hydra") for o in keys):
             return self._full(overrides)
-        base = self._bases.get(tuple(groups))
-        if base is None:
-            base = self._bases[tuple(groups)] = self._full(groups)
-        cfg, choices = copy.deepcopy(base[0]), base[1]
+        if tuple(groups) not in self._bases:
+            try:
+                cfg, choices = self._full(groups)
+                with open_dict(cfg):
+                    cfg.pop("hydra")  # the job's config has none; copied for every draw, it is most of the cost
+                self._bases[tuple(groups)] = (cfg, choices)
+            except Exception as e:  # noqa: BLE001  (the same options fail the same way: raised again below)
+                self._bases[tuple(groups)] = e
+        base = self._bases[tuple(groups)]
+        if isinstance(base, Exception):
+            raise base
+        cfg = copy.deepcopy(base[0])
         ConfigLoaderImpl._apply_overrides_to_config(keys, cfg)
-        with open_dict(cfg):
-            cfg.pop("hydra", None)
-        return cfg, choices
+        return cfg, base[1]
 
     def _full(self, overrides: list[str]):
         from hydra import compose

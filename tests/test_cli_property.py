@@ -25,7 +25,7 @@ def composer():
 
 
 @seed(21)
-@settings(CI, max_examples=300)
+@settings(CI, max_examples=200)
 @given(overrides=COMMAND)
 @example(overrides=["finetune=null"])  # found by bench/fuzz_cli.py: Hydra's ValueError, a traceback
 @example(overrides=["data=latent_folder", "data.path='a\nb'"])  # found too: a newline split the line
