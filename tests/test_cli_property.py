@@ -29,6 +29,8 @@ def composer():
 @given(overrides=COMMAND)
 @example(overrides=["finetune=null"])  # found by bench/fuzz_cli.py: Hydra's ValueError, a traceback
 @example(overrides=["data=latent_folder", "data.path='a\nb'"])  # found too: a newline split the line
+@example(overrides=["checkpoint=${steps}"])  # found too: a scalar where a section belongs, AttributeError
+@example(overrides=["~ledger", "++ledger=3"])  # likewise
 def test_every_command_line_runs_or_is_one_line_and_exit_2(composer, overrides):
     kind, text = outcome(composer, overrides)
     assert kind != "traceback", f"{overrides}: {text}"
