@@ -60,6 +60,16 @@ class ZooSpec:
     """Class names of its modulation modules that `modulate=fused` routes; empty = all inline."""
     self_attention: str = "sdpa"
     """sdpa, or a description of the self-attention when it is not SDPA (Sana's linear attention)."""
+    data_keys: tuple[str, ...] = ()
+    """Keys of `config` that a released config cannot choose (models/diffusers_config.py): the data shape,
+    patch size and the widths of the adapter's synthetic conditioning. Built from a released config, they
+    take `config`'s values."""
+    fixed: tuple[tuple[str, object], ...] = ()
+    """Keys a released config cannot choose either, at fixed values: inputs the adapter never feeds
+    (an image condition, guidance) turned off, and what the layout code assumes."""
+    hidden_tied: tuple[str, ...] = ()
+    """Keys that must equal the hidden size num_attention_heads * attention_head_dim (the width the class
+    projects the text to), so shrinking the heads does not leave them at the released width."""
 
     @property
     def is_image(self) -> bool:
@@ -79,6 +89,7 @@ ZOO: dict[str, ZooSpec] = {
             "AdaLayerNormZero (attention input) + inline in BasicTransformerBlock (MLP input) and the output layer"
         ),
         routed=("AdaLayerNormZero",),
+        data_keys=("in_channels", "out_channels", "sample_size", "patch_size"),
     ),
     "pixart": ZooSpec(
         "PixArtTransformer2DModel",
@@ -94,6 +105,15 @@ ZOO: dict[str, ZooSpec] = {
         ),
         modulation="inline in BasicTransformerBlock.forward (ada_norm_single: scale_shift_table)",
         routed=(),
+        data_keys=(
+            "in_channels",
+            "out_channels",
+            "sample_size",
+            "patch_size",
+            "caption_channels",
+            "use_additional_conditions",
+        ),
+        hidden_tied=("cross_attention_dim",),
     ),
     "sana": ZooSpec(
         "SanaTransformer2DModel",
@@ -111,6 +131,9 @@ ZOO: dict[str, ZooSpec] = {
         modulation="inline in SanaTransformerBlock.forward (scale_shift_table)",
         routed=(),
         self_attention="linear attention (SanaLinearAttnProcessor2_0, no SDPA)",
+        data_keys=("in_channels", "out_channels", "sample_size", "patch_size", "caption_channels"),
+        fixed=(("guidance_embeds", False),),
+        hidden_tied=("cross_attention_dim",),
     ),
     "latte": ZooSpec(
         "LatteTransformer3DModel",
@@ -131,6 +154,8 @@ ZOO: dict[str, ZooSpec] = {
         ),
         modulation="inline in BasicTransformerBlock.forward (ada_norm_single: scale_shift_table)",
         routed=(),
+        data_keys=("in_channels", "out_channels", "sample_size", "patch_size", "caption_channels", "video_length"),
+        hidden_tied=("cross_attention_dim",),
     ),
     "cogvideox": ZooSpec(
         "CogVideoXTransformer3DModel",
@@ -148,6 +173,18 @@ ZOO: dict[str, ZooSpec] = {
         ),
         modulation="CogVideoXLayerNormZero (norm1, norm2: video and text tokens) + AdaLayerNorm output layer (inline)",
         routed=("CogVideoXLayerNormZero",),
+        data_keys=(
+            "in_channels",
+            "out_channels",
+            "sample_width",
+            "sample_height",
+            "sample_frames",
+            "patch_size",
+            "text_embed_dim",
+            "max_text_seq_length",
+        ),
+        # sample_frames above is (frames - 1) * 4 + 1; no temporal patches, no ofs input (CogVideoX 1.5 I2V).
+        fixed=(("temporal_compression_ratio", 4), ("patch_size_t", None), ("ofs_embed_dim", None)),
     ),
     "wan": ZooSpec(
         "WanTransformer3DModel",
@@ -157,6 +194,8 @@ ZOO: dict[str, ZooSpec] = {
         ),
         modulation="inline in WanTransformerBlock.forward (scale_shift_table, in fp32)",
         routed=(),
+        data_keys=("in_channels", "out_channels", "patch_size", "text_dim"),
+        fixed=(("image_dim", None), ("added_kv_proj_dim", None), ("pos_embed_seq_len", None)),  # no image input
     ),
     "ltx": ZooSpec(
         "LTXVideoTransformer3DModel",
@@ -171,6 +210,8 @@ ZOO: dict[str, ZooSpec] = {
         ),
         modulation="inline in LTXVideoTransformerBlock.forward (scale_shift_table)",
         routed=(),
+        data_keys=("in_channels", "out_channels", "patch_size", "patch_size_t", "caption_channels"),
+        hidden_tied=("cross_attention_dim",),
     ),
     "hunyuan": ZooSpec(
         "HunyuanVideoTransformer3DModel",
@@ -190,6 +231,16 @@ ZOO: dict[str, ZooSpec] = {
         modulation="AdaLayerNormZero (dual-stream norm1/norm1_context), AdaLayerNormZeroSingle (single-stream) "
         "+ inline MLP modulation in the dual-stream block and the token refiner",
         routed=("AdaLayerNormZero", "AdaLayerNormZeroSingle"),
+        data_keys=(
+            "in_channels",
+            "out_channels",
+            "patch_size",
+            "patch_size_t",
+            "guidance_embeds",
+            "text_embed_dim",
+            "pooled_projection_dim",
+        ),
+        fixed=(("image_condition_type", None),),
     ),
     "allegro": ZooSpec(
         "AllegroTransformer3DModel",
@@ -207,6 +258,17 @@ ZOO: dict[str, ZooSpec] = {
         ),
         modulation="inline in AllegroTransformerBlock.forward (scale_shift_table)",
         routed=(),
+        data_keys=(
+            "in_channels",
+            "out_channels",
+            "patch_size",
+            "patch_size_t",
+            "sample_height",
+            "sample_width",
+            "sample_frames",
+            "caption_channels",
+        ),
+        hidden_tied=("cross_attention_dim",),
     ),
     "mochi": ZooSpec(
         "MochiTransformer3DModel",
@@ -225,6 +287,14 @@ ZOO: dict[str, ZooSpec] = {
         ),
         modulation="MochiRMSNormZero (norm1, norm1_context; scale only, in fp32) + inline MLP modulation",
         routed=("MochiRMSNormZero",),
+        data_keys=(
+            "in_channels",
+            "out_channels",
+            "patch_size",
+            "pooled_projection_dim",
+            "text_embed_dim",
+            "max_sequence_length",
+        ),
     ),
 }
 
@@ -339,15 +409,23 @@ def build_diffusers_model(
     """A tiny `name` from ZOO, random init from the global RNG, wrapped in DiffusersAdapter."""
     import diffusers
 
-    from models.diffusers_kernels import route_modulation
-
     if name not in ZOO:
         raise ValueError(f"unknown diffusers model {name!r}; choose one of {DIFFUSERS_MODELS}")
+    spec = ZOO[name]
+    transformer = getattr(diffusers, spec.cls_name)(**spec.config(channels, frames, height, width, patch_size))
+    return wrap_transformer(name, transformer, attention, modulate, patch_size, seed)
+
+
+def wrap_transformer(
+    name: str, transformer: nn.Module, attention: str, modulate: str, patch_size: int, seed: int = 0
+) -> DiffusersAdapter:
+    """A built ZOO[name]-class transformer, its modulation routed for `modulate`, as a DiffusersAdapter."""
+    from models.diffusers_kernels import route_modulation
+
     spec = ZOO[name]
     reason = modulate_unsupported_reason(name, modulate)
     if reason is not None:
         raise ValueError(reason)
-    transformer = getattr(diffusers, spec.cls_name)(**spec.config(channels, frames, height, width, patch_size))
     if modulate != "eager":
         routed = route_modulation(transformer, spec.routed, modulate)
         if routed == 0:

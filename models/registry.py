@@ -32,13 +32,15 @@ def build_model(
     attention: str = "math",
     modulate: str = "eager",
     mlp_ratio: float = 4.0,
+    width: int | None = None,
+    depth: int | None = None,
 ) -> nn.Module:
-    """Build a DiT ("dit") or VideoDiT ("video_dit") of a named size from MODEL_SIZES."""
+    """Build a DiT ("dit") or VideoDiT ("video_dit") of a named size from MODEL_SIZES, or of that size
+    with another `width` (hidden size; the head dim is kept, so heads = width / head dim) or `depth`
+    (blocks): the steps of a size ladder (docs/ladder.md)."""
     if arch not in ARCHS:
         raise ValueError(f"unknown arch {arch!r}; choose one of {ARCHS}")
-    if size not in MODEL_SIZES:
-        raise ValueError(f"unknown model size {size!r}; choose one of {tuple(MODEL_SIZES)}")
-    dims = MODEL_SIZES[size]
+    dims = sized(size, width, depth)
     common = dict(
         input_size=input_size,
         in_channels=in_channels,
@@ -59,6 +61,28 @@ def build_model(
     if dims["depth"] % 2:
         raise ValueError(f"size {size!r} has odd depth {dims['depth']}; video_dit needs (spatial, temporal) pairs")
     return VideoDiT(num_frames=num_frames, depth=dims["depth"] // 2, **common)
+
+
+def head_dim(size: str) -> int:
+    dims = MODEL_SIZES[size]
+    return dims["hidden_size"] // dims["num_heads"]
+
+
+def sized(size: str, width: int | None = None, depth: int | None = None) -> dict[str, int]:
+    """The dims of a named size, with its hidden size and/or depth replaced; ValueError when they do not fit."""
+    if size not in MODEL_SIZES:
+        raise ValueError(f"unknown model size {size!r}; choose one of {tuple(MODEL_SIZES)}")
+    dims = dict(MODEL_SIZES[size])
+    if width is not None:
+        hd = head_dim(size)
+        if width <= 0 or width % hd:
+            raise ValueError(f"must be a positive multiple of {hd} (the head dim of size {size}), got {width}")
+        dims.update(hidden_size=width, num_heads=width // hd)
+    if depth is not None:
+        if depth <= 0:
+            raise ValueError(f"must be > 0, got {depth}")
+        dims["depth"] = depth
+    return dims
 
 
 def count_params(model: nn.Module) -> int:

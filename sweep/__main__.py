@@ -75,9 +75,13 @@ def _strings(value) -> list[str]:
 def main() -> None:
     key = literal_password_arg(sys.argv[1:])
     if key is not None:
+        how = (
+            "export MLFLOW_TRACKING_URI (or MLFLOW_TRACKING_PASSWORD) and leave logger.mlflow.tracking_uri null"
+            if key.lstrip("+~").startswith("logger")
+            else "use ledger.storage='${oc.env:SWEEP_LEDGER_URL}' and export SWEEP_LEDGER_URL"
+        )
         exit_config_error(
-            f"{key.lstrip('+~')}: do not put a password on the command line (Hydra saves it in "
-            "its output files); use ledger.storage='${oc.env:SWEEP_LEDGER_URL}' and export SWEEP_LEDGER_URL"
+            f"{key.lstrip('+~')}: do not put a password on the command line (Hydra saves it in its output files); {how}"
         )
     user_wants_traceback = bool(os.environ.get("HYDRA_FULL_ERROR"))
     os.environ["HYDRA_FULL_ERROR"] = "1"  # let errors reach us so a user mistake can be one line

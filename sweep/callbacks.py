@@ -52,8 +52,9 @@ class OutputDirCheck(Callback):
             check_output_dir(path, key)
 
 
-NOT_WHAT_RUNS = ("threads", "progress", "log_every")
-"""Overrides that say how a grid's runs go, not which runs it makes: the same sweep may change them."""
+NOT_WHAT_RUNS = ("threads", "progress", "log_every", "logger")
+"""Overrides that say how a grid's runs go or where they are logged, not which runs it makes: the same sweep
+may change them."""
 SWEEP_FILE = "multirun.yaml"  # Hydra's (and our Optuna sweeper's) saved config of the sweep owning the directory
 _ALIVE = ".sweep.alive"
 _ALIVE_HELD: dict[str, int] = {}
@@ -136,6 +137,40 @@ def release_sweep_dir(sweep_dir: Path) -> None:
         os.close(fd)
 
 
+class TrackerSweep(Callback):
+    """logger=mlflow: the sweep's parent MLflow run, made before the first job and ended after the summary
+    (sweep/run/mlflow_sink.py). Jobs find it through <sweep dir>/mlflow_parent.json, whatever launcher runs
+    them. A tracker that fails is a warning here: the sweep goes on, and each run says so in result.json."""
+
+    def on_multirun_start(self, config: DictConfig, **kwargs: Any) -> None:
+        cfg = self._mlflow(config)
+        if cfg is None:
+            return
+        from sweep.run.mlflow_sink import start_sweep_run
+
+        overrides = OmegaConf.select(config, "hydra.overrides.task", default=None) or []
+        try:
+            start_sweep_run(cfg, Path(config.hydra.sweep.dir), " ".join(str(o) for o in overrides))
+        except Exception as e:  # noqa: BLE001  (the runs log without a parent, or say why they could not)
+            log.warning("logger mlflow: no parent run for this sweep: %s", e)
+
+    def on_multirun_end(self, config: DictConfig, **kwargs: Any) -> None:
+        cfg = self._mlflow(config)
+        if cfg is None:
+            return
+        from sweep.run.mlflow_sink import end_sweep_run
+
+        try:
+            end_sweep_run(cfg, Path(config.hydra.sweep.dir))
+        except Exception as e:  # noqa: BLE001
+            log.warning("logger mlflow: could not end the sweep's parent run: %s", e)
+
+    @staticmethod
+    def _mlflow(config: DictConfig):
+        node = OmegaConf.select(config, "logger.mlflow", default=None)
+        return OmegaConf.to_object(node) if node is not None and node.enabled else None
+
+
 class SweepSummary(Callback):
     """At the end of every multirun: the tables on the terminal, summary.md/.csv/.parquet in the sweep dir."""
 
@@ -152,7 +187,8 @@ class SweepSummary(Callback):
             log.warning("no run of this sweep wrote a result.json (%s)", sweep_dir)
             return
         try:
-            summary = summarize(runs)
+            target = OmegaConf.select(config, "ladder.target", default=None)
+            summary = summarize(runs, target, OmegaConf.select(config, "ladder.confidence", default=0.9))
             text = render_text(summary)
             written = write_summary(sweep_dir, summary)
         except Exception:

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import copy
 import dataclasses
+import importlib.util
 import math
 import os
 import typing
@@ -57,6 +58,7 @@ class Arch(str, Enum):
     video_dit = "video_dit"
     diffusers = "diffusers"  # a tiny diffusers transformer, named by model.name (models/diffusers_zoo.py)
     custom = "custom"  # the user's own nn.Module, built by model.target (models/custom.py, docs/models.md)
+    diffusers_config = "diffusers_config"  # a released diffusers transformer, shrunk, from model.config (config.json)
 
 
 class FaultKind(str, Enum):
@@ -182,14 +184,35 @@ class ModelConfig:
     """arch=custom only: `pkg.module:factory`, a callable returning an nn.Module with forward(x, t) (docs/models.md)."""
     kwargs: Dict[str, Any] = field(default_factory=dict)
     """arch=custom only: keyword arguments of the factory (data shape and axes come from the config, not here)."""
+    width: Optional[int] = None
+    """Native models: the hidden size instead of the named size's, its head dim kept (heads = width / head
+    dim): the size axis of `+ladder=width` (docs/ladder.md). null = the size's own."""
+    depth: Optional[int] = None
+    """Native models: the number of blocks instead of the named size's (even for video_dit: spatial +
+    temporal pairs): the size axis of `+ladder=depth`. null = the size's own."""
+    config: Optional[str] = None
+    """arch=diffusers_config only: a released model's transformer/config.json (models/diffusers_config.py)."""
+    shrink: Dict[str, Any] = field(default_factory=dict)
+    """arch=diffusers_config only: keyword arguments that override the file's, e.g. {num_layers: 2}."""
+
+    @property
+    def diffusers_name(self) -> Optional[str]:
+        """The ZOO key (models/diffusers_zoo.py) of a diffusers model, built tiny or from a released config."""
+        if self.arch is Arch.diffusers:
+            return self.name
+        if self.arch is Arch.diffusers_config:
+            from models.diffusers_config import read_config, zoo_name
+
+            return zoo_name(read_config(self.config), self.config)
+        return None
 
     @property
     def is_image(self) -> bool:
         """Whether the model trains on images (B, C, H, W) rather than clips (B, C, F, H, W)."""
-        if self.arch is Arch.diffusers:
+        if self.arch in (Arch.diffusers, Arch.diffusers_config):
             from models.diffusers_zoo import ZOO  # models imports torch; composing a config does not need it
 
-            return ZOO[self.name].is_image
+            return ZOO[self.diffusers_name].is_image
         if self.arch is Arch.custom:  # the factory declares it: `factory.is_image = True` (models/custom.py)
             from models.custom import factory_is_image, load_factory
 
@@ -327,6 +350,23 @@ class CheckpointConfig:
     """The tensor `inject` corrupts; null = the first attention weight."""
 
 
+class LadderAxis(str, Enum):
+    width = "width"
+    depth = "depth"
+
+
+@dataclass
+class LadderConfig:
+    """The frontier across sizes (`+ladder=width|depth`, sweep/report/ladder.py, docs/ladder.md)."""
+
+    axis: Optional[LadderAxis] = None
+    """Which size the sweep steps through (model.width or model.depth); null = no ladder."""
+    target: Optional[int] = None
+    """The width (or depth) to extrapolate the largest stable lr to."""
+    confidence: float = 0.9
+    """Of the prediction interval at the target."""
+
+
 @dataclass
 class EvalConfig:
     """The evaluation loss (sweep/run/evaluate.py, docs/eval_loss.md): the model's loss on held-out clips,
@@ -360,6 +400,44 @@ class LedgerConfig:
     """Set by our Optuna sweeper: the trial this run finishes (null: the run adds a trial of its own)."""
     pruner: PrunerConfig = field(default_factory=PrunerConfig)
     """Set by our Optuna sweeper (hydra.sweeper.pruner): report the loss to the trial, stop when pruned."""
+
+
+@dataclass
+class TensorBoardConfig:
+    """Event files per run (sweep/run/tensorboard_sink.py): `tensorboard --logdir <sweep dir>` shows them all."""
+
+    enabled: bool = False
+    dir: str = "tensorboard"
+    """The event files' folder, inside the run directory."""
+
+
+@dataclass
+class MlflowConfig:
+    """Each run an MLflow run, nested under one parent run per sweep (sweep/run/mlflow_sink.py)."""
+
+    enabled: bool = False
+    tracking_uri: Optional[str] = None
+    """null = $MLFLOW_TRACKING_URI, else sqlite:///<sweep dir>/mlflow.db. A password goes in the environment
+    (MLFLOW_TRACKING_PASSWORD, or tracking_uri='${oc.env:MY_URI}'), never on the command line."""
+    experiment: Optional[str] = None
+    """The MLflow experiment of the sweep; null = the sweep directory's path (as the ledger's study)."""
+    timeout_s: int = 10
+    """Per HTTP request to the tracking server; a server that does not answer costs this once per run."""
+    retries: int = 1
+    """HTTP retries per request (MLflow's own default of 7 with backoff waits minutes on a dead server)."""
+
+
+@dataclass
+class LoggerConfig:
+    """Trackers that get every run's curves and verdict (conf/logger/, docs/loggers.md): logger=none (default),
+    tensorboard, mlflow, or several as a list: 'logger=[tensorboard,mlflow]'."""
+
+    tensorboard: TensorBoardConfig = field(default_factory=TensorBoardConfig)
+    mlflow: MlflowConfig = field(default_factory=MlflowConfig)
+    flush_every: int = 50
+    """Rows sent to the trackers (and appended to metrics.csv) in one batch ..."""
+    flush_s: float = 10.0
+    """... or after this many seconds, whichever comes first; the rest at the end of the run."""
 
 
 @dataclass
@@ -407,6 +485,9 @@ class RunConfig:
     """Everything one run needs; the root of the composed config."""
 
     seed: int = 0
+    replicates: int = 1
+    """Multirun only: run every combination with this many seeds, seed .. seed + replicates - 1; the tables
+    show their mean, spread and "k of n diverged" (sweep/search/replicates.py, sweep/report/noise.py)."""
     steps: int = 50
     device: str = "auto"
     """auto, cpu, cuda or cuda:N."""
@@ -431,8 +512,10 @@ class RunConfig:
     monitor: MonitorConfig = field(default_factory=MonitorConfig)
     checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
     eval: EvalConfig = field(default_factory=EvalConfig)
+    ladder: LadderConfig = field(default_factory=LadderConfig)
     scenario: ScenarioConfig = field(default_factory=ScenarioConfig)
     ledger: LedgerConfig = field(default_factory=LedgerConfig)
+    logger: LoggerConfig = field(default_factory=LoggerConfig)
 
     @property
     def model_inputs(self) -> dict:
@@ -455,6 +538,7 @@ def register_schemas() -> None:
     # model.kwargs are the custom factory's own keys: Hydra's struct mode would refuse every new one
     # ('model.kwargs={depth:2}' would need a `+`), so that one node is open.
     OmegaConf.set_struct(node.model.kwargs, False)
+    OmegaConf.set_struct(node.model.shrink, False)  # likewise the released class's keys
     ConfigStore.instance().store(name="run_schema", node=node)
 
 
@@ -505,9 +589,12 @@ def nonfinite_floats(node: Any, key: str = "") -> Iterator[tuple[str, float]]:
             yield from nonfinite_floats(value, f"{key}[{i}]")
 
 
+MAX_REPLICATES = 100
+
+
 def validate(run: RunConfig) -> RunConfig:
     """Reject values no run can use; each message names the dotted key."""
-    from models.registry import MODEL_SIZES  # imports torch (models/), which composing a config never needs
+    from models.registry import MODEL_SIZES, sized  # imports torch (models/), which composing a config never needs
 
     for key, value in nonfinite_floats(run):  # the first one: one line names one key
         raise ConfigError(f"{key}: must be a finite number, got {value}")
@@ -516,6 +603,16 @@ def validate(run: RunConfig) -> RunConfig:
     _require(0 <= run.threads <= MAX_THREADS, "threads", f"must be in [0, {MAX_THREADS}] (0 = auto), got {run.threads}")
     for key, seed in (("seed", run.seed), ("data.seed", run.data.seed)):
         _require(0 <= seed <= MAX_SEED, key, f"must be in [0, {MAX_SEED}] (2**32 - 1), got {seed}")
+    _require(
+        1 <= run.replicates <= MAX_REPLICATES,
+        "replicates",
+        f"must be in [1, {MAX_REPLICATES}], got {run.replicates}",
+    )
+    _require(
+        run.seed + run.replicates - 1 <= MAX_SEED,
+        "replicates",
+        f"seeds {run.seed}..{run.seed + run.replicates - 1} go past {MAX_SEED} (2**32 - 1)",
+    )
     _require(
         run.device == "auto" or run.device == "cpu" or run.device.startswith("cuda"),
         "device",
@@ -542,8 +639,29 @@ def validate(run: RunConfig) -> RunConfig:
         "precision.cpu_gemm",
         "emulated is for eager runs; compile=true runs inductor's own kernels (use auto or native)",
     )
+    lad = run.ladder
+    _require(lad.target is None or lad.target > 0, "ladder.target", f"must be > 0, got {lad.target}")
+    _require(0 < lad.confidence < 1, "ladder.confidence", f"must be in (0, 1), got {lad.confidence}")
     m = run.model
     _require(m.size in MODEL_SIZES, "model.size", f"unknown size {m.size!r}; choose one of {', '.join(MODEL_SIZES)}")
+    if m.arch in (Arch.dit, Arch.video_dit):
+        for key, dims in (("width", {"width": m.width}), ("depth", {"depth": m.depth})):
+            try:
+                sized(m.size, **dims)
+            except ValueError as e:
+                raise ConfigError(f"model.{key}: {e}") from None
+        _require(
+            m.depth is None or m.arch is Arch.dit or m.depth % 2 == 0,
+            "model.depth",
+            f"video_dit spends its blocks as (spatial, temporal) pairs: must be even, got {m.depth}",
+        )
+    else:
+        for key in ("width", "depth"):
+            _require(
+                getattr(m, key) is None,
+                f"model.{key}",
+                f"sizes the native models only (dit, video_dit), not model.arch={m.arch.value}",
+            )
     _require(m.patch_size > 0, "model.patch_size", f"must be > 0, got {m.patch_size}")
     _require(m.qk_gain > 0, "model.qk_gain", f"must be > 0, got {m.qk_gain}")
     d = run.data
@@ -562,6 +680,7 @@ def validate(run: RunConfig) -> RunConfig:
             f"model.arch=dit trains on images: use data=synthetic_image (frames=1), got {d.frames}",
         )
     _validate_diffusers(run)
+    _validate_diffusers_config(run)
     _validate_custom(run)
     for i, f in enumerate(d.faults):
         _require(
@@ -630,6 +749,18 @@ def validate(run: RunConfig) -> RunConfig:
         f"must be a database URL (sqlite:///..., postgresql://...) or a journal file ending in .log, got {st!r}",
     )
     validate_pruner(run.ledger.pruner, "ledger.pruner")
+    lg = run.logger
+    _require(lg.flush_every > 0, "logger.flush_every", f"must be > 0, got {lg.flush_every}")
+    _require(lg.flush_s >= 0, "logger.flush_s", f"must be >= 0, got {lg.flush_s}")
+    _require(lg.mlflow.timeout_s > 0, "logger.mlflow.timeout_s", f"must be > 0, got {lg.mlflow.timeout_s}")
+    _require(lg.mlflow.retries >= 0, "logger.mlflow.retries", f"must be >= 0, got {lg.mlflow.retries}")
+    _require(bool(lg.tensorboard.dir), "logger.tensorboard.dir", "must name a folder inside the run directory")
+    for name, package in (("tensorboard", "tensorboard"), ("mlflow", "mlflow")):
+        _require(
+            not getattr(lg, name).enabled or importlib.util.find_spec(package) is not None,
+            "logger",
+            f"{name} is not installed: pip install -e '.[tracking]' (docs/loggers.md)",
+        )
     return run
 
 
@@ -661,6 +792,8 @@ def check_inputs(run: RunConfig) -> RunConfig:
         _require(Path(resume).is_dir(), "checkpoint.resume_from", f"no such checkpoint directory: {resume}")
     if run.model.arch is Arch.custom:
         _probe_custom(run)
+    if run.model.arch is Arch.diffusers_config:
+        _probe_diffusers_config(run)
     return run
 
 
@@ -681,6 +814,23 @@ def _probe_custom(run: RunConfig) -> None:
         probe_factory(m.target, m.kwargs, inputs)
     except CustomModelError as e:
         raise ConfigError(f"model.target: {e}") from None
+    _PROBED[key] = None
+
+
+def _probe_diffusers_config(run: RunConfig) -> None:
+    """Count the released model's parameters (meta device) against the budget, then build it and run one
+    forward at the data's shape (per distinct file, shrink and data shape): over budget, or a shrink the class
+    cannot run, is one line and exit 2 before any run."""
+    from models.diffusers_config import DiffusersConfigError, probe
+
+    m, inputs = run.model, run.model_inputs
+    key = repr(("diffusers_config", m.config, sorted(m.shrink.items()), sorted(inputs.items())))
+    if key in _PROBED:
+        return
+    try:
+        probe(m.config, m.shrink, inputs)
+    except DiffusersConfigError as e:
+        raise ConfigError(f"{e.key}: {e}") from None
     _PROBED[key] = None
 
 
@@ -796,6 +946,44 @@ def _validate_diffusers(run: RunConfig) -> None:
         )
 
 
+def _validate_diffusers_config(run: RunConfig) -> None:
+    """model.config and model.shrink of a released diffusers config (models/diffusers_config.py): the file, its
+    class and the shrink keys are checked here; the size budget and a forward in check_inputs."""
+    m, d = run.model, run.data
+    if m.arch is not Arch.diffusers_config:
+        _require(
+            m.config is None,
+            "model.config",
+            f"names a released diffusers config: only with model=diffusers_config, got {m.config!r}",
+        )
+        _require(
+            not m.shrink, "model.shrink", f"shrinks a released config: only with model=diffusers_config, got {m.shrink}"
+        )
+        return
+    from models.diffusers_config import DiffusersConfigError, resolve
+
+    try:
+        released = resolve(m.config, m.shrink, **{k: v for k, v in run.model_inputs.items() if k in _SHAPE_KEYS})
+    except DiffusersConfigError as e:
+        raise ConfigError(f"{e.key}: {e}") from None
+    _require(m.size == "tiny", "model.size", f"a released config's size is set by model.shrink, got {m.size!r}")
+    for key, default in _CUSTOM_UNUSED.items():
+        value = getattr(m, key)
+        _require(
+            value == default,
+            f"model.{key}",
+            f"is implemented for the native models only; a diffusers model keeps its own (model.shrink), got {value}",
+        )
+    image = released.spec.is_image
+    use = "an image model: use data=synthetic_image (frames=1)" if image else "a video model: use data=synthetic_video"
+    _require(
+        (d.frames == 1) == image,
+        "data.frames",
+        f"{released.cls_name} ({m.config}) is {use}{'' if image else ' (frames > 1)'}, got {d.frames}",
+    )
+
+
+_SHAPE_KEYS = ("channels", "frames", "height", "width", "patch_size")
 _CUSTOM_UNUSED = {"qk_norm": False, "qk_gain": 1.0}
 
 

@@ -20,10 +20,11 @@ from hydra.core.hydra_config import HydraConfig
 from hydra.core.override_parser.overrides_parser import OverridesParser
 from omegaconf import DictConfig, OmegaConf
 
-from sweep.config import RunConfig, check_inputs, enum_choices, to_run_config
+from sweep.config import ConfigError, RunConfig, check_inputs, enum_choices, to_run_config
 from sweep.errors import exiting_on_config_error
 from sweep.run.execute import execute
 from sweep.run.results import hold_run_dir, release_run_dir
+from sweep.run.trackers import open_sinks
 from sweep.search.ledger import mask_url, record_run, storage_url
 from sweep.search.pruning import pruning_hooks
 
@@ -35,7 +36,7 @@ def swept_params(cfg: DictConfig, overrides: list[str], choices: dict) -> dict:
     params = {}
     for override in OverridesParser.create().parse_overrides(overrides):
         key = override.key_or_group
-        if key.startswith(("hydra", "ledger")) or override.is_delete():
+        if key.startswith(("hydra", "ledger", "logger")) or override.is_delete():
             continue
         if key in choices:
             params[key] = choices[key]
@@ -63,6 +64,8 @@ def job_spec(cfg: DictConfig) -> JobSpec:
     """The current Hydra job as a JobSpec; raises ConfigError for a bad value."""
     run = check_inputs(to_run_config(cfg))
     hc = HydraConfig.get()
+    if run.replicates > 1 and hc.mode.name != "MULTIRUN":
+        raise ConfigError(f"replicates={run.replicates}: runs each combination of a sweep with that many seeds; add -m")
     if run.threads == 0:
         run = dataclasses.replace(run, threads=parallel_threads(hc))
     params = swept_params(cfg, list(hc.overrides.task), dict(hc.runtime.choices))
@@ -93,8 +96,15 @@ def run_job(cfg: DictConfig) -> dict:
     """The Hydra task function: run the composed config in Hydra's job directory; returns result.json's content."""
     job = job_spec_task(cfg)
     # pruning_hooks: reports to the ledger's trial, only with our sweeper's pruner (sweep/search/pruning.py)
-    result = execute(job.run, job.run_dir, job.params, label=job.label, hooks=pruning_hooks(job.run, job.sweep_dir))
+    hooks = pruning_hooks(job.run, job.sweep_dir)
+    result = execute(job.run, job.run_dir, job.params, label=job.label, hooks=hooks, sinks=job_sinks(job))
     return finish_job(job, result)
+
+
+def job_sinks(job: JobSpec) -> list:
+    """The trackers of `logger` for this job, each run named by its job number and swept params."""
+    name = f"{job.num}: {job.label}" if job.multirun else job.label or job.run_dir.name
+    return open_sinks(job.run.logger, job.run_dir, job.sweep_dir, job.params, name)
 
 
 def finish_job(job: JobSpec, result) -> dict:

@@ -51,3 +51,18 @@ def multirun_in_process(sweep_dir: Path, *overrides: str) -> list:
 @pytest.fixture(autouse=True)
 def _quiet_ci(monkeypatch):
     monkeypatch.setenv("CI", os.environ.get("CI", "1"))
+
+
+def pytest_collection_modifyitems(config, items):
+    """tests/test_loggers.py needs a real mlflow server (~15 s to start): start it now, in the background,
+    so the tests before that module hide its start-up."""
+    if any("test_loggers.py::" in item.nodeid for item in items):
+        from .mlflow_server import start_early
+
+        start_early()
+
+
+def pytest_sessionfinish(session, exitstatus):
+    from .mlflow_server import stop_early  # the server, if a collected test_loggers.py never ran
+
+    stop_early()

@@ -13,7 +13,7 @@ from sweep.config import ConfigError, RunConfig
 
 from .conftest import CONF_DIR, REPO, make_run
 
-GROUPS = ["precision", "attention", "modulate", "model", "data", "optim", "objective", "monitor"]
+GROUPS = ["precision", "attention", "modulate", "model", "data", "optim", "objective", "monitor", "logger"]
 
 
 def options(group: str) -> list[str]:
@@ -26,6 +26,8 @@ def test_every_option_composes_and_validates(group, option):
     extra += ["data=synthetic_image"] if option.startswith(("dit_", "diffusers_dit_", "pixart_", "sana_")) else []
     extra += [f"data.path={REPO}"] if option.endswith("_folder") else []  # any existing directory validates
     extra += ["model.target=examples.my_dit:build"] if option == "custom" else []  # model=custom needs its factory
+    if option == "diffusers_config":  # needs its file (validate() reads it; the size budget is check_inputs')
+        extra += [f"model.config={REPO}/tests/data/diffusers_configs/cogvideox_2b.json"]
     run = make_run(f"{group}={option}", *extra, fast=False)
     assert isinstance(run, RunConfig)
 

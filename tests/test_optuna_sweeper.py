@@ -233,3 +233,14 @@ def test_a_bad_sweeper_setting_is_one_line_and_exit_2(tmp_path):
     assert proc.returncode == 2 and lines == [
         "sweep: config error: hydra.sweeper.frontier_factor: must be > 1, got 0.5"
     ]
+
+
+def test_replicates_are_a_seed_axis_of_the_grid_sampler_and_refused_elsewhere(tmp_path):
+    sweep(tmp_path, "hydra.sweeper.sampler.name=grid", "optim.lr=choice(1e-4,1e-3)", "replicates=2", "steps=2")
+    trials = study(tmp_path).trials
+    cells = sorted((t.params["optim.lr"], t.params["seed"]) for t in trials if t.state is TrialState.COMPLETE)
+    assert cells == [(1e-4, 0), (1e-4, 1), (1e-3, 0), (1e-3, 1)]
+    (tmp_path / "tpe").mkdir()
+    proc = sweep(tmp_path / "tpe", "optim.lr=tag(log,interval(1e-4,1e-2))", "replicates=2", check=False)
+    lines = [ln for ln in proc.stderr.splitlines() if ln.strip()]
+    assert proc.returncode == 2 and len(lines) == 1 and "replicates=2: the optuna sweeper runs replicates" in lines[0]

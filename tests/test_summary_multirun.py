@@ -32,7 +32,7 @@ def test_callback_prints_the_tables_and_saves_them(tmp_path, capsys):
     out = capsys.readouterr().out
     for title in TITLES:
         assert title in out
-    assert "Use precision=bf16_amp attention=flash optim.lr=0.001" in out
+    assert "Use precision=bf16_amp attention=flash optim.lr=0.01" in out
     assert f"python -m sweep.report {root}" in out
     for name in ("summary.md", "summary.csv", "summary.parquet", "summary_frontier.csv"):
         assert (root / name).exists(), name
@@ -79,7 +79,7 @@ def test_real_multirun_ends_with_the_summary_and_both_sources_agree(tmp_path, ca
         "Recommendation",
     ):
         assert title in printed
-    assert "nan-loss@" in printed and "Use precision=fp32 optim.lr=0.0001" in printed
+    assert "nan-loss@" in printed and "Use precision=fp32 optim.lr=0.001 (eval loss" in printed
     assert {"summary.md", "summary.csv", "summary.parquet"} <= {p.name for p in sweep_dir.iterdir()}
 
     assert report_main([str(sweep_dir), "--no-html"]) == 0

@@ -57,7 +57,7 @@ class PackedLauncher(Launcher):
 
     def launch(self, job_overrides: Sequence[Sequence[str]], initial_job_idx: int) -> Sequence[JobReturn]:
         from sweep.config import RunConfig
-        from sweep.job import finish_job, job_spec_task
+        from sweep.job import finish_job, job_sinks, job_spec_task
         from sweep.run.packing import execute_pack, plan
 
         setup_globals()
@@ -102,7 +102,11 @@ class PackedLauncher(Launcher):
             if len(jobs) > 1:
                 log.info("Packing %d runs: %s", len(jobs), ", ".join(f"#{j.num}" for j in jobs))
             results = execute_pack(
-                [j.run for j in jobs], [j.run_dir for j in jobs], [j.params for j in jobs], [j.label for j in jobs]
+                [j.run for j in jobs],
+                [j.run_dir for j in jobs],
+                [j.params for j in jobs],
+                [j.label for j in jobs],
+                [job_sinks(j) for j in jobs],
             )
             for m, job, result in zip(members, jobs, results):
                 ret = returns[ours[m]]

@@ -20,6 +20,7 @@ import os
 import sys
 from pathlib import Path
 
+from sweep.report.ladder import ladder_settings
 from sweep.report.runs import runs_from_dirs
 from sweep.report.study import SourceError, is_storage, runs_from_study, storage_url
 from sweep.report.summary import summarize
@@ -65,6 +66,13 @@ def parser(prog: str = "python -m sweep.report") -> argparse.ArgumentParser:
         "--write",
         action="store_true",
         help="also write summary.md, summary.csv, summary.parquet and summary_<table>.csv next to the report",
+    )
+    p.add_argument(
+        "--ladder-target",
+        type=float,
+        metavar="SIZE",
+        help="a size sweep (model.width or model.depth swept with the lr): extrapolate the largest stable lr "
+        "to this width or depth (default: ladder.target from the sweep's multirun.yaml; docs/ladder.md)",
     )
     p.add_argument(
         "--width",
@@ -114,7 +122,8 @@ def main(argv: list[str] | None = None, prog: str = "python -m sweep.report") ->
     if runs.empty:
         print(f"{name}: no runs in {source}" + _skipped_note(skipped), file=sys.stderr)
         return 2
-    summary = summarize(runs)
+    target, confidence = ladder_settings(out_dir) if args.ladder_target is None else (args.ladder_target, 0.9)
+    summary = summarize(runs, target, confidence)
     print(render_text(summary, args.width), flush=True)
     written = []
     if args.write:

@@ -3,8 +3,9 @@
     python -m sweep.report outputs/sweeps/<date>/<time>     # writes report.html there
 
 It holds the recommendation, every summary table, a heatmap of the divergence map (share of decided
-runs that diverged; the cell text is the map's label), and per combination the loss, grad-norm and
-loss-scale curves of its runs, a diverged run marked with an x at its first bad step.
+runs that diverged; the cell text is the map's label), and per combination the loss, eval-loss,
+grad-norm and loss-scale curves of its runs, a diverged run marked with an x at its first bad step, and
+with replicate seeds a band of mean ± sd around each lr's eval losses.
 
 Every string that comes from a config or a result is escaped: `html.escape` for the page, and the
 same for plotly labels, which plotly renders as a subset of HTML (entities decode back to the text).
@@ -77,10 +78,13 @@ def render_html(s: Summary, title: str, source: str) -> str:
         if key != "divergence_map":
             body += [f"<h2>{TITLES[key]}</h2>", f'<p class="note">{esc(notes[key])}</p>']
         body.append(table_html(table, index=key != "toggles"))
+    if not s.ladder.empty:
+        body.append(plot_div(ladder_figure(s.ladder), "ladder"))
     body += [
         "<h2>Curves per combination</h2>",
-        '<p class="note">loss, gradient norm and loss scale per step (log scale); one line per run; '
-        "x = a diverged run's first bad step.</p>",
+        '<p class="note">training loss, held-out eval loss, gradient norm and loss scale per step (log '
+        "scale); one line per run; x = a diverged run's first bad step; the shaded band around an lr's eval "
+        "losses is their mean ± sd over its replicate seeds (the noise the tables compare against).</p>",
         '<div class="curves">',
     ]
     body += [plot_div(fig, f"curves-{i}") for i, fig in enumerate(curve_figures(s.runs))]
@@ -177,6 +181,82 @@ def heatmap(s: Summary):
     return fig
 
 
+def ladder_figure(table: pd.DataFrame):
+    """Largest stable lr against size, log-log: each size's bracket as an error bar around lr*, the fitted
+    line extended to the target, and the prediction there with its interval."""
+    import plotly.graph_objects as go
+
+    axis = table.attrs["axis"].split(".")[-1]
+    fig = go.Figure()
+    for i, (combo, r) in enumerate(table.iterrows()):
+        color = LINE_COLORS[i % len(LINE_COLORS)]
+        pts = [p for p in table.attrs["points"][combo] if not pd.isna(p[3])]
+        if pts:
+            sizes, lo, hi, mid = (list(c) for c in zip(*pts))
+            fig.add_trace(
+                go.Scatter(
+                    x=sizes,
+                    y=mid,
+                    mode="markers",
+                    name=plot_text(f"{combo}: measured"),
+                    marker={"color": color, "size": 8},
+                    error_y={
+                        "type": "data",
+                        "symmetric": False,
+                        "array": [h - m for h, m in zip(hi, mid)],
+                        "arrayminus": [m - lo_ for m, lo_ in zip(mid, lo)],
+                    },
+                )
+            )
+        if pd.isna(r.exponent) or not pts:
+            continue
+        x_end = r.target if not pd.isna(r.predicted_lr) else max(sizes)
+        xs = np.geomspace(min(sizes), x_end, 30)
+        # least squares passes through the centroid of the fitted points (log-log)
+        ys_fit = np.exp(np.mean(np.log(mid)) + r.exponent * (np.log(xs) - np.mean(np.log(sizes))))
+        fig.add_trace(
+            go.Scatter(
+                x=xs,
+                y=ys_fit,
+                mode="lines",
+                name=plot_text(f"{combo}: fit, exponent {r.exponent:.2f}"),
+                line={"color": color, "dash": "dash"},
+            )
+        )
+        if not pd.isna(r.predicted_lr):
+            err = (
+                {}
+                if pd.isna(r.low)
+                else {
+                    "error_y": {
+                        "type": "data",
+                        "symmetric": False,
+                        "array": [r.high - r.predicted_lr],
+                        "arrayminus": [r.predicted_lr - r.low],
+                    }
+                }
+            )
+            fig.add_trace(
+                go.Scatter(
+                    x=[r.target],
+                    y=[r.predicted_lr],
+                    mode="markers",
+                    name=plot_text(f"{combo}: predicted at {axis} {r.target:g}"),
+                    marker={"color": color, "size": 11, "symbol": "diamond-open"},
+                    **err,
+                )
+            )
+    fig.update_xaxes(type="log", title_text=axis)
+    fig.update_yaxes(type="log", title_text="largest stable lr", tickformat=".1e")
+    fig.update_layout(
+        title={"text": "Frontier across sizes", "font": {"size": 14}},
+        height=480,
+        margin={"l": 70, "r": 10, "t": 50, "b": 50},
+        legend={"font": {"size": 10}},
+    )
+    return fig
+
+
 def curve_figures(runs: pd.DataFrame) -> list:
     """One figure per combination: loss, grad norm and (when any run has one) loss scale per step."""
     import plotly.graph_objects as go
@@ -199,7 +279,9 @@ def curve_figures(runs: pd.DataFrame) -> list:
         if not curves:
             continue
         has_scale = any("loss_scale" in m and m.loss_scale.notna().any() for _, m in curves)
-        names = ["loss", "grad norm"] + (["loss scale"] if has_scale else [])
+        has_eval = any(_eval_points(m) is not None for _, m in curves)
+        names = ["loss"] + (["eval loss"] if has_eval else []) + ["grad norm"] + (["loss scale"] if has_scale else [])
+        columns = [CURVE_COLUMNS[n] for n in names]
         fig = make_subplots(rows=len(names), cols=1, shared_xaxes=True, vertical_spacing=0.06, subplot_titles=names)
         for r, m in curves:
             lr = df_lr.at[r.Index]
@@ -208,16 +290,19 @@ def curve_figures(runs: pd.DataFrame) -> list:
             if r.status != "stable":
                 name += f" ({r.status})"
             group_id = f"{r.Index}"
-            for row, col in enumerate(["loss", "grad_norm", "loss_scale"][: len(names)], start=1):
+            for row, col in enumerate(columns, start=1):
                 if col not in m:
+                    continue
+                points = _eval_points(m) if col == "eval_loss" else m
+                if points is None:
                     continue
                 # markers too on short runs: a run that died at step 1 has a single finite point
                 fig.add_trace(
                     go.Scatter(
-                        x=m.step,
-                        y=_finite(m[col]),
+                        x=points.step,
+                        y=_finite(points[col]),
                         name=plot_text(name),
-                        mode="lines+markers" if len(m) <= 30 else "lines",
+                        mode="lines+markers" if len(points) <= 30 else "lines",
                         marker={"size": 4},
                         legendgroup=group_id,
                         showlegend=row == 1,
@@ -242,9 +327,12 @@ def curve_figures(runs: pd.DataFrame) -> list:
                     row=1,
                     col=1,
                 )
+        if has_eval:
+            for lr, band in _eval_bands(curves, df_lr, lrs):
+                _add_band(fig, band, LINE_COLORS[lrs.index(lr) % len(LINE_COLORS)], f"lr={lr:g}", row=2)
         fig.update_yaxes(type="log", tickformat=".3~g")  # 1 2 5 10 20, not 1 2 5 10 2
         if has_scale:
-            fig.update_yaxes(tickformat="~s", row=3, col=1)  # 32k 64k
+            fig.update_yaxes(tickformat="~s", row=len(names), col=1)  # 32k 64k
         fig.update_xaxes(title_text="step", row=len(names), col=1)
         fig.update_layout(
             title={"text": plot_text(combo), "font": {"size": 14}},
@@ -254,6 +342,53 @@ def curve_figures(runs: pd.DataFrame) -> list:
         )
         figs.append(fig)
     return figs
+
+
+CURVE_COLUMNS = {"loss": "loss", "eval loss": "eval_loss", "grad norm": "grad_norm", "loss scale": "loss_scale"}
+
+
+def _eval_points(m: pd.DataFrame) -> pd.DataFrame | None:
+    """The steps of a run's metrics that hold an eval loss (None when none does)."""
+    if "eval_loss" not in m:
+        return None
+    points = m[pd.to_numeric(m.eval_loss, errors="coerce").notna()]
+    return points if len(points) else None
+
+
+def _eval_bands(curves: list, df_lr: pd.Series, lrs: list) -> list[tuple[float, pd.DataFrame]]:
+    """Per lr with two or more runs holding eval losses (replicates): mean and sd per eval step."""
+    out = []
+    for lr in lrs:
+        points = [_eval_points(m) for r, m in curves if df_lr.at[r.Index] == lr]
+        points = [p.assign(eval_loss=pd.to_numeric(p.eval_loss)) for p in points if p is not None]
+        if len(points) < 2:
+            continue
+        stats = pd.concat(points).groupby("step").eval_loss.agg(["mean", "std", "count"])
+        out.append((lr, stats[stats["count"] > 1].reset_index()))
+    return out
+
+
+def _add_band(fig, band: pd.DataFrame, color: str, name: str, row: int) -> None:
+    """The noise band of one lr's replicates: mean ± sd of their eval losses, translucent over the runs' lines."""
+    import plotly.graph_objects as go
+
+    rgb = tuple(int(color[i : i + 2], 16) for i in (1, 3, 5))
+    upper, lower = band["mean"] + band["std"], (band["mean"] - band["std"]).clip(lower=1e-12)
+    common = {"legendgroup": f"band-{name}", "hoverinfo": "skip", "line": {"width": 0}}
+    fig.add_trace(go.Scatter(x=band.step, y=upper, mode="lines", showlegend=False, **common), row=row, col=1)
+    fig.add_trace(
+        go.Scatter(
+            x=band.step,
+            y=lower,
+            mode="lines",
+            fill="tonexty",
+            fillcolor=f"rgba({rgb[0]},{rgb[1]},{rgb[2]},0.18)",
+            name=plot_text(f"{name} mean ± sd"),
+            **common,
+        ),
+        row=row,
+        col=1,
+    )
 
 
 def _finite(values: pd.Series) -> list:

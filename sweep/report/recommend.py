@@ -1,10 +1,16 @@
 """The one-line recommendation at the end of the summary, each claim backed by the table row it comes from.
 
-- Precision: the fastest one (mean steps/s over its stable runs) that has a stable lr somewhere.
-- Combination: within it, the one with the highest largest-stable-lr (ties: the one that follows more of
-  the toggle advice, then the lower final loss), from the frontier table.
-- lr: with margin, the next stable lr of its grid below that largest stable lr (the frontier); the
-  largest stable lr itself only when the grid has nothing below it, and the line says so.
+Candidates are the (combination, lr) settings stable in every replicate. Their quality is the eval loss
+(sweep/report/noise.py; the final loss when no run has one), a mean over the replicates with its spread.
+- Quality first: the setting with the lowest mean eval loss, and every setting within noise of it
+  (noise.within_noise: two standard errors of the difference; with one replicate nothing ties but
+  differences under 0.1%, and the line says the noise was not measured).
+- Then speed: among those, the fastest combination. Speeds compare like with like: runs trained alone
+  against runs trained alone, or runs packed k at a time against the same (a packed run's steps/s is its
+  share of a pack's wall time, not comparable with a lone run's); the line says which.
+- Then margin: the most grid steps below the combination's smallest diverging lr; then the toggle advice.
+- The line states the recommended lr's eval loss and spread, the best-eval stable lr and the largest
+  stable lr of its combination, and how many grid steps each sits below the smallest lr that diverged.
 - Toggles: from the toggle table, every axis value that diverged less without losing lr (or gained lr
   without diverging more) than the value it was paired with.
 """
@@ -16,6 +22,7 @@ from dataclasses import dataclass, field
 import numpy as np
 import pandas as pd
 
+from sweep.report.noise import Spread, quality_column, quality_name, within_noise
 from sweep.report.runs import PARAM
 from sweep.report.tables import LR, PRECISION, combo_axes, combo_labels, frontier_records, toggle_effects
 
@@ -42,25 +49,43 @@ class Recommendation:
     settings: dict = field(default_factory=dict)
     """The recommended overrides, e.g. {"precision": "bf16_amp", "attention": "flash", "optim.lr": 0.001}."""
     margin: bool = False
+    """A stable lr of the grid lies between the recommended lr and the smallest one that diverged."""
     advice: list[Advice] = field(default_factory=list)
+    quality: Spread | None = None
+    """The recommended setting's eval loss over its replicates."""
+    ties: int = 1
+    """Settings within noise of the best eval loss (the recommended one among them)."""
 
 
 def toggle_advice(toggles: pd.DataFrame) -> list[Advice]:
-    """Axis values to prefer, one per toggle-table row with a clear direction (precision aside)."""
+    """Axis values to prefer, one per toggle-table row with a clear direction (precision aside).
+
+    Stability decides first (diverged less without losing lr, or gained lr without diverging more);
+    when stability is even, a quality difference beyond noise (the table's `quality` column) decides.
+    A tie within noise is no advice.
+    """
     out = []
     for r in toggles.itertuples(index=False):
         if r.axis in (PRECISION, LR):
             continue
-        steps = 0.0 if pd.isna(r.lr_steps) else r.lr_steps
+        steps = 0.0 if pd.isna(r.lr_steps) else r.lr_steps + 0.0
         b_better = (r.diverged_b < r.diverged_a and steps >= 0) or (r.diverged_b <= r.diverged_a and steps > 0)
         a_better = (r.diverged_a < r.diverged_b and steps <= 0) or (r.diverged_a <= r.diverged_b and steps < 0)
+        even = r.diverged_a == r.diverged_b and steps == 0
+        quality = getattr(r, "quality", "") or ""
+        if even and quality.endswith(" better"):
+            b_better = quality == f"{r.b} better"
+            a_better = not b_better
         if not (a_better or b_better):
             continue
         better, worse = (r.b, r.a) if b_better else (r.a, r.b)
         d_better, d_worse = (r.diverged_b, r.diverged_a) if b_better else (r.diverged_a, r.diverged_b)
         evidence = f"diverged {d_better} vs {d_worse} of {r.pairs} paired runs"
         if not pd.isna(r.lr_steps) and r.combos:
-            evidence += f", largest stable lr {steps if b_better else -steps:+.1f} grid steps"
+            evidence += f", largest stable lr {steps if b_better else -steps + 0.0:+.1f} grid steps"
+        if even:
+            change = r.eval_change if b_better else 1 / (1 + r.eval_change) - 1
+            evidence += f", eval loss {change:+.1%} (noise ±{r.eval_noise:.1%})"
         out.append(Advice(r.axis, better, worse, f"{r.axis} {r.a} vs {r.b}", evidence))
     return out
 
@@ -68,7 +93,7 @@ def toggle_advice(toggles: pd.DataFrame) -> list[Advice]:
 def recommend(
     runs: pd.DataFrame, recs: pd.DataFrame | None = None, toggles: pd.DataFrame | None = None
 ) -> Recommendation:
-    """What to use: the fastest stable precision at the highest stable lr with margin, and the toggles.
+    """What to use: the best eval loss within noise, then the fastest, then the most margin (module docstring).
 
     `recs` (tables.frontier_records) and `toggles` (tables.toggle_effects) are computed when not given.
     """
@@ -81,70 +106,141 @@ def recommend(
     recs = frontier_records(runs) if recs is None else recs
     advice = toggle_advice(toggle_effects(runs, recs) if toggles is None else toggles)
     axes = combo_axes(runs)
-    precision_of = _precision_by_combo(runs, axes)
-    if recs.empty:  # no lr in the params: recommend a combination without an lr
-        recs = pd.DataFrame(
-            {
-                "combination": combo_labels(stable, axes),
-                "max_stable_lr": np.nan,
-                "loss_at_max_stable": stable.final_loss,
-                "stable_lrs": [[]] * len(stable),
-            }
+    quality = quality_column(runs)
+    cands = _candidates(stable, recs, axes, quality)
+    if cands.empty:
+        return Recommendation(
+            "No lr was stable in every replicate of any combination: nothing to recommend; see the divergence map."
         )
-        for a in axes:
-            recs[a] = stable[PARAM + a]
-        recs = recs.drop_duplicates("combination")
-    else:
-        recs = recs[recs.max_stable_lr.notna()]
-        if recs.empty:
-            return Recommendation(
-                "No lr was stable in every replicate of any combination: nothing to recommend; see the divergence map."
-            )
-    recs = recs.assign(_precision=[precision_of.get(c) for c in recs.combination])
-    speed = stable.groupby(
-        stable[PARAM + PRECISION].map(str) if PARAM + PRECISION in stable else pd.Series("", index=stable.index)
-    ).steps_per_second.mean()
-    recs = recs.assign(_speed=recs._precision.map(lambda p: speed.get(str(p) if p is not None else "", np.nan)))
-    fastest = recs.sort_values("_speed", ascending=False, na_position="last")._precision.iloc[0]
-    cands = recs[recs._precision.map(str) == str(fastest)].copy()
+    precision_of = _precision_by_combo(runs, axes)
+    speed, basis = like_with_like_speed(stable, combo_labels(stable, axes))
+    cands["_speed"] = [speed.get(c, np.nan) for c in cands.combination]
     cands["_follows"] = [
-        sum(_key(c[a.axis]) == _key(a.better) for a in advice if a.axis in c) for _, c in cands.iterrows()
+        sum(str(c[a.axis]) == str(a.better) for a in advice if a.axis in c) for _, c in cands.iterrows()
     ]
-    best = cands.sort_values(
-        ["max_stable_lr", "_follows", "loss_at_max_stable", "combination"],
-        ascending=[False, False, True, True],
+    measured = cands[cands._q.map(lambda q: q.n > 0)]
+    pool = measured if len(measured) else cands
+    top = pool.loc[pool._q.map(lambda q: q.mean).idxmin()]._q if len(measured) else None
+    tied = pool[pool._q.map(lambda q: q is top or within_noise(q, top) is True)] if top is not None else pool
+    best = tied.sort_values(
+        ["_speed", "_margin", "_follows", "_mean", "combination"],
+        ascending=[False, False, False, True, True],
         na_position="last",
     ).iloc[0]
-    return _line(best, axes, fastest, speed, advice)
+    rec = recs.set_index("combination").loc[best.combination] if len(recs) else None
+    return _line(best, rec, axes, precision_of.get(best.combination), speed, basis, advice, quality, len(tied), top)
 
 
-def _line(best: pd.Series, axes: list[str], precision, speed: pd.Series, advice: list[Advice]) -> Recommendation:
+def _candidates(stable: pd.DataFrame, recs: pd.DataFrame, axes: list[str], quality: str) -> pd.DataFrame:
+    """One row per (combination, stable lr): quality Spread `_q`, its mean, and the margin in grid steps."""
+    rows = []
+    if recs.empty:  # no lr in the params: the combinations themselves
+        labels = combo_labels(stable, axes)
+        for combo, group in stable.groupby(labels, sort=False):
+            q = Spread.of(group[quality])
+            rows.append(
+                {
+                    "combination": combo,
+                    LR: np.nan,
+                    "_q": q,
+                    "_margin": np.nan,
+                    **{a: group[PARAM + a].iloc[0] for a in axes},
+                }
+            )
+    else:
+        for rec in recs.to_dict("records"):
+            for lr, q in rec["spreads"].items():
+                rows.append(
+                    {
+                        "combination": rec["combination"],
+                        LR: lr,
+                        "_q": q,
+                        "_margin": _steps_below(lr, rec),
+                        **{a: rec[a] for a in axes},
+                    }
+                )
+    cands = pd.DataFrame(rows, columns=["combination", LR, "_q", "_margin", *axes])
+    cands["_mean"] = [q.mean for q in cands._q]
+    return cands
+
+
+def _steps_below(lr: float, rec: dict) -> float:
+    """Grid steps from `lr` up to the combination's smallest diverging lr (1: the next lr diverged);
+    inf when no lr of the combination diverged."""
+    bad = rec["min_diverging_lr"]
+    if bad is None or pd.isna(bad):
+        return np.inf
+    grid = rec["grid"]
+    return float(grid.index(bad) - grid.index(lr))
+
+
+def like_with_like_speed(stable: pd.DataFrame, combos: pd.Series) -> tuple[pd.Series, str]:
+    """Mean steps/s per combination over the stable runs of one packing, and which packing:
+    "lone runs" or "runs packed k at a time".
+
+    The packing chosen is the one that covers the most combinations (lone runs on a tie), so every
+    combination's speed is measured the same way; a combination with no run of that packing gets none.
+    """
+    if "packed" in stable:
+        pack = stable.packed.map(lambda k: 1 if k is None or pd.isna(k) else int(k))
+    else:
+        pack = pd.Series(1, index=stable.index)
+    cover = combos.groupby(pack).nunique()
+    k = min(cover.index[cover == cover.max()]) if len(cover) else 1
+    speed = stable[pack == k].steps_per_second.groupby(combos[pack == k]).mean()
+    return speed, "lone runs" if k == 1 else f"runs packed {k} at a time"
+
+
+def _line(best, rec, axes, precision, speed, basis, advice, quality, ties: int, top: Spread | None) -> Recommendation:
     settings = {} if precision is None or PRECISION in axes else {PRECISION: precision}
     settings.update({a: _py(best[a]) for a in axes})
-    max_lr = best.max_stable_lr
-    below = [lr for lr in best.stable_lrs if lr < max_lr] if not pd.isna(max_lr) else []
-    parts = []
-    if not pd.isna(max_lr):
-        settings[LR] = float(max(below) if below else max_lr)
+    parts, margin = [], False
+    q: Spread = best._q
+    if not pd.isna(best[LR]):
+        settings[LR] = float(best[LR])
+    name = quality_name(quality)
+    if q.n:
+        if q is top or top is None:
+            more = f"{ties - 1} more setting{'s' if ties > 2 else ''}"
+            noise = "the best" + (f"; {more} within noise of it" if ties > 1 else "")
+        else:
+            noise = f"within noise of the best {top.mean:.4g}, one of {ties} tied settings"
+        if not q.measured:
+            noise += "; noise not measured: replicates=3 measures it"
+        parts.append(f"{name} {q.text()}, {noise}")
+    if rec is not None:
         source = f"[frontier: {best.combination}]"
-        parts.append(
-            f"one grid step below its largest stable lr {max_lr:.4g} {source}"
-            if below
-            else f"its largest stable lr {max_lr:.4g}, with no margin: no lr below it was stable, sweep lower "
-            f"ones {source}"
-        )
-    rate = speed.get(str(precision) if precision is not None else "", np.nan)
-    parts.append(
-        f"fastest stable precision, {rate:.3g} steps/s"
-        if not pd.isna(rate)
-        else "a stable precision; no run recorded its speed"
-    )
-    if pd.isna(max_lr):
+        steps = best._margin
+        parts.append(f"lr {best[LR]:.4g}: {_below(steps, rec)}")
+        margin = bool(np.isfinite(steps) and steps > 1)
+        if rec.best_lr is not None and not pd.isna(rec.best_lr) and rec.best_lr != best[LR]:
+            parts.append(f"best-eval stable lr {rec.best_lr:.4g}: {_below(_steps_below(rec.best_lr, rec), rec)}")
+        if rec.max_stable_lr != best[LR]:
+            parts.append(
+                f"largest stable lr {rec.max_stable_lr:.4g}: {_below(_steps_below(rec.max_stable_lr, rec), rec)}"
+            )
+        parts[-1] += f" {source}"
+    rate = speed.get(best.combination, np.nan)
+    who = f"{best.combination} at " if axes else ""
+    if pd.isna(rate):
+        parts.append("no run recorded its speed")
+    else:
+        parts.append(f"{'fastest of those, ' if ties > 1 else ''}{who}{rate:.3g} steps/s ({basis})")
+    if rec is None:
         parts[-1] += f" [frontier: {best.combination}]"
     line = "Use " + " ".join(f"{k}={_fmt(v)}" for k, v in settings.items()) + " (" + "; ".join(parts) + ")."
     if advice:
         line += " Toggles: " + "; ".join(a.text() for a in advice) + "."
-    return Recommendation(line, precision, best.combination, settings, bool(below), advice)
+    return Recommendation(line, precision, best.combination, settings, margin, advice, q, ties)
+
+
+def _below(steps: float, rec) -> str:
+    if not np.isfinite(steps):
+        return f"no lr up to {max(rec.grid):.4g} diverged, sweep higher lrs to find its edge"
+    bad = rec.min_diverging_lr
+    if steps <= 1:
+        return f"no margin, the next grid lr {bad:.4g} diverged"
+    return f"{int(steps)} grid steps below the smallest diverging lr {bad:.4g}"
 
 
 def _precision_by_combo(runs: pd.DataFrame, axes: list[str]) -> dict:

@@ -39,9 +39,10 @@ OUTCOME_COLUMNS = [
     "seed",
     "run_dir",
     "pruned_at_step",
+    "packed",
     "superseded_by",
 ]
-INT_COLUMNS = ["first_bad_step", "steps_run", "seed", "pruned_at_step"]
+INT_COLUMNS = ["first_bad_step", "steps_run", "seed", "pruned_at_step", "packed"]
 FLOAT_COLUMNS = ["final_loss", "initial_loss", "min_loss", "eval_loss", "steps_per_second"]
 RESULT_KEYS = [
     c for c in OUTCOME_COLUMNS if c not in ("status", "run_dir", "cause_where", "cause_module", "superseded_by")
@@ -224,7 +225,7 @@ def _params_from_overrides(path: Path) -> dict:
     return {
         o.key_or_group: o.value()
         for o in parsed
-        if not o.key_or_group.startswith(("hydra", "ledger")) and not o.is_delete()
+        if not o.key_or_group.startswith(("hydra", "ledger", "logger")) and not o.is_delete()
     }
 
 

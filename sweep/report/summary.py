@@ -2,10 +2,11 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import pandas as pd
 
+from sweep.report.ladder import ladder_fit
 from sweep.report.recommend import Recommendation, recommend
 from sweep.report.tables import (
     divergence_cells,
@@ -34,6 +35,8 @@ class Summary:
     toggles: pd.DataFrame
     root_causes: pd.DataFrame
     recommendation: Recommendation
+    ladder: pd.DataFrame = field(default_factory=pd.DataFrame)
+    """The frontier across sizes (sweep/report/ladder.py); empty unless model.width or model.depth is swept."""
 
     def counts_line(self) -> str:
         counts = self.runs.status.value_counts()
@@ -50,9 +53,10 @@ class Summary:
         return f"{len(self.runs)} runs: " + ", ".join(known + other)
 
 
-def summarize(runs: pd.DataFrame) -> Summary:
+def summarize(runs: pd.DataFrame, ladder_target: float | None = None, confidence: float = 0.9) -> Summary:
     """Every table of the summary (the runs table must not be empty). A superseded run (killed, its cell
-    redone) is counted, but the tables are computed without it."""
+    redone) is counted, but the tables are computed without it. `ladder_target`: the size the ladder
+    table extrapolates the largest stable lr to (`ladder.target`)."""
     all_runs = runs
     if "superseded_by" in runs:
         runs = runs[runs.superseded_by.isna()].reset_index(drop=True)
@@ -70,4 +74,5 @@ def summarize(runs: pd.DataFrame) -> Summary:
         toggles=toggles,
         root_causes=root_causes(runs),
         recommendation=recommend(runs, recs, toggles),
+        ladder=ladder_fit(runs, ladder_target, confidence),
     )

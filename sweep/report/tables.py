@@ -21,6 +21,7 @@ from itertools import combinations
 import numpy as np
 import pandas as pd
 
+from sweep.report.noise import Spread, effect_label, paired_change, quality_column, within_noise
 from sweep.report.runs import DECIDED, PARAM, param_columns
 
 LR = "optim.lr"
@@ -207,10 +208,16 @@ def _mode(values: list):
 
 
 def frontier_records(runs: pd.DataFrame) -> pd.DataFrame:
-    """Per combination: its axis values, stability per lr, and the frontier columns."""
+    """Per combination: its axis values, stability per lr, the frontier columns and the quality per lr.
+
+    Quality is the eval loss (sweep/report/noise.py: the final loss when no run has one), as a Spread over
+    the stable replicates of each stable lr; `best_lr` is the stable lr with the lowest mean and `best_ties`
+    the stable lrs within noise of it (itself included).
+    """
     if PARAM + LR not in runs:
         return pd.DataFrame()
     axes = combo_axes(runs)
+    quality = quality_column(runs)
     out = []
     for group in _grouped(_records(runs, _combo=combo_labels(runs, axes), _lr=_lr(runs)), "_combo").values():
         by_lr = lr_stability(group)
@@ -218,6 +225,10 @@ def frontier_records(runs: pd.DataFrame) -> pd.DataFrame:
         diverged = [lr for lr, s in by_lr.items() if s == "diverged"]
         best = stable[-1] if stable else None
         ok = [r for r in group if r["status"] == "stable"]
+        spreads = {lr: Spread.of(r[quality] for r in ok if r["_lr"] == lr) for lr in stable}
+        measured = {lr: sp for lr, sp in spreads.items() if sp.n}
+        best_lr = min(measured, key=lambda lr: (measured[lr].mean, -lr)) if measured else None
+        top = spreads.get(best)
         out.append(
             {
                 "combination": group[0]["_combo"],
@@ -228,14 +239,22 @@ def frontier_records(runs: pd.DataFrame) -> pd.DataFrame:
                 "max_stable_lr": best,
                 "min_diverging_lr": min(diverged) if diverged else None,
                 "loss_at_max_stable": _mean(r["final_loss"] for r in ok if r["_lr"] == best),
-                "eval_at_max_stable": _mean(r.get("eval_loss") for r in ok if r["_lr"] == best),
+                "eval_at_max_stable": top.mean if top else np.nan,
+                "eval_spread": top.sd if top else np.nan,
+                "replicates": top.n if top else 0,
+                "best_lr": best_lr,
+                "eval_at_best": measured[best_lr].mean if best_lr is not None else np.nan,
+                "best_ties": sorted(lr for lr in measured if within_noise(measured[lr], measured[best_lr]))
+                if measured
+                else [],
+                "spreads": spreads,
                 "steps_per_s": _mean(r["steps_per_second"] for r in ok),
                 "runs": len(group),
             }
         )
     out.sort(key=lambda rec: [sort_key(rec[a]) for a in axes])
     recs = pd.DataFrame(out)
-    recs.attrs["axes"] = axes
+    recs.attrs.update(axes=axes, quality=quality)
     return recs
 
 
@@ -249,17 +268,30 @@ def lr_stability(group: list[dict]) -> dict[float, str]:
     return out
 
 
+FRONTIER_COLUMNS = [
+    "max_stable_lr",
+    "min_diverging_lr",
+    "eval_at_max_stable",
+    "eval_spread",
+    "replicates",
+    "best_lr",
+    "eval_at_best",
+    "steps_per_s",
+    "runs",
+]
+
+
 def frontier(runs: pd.DataFrame, recs: pd.DataFrame | None = None) -> pd.DataFrame:
-    """Per combination: max_stable_lr, min_diverging_lr, loss_at_max_stable (final loss), eval_at_max_stable
-    (held-out eval loss, sweep/run/evaluate.py), steps_per_s, runs."""
+    """Per combination: max_stable_lr (stable in every replicate), min_diverging_lr, the eval loss at the
+        former (mean, spread = sd over its stable replicates, replicates), best_lr (the stable lr of the lowest
+        mean eval loss) and its eval loss, steps_per_s, runs. (The final training loss, one minibatch, stays in
+    the records as loss_at_max_stable: it is too noisy to show next to the eval loss.)"""
     recs = frontier_records(runs) if recs is None else recs
     if recs.empty:
         return pd.DataFrame()
-    table = recs.set_index("combination")[
-        ["max_stable_lr", "min_diverging_lr", "loss_at_max_stable", "eval_at_max_stable", "steps_per_s", "runs"]
-    ]
+    table = recs.set_index("combination")[FRONTIER_COLUMNS]
     table.index.name = "/".join(recs.attrs["axes"]) or "combination"
-    return table.astype({c: float for c in table.columns if c != "runs"})
+    return table.astype({c: float for c in table.columns if c not in ("runs", "replicates")})
 
 
 def _mean(values) -> float:
@@ -273,44 +305,74 @@ def _mean(values) -> float:
 def lr_sensitivity(runs: pd.DataFrame) -> pd.DataFrame:
     """Per combination: Wortsman et al.'s lr sensitivity over its lr grid (lower is more robust).
 
-    Each decided run scores min(final loss, initial loss); a diverged run scores its initial loss
-    (the combination's mean initial loss if the run has none). Replicates at one lr are averaged;
-    best_loss is the best lr's score (l*), lr_sensitivity the mean over the grid of score - l*.
-    With no stable run at all the sensitivity is undefined (NaN), not 0.
+    Each decided run scores min(quality, initial loss), quality being the eval loss (noise.py); a diverged
+    run scores its initial loss (the combination's mean initial loss if the run has none). Replicates at
+    one lr are averaged; best_loss is the best lr's score (l*), lr_sensitivity the mean over the grid of
+    score - l*. `spread` is the sd of the same number computed per seed (NaN with one seed), and `vs_best`
+    says whether the combination is the most robust, tied with it within noise, or worse. With no stable run at all
+    the sensitivity is undefined (NaN), not 0.
     """
     decided = _decided(runs)
     if PARAM + LR not in runs or decided.empty:
         return pd.DataFrame()
     axes = combo_axes(runs)
+    quality = quality_column(runs)
     out = []
-    for group in _grouped(_records(decided, _combo=combo_labels(decided, axes), _lr=_lr(decided)), "_combo").values():
+    records = _records(decided, _combo=combo_labels(decided, axes), _lr=_lr(decided), _seed=_seed(decided))
+    for group in _grouped(records, "_combo").values():
         fallback = _mean(r["initial_loss"] for r in group)
-        per_lr: dict[float, list[float]] = {}
+        per_seed: dict[str, dict[float, float]] = {}
         for r in group:
             initial = fallback if pd.isna(r["initial_loss"]) else r["initial_loss"]
-            score = initial if r["status"] == "diverged" else np.fmin(r["final_loss"], initial)
+            score = initial if r["status"] == "diverged" else np.fmin(r[quality], initial)
             if not pd.isna(score) and not pd.isna(r["_lr"]):
-                per_lr.setdefault(float(r["_lr"]), []).append(float(score))
-        scores = {lr: float(np.mean(v)) for lr, v in sorted(per_lr.items())}
-        any_stable = any(r["status"] == "stable" for r in group) and scores
-        best_lr = min(scores, key=scores.get) if any_stable else np.nan
-        best = scores[best_lr] if any_stable else np.nan
+                per_seed.setdefault(r["_seed"], {})[float(r["_lr"])] = float(score)
+        any_stable = any(r["status"] == "stable" for r in group) and per_seed
+        scores = pd.DataFrame(per_seed.values()).mean() if per_seed else pd.Series(dtype=float)  # lr -> mean score
+        per_seed_sens = Spread.of(_sensitivity(s) for s in per_seed.values())
+        sens = (  # Wortsman's number on the seed-mean scores; the noise from the seeds' own numbers
+            Spread(_sensitivity(scores.to_dict()), per_seed_sens.sd, per_seed_sens.n)
+            if any_stable
+            else Spread(np.nan, np.nan, 0)
+        )
         out.append(
             {
                 "combination": group[0]["_combo"],
                 "_sort": [sort_key(group[0][PARAM + a]) for a in axes],
-                "lr_sensitivity": float(np.mean([v - best for v in scores.values()])) if any_stable else np.nan,
-                "best_loss": best,
-                "best_lr": best_lr,
+                "_spread": sens,
+                "lr_sensitivity": sens.mean,
+                "spread": sens.sd,
+                "best_loss": float(scores.min()) if any_stable else np.nan,
+                "best_lr": float(scores.idxmin()) if any_stable else np.nan,
                 "lrs": len(scores),
                 "diverged_runs": sum(r["status"] == "diverged" for r in group),
                 "runs": len(group),
             }
         )
     out.sort(key=lambda r: r["_sort"])
-    table = pd.DataFrame(out).drop(columns="_sort").set_index("combination")
+    ranked = [r for r in out if r["_spread"].n]
+    top = min(ranked, key=lambda r: r["_spread"].mean)["_spread"] if ranked else None
+    for r in out:
+        r["vs_best"] = _versus(r["_spread"], top)
+    table = pd.DataFrame(out).drop(columns=["_sort", "_spread"]).set_index("combination")
     table.index.name = "/".join(axes) or "combination"
+    table.attrs["quality"] = quality
     return table
+
+
+def _sensitivity(scores: dict[float, float]) -> float:
+    best = min(scores.values())
+    return float(np.mean([v - best for v in scores.values()]))
+
+
+def _versus(sp: Spread, top: Spread | None) -> str:
+    """`best`, `tie` (within noise of the best), `worse`, or `worse?` (noise not measured)."""
+    if top is None or not sp.n:
+        return ""
+    if sp is top:
+        return "best"
+    tie = within_noise(sp, top)
+    return {True: "tie", False: "worse", None: "worse?"}[tie]
 
 
 # --- 4. effect of each toggle ------------------------------------------------------------------
@@ -324,36 +386,48 @@ def toggle_effects(runs: pd.DataFrame, recs: pd.DataFrame | None = None) -> pd.D
     combos         matched combinations (same other axes) compared on the lrs decided on both sides
     lr_steps       mean change of the largest stable lr from a to b, in steps of the sweep's sorted lrs
                    (+1: b stays stable one lr higher; no stable lr counts as one step below those lrs)
+    eval_change    over the matched pairs stable on both sides: mean relative change of the eval loss
+                   from a to b (-0.10: b's is 10% lower), and `eval_noise` two standard errors of it
+    quality        `tie` when |eval_change| is within eval_noise (or under 0.1%), else which value is
+                   better; `unmeasured (1 pair)` when one pair cannot tell (sweep/report/noise.py)
     """
     axes = swept_axes(runs)
     decided = _decided(runs)
     recs = frontier_records(runs) if recs is None else recs
     grid = sorted(_lr(decided).dropna().unique()) if PARAM + LR in runs else []
+    quality = quality_column(runs)
     out = []
     for axis in [a for a in axes if a != LR]:
         others = [a for a in axes if a != axis]
-        # per value of the axis: {everything else (other axes, seed) -> diverged?}
+        # per value of the axis: {everything else (other axes, seed) -> (diverged?, quality when stable)}
         keys = combo_labels(decided, others) + "|" + _seed(decided)
-        outcome: dict[str, dict[str, bool]] = {}
-        for value, key, status in zip(decided[PARAM + axis].map(_key), keys, decided.status):
-            outcome.setdefault(value, {}).setdefault(key, status == "diverged")
+        outcome: dict[str, dict[str, tuple[bool, float]]] = {}
+        for value, key, status, q in zip(decided[PARAM + axis].map(_key), keys, decided.status, decided[quality]):
+            outcome.setdefault(value, {}).setdefault(key, (status == "diverged", np.nan if status != "stable" else q))
         frontiers = _frontiers_by_value(recs, axis) if len(recs) else {}
         values = sorted({_key(v): v for v in decided[PARAM + axis]}.items(), key=lambda kv: sort_key(kv[1]))
         for (ka, a), (kb, b) in combinations(values, 2):
             both = outcome[ka].keys() & outcome[kb].keys()
+            pairs = [(outcome[ka][k][1], outcome[kb][k][1]) for k in sorted(both)]
+            change, noise, n = paired_change([(qa, qb) for qa, qb in pairs if not (pd.isna(qa) or pd.isna(qb))])
             row = {
                 "axis": axis,
                 "a": a,
                 "b": b,
                 "pairs": len(both),
-                "diverged_a": sum(outcome[ka][k] for k in both),
-                "diverged_b": sum(outcome[kb][k] for k in both),
+                "diverged_a": sum(outcome[ka][k][0] for k in both),
+                "diverged_b": sum(outcome[kb][k][0] for k in both),
                 **_lr_steps(frontiers.get(ka, {}), frontiers.get(kb, {}), grid),
+                "eval_change": change,
+                "eval_noise": noise,
+                "quality": effect_label(change, noise, a, b),
             }
             if row["pairs"] or row["combos"]:
                 out.append(row)
     columns = ["axis", "a", "b", "pairs", "diverged_a", "diverged_b", "combos", "lr_steps"]
-    return pd.DataFrame(out, columns=columns)
+    table = pd.DataFrame(out, columns=[*columns, "eval_change", "eval_noise", "quality"])
+    table.attrs["quality"] = quality
+    return table
 
 
 def _frontiers_by_value(recs: pd.DataFrame, axis: str) -> dict[str, dict[str, dict]]:

@@ -15,6 +15,8 @@ from pathlib import Path
 
 import pandas as pd
 
+from sweep.report.ladder import ladder_lines
+from sweep.report.noise import quality_column, quality_name
 from sweep.report.summary import Summary
 
 log = logging.getLogger("sweep")
@@ -26,24 +28,32 @@ TITLES = {
     "lr_sensitivity": "LR sensitivity",
     "toggles": "Effect of each toggle",
     "root_causes": "Root causes",
+    "ladder": "Frontier across sizes",
 }
 
 
 def explanations(s: Summary) -> dict[str, str]:
     """One sentence under each table's title, saying how to read it."""
+    q = quality_name(quality_column(s.runs))
     return {
         "divergence_map": f"columns: {s.map_columns}; rows: {s.divergence_map.index.name or '-'}; cell: stable, "
         "verdict@first_bad_step, or k/n div (diverged of the decided seeds); "
         "* = more runs still running, - = no run",
-        "frontier": "per combination: the largest lr stable in every replicate, the smallest lr that diverged, "
-        "the final loss at the former and its held-out eval loss, mean steps/s of its stable runs",
-        "lr_sensitivity": "Wortsman et al. 2023: mean over the lr grid of min(final loss, initial loss) - "
-        "best_loss, diverged runs at the initial loss; lower is more robust, 0 = every lr "
-        "reached the best loss, - = no stable run",
+        "frontier": "per combination: the largest lr stable in every replicate and the smallest lr that "
+        f"diverged; at the former the {q}: mean, spread (sd over replicates, - with one) and replicates; "
+        f"best_lr, the stable lr of the lowest mean {q}; mean steps/s of its stable runs",
+        "lr_sensitivity": f"Wortsman et al. 2023: mean over the lr grid of min({q}, initial loss) - best_loss, "
+        "diverged runs at the initial loss; lower is more robust, 0 = every lr reached the best loss, - = no "
+        "stable run; spread: sd of the same number per seed; vs_best: tie = within noise (2 standard errors)",
         "toggles": "runs equal in everything else but this axis (a vs b): pairs, diverged with a and with b; "
         "combos: matched combinations; lr_steps: change of the largest stable lr from a to b, in "
-        "lr-grid steps",
+        f"lr-grid steps; eval_change: mean relative change of the {q} from a to b over pairs stable on both "
+        "sides, eval_noise: 2 standard errors of it; quality: tie when within noise (or under 0.1%)",
         "root_causes": "diverged runs: verdict x where it first went wrong",
+        "ladder": "per combination of the other axes: log(largest stable lr) fitted against log(size) over the "
+        "sizes whose lr bracket is closed (lr* = sqrt(max stable x min diverging)); exponent = slope; the "
+        "prediction at the target size with its interval (Student t, residual + bracket variance; 3+ sizes); "
+        "an extrapolation, not a measurement (docs/ladder.md)",
     }
 
 
@@ -54,6 +64,7 @@ def tables(s: Summary) -> dict[str, pd.DataFrame]:
         "lr_sensitivity": s.lr_sensitivity,
         "toggles": s.toggles,
         "root_causes": s.root_causes,
+        "ladder": s.ladder,
     }
 
 
@@ -66,6 +77,8 @@ def render_text(s: Summary, width: int = WIDTH) -> str:
             continue
         head = textwrap.fill(f"{TITLES[key]} ({notes[key]})", width, subsequent_indent="  ")
         parts += ["", head, table_text(table, index=key != "toggles", width=width)]
+        if key == "ladder":
+            parts += [textwrap.fill(line, width, subsequent_indent="  ") for line in ladder_lines(table)]
     parts += ["", "Recommendation", textwrap.fill(s.recommendation.line, width, subsequent_indent="  ")]
     return "\n".join(parts)
 
@@ -87,6 +100,8 @@ def render_markdown(s: Summary, title: str = "Sweep summary") -> str:
                 "",
                 to_markdown(table, index=key != "toggles"),
             ]
+            if key == "ladder":
+                md += ["", *(f"- {md_escape(line)}" for line in ladder_lines(table))]
     md += ["", "## Recommendation", "", md_escape(s.recommendation.line)]
     return "\n".join(md) + "\n"
 
@@ -127,6 +142,7 @@ def write_summary(sweep_dir: Path, s: Summary) -> list[Path]:
         "lr_sensitivity": s.lr_sensitivity,
         "toggles": s.toggles,
         "root_causes": s.root_causes,
+        "ladder": s.ladder,
     }
     for key, table in long_forms.items():
         if not table.empty:

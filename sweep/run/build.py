@@ -22,6 +22,7 @@ import torch
 
 from models import build_model, scale_query_key
 from models.custom import build_custom_model
+from models.diffusers_config import build_from_config
 from models.diffusers_zoo import build_diffusers_model
 from sweep.config import Arch, DataSource, RunConfig, Schedule
 from sweep.data.batches import BatchOrder
@@ -121,6 +122,8 @@ def build_parts(run: RunConfig, device: torch.device, policy: PrecisionPolicy, s
     d, m = run.data, run.model
     if m.arch is Arch.diffusers:
         model = build_diffusers_model(m.name, **run.model_inputs)
+    elif m.arch is Arch.diffusers_config:  # the file, its class and shrink checked before the sweep (sweep.config)
+        model = build_from_config(m.config, m.shrink, **run.model_inputs)
     elif m.arch is Arch.custom:  # the user's factory, checked before the sweep (sweep.config.check_inputs)
         model = build_custom_model(m.target, m.kwargs, **run.model_inputs)
     else:
@@ -134,6 +137,8 @@ def build_parts(run: RunConfig, device: torch.device, policy: PrecisionPolicy, s
             qk_norm=m.qk_norm,
             attention=run.attention.backend.value,
             modulate=run.modulate.impl.value,
+            width=m.width,
+            depth=m.depth,
         )
     if m.qk_gain != 1.0:
         scale_query_key(model, m.qk_gain)

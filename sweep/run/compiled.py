@@ -53,10 +53,10 @@ def compile_unsupported_reason(run: RunConfig, device: torch.device) -> str | No
     """Why compile=true cannot apply to this run (a `skipped` run), or None."""
     if not run.compile:
         return None
-    if run.model.arch is Arch.diffusers:
+    if run.model.arch in (Arch.diffusers, Arch.diffusers_config):
         return (
-            "compile=true is not wired for model.arch=diffusers: its attention axis is a TorchFunctionMode "
-            "around each forward, unproven under torch.compile; run it uncompiled"
+            f"compile=true is not wired for model.arch={run.model.arch.value}: its attention axis is a "
+            "TorchFunctionMode around each forward, unproven under torch.compile; run it uncompiled"
         )
     if run.model.arch is Arch.custom:
         return (

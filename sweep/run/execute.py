@@ -21,7 +21,7 @@ import torch
 
 from models import KernelUnavailable, backend_unavailable_reason, count_params
 from models.diffusers_zoo import modulate_unsupported_reason
-from sweep.config import Arch, RunConfig
+from sweep.config import RunConfig
 from sweep.run.build import RunParts, build_parts, reset_process_state, resolve_device
 from sweep.run.checkpoint import CheckpointHook, CorruptCheckpoint
 from sweep.run.compiled import compile_run, compile_unsupported_reason
@@ -31,20 +31,28 @@ from sweep.run.gemm import LOW_PRECISION
 from sweep.run.monitor import Divergence
 from sweep.run.precision import PrecisionPolicy
 from sweep.run.progress import RunProgress
-from sweep.run.results import MetricsLog, RunResult, package_versions, write_result
+from sweep.run.results import MetricSink, MetricsLog, RunResult, package_versions, write_result
 from sweep.run.train import StepHook, train
 
 log = logging.getLogger("sweep")
 
 
-def execute(run: RunConfig, out_dir: Path, params: dict, label: str = "", hooks: Sequence[StepHook] = ()) -> RunResult:
+def execute(
+    run: RunConfig,
+    out_dir: Path,
+    params: dict,
+    label: str = "",
+    hooks: Sequence[StepHook] = (),
+    sinks: Sequence[MetricSink] = (),
+) -> RunResult:
     """Run one config and write its files; the returned result is what result.json holds.
 
-    `hooks` act after every training step (sweep.run.train.StepHook).
+    `hooks` act after every training step (sweep.run.train.StepHook); `sinks` get the metrics rows as the run
+    goes, and its verdict at the end (the trackers of `logger`, sweep/run/trackers.py).
     """
     out_dir = Path(out_dir)
     start = time.perf_counter()
-    result, metrics = new_result(run, params), MetricsLog()
+    result, metrics = new_result(run, params), new_metrics(run, out_dir, sinks)
     try:
         parts = prepare(run, out_dir, result)
         if parts is None:
@@ -75,16 +83,21 @@ def new_result(run: RunConfig, params: dict) -> RunResult:
     return result
 
 
+def new_metrics(run: RunConfig, out_dir: Path, sinks: Sequence[MetricSink] = ()) -> MetricsLog:
+    """The run's metrics rows, streamed to metrics.csv and the sinks in batches of `logger.flush_*`."""
+    return MetricsLog(out_dir, sinks, run.logger.flush_every, run.logger.flush_s)
+
+
 def unsupported_reason(run: RunConfig, device: torch.device, policy: PrecisionPolicy) -> str | None:
     """Why this combination cannot run here as asked (a `skipped` run), or None: the one "can it run here?" check.
 
     What only a forward can tell is KernelUnavailable from the model, also `skipped` (see `fail`): a forced SDPA
     kernel refusing a shape, or a custom model the attention/modulate axis did not reach (models/custom.py)."""
-    diffusers = run.model.arch is Arch.diffusers
+    diffusers = run.model.diffusers_name  # a zoo model or a released config's class
     return (
         policy.unsupported_reason(device)
         or backend_unavailable_reason(run.attention.backend.value, device, policy.compute_dtype)
-        or (modulate_unsupported_reason(run.model.name, run.modulate.impl.value) if diffusers else None)
+        or (modulate_unsupported_reason(diffusers, run.modulate.impl.value) if diffusers else None)
         or compile_unsupported_reason(run, device)
     )
 
@@ -158,12 +171,16 @@ def fail(result: RunResult, e: Exception) -> None:
 
 
 def write_outcome(out_dir: Path, result: RunResult, metrics: MetricsLog, start: float) -> None:
-    """result.json always; metrics.csv once training started."""
+    """result.json always; metrics.csv once training started; then the trackers get the verdict and the files."""
     result.seconds = time.perf_counter() - start
     out_dir.mkdir(parents=True, exist_ok=True)
     if metrics.rows:
         metrics.write(out_dir)
+    result.logging = dict(metrics.logging)
     write_result(out_dir, result)
+    if metrics.finish(result, out_dir):  # a tracker failed at the very end: result.json says so
+        result.logging = dict(metrics.logging)
+        write_result(out_dir, result)
 
 
 def _fill_from_metrics(result: RunResult, metrics: MetricsLog, train_seconds: float) -> None:

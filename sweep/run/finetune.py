@@ -31,7 +31,7 @@ def lora_targets(run: RunConfig) -> list[str]:
         return list(run.finetune.target_modules)
     if run.model.arch is Arch.custom:  # validate() already refuses this: a custom model's names are unknown
         raise ValueError("model=custom: finetune.target_modules must name the modules LoRA wraps")
-    return LORA_TARGETS["diffusers" if run.model.arch is Arch.diffusers else "native"]
+    return LORA_TARGETS["diffusers" if run.model.arch in (Arch.diffusers, Arch.diffusers_config) else "native"]
 
 
 def apply_finetune(run: RunConfig, model: torch.nn.Module, dtype: torch.dtype) -> torch.nn.Module:

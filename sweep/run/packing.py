@@ -26,16 +26,27 @@ import torch
 from sweep.config import Arch, FinetuneMethod, PrunerName, RunConfig
 from sweep.run.build import resolve_device
 from sweep.run.evaluate import make_evaluator
-from sweep.run.execute import conclude, execute, fail, new_result, prepare, write_outcome
+from sweep.run.execute import conclude, execute, fail, new_metrics, new_result, prepare, write_outcome
 from sweep.run.packed import train_packed
 from sweep.run.precision import PrecisionPolicy
 from sweep.run.progress import RunProgress
-from sweep.run.results import MetricsLog, RunResult
+from sweep.run.results import MetricSink, RunResult
 
 log = logging.getLogger("sweep")
 
 # Top-level RunConfig keys that may differ inside a pack (each run has its own copy of these anyway).
-PER_RUN_KEYS = ("seed", "steps", "optim", "monitor", "objective", "ledger", "scenario", "progress", "log_every")
+PER_RUN_KEYS = (
+    "seed",
+    "steps",
+    "optim",
+    "monitor",
+    "objective",
+    "ledger",
+    "logger",
+    "scenario",
+    "progress",
+    "log_every",
+)
 PER_RUN_SUBKEYS = {
     "precision": ("scaler",),
     "data": ("seed", "faults", "num_samples", "drop_bad", "check", "range_limit"),
@@ -45,8 +56,9 @@ PER_RUN_SUBKEYS = {
 
 def refusal(run: RunConfig, device: torch.device | None = None) -> str | None:
     """Why this run must train alone (None when it can be packed); `device` defaults to the run's own."""
-    if run.model.arch is Arch.diffusers:
-        return f"model {run.model.name} is a diffusers model: packing supports the native dit/video_dit models"
+    if run.model.arch in (Arch.diffusers, Arch.diffusers_config):
+        which = run.model.name or run.model.config
+        return f"model {which} is a diffusers model: packing supports the native dit/video_dit models"
     if run.model.arch is Arch.custom:
         return (
             f"model {run.model.target} is a custom model: packing (vmap over K runs) supports the native "
@@ -107,14 +119,21 @@ def plan(runs: Sequence[RunConfig], pack: int) -> list[list[int]]:
 
 
 def execute_pack(
-    runs: Sequence[RunConfig], out_dirs: Sequence[Path], params: Sequence[dict], labels: Sequence[str]
+    runs: Sequence[RunConfig],
+    out_dirs: Sequence[Path],
+    params: Sequence[dict],
+    labels: Sequence[str],
+    sinks: Sequence[Sequence[MetricSink]] | None = None,
 ) -> list[RunResult]:
-    """Train the runs as one pack and write each run's files; a pack of one is sweep.run.execute.execute."""
+    """Train the runs as one pack and write each run's files; a pack of one is sweep.run.execute.execute.
+
+    `sinks[i]` are run i's trackers: each packed run logs as a run of its own, with its own curves."""
+    sinks = sinks or [()] * len(runs)
     if len(runs) == 1:
-        return [execute(runs[0], out_dirs[0], params[0], label=labels[0])]
+        return [execute(runs[0], out_dirs[0], params[0], label=labels[0], sinks=sinks[0])]
     start = time.perf_counter()
     results = [new_result(run, p) for run, p in zip(runs, params)]
-    metrics = [MetricsLog() for _ in runs]
+    metrics = [new_metrics(run, Path(d), s) for run, d, s in zip(runs, out_dirs, sinks)]
     built = []  # (index, parts) of the runs that reached training
     for i, run in enumerate(runs):
         try:

@@ -16,12 +16,17 @@ from __future__ import annotations
 import csv
 import fcntl
 import json
+import logging
 import math
 import os
 import platform
+import time
 from dataclasses import asdict, dataclass, field
 from importlib import metadata
 from pathlib import Path
+from typing import Protocol, Sequence
+
+log = logging.getLogger("sweep")
 
 RESULT_FILE = "result.json"
 METRICS_FILE = "metrics.csv"
@@ -109,6 +114,8 @@ class RunResult:
     diverged run the last evaluation before its first bad step; null when none was made."""
     eval: dict | None = None
     """The eval settings (enabled, every, samples, seed, batch_size), the clips, and `reason` when disabled."""
+    logging: dict = field(default_factory=dict)
+    """Each tracker of `logger` (docs/loggers.md): "ok", or "failed: <reason>" (the run itself is unaffected)."""
 
     def to_dict(self) -> dict:
         d = asdict(self)
@@ -216,19 +223,121 @@ def read_result(run_dir: Path) -> dict:
     return json.loads((Path(run_dir) / RESULT_FILE).read_text())
 
 
-class MetricsLog:
-    """Per-step rows, written as metrics.csv."""
+class TrackerError(RuntimeError):
+    """A tracker's failure, already said in one line with its cause's type (MetricsLog adds no type name)."""
 
-    def __init__(self) -> None:
+
+class MetricSink(Protocol):
+    """Somewhere a run's rows go as it trains (a tracker: sweep/run/tensorboard_sink.py, mlflow_sink.py).
+
+    Called by MetricsLog only, which turns any exception into a warning and `result.logging[name]`."""
+
+    name: str
+
+    def start(self) -> None:
+        """Before the first step (open a file, create the tracker's run)."""
+
+    def write(self, rows: list[dict]) -> None:
+        """Final rows, in step order, in batches."""
+
+    def finish(self, result: RunResult, out_dir: Path) -> None:
+        """The run is over and its files written (metrics.csv, result.json): the verdict, then close."""
+
+
+class MetricsLog:
+    """Per-step rows: streamed to metrics.csv and to the trackers in batches as the run goes, written whole at
+    the end (`write`).
+
+    A row is final once the next row is logged or the run ends (train writes a step's eval loss into its row
+    after logging it). Final rows go out every `flush_every` rows or `flush_s` seconds, whichever comes
+    first, so a killed run leaves metrics.csv up to its last batch, and a tracker gets a few requests per
+    run, not one per step. A sink that raises is dropped with a warning: `logging` says which and why.
+    """
+
+    def __init__(
+        self, out_dir: Path | None = None, sinks: Sequence[MetricSink] = (), flush_every: int = 50, flush_s: float = 10
+    ) -> None:
         self.rows: list[dict] = []
+        self.flush_every, self.flush_s = flush_every, flush_s
+        self.sent = 0
+        """Rows already handed to the sinks."""
+        self._last_flush = time.monotonic()
+        self._stream = CsvStream(Path(out_dir) / METRICS_FILE) if out_dir is not None else None
+        self.sinks: list[MetricSink] = []
+        self.logging: dict[str, str] = {}
+        """Each tracker's state for result.json: "ok" or "failed: <reason>"."""
+        for sink in sinks:
+            self.logging[sink.name] = "ok"
+            if self._call(sink, "start"):
+                self.sinks.append(sink)
 
     def log(self, **row) -> None:
         self.rows.append(row)
+        final = len(self.rows) - 1 - self.sent
+        if final >= self.flush_every or (final and time.monotonic() - self._last_flush >= self.flush_s):
+            self.flush(len(self.rows) - 1)
+
+    def flush(self, upto: int | None = None) -> None:
+        """Send rows [sent, upto) (default: every row) to metrics.csv and the sinks."""
+        upto = len(self.rows) if upto is None else upto
+        batch = self.rows[self.sent : upto]
+        self.sent, self._last_flush = upto, time.monotonic()
+        if not batch:
+            return
+        if self._stream is not None:
+            try:
+                self._stream.append(batch)
+            except OSError as e:  # a full disk: the final write says so (execute.fail), training goes on
+                log.warning("metrics.csv: could not append (%s); it is written once more at the end", e)
+                self._stream = None
+        for sink in list(self.sinks):
+            if not self._call(sink, "write", batch):
+                self.sinks.remove(sink)
 
     def write(self, out_dir: Path) -> Path:
+        """metrics.csv with every row, as it is once the run is over (replaces what was streamed)."""
+        self.flush()
         path = Path(out_dir) / METRICS_FILE
         with path.open("w", newline="") as f:
             w = csv.DictWriter(f, fieldnames=METRIC_COLUMNS, extrasaction="ignore", restval="")
             w.writeheader()
             w.writerows(self.rows)
         return path
+
+    def finish(self, result: RunResult, out_dir: Path) -> bool:
+        """The trackers log the verdict and the files and close; True when one of them failed doing so."""
+        self.flush()
+        failed = False
+        for sink in self.sinks:
+            failed |= not self._call(sink, "finish", result, Path(out_dir))
+        self.sinks = []
+        return failed
+
+    def _call(self, sink: MetricSink, method: str, *args) -> bool:
+        """sink.method(*args); False (with a warning, and the reason in `logging`) when it raised."""
+        try:
+            getattr(sink, method)(*args)
+            return True
+        except Exception as e:  # noqa: BLE001  (a tracker never fails a run: server down, disk full, a bug)
+            reason = (str(e).strip().splitlines() or [""])[0]
+            reason = reason if isinstance(e, TrackerError) else f"{type(e).__name__}: {reason}"
+            self.logging[sink.name] = f"failed: {reason[:300]}"
+            log.warning("logger %s failed, the run goes on without it: %s", sink.name, self.logging[sink.name])
+            return False
+
+
+class CsvStream:
+    """metrics.csv as the run goes: the header with the first rows, then rows appended and flushed per batch."""
+
+    def __init__(self, path: Path) -> None:
+        self.path, self.started = path, False
+
+    def append(self, rows: list[dict]) -> None:
+        if not self.started:
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+        with self.path.open("a" if self.started else "w", newline="") as f:
+            w = csv.DictWriter(f, fieldnames=METRIC_COLUMNS, extrasaction="ignore", restval="")
+            if not self.started:
+                w.writeheader()
+            w.writerows(rows)
+        self.started = True

@@ -49,6 +49,7 @@ from sweep.search.conf import PrunerName, SamplerConf, SamplerName, SweepMode
 from sweep.search.frontier import Bracket, grid_runs
 from sweep.search.ledger import CONSTRAINTS_KEY, STALE_ATTR, mask_url, open_storage, storage_url, with_retries
 from sweep.search.pruning import make_pruner, pruner_overrides
+from sweep.search.replicates import replicate_overrides
 
 log = logging.getLogger("sweep")
 # We beat for our trials ourselves (Heartbeat below) rather than through Study.optimize.
@@ -242,7 +243,14 @@ class OptunaSweeperImpl(Sweeper):
 
     def sweep(self, arguments: List[str]) -> Any:
         args = [f"{k}={v}" for k, v in self.params.items()] + list(arguments)
-        space, fixed = search_space.parse(args)
+        replicates = OmegaConf.select(self.config, "replicates", default=1) or 1
+        extra = replicate_overrides(args, replicates, OmegaConf.select(self.config, "seed", default=0))
+        if extra and (self.mode is SweepMode.frontier or self.sampler_conf.name != SamplerName.grid):
+            raise ConfigError(
+                f"replicates={replicates}: the optuna sweeper runs replicates with hydra.sweeper.sampler.name=grid "
+                "only (a search or frontier samples one seed per trial); use the grid sweeper, or the grid sampler"
+            )
+        space, fixed = search_space.parse(args + extra)
         if not space:
             raise ConfigError(
                 "the optuna sweeper needs at least one swept axis (e.g. 'optim.lr=tag(log,interval(1e-5,1e-1))')"

@@ -1,0 +1,142 @@
+"""The frontier across sizes: fit log(largest stable lr) against log(size), extrapolate to a target size.
+
+Small-scale proxies (Wortsman et al. 2023, "Small-scale proxies for large-scale Transformer training
+instabilities"): the lr at which a transformer diverges falls with its size, and qk-layernorm and z-loss
+move it. A sweep that steps a model's width (or depth) through several values, lr swept (a grid, or the
+Optuna frontier search, `+ladder=width`), gives each size a bracket [max stable lr, min diverging lr)
+per combination of the other axes (precision, attention, ...). Per combination:
+
+- each size's lr* is the bracket's geometric middle, sqrt(max_stable * min_diverging); a size whose runs
+  never diverged (or never held) has no bracket and is left out, and the table says how many were;
+- a least-squares line log lr* = a + b log size over those sizes; `exponent` is b;
+- the prediction at `target` with a `confidence` interval from Student's t with n - 2 degrees of
+  freedom, whose variance is the residual variance plus the brackets' own (an lr* is only known to
+  within its bracket: uniform in log, variance log(ratio)^2 / 12). Three sizes are the fewest that give
+  an interval; with two the line is drawn and the interval is left empty.
+
+An extrapolation far past the fitted sizes is a hypothesis, not a measurement: docs/ladder.md holds
+one held-out check (fit on the smaller sizes, predict a larger one, run it).
+"""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+
+from sweep.report.runs import PARAM
+from sweep.report.tables import LR, frontier_records, sort_key
+
+SIZE_AXES = ("model.width", "model.depth")
+COLUMNS = ["sizes", "left_out", "exponent", "r2", "target", "predicted_lr", "low", "high"]
+
+
+def ladder_settings(sweep_dir) -> tuple[float | None, float]:
+    """(ladder.target, ladder.confidence) from a sweep directory's multirun.yaml; (None, 0.9) when it has
+    none or cannot be read (the report works without it: the table then fits without predicting)."""
+    import yaml
+
+    try:
+        node = (yaml.safe_load((Path(sweep_dir) / "multirun.yaml").read_text()) or {}).get("ladder") or {}
+        target, confidence = node.get("target"), float(node.get("confidence", 0.9))
+        return (float(target) if target is not None else None), confidence
+    except (OSError, ValueError, TypeError, AttributeError, yaml.YAMLError):
+        return None, 0.9
+
+
+def ladder_axis(runs: pd.DataFrame) -> str | None:
+    """The swept size axis of a sweep (model.width or model.depth with two or more values), else None."""
+    if PARAM + LR not in runs:
+        return None
+    for axis in SIZE_AXES:
+        if PARAM + axis in runs and runs[PARAM + axis].dropna().nunique() > 1:
+            return axis
+    return None
+
+
+def ladder_fit(runs: pd.DataFrame, target: float | None = None, confidence: float = 0.9) -> pd.DataFrame:
+    """Per combination of the non-size axes: the fit and the prediction at `target` (module docstring).
+
+    The frame's attrs hold `axis` and `points`: {combination: [(size, max_stable, min_diverging, lr*)]}.
+    """
+    axis = ladder_axis(runs)
+    if axis is None:
+        return pd.DataFrame(columns=COLUMNS)
+    recs = frontier_records(runs)
+    others = [a for a in recs.attrs["axes"] if a != axis]
+    label = recs[others].astype(str).agg("/".join, axis=1) if others else pd.Series("all", index=recs.index)
+    out, points = [], {}
+    for combo, group in recs.groupby(label, sort=False):
+        pts, left_out = [], 0
+        for rec in group.sort_values(axis, key=lambda s: s.map(sort_key)).to_dict("records"):
+            lo, hi = rec["max_stable_lr"], rec["min_diverging_lr"]
+            if lo is None or hi is None or pd.isna(lo) or pd.isna(hi) or not 0 < lo < hi:
+                left_out += 1
+                pts.append((float(rec[axis]), lo, hi, np.nan))
+                continue
+            pts.append((float(rec[axis]), float(lo), float(hi), math.sqrt(lo * hi)))
+        points[combo] = pts
+        out.append({"combination": combo, **fit_line(pts, target, confidence), "left_out": left_out})
+    table = pd.DataFrame(out).set_index("combination")[COLUMNS] if out else pd.DataFrame(columns=COLUMNS)
+    table.index.name = "/".join(others) or "combination"
+    table.attrs.update(axis=axis, points=points, confidence=confidence)
+    return table
+
+
+def fit_line(points: list[tuple], target: float | None, confidence: float) -> dict:
+    """The log-log least-squares fit of lr* against size over the points that have one, and the
+    prediction at `target` with its interval (NaN where there are too few points)."""
+    from scipy import stats
+
+    fitted = [(s, lo, hi, lr) for s, lo, hi, lr in points if not pd.isna(lr)]
+    n = len(fitted)
+    row = {"sizes": n, "exponent": np.nan, "r2": np.nan, "target": target, "predicted_lr": np.nan}
+    row.update(low=np.nan, high=np.nan)
+    if n < 2 or len({s for s, *_ in fitted}) < 2:
+        return row
+    x = np.log([s for s, *_ in fitted])
+    y = np.log([lr for *_, lr in fitted])
+    b, a = np.polyfit(x, y, 1)
+    resid = y - (a + b * x)
+    sxx = float(((x - x.mean()) ** 2).sum())
+    ss_tot = float(((y - y.mean()) ** 2).sum())
+    row.update(exponent=float(b), r2=1 - float((resid**2).sum()) / ss_tot if ss_tot > 0 else np.nan)
+    if target is None:
+        return row
+    x0 = math.log(target)
+    row["predicted_lr"] = math.exp(a + b * x0)
+    if n < 3:
+        return row
+    bracket_var = float(np.mean([math.log(hi / lo) ** 2 / 12 for _, lo, hi, _ in fitted]))
+    var = float((resid**2).sum()) / (n - 2) + bracket_var
+    se = math.sqrt(var * (1 + 1 / n + (x0 - x.mean()) ** 2 / sxx))
+    t = float(stats.t.ppf(0.5 + confidence / 2, n - 2))
+    row.update(low=math.exp(a + b * x0 - t * se), high=math.exp(a + b * x0 + t * se))
+    return row
+
+
+def ladder_lines(table: pd.DataFrame) -> list[str]:
+    """One sentence per combination, for the terminal and summary.md."""
+    if table.empty:
+        return []
+    axis = table.attrs["axis"].split(".")[-1]
+    conf = table.attrs["confidence"]
+    lines = []
+    for combo, r in table.iterrows():
+        if pd.isna(r.exponent):
+            lines.append(f"{combo}: {int(r.sizes)} sizes with a bracket ({int(r.left_out)} left out): too few to fit")
+            continue
+        line = f"{combo}: max stable lr ∝ {axis}^{r.exponent:.2f} over {int(r.sizes)} sizes (R² {r.r2:.2f})"
+        if not pd.isna(r.predicted_lr):
+            line += f"; at {axis} {r.target:g}: {r.predicted_lr:.3g}"
+            line += (
+                f" ({conf:.0%} interval {r.low:.3g}..{r.high:.3g})"
+                if not pd.isna(r.low)
+                else " (no interval: it needs 3 sizes)"
+            )
+        if r.left_out:
+            line += f"; {int(r.left_out)} size(s) without a bracket left out"
+        lines.append(line)
+    return lines

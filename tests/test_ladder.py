@@ -1,0 +1,116 @@
+"""The frontier across sizes (sweep/report/ladder.py, +ladder=width|depth; issue #17 part 3)."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+
+from sweep.config import ConfigError
+from sweep.report.html import ladder_figure
+from sweep.report.ladder import fit_line, ladder_fit, ladder_lines
+from sweep.report.runs import runs_from_dirs
+from sweep.report.summary import summarize
+from sweep.report.text import render_text
+
+from .conftest import CONF_DIR, make_run, multirun_in_process
+from .test_report_tables import diverged, write_run
+
+LRS = [2.0**-k for k in range(1, 15)]  # a 2x grid, 0.5 .. 6e-5
+
+
+def power_law_sweep(root, widths=(32, 64, 128, 256)):
+    """Runs that diverge above lr = c * (width / 32)^-0.5, c = 0.1 in fp32 and 0.025 in bf16_amp."""
+    n = 0
+    for precision, c in (("fp32", 0.1), ("bf16_amp", 0.025)):
+        for w in widths:
+            for lr in LRS:
+                ok = lr <= c * (w / 32) ** -0.5
+                result = {"status": "stable", "final_loss": 0.5} if ok else diverged("loss_spike", 3, "loss")
+                write_run(root, n, {"precision": precision, "model.width": w, "optim.lr": lr}, result)
+                n += 1
+    return runs_from_dirs(root)
+
+
+def test_the_fit_recovers_a_known_power_law_and_its_interval_holds_the_truth(tmp_path):
+    runs = power_law_sweep(tmp_path / "s")
+    table = ladder_fit(runs, target=1024, confidence=0.9)
+    assert table.attrs["axis"] == "model.width" and list(table.index) == ["bf16_amp", "fp32"]
+    for precision, c in (("fp32", 0.1), ("bf16_amp", 0.025)):
+        r = table.loc[precision]
+        assert r.sizes == 4 and r.left_out == 0
+        assert r.exponent == pytest.approx(-0.5, abs=0.2)  # a 2x grid quantises each frontier
+        truth = c * (1024 / 32) ** -0.5
+        assert r.low < truth < r.high and r.low < r.predicted_lr < r.high
+        assert r.high / r.low < 100  # an interval that says something
+    lines = ladder_lines(table)
+    assert lines[1].startswith("fp32: max stable lr ∝ width^-0.") and "at width 1024: " in lines[1]
+    assert "90% interval" in lines[1]
+
+
+def test_two_sizes_give_a_line_but_no_interval_and_an_open_bracket_is_left_out():
+    row = fit_line([(32, 0.01, 0.02, math.sqrt(2e-4)), (64, 0.005, 0.01, math.sqrt(5e-5))], 256, 0.9)
+    assert row["exponent"] == pytest.approx(-1.0) and row["predicted_lr"] > 0 and np.isnan(row["low"])
+    row = fit_line([(32, 0.01, 0.02, math.sqrt(2e-4)), (64, 0.005, None, np.nan)], 256, 0.9)
+    assert row["sizes"] == 1 and np.isnan(row["exponent"])
+
+
+def test_the_summary_prints_the_ladder_and_the_report_plots_it(tmp_path):
+    runs = power_law_sweep(tmp_path / "s", widths=(32, 64, 128))
+    s = summarize(runs, ladder_target=512)
+    text = render_text(s)
+    assert "Frontier across sizes" in text and "at width 512: " in text
+    fig = ladder_figure(s.ladder)
+    names = [t.name for t in fig.data]
+    assert "fp32: predicted at width 512" in names and any(n.startswith("fp32: fit, exponent -0.") for n in names)
+
+
+def test_ladder_configs_compose_a_frontier_search_over_the_size():
+    from hydra import compose, initialize_config_dir
+    from hydra.core.global_hydra import GlobalHydra
+
+    GlobalHydra.instance().clear()
+    with initialize_config_dir(config_dir=CONF_DIR, version_base="1.3"):
+        cfg = compose(config_name="config", overrides=["+ladder=width"], return_hydra_config=True)
+        assert cfg.ladder.axis == "width" and cfg.ladder.target == 1152
+        assert cfg.hydra.sweeper.mode == "frontier" and cfg.hydra.sweeper.params["model.width"] == "32,64,128"
+        cfg = compose(config_name="config", overrides=["+ladder=depth"], return_hydra_config=True)
+        assert cfg.ladder.axis == "depth" and cfg.hydra.sweeper.params["model.depth"] == "2,4,8"
+    GlobalHydra.instance().clear()
+
+
+@pytest.mark.parametrize(
+    "override,message",
+    [
+        ("model.width=48", "model.width: must be a positive multiple of 32 (the head dim of size tiny), got 48"),
+        ("model.depth=3", "model.depth: video_dit spends its blocks as (spatial, temporal) pairs: must be even"),
+        ("ladder.target=0", "ladder.target: must be > 0, got 0"),
+    ],
+)
+def test_bad_size_values_are_config_errors(override, message):
+    with pytest.raises(ConfigError, match=message.replace("(", r"\(").replace(")", r"\)")):
+        make_run(override)
+
+
+def test_width_and_depth_build_the_model_they_name():
+    from models import build_model, count_params
+
+    kw = dict(input_size=8, in_channels=3, num_frames=4)
+    small, wide = (
+        build_model("video_dit", "tiny", width=32, **kw),
+        build_model("video_dit", "tiny", width=64, depth=2, **kw),
+    )
+    heads = [{m.num_heads for m in model.modules() if hasattr(m, "head_dim")} for model in (small, wide)]
+    assert heads == [{1}, {2}]  # the head dim (32) is kept
+    assert len(wide.blocks) == 2 and len(small.blocks) == 4  # depth 2 = one (spatial, temporal) pair
+    assert count_params(build_model("video_dit", "tiny", **kw)) > count_params(wide) > count_params(small) / 2
+
+
+@pytest.mark.slow
+def test_a_real_size_grid_gives_a_ladder_table(tmp_path):
+    multirun_in_process(tmp_path, "model.width=32,64,96", "optim.lr=1e-3,3e-2,1.0", "steps=8", "ledger.enabled=false")
+    runs = runs_from_dirs(tmp_path)
+    assert len(runs) == 9 and set(runs.status) <= {"stable", "diverged"}
+    table = summarize(runs, ladder_target=256).ladder
+    assert table.attrs["axis"] == "model.width" and table.loc["all"].sizes + table.loc["all"].left_out == 3
