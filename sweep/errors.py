@@ -36,24 +36,36 @@ def config_error_line(exc: BaseException) -> str | None:
         lines = [ln.strip() for ln in str(exc).splitlines() if ln.strip()]
         options = getattr(exc, "options", None)
         head = lines[0] if lines else type(exc).__name__
+        if not isinstance(exc, HydraException):
+            head = f"an override Hydra cannot use: {head}"
         return f"{head} (choose one of: {', '.join(options)})" if options else head
     return None
 
 
-# Hydra modules that only read the command line's overrides and the defaults list they make: a plain
-# ValueError/TypeError raised there is about the user's input (`precision=null`: "Config group override
-# must be a string or a list. Got NoneType"), not a bug.
-_HYDRA_INPUT_MODULES = ("hydra/_internal/defaults_list.py", "hydra/core/override_parser/")
+# Hydra modules that only read the command line's overrides, the defaults list they make and the config
+# files they name: a plain ValueError/TypeError raised in them (or in what they call) is about the
+# user's input (`precision=null`: "Config group override must be a string or a list. Got NoneType";
+# a NUL byte in an option name: "embedded null byte" from os.path), not a bug.
+_HYDRA_INPUT_MODULES = (
+    "hydra/_internal/defaults_list.py",
+    "hydra/core/override_parser/",
+    "hydra/_internal/config_repository.py",
+    "hydra/_internal/core_plugins/file_config_source.py",
+)
 
 
 def _raised_reading_overrides(exc: BaseException) -> bool:
-    if not isinstance(exc, (ValueError, TypeError)) or exc.__traceback__ is None:
+    """Whether the innermost Hydra frame of the exception's traceback is one of _HYDRA_INPUT_MODULES."""
+    if not isinstance(exc, (ValueError, TypeError)):
         return False
+    innermost_hydra = None
     tb = exc.__traceback__
-    while tb.tb_next is not None:
+    while tb is not None:
+        where = tb.tb_frame.f_code.co_filename.replace("\\", "/")
+        if "/hydra/" in where:
+            innermost_hydra = where
         tb = tb.tb_next
-    where = tb.tb_frame.f_code.co_filename.replace("\\", "/")
-    return any(m in where for m in _HYDRA_INPUT_MODULES)
+    return innermost_hydra is not None and any(m in innermost_hydra for m in _HYDRA_INPUT_MODULES)
 
 
 def exit_config_error(line: ConfigError | str) -> NoReturn:

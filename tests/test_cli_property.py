@@ -31,6 +31,7 @@ def composer():
 @example(overrides=["data=latent_folder", "data.path='a\nb'"])  # found too: a newline split the line
 @example(overrides=["checkpoint=${steps}"])  # found too: a scalar where a section belongs, AttributeError
 @example(overrides=["~ledger", "++ledger=3"])  # likewise
+@example(overrides=["modulate=' a\x00b'"])  # found too: a NUL byte in an option, os.path's ValueError
 def test_every_command_line_runs_or_is_one_line_and_exit_2(composer, overrides):
     kind, text = outcome(composer, overrides)
     assert kind != "traceback", f"{overrides}: {text}"
