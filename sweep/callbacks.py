@@ -95,13 +95,15 @@ def claim_sweep_dir(config: DictConfig) -> None:
     with open(sweep_dir / ".sweep.lock", "a") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)  # two sweeps starting at once decide one after the other
         saved = sweep_dir / SWEEP_FILE
-        if saved.is_file():
-            try:
-                theirs = sweep_identity(OmegaConf.load(saved))
-            except Exception:  # noqa: BLE001  (a damaged or foreign file: nothing to compare)
-                theirs = None
-            started = next(sweep_dir.rglob(".hydra/overrides.yaml"), None) is not None
-            if theirs is not None and theirs != sweep_identity(config) and (started or _sweep_alive(sweep_dir)):
+        started = next(sweep_dir.rglob(".hydra/overrides.yaml"), None) is not None
+        if saved.is_file() or started:
+            theirs, why = saved_identity(saved)
+            if (started or _sweep_alive(sweep_dir)) and theirs != sweep_identity(config):
+                if theirs is None:  # runs of a sweep no one can name: this one could be any other
+                    raise ConfigError(
+                        f"hydra.sweep.dir: {sweep_dir} holds runs of a sweep whose {SWEEP_FILE} {why}; restore it"
+                        " to resume that sweep, or give this one its own hydra.sweep.dir"
+                    )
                 raise ConfigError(
                     f"hydra.sweep.dir: {sweep_dir} holds another sweep ({' '.join(theirs[1:]) or 'no overrides'}); "
                     "give this one its own hydra.sweep.dir, or resume that one with its own command"
@@ -109,6 +111,19 @@ def claim_sweep_dir(config: DictConfig) -> None:
         fd = os.open(sweep_dir / _ALIVE, os.O_CREAT | os.O_RDWR, 0o644)
         fcntl.flock(fd, fcntl.LOCK_SH)  # dropped at the end of the sweep, or when this process dies
         _ALIVE_HELD[str(sweep_dir)] = fd
+
+
+def saved_identity(saved: Path) -> tuple[list[str] | None, str]:
+    """(sweep_identity of the sweep a multirun.yaml saved, "") or (None, why it cannot be read)."""
+    try:
+        config = OmegaConf.load(saved)
+        if not isinstance(config, DictConfig):
+            return None, "is not a saved Hydra config (a YAML list)"
+        return sweep_identity(config), ""
+    except FileNotFoundError:
+        return None, "is missing"
+    except Exception as e:  # noqa: BLE001  (damaged YAML, unreadable file, a foreign config)
+        return None, f"cannot be read ({type(e).__name__}: {str(e).strip().splitlines()[0] if str(e).strip() else ''})"
 
 
 def _sweep_alive(sweep_dir: Path) -> bool:

@@ -1075,7 +1075,24 @@ def to_run_config(cfg: DictConfig) -> RunConfig:
     run = OmegaConf.to_object(cfg)
     if not isinstance(run, RunConfig):
         raise ConfigError("config root is not a RunConfig: conf/config.yaml must list run_schema first in its defaults")
+    check_nodes(run)
     return validate(run)
+
+
+def check_nodes(obj: Any, prefix: str = "") -> None:
+    """Every config node is still a node: OmegaConf lets an interpolation (`checkpoint=${steps}`) or a
+    deleted and re-added key (`~ledger ++ledger=3`) put a scalar where a section of the schema belongs."""
+    for f in dataclasses.fields(obj):
+        value, key = getattr(obj, f.name), prefix + f.name
+        default = f.default_factory() if f.default_factory is not dataclasses.MISSING else None
+        if dataclasses.is_dataclass(default):
+            _require(
+                isinstance(value, type(default)),
+                key,
+                f"is a section of the config ({key}.{dataclasses.fields(default)[0].name}, ...),"
+                f" not a value: got {value!r}",
+            )
+            check_nodes(value, key + ".")
 
 
 def flatten(obj: Any, prefix: str = "") -> dict:

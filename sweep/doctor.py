@@ -5,8 +5,10 @@
     python -m sweep.doctor data/clips --frames 16 --height 256 --width 256
 
 Subfolders are scanned too. Per sample it reports, by kind:
-- ``unreadable`` / ``truncated`` / ``empty``: the file cannot be decoded or loaded, is cut short,
-  or holds nothing (a ``.pt`` that pickles anything but tensors is refused, never run);
+- ``unreadable`` / ``truncated`` / ``empty``: the file cannot be decoded or loaded ("permission
+  denied: PATH" when it may not be read), is cut short, or holds nothing (a ``.pt`` that pickles
+  anything but tensors is refused, never run); a subfolder that cannot be listed is an
+  ``unreadable`` entry of its own (source ``folder``): its samples are unknown, so never "all clean";
 - ``nan`` / ``inf`` / ``range``: what the training loop's ``bad_input`` check
   (``sweep.data.checks.check_batch``) would reject, through the shared ``check_sample``; videos are
   mapped to [-1, 1] as a loader would (``uint8 / 127.5 - 1``), so ``range`` is mostly about
@@ -26,6 +28,7 @@ import argparse
 import json
 import os
 import sys
+import tempfile
 from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -48,7 +51,7 @@ class SampleResult:
 
     path: str  # relative to the scanned root, with forward slashes
     key: str = ""  # the tensor's name inside a multi-tensor latent file, else ""
-    source: str = "latent"  # "video" | "latent"
+    source: str = "latent"  # "video" | "latent" | "folder" (one that cannot be listed)
     shape: list[int] | None = None
     dtype: str | None = None
     min: float | None = None
@@ -131,6 +134,12 @@ def examine_file(path: Path, root: Path, limit: float, constant_tol: float) -> l
     return results
 
 
+def unlisted_result(folder: Path, root: Path, why: str) -> SampleResult:
+    """A folder whose files cannot be listed, as an unreadable entry of the report."""
+    rel = folder.relative_to(root).as_posix() if folder != root else folder.name
+    return SampleResult(rel, source="folder", problems=[SampleProblem("unreadable", why)])
+
+
 def check_shapes(results: list[SampleResult], expected: dict[str, int]) -> dict[str, list[int] | None]:
     """Add shape/frames problems against the expected dims and each group's majority shape; returns the majorities."""
     majorities: dict[str, list[int] | None] = {}
@@ -169,14 +178,33 @@ def _report_path(root: Path, json_arg: str | None) -> list[Path]:
     return ([folder / REPORT_NAME] if os.access(folder, os.W_OK) else []) + [Path.cwd() / REPORT_NAME]
 
 
+def _umask() -> int:
+    mask = os.umask(0o022)
+    os.umask(mask)
+    return mask
+
+
 def write_report(report: dict, candidates: list[Path]) -> Path | None:
-    """Write the report to the first candidate that accepts it."""
+    """Write the report to the first candidate that accepts it.
+
+    Written to a fresh temporary file beside it, then renamed over the name: a symlink planted there
+    (the scanned folder may belong to someone else) is replaced, never written through, and a reader
+    never sees half a report.
+    """
+    text = json.dumps(report, indent=2) + "\n"
     for path in candidates:
+        tmp = None
         try:
             path.parent.mkdir(parents=True, exist_ok=True)
-            path.write_text(json.dumps(report, indent=2) + "\n")
+            fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")  # O_EXCL
+            with os.fdopen(fd, "w") as f:
+                f.write(text)
+            os.chmod(tmp, 0o666 & ~_umask())  # mkstemp makes it 0600; give it a plain file's mode
+            os.replace(tmp, path)
             return path
         except OSError:
+            if tmp is not None:
+                Path(tmp).unlink(missing_ok=True)
             continue
     return None
 
@@ -263,12 +291,13 @@ def main(argv: list[str] | None = None) -> int:
         print("doctor: --channels/--frames/--height/--width must be >= 1", file=sys.stderr)
         return 2
 
-    files = find_files(root)
-    if not files:
+    files, unlisted = find_files(root)
+    if not files and not unlisted:
         print(f"doctor: no video or latent files under {root}", file=sys.stderr)
         return 1
     bar = resolve_mode(Progress.auto) is Progress.bar  # a bar for a person at a terminal only
-    results: list[SampleResult] = []
+    # A folder that cannot be listed hides its samples: a problem of its own, never "all clean".
+    results = [unlisted_result(folder, root, why) for folder, why in unlisted]
     for path in tqdm(files, desc="doctor", unit="file", disable=not bar, leave=False, file=sys.stderr):
         results += examine_file(path, root, args.limit, args.constant_tol)
     majorities = check_shapes(results, expected)

@@ -32,18 +32,52 @@ def config_error_line(exc: BaseException) -> str | None:
         key = getattr(err, "full_key", None)
         msg = str(err).split("\n")[0].strip()
         return f"{key}: {msg}" if key else msg
-    if isinstance(exc, HydraException):
+    if isinstance(exc, HydraException) or _raised_reading_overrides(exc):
         lines = [ln.strip() for ln in str(exc).splitlines() if ln.strip()]
         options = getattr(exc, "options", None)
         head = lines[0] if lines else type(exc).__name__
+        if not isinstance(exc, HydraException):
+            head = f"an override Hydra cannot use: {head}"
         return f"{head} (choose one of: {', '.join(options)})" if options else head
     return None
 
 
+# Hydra modules that only read the command line's overrides, the defaults list they make and the config
+# files they name: a plain ValueError/TypeError raised in them (or in what they call) is about the
+# user's input (`precision=null`: "Config group override must be a string or a list. Got NoneType";
+# a NUL byte in an option name: "embedded null byte" from os.path), not a bug.
+_HYDRA_INPUT_MODULES = (
+    "hydra/_internal/defaults_list.py",
+    "hydra/core/override_parser/",
+    "hydra/_internal/config_repository.py",
+    "hydra/_internal/core_plugins/file_config_source.py",
+)
+
+
+def _raised_reading_overrides(exc: BaseException) -> bool:
+    """Whether the innermost Hydra frame of the exception's traceback is one of _HYDRA_INPUT_MODULES."""
+    if not isinstance(exc, (ValueError, TypeError)):
+        return False
+    innermost_hydra = None
+    tb = exc.__traceback__
+    while tb is not None:
+        where = tb.tb_frame.f_code.co_filename.replace("\\", "/")
+        if "/hydra/" in where:
+            innermost_hydra = where
+        tb = tb.tb_next
+    return innermost_hydra is not None and any(m in innermost_hydra for m in _HYDRA_INPUT_MODULES)
+
+
 def exit_config_error(line: ConfigError | str) -> NoReturn:
     """Print the one line and exit with status 2."""
-    print(f"{PREFIX}{line}", file=sys.stderr)
+    print(f"{PREFIX}{one_line(str(line))}", file=sys.stderr)
     sys.exit(2)
+
+
+def one_line(text: str) -> str:
+    """`text` with its line breaks and other control characters escaped (`\\n`): a value quoted on the
+    command line may hold any of them, and the message that names it must stay one line."""
+    return "".join(c if c.isprintable() else c.encode("unicode_escape").decode("ascii") for c in text)
 
 
 @contextlib.contextmanager

@@ -199,3 +199,21 @@ def test_config_errors_are_one_line():
         make_run("checkpoint.inject=nan")
     with pytest.raises(ConfigError, match="checkpoint.inject: must be null, bitflip or nan"):
         make_run("checkpoint.inject=zap", "model.init_from=x")
+
+
+def test_an_unscaled_checkpoint_does_not_set_the_loss_scale_of_a_scaled_run(tmp_path, caplog):
+    """fp32 saves the disabled scaler's state (scale 1.0); resumed under fp16_amp the scale starts at init_scale."""
+    from sweep.run.build import build_parts, resolve_device
+    from sweep.run.precision import PrecisionPolicy
+
+    r = execute(
+        make_run("precision=fp32", "steps=1", "checkpoint.every=1", "eval.enabled=false"), tmp_path / "fp32", params={}
+    )
+    assert r.status == "stable"
+    ckpt = tmp_path / "fp32" / "checkpoints" / "step_000001"
+    run = make_run("precision=fp16_amp", "steps=4", f"checkpoint.resume_from={ckpt}")
+    with caplog.at_level("WARNING", logger="sweep"):
+        parts = build_parts(run, resolve_device("cpu"), PrecisionPolicy.from_config(run.precision))
+    assert parts.start_step == 1
+    assert parts.scaler.scale == run.precision.scaler.init_scale
+    assert "without loss scaling" in caplog.text and str(run.precision.scaler.init_scale) in caplog.text

@@ -187,3 +187,62 @@ def test_check_sample_matches_check_batch() -> None:
     assert [p.kind for p in check_sample(x)[0]] == ["nan"]  # most severe first, like check_batch
     assert [p.kind for p in check_sample(torch.zeros(2, 3))[0]] == ["constant"]
     assert [p.kind for p in check_sample(torch.empty(0))[0]] == ["empty"]
+
+
+def test_the_report_replaces_a_planted_symlink_and_never_writes_through_it(latents, tmp_path, capsys) -> None:
+    """DIR/doctor_report.json -> a file elsewhere: the link is replaced by the report; its target is untouched."""
+    root, _ = latents
+    data = tmp_path / "data"
+    data.mkdir()
+    (data / "a.safetensors").write_bytes((root / "a.safetensors").read_bytes())
+    victim = tmp_path / "victim.conf"
+    victim.write_text("precious\n")
+    (data / "doctor_report.json").symlink_to(victim)
+    assert main([str(data)]) == 0
+    assert victim.read_text() == "precious\n"
+    report = data / "doctor_report.json"
+    assert not report.is_symlink() and _report(report)["n_samples"] == 1
+    assert sorted(p.name for p in data.iterdir()) == ["a.safetensors", "doctor_report.json"]  # no temp file left
+
+
+def deny(monkeypatch, *paths: Path) -> None:
+    """chmod 000 `paths`; as root (whom modes do not stop) also make opening and listing them fail as they would."""
+    import builtins
+    import os
+
+    for p in paths:
+        p.chmod(0)
+    if os.geteuid() != 0:
+        return
+    denied = {str(p) for p in paths}
+
+    def refuse(path):
+        if str(path) in denied:
+            raise PermissionError(13, "Permission denied", str(path))
+
+    real_open, real_scandir = builtins.open, os.scandir
+    monkeypatch.setattr(builtins, "open", lambda f, *a, **k: (refuse(f), real_open(f, *a, **k))[1])
+    monkeypatch.setattr(os, "scandir", lambda p=".": (refuse(p), real_scandir(p))[1])
+
+
+def test_unreadable_files_and_folders_are_named_as_permission_denied(latents, tmp_path, monkeypatch, capsys) -> None:
+    """A chmod 000 file is 'permission denied', not 'No such file'; a chmod 000 subfolder is a problem, not skipped."""
+    root, _ = latents
+    data = tmp_path / "data"
+    (data / "locked").mkdir(parents=True)
+    for name in ("a.safetensors", "b.pt", "c.npy"):
+        (data / name).write_bytes((root / name).read_bytes())
+    (data / "locked" / "d.npy").write_bytes((root / "c.npy").read_bytes())
+    try:
+        deny(monkeypatch, data / "a.safetensors", data / "locked")
+        assert main([str(data), "--json", str(tmp_path / "report.json")]) == 1
+    finally:
+        monkeypatch.undo()
+        (data / "a.safetensors").chmod(0o644)
+        (data / "locked").chmod(0o755)
+    out = capsys.readouterr().out
+    assert "all clean" not in out
+    kinds = _kinds(_report(tmp_path / "report.json"))
+    assert kinds == {"a.safetensors": ["unreadable"], "locked": ["unreadable"], "b.pt": [], "c.npy": []}
+    assert f"permission denied: {data / 'a.safetensors'}" in out and f"permission denied: {data / 'locked'}" in out
+    assert "No such file" not in out

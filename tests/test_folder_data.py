@@ -80,3 +80,32 @@ def test_folder_config_errors_are_one_line(tmp_path):
         make_run("data=video_folder", fast=False)
     with pytest.raises(ConfigError, match="data.path: no such directory"):
         make_run("data=latent_folder", f"data.path={tmp_path / 'nope'}", fast=False)
+
+
+def test_unreadable_files_and_subfolders_of_the_training_data_are_named(tmp_path, monkeypatch):
+    """A chmod 000 file is a sample 'permission denied: PATH'; a chmod 000 subfolder stops the build, not skipped."""
+    from sweep.data.folder import FolderClips
+
+    from .test_doctor import deny
+
+    root = tmp_path / "latents"
+    (root / "locked").mkdir(parents=True)
+    for name in ("z0.npy", "z1.npy", "locked/z2.npy"):
+        np.save(root / name, np.zeros((4, 2, 8, 8), np.float32))
+    try:
+        deny(monkeypatch, root / "z1.npy")
+        clips = FolderClips(root, "latent_folder", frames=2, channels=4, height=8, width=8)
+        problems = {clips.files[i].name: clips.problem(i) for i in range(len(clips))}
+        assert problems == {
+            "z0.npy": None,
+            "z1.npy": f"unreadable: permission denied: {root / 'z1.npy'}",
+            "z2.npy": None,
+        }
+        monkeypatch.undo()
+        deny(monkeypatch, root / "locked")
+        with pytest.raises(ValueError, match=f"data.path: permission denied: {root / 'locked'}: the run would leave"):
+            FolderClips(root, "latent_folder", frames=2, channels=4, height=8, width=8)
+    finally:
+        monkeypatch.undo()
+        (root / "z1.npy").chmod(0o644)
+        (root / "locked").chmod(0o755)

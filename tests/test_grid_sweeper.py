@@ -75,3 +75,25 @@ def test_a_sweep_dir_holding_another_sweep_is_refused_before_any_run(tmp_path, c
     assert not (other / "0").exists()
     multirun_in_process(other, "steps=2", "optim.lr=1e-3")  # it died before any run: the directory is free
     assert (other / "0" / "result.json").is_file()
+
+
+@pytest.mark.parametrize("saved", [None, "hydra: [unclosed\n", "- just a list\n"])
+def test_a_sweep_dir_with_runs_but_no_readable_multirun_yaml_is_refused(tmp_path, capsys, saved):
+    """Runs whose multirun.yaml is missing or damaged belong to a sweep no one can name: one line, exit 2,
+    before any run overwrites them (the report reads run directories only and does not need the file)."""
+    from sweep.report.runs import runs_from_dirs
+
+    from .conftest import multirun_in_process
+
+    sweep_dir = tmp_path / "s"
+    (sweep_dir / "0" / ".hydra").mkdir(parents=True)
+    (sweep_dir / "0" / ".hydra" / "overrides.yaml").write_text("- optim.lr=0.01\n")
+    if saved is not None:
+        (sweep_dir / "multirun.yaml").write_text(saved)
+    with pytest.raises(SystemExit) as exit_:
+        multirun_in_process(sweep_dir, "steps=2", "optim.lr=1e-3")
+    assert exit_.value.code == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "multirun.yaml" in err[0] and "Traceback" not in err[0], err
+    assert not (sweep_dir / "0" / "result.json").exists()
+    assert list(runs_from_dirs(sweep_dir, starting_s=0).status) == ["interrupted"]

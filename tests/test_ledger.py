@@ -279,3 +279,33 @@ def test_a_process_keeps_only_its_newest_storages_open(tmp_path):
         ledger.open_storage(f"sqlite:///{tmp_path / f'{i}.db'}")
     assert len(ledger._OPENED) <= ledger._KEEP_OPEN
     assert ledger.open_storage(f"sqlite:///{tmp_path / 'first.db'}") is not first  # evicted, opened anew
+
+
+@pytest.mark.parametrize("psycopg3", [False, True])
+def test_a_bare_postgresql_url_gets_the_installed_driver(monkeypatch, psycopg3):
+    """SQLAlchemy 2.1 reads postgresql:// as psycopg 3; with only psycopg2 installed it must be psycopg2."""
+    import importlib.util
+
+    from sqlalchemy import create_engine
+
+    from sweep.report import study
+    from sweep.search import ledger
+
+    real = importlib.util.find_spec
+    installed = {"psycopg": psycopg3, "psycopg2": True}
+    monkeypatch.setattr(
+        importlib.util, "find_spec", lambda name, *a: object() if installed.get(name) else real(name, *a)
+    )
+    handed = []
+    monkeypatch.setattr(optuna.storages, "RDBStorage", lambda url, **kw: handed.append(url))
+    ledger._open_storage("postgresql://ann:s3cret@db.example:5433/sweeps?sslmode=require", None, None)
+    ledger._open_storage("postgresql+pg8000://ann@db/sweeps", None, None)  # an explicit driver is kept
+    study.open_storage("postgresql://ann@db/sweeps")  # python -m sweep.report STORAGE
+    expected = "postgresql" if psycopg3 else "postgresql+psycopg2"
+    assert handed == [
+        f"{expected}://ann:s3cret@db.example:5433/sweeps?sslmode=require",
+        "postgresql+pg8000://ann@db/sweeps",
+        f"{expected}://ann@db/sweeps",
+    ]
+    if not psycopg3:
+        assert create_engine(handed[0]).dialect.driver == "psycopg2"

@@ -126,7 +126,7 @@ def test_trial_states_without_attributes(tmp_path):
     study._storage.set_trial_system_attr(stale._trial_id, "stale", True)
     study.tell(stale, state=TrialState.FAIL)
     runs, _ = runs_from_study(url)
-    assert sorted(runs.status) == ["diverged", "running"]  # PRUNED without a status attribute: diverged
+    assert sorted(runs.status) == ["running", "skipped"]  # PRUNED without a status attribute: skipped
 
 
 def test_help_explains_every_option(capsys):
@@ -265,3 +265,34 @@ def test_a_storage_password_never_reaches_the_report_files(sweep, tmp_path, caps
     assert "ann:***@db.example" in page
     for path in out.iterdir():
         assert "hunter2" not in path.read_bytes().decode("utf-8", "replace"), path.name
+
+
+def test_a_killed_trial_is_interrupted_and_a_pruned_one_skipped(tmp_path):
+    """RUNNING with no live lock on its job dir: interrupted (not running until stale); PRUNED: skipped at its step."""
+    import os
+    import time
+
+    from sweep.run.results import hold_run_dir, release_run_dir
+
+    sweep_dir = tmp_path / "sweep"
+    url = f"sqlite:///{tmp_path / 'l.db'}"
+    study = optuna.create_study(storage=url, study_name=str(sweep_dir))  # the default study name: the sweep dir
+    for _ in range(3):
+        study.ask({"optim.lr": FloatDistribution(1e-5, 1.0, log=True)})
+    for n in (0, 1):  # 0 was killed; 1 is alive and holds its lock; 2 has no job dir yet
+        overrides = sweep_dir / str(n) / ".hydra" / "overrides.yaml"
+        overrides.parent.mkdir(parents=True)
+        overrides.write_text("- optim.lr=0.001\n")
+        os.utime(overrides, (time.time() - 60, time.time() - 60))
+    pruned = study.ask({"optim.lr": FloatDistribution(1e-5, 1.0, log=True)})
+    pruned.report(0.5, step=4)
+    study.tell(pruned, state=TrialState.PRUNED)
+    hold_run_dir(sweep_dir / "1")
+    try:
+        runs, _ = runs_from_study(url)
+    finally:
+        release_run_dir(sweep_dir / "1")
+    named = {Path(d).name: s for d, s in zip(runs.run_dir, runs.status) if isinstance(d, str)}
+    assert named == {"0": "interrupted", "1": "running"}
+    assert sorted(runs.status[runs.run_dir.isna()]) == ["running", "skipped"]
+    assert list(runs.pruned_at_step[runs.status == "skipped"]) == [4]

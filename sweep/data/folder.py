@@ -40,7 +40,13 @@ class FolderClips(Dataset):
             raise ValueError(f"unknown folder kind {kind!r}")
         self.root = Path(root)
         exts = VIDEO_EXTS if kind == "video_folder" else LATENT_EXTS
-        self.files = [p for p in find_files(self.root) if p.suffix.lower() in exts]
+        found = find_files(self.root)
+        if found.unlisted:  # its samples would be missing from the run without a word
+            raise ValueError(
+                f"data.path: {found.unlisted[0][1]}: the run would leave out the samples under it"
+                f" (`python -m sweep.doctor {self.root}` checks every file)"
+            )
+        self.files = [p for p in found.files if p.suffix.lower() in exts]
         if not self.files:
             raise ValueError(f"data.path: no {'video' if kind == 'video_folder' else 'latent'} files under {self.root}")
         self.as_images = as_images

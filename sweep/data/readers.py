@@ -16,9 +16,11 @@ than the stream declares, means truncated.
 
 from __future__ import annotations
 
+import os
 import pickle
 import re
 from pathlib import Path
+from typing import NamedTuple
 
 import numpy as np
 import torch
@@ -38,11 +40,52 @@ class ReadError(Exception):
         self.kind, self.detail = kind, detail
 
 
-def find_files(root: Path) -> list[Path]:
-    """Every video or latent file under root (recursively, sorted), or root itself if it is such a file."""
+class FoundFiles(NamedTuple):
+    """The sample files under a folder, and the folders under it that could not be listed (with why)."""
+
+    files: list[Path]
+    unlisted: list[tuple[Path, str]]
+
+
+def find_files(root: Path) -> FoundFiles:
+    """Every video or latent file under root (recursively, sorted), or root itself if it is such a file.
+
+    A folder that cannot be listed (no permission) is not skipped silently, as Path.rglob would: it
+    is returned in `unlisted`, for the caller to report.
+    """
     if root.is_file():
-        return [root] if root.suffix.lower() in VIDEO_EXTS | LATENT_EXTS else []
-    return sorted(p for p in root.rglob("*") if p.suffix.lower() in VIDEO_EXTS | LATENT_EXTS and p.is_file())
+        return FoundFiles([root] if root.suffix.lower() in VIDEO_EXTS | LATENT_EXTS else [], [])
+    unlisted: list[tuple[Path, str]] = []
+
+    def note(err: OSError) -> None:
+        where = Path(err.filename) if err.filename else root
+        why = denied(where) if isinstance(err, PermissionError) else f"cannot list {where}: {_first_line(err)}"
+        unlisted.append((where, why))
+
+    files = [
+        Path(folder) / name
+        for folder, _, names in os.walk(root, onerror=note)
+        for name in names
+        if Path(name).suffix.lower() in VIDEO_EXTS | LATENT_EXTS
+    ]
+    return FoundFiles(sorted(p for p in files if p.is_file()), sorted(unlisted))
+
+
+def denied(path: Path) -> str:
+    return f"permission denied: {path}"
+
+
+def check_readable(path: Path) -> None:
+    """Raise ReadError 'permission denied: PATH' for a file this process may not read.
+
+    Said up front because the libraries say it badly: safetensors reports "No such file or
+    directory" for a file it may not open.
+    """
+    try:
+        with open(path, "rb"):
+            pass
+    except PermissionError:
+        raise ReadError("unreadable", denied(path)) from None
 
 
 def is_video(path: Path) -> bool:
@@ -130,6 +173,7 @@ def read_video(path: Path) -> tuple[Tensor, str | None]:
     """The clip as (3, F, H, W) float32 in [-1, 1], and why it is truncated (None when whole)."""
     import av  # optional dependency: only video folders need it
 
+    check_readable(path)
     try:
         container = av.open(str(path))
     except (av.error.FFmpegError, OSError, ValueError, UnicodeDecodeError) as err:
@@ -195,6 +239,7 @@ def _from_numpy(arr: np.ndarray) -> Tensor:
 def read_latents(path: Path) -> list[tuple[str, Tensor]]:
     """Every tensor in a latent file as (key, tensor); key '' for a bare tensor/array."""
     ext = path.suffix.lower()
+    check_readable(path)
     try:
         if ext == ".safetensors":
             from safetensors.torch import load_file

@@ -7,7 +7,10 @@
 
 The tables go to stdout (the same from either source), what was read and written to stderr. A wrong
 path or an unknown study is one line and exit status 2. A storage password is never printed or
-written: the report names the storage as postgresql://me:***@db/sweeps.
+written: the report names the storage as postgresql://me:***@db/sweeps. A directory's multirun.yaml
+is not read: every run says its own params (result.json, or a started job's .hydra/overrides.yaml),
+so a sweep whose multirun.yaml is missing or damaged reports as well (`python -m sweep -m` into such
+a directory is refused: it cannot tell that sweep from another, sweep/callbacks.py).
 """
 
 from __future__ import annotations

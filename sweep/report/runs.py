@@ -131,7 +131,7 @@ def runs_from_dirs(sweep_dir: Path, starting_s: float = STARTING_S) -> pd.DataFr
         twin = done.get(_cell(row))
         if twin is not None:
             row.update(status="interrupted", superseded_by=twin)
-        elif not is_being_written(job_dir) and not _younger_than(overrides, starting_s):
+        elif not is_being_written(job_dir) and not younger_than(overrides, starting_s):
             row["status"] = "interrupted"
         rows.append(row)
     runs = runs_frame(rows)
@@ -144,7 +144,7 @@ def _cell(row: dict) -> frozenset:
     return frozenset((k, v) for k, v in row.items() if k.startswith(PARAM))
 
 
-def _younger_than(path: Path, seconds: float) -> bool:
+def younger_than(path: Path, seconds: float) -> bool:
     try:
         return time.time() - path.stat().st_mtime < seconds
     except OSError:

@@ -3,7 +3,10 @@
 A trial's `user_attrs` carry the run's outcome under the names of result.json, so a study and the run
 directories it points at give the same runs table. Where an attribute is missing (a study written by
 another tool), the trial state says what it can: COMPLETE is stable unless its constraint is
-infeasible, PRUNED is diverged, FAIL is error, RUNNING and WAITING are running. A trial the Optuna
+infeasible, PRUNED is skipped (pruned at its last reported step), FAIL is error, RUNNING and WAITING
+are running. A running trial whose job directory (its `run_dir`, or `<study name>/<trial number>`, as
+our sweeper names them) exists but is held by no live job (`results.is_being_written`) is
+`interrupted`: its job was killed, and the trial stays RUNNING until a sweeper fails it as stale. A trial the Optuna
 sweeper failed as stale (its job died unrecorded) is left out, and of several trials naming one run
 directory the latest finished one counts.
 
@@ -20,8 +23,9 @@ import optuna
 import pandas as pd
 from optuna.trial import TrialState
 
-from sweep.report.runs import RESULT_KEYS, outcome_row, runs_frame
-from sweep.search.ledger import CONSTRAINTS_KEY, STALE_ATTR, mask_url
+from sweep.report.runs import RESULT_KEYS, STARTING_S, outcome_row, runs_frame, younger_than
+from sweep.run.results import is_being_written
+from sweep.search.ledger import CONSTRAINTS_KEY, STALE_ATTR, driver_url, mask_url
 
 """System attr that sweep.search.sweeper sets on a RUNNING trial it failed because its job died."""
 JOURNAL_SUFFIXES = (".log", ".jsonl", ".journal")
@@ -58,7 +62,7 @@ def open_storage(url: str) -> optuna.storages.BaseStorage:
     if url.startswith("sqlite:///") and not Path(url.split(":///", 1)[1]).is_file():
         raise SourceError(f"no such SQLite ledger: {url.split(':///', 1)[1]}")
     try:
-        return optuna.storages.RDBStorage(url, heartbeat_interval=None)
+        return optuna.storages.RDBStorage(driver_url(url), heartbeat_interval=None)
     except Exception as e:  # noqa: BLE001  (driver missing, host unreachable, bad credentials, ...)
         raise SourceError(f"cannot open {mask_url(url)}: {_clean(e, url)}") from None
 
@@ -96,14 +100,20 @@ def runs_from_study(url: str, study_name: str | None = None) -> tuple[pd.DataFra
             anonymous.append(trial)
         elif run_dir not in latest or _rank(trial) >= _rank(latest[run_dir]):
             latest[run_dir] = trial  # a re-run of the same job directory: its latest finished trial
-    return runs_frame([trial_row(t) for t in [*latest.values(), *anonymous]]), name
+    return runs_frame([trial_row(t, name) for t in [*latest.values(), *anonymous]]), name
 
 
-def trial_row(trial: optuna.trial.FrozenTrial) -> dict:
+def trial_row(trial: optuna.trial.FrozenTrial, study_name: str | None = None) -> dict:
     """One row of the runs table from one trial."""
     attrs = trial.user_attrs
+    run_dir = attrs.get("run_dir")
     status = attrs.get("status") or _status_from_state(trial)
+    if status == "running":
+        run_dir = run_dir or job_dir(trial, study_name)
+        status = _liveness(Path(run_dir)) if run_dir else status
     outcome = {k: attrs.get(k) for k in RESULT_KEYS if k in attrs}
+    if trial.state is TrialState.PRUNED and "status" not in attrs and trial.last_step is not None:
+        outcome["pruned_at_step"] = trial.last_step
     outcome.update(cause_where=attrs.get("cause_where"), cause_module=attrs.get("cause_module"))
     if (
         outcome.get("final_loss") is None
@@ -116,7 +126,23 @@ def trial_row(trial: optuna.trial.FrozenTrial) -> dict:
         outcome["final_loss"] = trial.value
     recorded = attrs.get("params") or {}  # every param, in the order the run named them
     params = {**recorded, **{k: v for k, v in trial.params.items() if k not in recorded}}
-    return outcome_row(status, attrs.get("run_dir"), params, **outcome)
+    return outcome_row(status, run_dir, params, **outcome)
+
+
+def job_dir(trial: optuna.trial.FrozenTrial, study_name: str | None) -> str | None:
+    """The job directory of a trial that recorded none yet: our Optuna sweeper names it by trial number
+    in the sweep directory, the default study name. None when that is not a directory here."""
+    if not study_name:
+        return None
+    path = Path(study_name) / str(trial.number)
+    return str(path.resolve()) if path.is_dir() else None
+
+
+def _liveness(run_dir: Path) -> str:
+    """A RUNNING trial is `running` while a live job holds its directory's lock (or Hydra made the
+    directory just now), else `interrupted`: its job was killed, and the trial waits to go stale."""
+    young = younger_than(run_dir / ".hydra" / "overrides.yaml", STARTING_S)
+    return "running" if is_being_written(run_dir) or young else "interrupted"
 
 
 def _status_from_state(trial: optuna.trial.FrozenTrial) -> str:
@@ -124,7 +150,8 @@ def _status_from_state(trial: optuna.trial.FrozenTrial) -> str:
         constraints = trial.system_attrs.get(CONSTRAINTS_KEY) or ()
         infeasible = any(c > 0 for c in constraints) or not math.isfinite(trial.value or 0.0)
         return "diverged" if infeasible else "stable"
-    return {TrialState.PRUNED: "diverged", TrialState.FAIL: "error"}.get(trial.state, "running")
+    # PRUNED is a pruner's stop (ours record skipped runs so too): skipped, with pruned_at_step.
+    return {TrialState.PRUNED: "skipped", TrialState.FAIL: "error"}.get(trial.state, "running")
 
 
 def _rank(trial: optuna.trial.FrozenTrial) -> tuple:

@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import logging
 import os
 import shutil
 import struct
@@ -38,6 +39,8 @@ import torch
 from safetensors.torch import load_file, save_file
 
 from sweep.config import WEIGHT_SUFFIXES
+
+log = logging.getLogger("sweep")
 
 FORMAT = "dit-sweep-checkpoint/1"
 MANIFEST = "manifest.json"
@@ -287,7 +290,13 @@ def resume(parts, directory: Path, verify: bool = True, optimizer: bool = True) 
     cuda = [trainer[k] for k in sorted(trainer) if k.startswith("rng.cuda.")]
     if cuda and torch.cuda.is_available():
         torch.cuda.set_rng_state_all(cuda)
-    parts.scaler.load_state_dict(numbers["scaler"])
+    if not parts.scaler.load_state_dict(numbers["scaler"]):
+        log.warning(
+            "checkpoint.resume_from: %s was saved by a run without loss scaling; the loss scale starts at"
+            " this run's precision.scaler.init_scale %s, not the saved 1.0",
+            directory,
+            parts.scaler.scale,
+        )
     snapshot = {k.removeprefix("monitor."): v.to(parts.device) for k, v in trainer.items() if k.startswith("monitor.")}
     parts.monitor.load_state_dict(numbers["monitor"], snapshot)
     return int(numbers["next_step"])

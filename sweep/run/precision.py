@@ -146,14 +146,27 @@ class LossScaler:
 
     def state_dict(self) -> dict:
         return {
+            "enabled": self.enabled,
             "scale": self.scale,
             "clean_steps": self._clean_steps,
             "hysteresis_left": self._hysteresis_left,
             "consecutive_skips": self.consecutive_skips,
         }
 
-    def load_state_dict(self, state: dict) -> None:
+    def load_state_dict(self, state: dict) -> bool:
+        """Adopt a saved state; return False, keeping this scaler's own start, when the state comes from a
+        run without loss scaling: its scale 1.0 was never a decision, and adopting it would silently
+        train an fp16 run unscaled. (Checkpoints older than the `enabled` key: a state no live scaler
+        leaves behind, scale 1.0 with no clean or skipped step counted, reads as disabled.)"""
+        saved_enabled = state.get("enabled")
+        if saved_enabled is None:
+            saved_enabled = not (
+                float(state["scale"]) == 1.0 and state["clean_steps"] == state["consecutive_skips"] == 0
+            )
+        if self.enabled and not saved_enabled:
+            return False
         self.scale = float(state["scale"])
         self._clean_steps = int(state["clean_steps"])
         self._hysteresis_left = int(state["hysteresis_left"])
         self.consecutive_skips = int(state["consecutive_skips"])
+        return True

@@ -54,6 +54,23 @@ SQLITE_BUSY_S = 60.0
 INFEASIBLE, FEASIBLE = 1.0, -1.0
 
 
+def driver_url(url: str) -> str:
+    """A bare `postgresql://` URL with the driver that is installed spelled out.
+
+    SQLAlchemy 2.1 reads a bare postgresql:// as psycopg 3 and asks for it even when psycopg2 is
+    installed; with psycopg2 only, the URL gets `+psycopg2`. An explicit driver is kept as written.
+    """
+    if not url.startswith("postgresql://"):
+        return url
+    import importlib.util
+
+    if importlib.util.find_spec("psycopg") is not None or importlib.util.find_spec("psycopg2") is None:
+        return url
+    from sqlalchemy.engine import make_url
+
+    return make_url(url).set(drivername="postgresql+psycopg2").render_as_string(hide_password=False)
+
+
 def storage_url(cfg: LedgerConfig, sweep_dir: Path) -> str:
     return cfg.storage or f"sqlite:///{Path(sweep_dir).resolve() / LEDGER_FILE}"
 
@@ -110,6 +127,7 @@ def _open_storage(
         from optuna.storages.journal import JournalFileBackend
 
         return optuna.storages.JournalStorage(JournalFileBackend(url))
+    url = driver_url(url)
     kwargs: dict[str, Any] = {}
     if url.startswith("sqlite"):
         Path(url.split(":///", 1)[1]).parent.mkdir(parents=True, exist_ok=True)
