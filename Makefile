@@ -5,6 +5,7 @@ PYTHON ?= python3
 VENV ?= .venv
 TORCH ?= torch==2.13.0
 TORCH_PIP_ARGS ?=
+TEST_WORKERS ?= 2  # pytest-xdist processes; tests sharing a server are grouped on one (xdist_group)
 PY := $(VENV)/bin/python
 
 .PHONY: setup demo test lint bench clean
@@ -22,7 +23,7 @@ demo: setup
 
 test: setup lint
 	bash scripts/install_chromium.sh  # the HTML report's browser test drives Debian's chromium
-	$(PY) -m pytest -q --durations=15
+	$(PY) -m pytest -q -n $(TEST_WORKERS) --dist loadgroup --durations=15
 
 lint: setup  # ruff's settings are in pyproject.toml
 	$(PY) -m ruff format --check .

@@ -56,6 +56,8 @@ def _quiet_ci(monkeypatch):
 def pytest_collection_modifyitems(config, items):
     """tests/test_loggers.py needs a real mlflow server (~15 s to start): start it now, in the background,
     so the tests before that module hide its start-up."""
+    if os.environ.get("PYTEST_XDIST_WORKER"):  # pytest -n: every worker collects everything; the one that
+        return  # runs test_loggers.py starts the server when its first test asks (mlflow_server.take_early)
     if any("test_loggers.py::" in item.nodeid for item in items):
         from .mlflow_server import start_early
 

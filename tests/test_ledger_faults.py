@@ -118,6 +118,7 @@ def test_lock_timeout_must_be_positive(value):
 
 
 @pytest.mark.slow
+@pytest.mark.xdist_group("servers")  # it stops the shared server: never beside another PostgreSQL test
 def test_postgres_stopped_mid_sweep_loses_no_trial(tmp_path, monkeypatch, postgres_url, capsys):
     """The server goes down while job 1 trains: jobs 1 and 2 keep their results and leave their trials
     pending (the log names the cause); once it is back, python -m sweep.sync_ledger records them."""

@@ -26,6 +26,8 @@ from sweep.run.trackers import open_sinks
 from .conftest import compose_cfg, make_run, multirun_in_process
 from .mlflow_server import MlflowServer, stop_early, take_early
 
+pytestmark = pytest.mark.xdist_group("mlflow")  # with pytest -n: one worker, one server, the kill test last
+
 GRID = ["precision=fp32,fp16_pure", "optim.lr=1e-4,1e-3", "steps=6"]  # 2 stable, 2 diverged (nan at step 1)
 COLUMNS = [c for c in METRIC_COLUMNS if c != "step"]
 

@@ -14,7 +14,7 @@ from optuna.trial import TrialState
 
 from .cluster_servers import LEDGER_FROM_ENV, postgres_url, sweep_cmd, sweep_env  # noqa: F401  (fixture)
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("servers")]  # one worker: apt and the server
 
 
 def trials(url, sweep_dir):

@@ -15,6 +15,8 @@ from optuna.trial import TrialState
 
 from .cluster_servers import LEDGER_FROM_ENV, REPO, postgres_url, sweep_cmd, sweep_env  # noqa: F401  (fixture)
 
+pytestmark = pytest.mark.xdist_group("servers")  # with pytest -n: one worker runs apt and the servers
+
 GRID = [
     "hydra.sweeper.sampler.name=grid",
     "precision=fp32,fp16_pure",
