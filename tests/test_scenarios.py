@@ -19,7 +19,8 @@ SCENARIOS = sorted(available())
 
 
 def run_scenario(name: str, sweep_dir, *overrides: str) -> subprocess.CompletedProcess:
-    env = {**os.environ, "PYTHONPATH": str(REPO), "CI": "1", "OMP_NUM_THREADS": "2"}
+    # both cores when the suite runs serially; one per worker under pytest -n (tests/conftest.py sets it)
+    env = {**os.environ, "PYTHONPATH": str(REPO), "CI": "1", "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "2")}
     return subprocess.run(
         [
             sys.executable,
