@@ -298,8 +298,8 @@ def test_a_bare_postgresql_url_gets_the_installed_driver(monkeypatch, psycopg3):
     )
     handed = []
     monkeypatch.setattr(optuna.storages, "RDBStorage", lambda url, **kw: handed.append(url))
-    ledger._open_storage("postgresql://ann:s3cret@db.example:5433/sweeps?sslmode=require", None, None)
-    ledger._open_storage("postgresql+pg8000://ann@db/sweeps", None, None)  # an explicit driver is kept
+    ledger._open_storage("postgresql://ann:s3cret@db.example:5433/sweeps?sslmode=require", None, None, 30.0)
+    ledger._open_storage("postgresql+pg8000://ann@db/sweeps", None, None, 30.0)  # an explicit driver is kept
     study.open_storage("postgresql://ann@db/sweeps")  # python -m sweep.report STORAGE
     expected = "postgresql" if psycopg3 else "postgresql+psycopg2"
     assert handed == [
