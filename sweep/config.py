@@ -21,7 +21,7 @@ import typing
 from dataclasses import dataclass, field, is_dataclass
 from enum import Enum
 from pathlib import Path
-from typing import Any, Dict, Iterator, List, Optional
+from typing import Any, Callable, Dict, Iterator, List, Optional
 
 from hydra.core.config_store import ConfigStore
 from omegaconf import DictConfig, OmegaConf, open_dict, read_write
@@ -806,20 +806,27 @@ _PROBED: dict[str, None] = {}
 """Custom-model factory calls already probed in this process (key: target, kwargs and config inputs)."""
 
 
+def _probe_once(key: str, probe: Callable[[], None]) -> None:
+    """Run `probe` (it raises ConfigError for a model that cannot be built) once per distinct key in this process."""
+    if key not in _PROBED:
+        probe()
+        _PROBED[key] = None
+
+
 def _probe_custom(run: RunConfig) -> None:
     """Build the custom model once (per distinct call): a factory that raises or returns no nn.Module is one
     line and exit 2 before any run, not a crash in the middle of a sweep. Costs one model construction."""
     from models.custom import CustomModelError, probe_factory
 
     m, inputs = run.model, run.model_inputs
-    key = repr((m.target, sorted(m.kwargs.items()), sorted(inputs.items())))
-    if key in _PROBED:
-        return
-    try:
-        probe_factory(m.target, m.kwargs, inputs)
-    except CustomModelError as e:
-        raise ConfigError(f"model.target: {e}") from None
-    _PROBED[key] = None
+
+    def probe() -> None:
+        try:
+            probe_factory(m.target, m.kwargs, inputs)
+        except CustomModelError as e:
+            raise ConfigError(f"model.target: {e}") from None
+
+    _probe_once(repr((m.target, sorted(m.kwargs.items()), sorted(inputs.items()))), probe)
 
 
 def _probe_diffusers_config(run: RunConfig) -> None:
@@ -829,14 +836,14 @@ def _probe_diffusers_config(run: RunConfig) -> None:
     from models.diffusers_config import DiffusersConfigError, probe
 
     m, inputs = run.model, run.model_inputs
-    key = repr(("diffusers_config", m.config, sorted(m.shrink.items()), sorted(inputs.items())))
-    if key in _PROBED:
-        return
-    try:
-        probe(m.config, m.shrink, inputs)
-    except DiffusersConfigError as e:
-        raise ConfigError(f"{e.key}: {e}") from None
-    _PROBED[key] = None
+
+    def check() -> None:
+        try:
+            probe(m.config, m.shrink, inputs)
+        except DiffusersConfigError as e:
+            raise ConfigError(f"{e.key}: {e}") from None
+
+    _probe_once(repr(("diffusers_config", m.config, sorted(m.shrink.items()), sorted(inputs.items()))), check)
 
 
 ROOM_INSIDE = 64

@@ -200,12 +200,7 @@ def ladder_figure(table: pd.DataFrame):
                     mode="markers",
                     name=plot_text(f"{combo}: measured"),
                     marker={"color": color, "size": 8},
-                    error_y={
-                        "type": "data",
-                        "symmetric": False,
-                        "array": [h - m for h, m in zip(hi, mid)],
-                        "arrayminus": [m - lo_ for m, lo_ in zip(mid, lo)],
-                    },
+                    error_y=_error_bars(mid, lo, hi),
                 )
             )
         if pd.isna(r.exponent) or not pts:
@@ -224,18 +219,7 @@ def ladder_figure(table: pd.DataFrame):
             )
         )
         if not pd.isna(r.predicted_lr):
-            err = (
-                {}
-                if pd.isna(r.low)
-                else {
-                    "error_y": {
-                        "type": "data",
-                        "symmetric": False,
-                        "array": [r.high - r.predicted_lr],
-                        "arrayminus": [r.predicted_lr - r.low],
-                    }
-                }
-            )
+            err = {} if pd.isna(r.low) else {"error_y": _error_bars([r.predicted_lr], [r.low], [r.high])}
             fig.add_trace(
                 go.Scatter(
                     x=[r.target],
@@ -255,6 +239,16 @@ def ladder_figure(table: pd.DataFrame):
         legend={"font": {"size": 10}},
     )
     return fig
+
+
+def _error_bars(centres: list, lows: list, highs: list) -> dict:
+    """Plotly's asymmetric error bars spanning [low, high] around each centre."""
+    return {
+        "type": "data",
+        "symmetric": False,
+        "array": [h - c for h, c in zip(highs, centres)],
+        "arrayminus": [c - lo for c, lo in zip(centres, lows)],
+    }
 
 
 def curve_figures(runs: pd.DataFrame) -> list:

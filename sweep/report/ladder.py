@@ -56,15 +56,18 @@ def ladder_axis(runs: pd.DataFrame) -> str | None:
     return None
 
 
-def ladder_fit(runs: pd.DataFrame, target: float | None = None, confidence: float = 0.9) -> pd.DataFrame:
+def ladder_fit(
+    runs: pd.DataFrame, target: float | None = None, confidence: float = 0.9, recs: pd.DataFrame | None = None
+) -> pd.DataFrame:
     """Per combination of the non-size axes: the fit and the prediction at `target` (module docstring).
+    `recs` (tables.frontier_records) is computed when not given.
 
     The frame's attrs hold `axis` and `points`: {combination: [(size, max_stable, min_diverging, lr*)]}.
     """
     axis = ladder_axis(runs)
     if axis is None:
         return pd.DataFrame(columns=COLUMNS)
-    recs = frontier_records(runs)
+    recs = frontier_records(runs) if recs is None else recs
     others = [a for a in recs.attrs["axes"] if a != axis]
     label = recs[others].astype(str).agg("/".join, axis=1) if others else pd.Series("all", index=recs.index)
     out, points = [], {}

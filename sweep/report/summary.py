@@ -74,5 +74,5 @@ def summarize(runs: pd.DataFrame, ladder_target: float | None = None, confidence
         toggles=toggles,
         root_causes=root_causes(runs),
         recommendation=recommend(runs, recs, toggles),
-        ladder=ladder_fit(runs, ladder_target, confidence),
+        ladder=ladder_fit(runs, ladder_target, confidence, recs),
     )

@@ -238,7 +238,6 @@ def frontier_records(runs: pd.DataFrame) -> pd.DataFrame:
                 "stable_lrs": stable,
                 "max_stable_lr": best,
                 "min_diverging_lr": min(diverged) if diverged else None,
-                "loss_at_max_stable": _mean(r["final_loss"] for r in ok if r["_lr"] == best),
                 "eval_at_max_stable": top.mean if top else np.nan,
                 "eval_spread": top.sd if top else np.nan,
                 "replicates": top.n if top else 0,
@@ -283,9 +282,8 @@ FRONTIER_COLUMNS = [
 
 def frontier(runs: pd.DataFrame, recs: pd.DataFrame | None = None) -> pd.DataFrame:
     """Per combination: max_stable_lr (stable in every replicate), min_diverging_lr, the eval loss at the
-        former (mean, spread = sd over its stable replicates, replicates), best_lr (the stable lr of the lowest
-        mean eval loss) and its eval loss, steps_per_s, runs. (The final training loss, one minibatch, stays in
-    the records as loss_at_max_stable: it is too noisy to show next to the eval loss.)"""
+    former (mean, spread = sd over its stable replicates, replicates), best_lr (the stable lr of the lowest
+    mean eval loss) and its eval loss, steps_per_s, runs."""
     recs = frontier_records(runs) if recs is None else recs
     if recs.empty:
         return pd.DataFrame()
