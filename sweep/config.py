@@ -324,6 +324,10 @@ class MonitorConfig:
     logit_every: int = 10
     """Every this many steps, record the max attention logit and the lowest attention entropy (one extra
     QK^T per layer on those steps): logit growth is the classic small-transformer instability."""
+    sync_every: int = 1
+    """Fetch the steps' numbers from the device every this many steps (one sync per window, not per step).
+    Verdicts, first bad steps and metrics are the same for any value (sweep/run/window.py): a window with a
+    step the host must decide runs again one sync per step. 1 on the CPU, where a sync costs nothing."""
 
 
 @dataclass
@@ -726,6 +730,7 @@ def validate(run: RunConfig) -> RunConfig:
     _require(0 <= mo.ema_beta < 1, "monitor.ema_beta", f"must be in [0, 1), got {mo.ema_beta}")
     _require(mo.stall_window > 0, "monitor.stall_window", f"must be > 0, got {mo.stall_window}")
     _require(mo.logit_every > 0, "monitor.logit_every", f"must be > 0, got {mo.logit_every}")
+    _require(mo.sync_every > 0, "monitor.sync_every", f"must be > 0, got {mo.sync_every}")
     _require(0 < mo.stall_fraction <= 1, "monitor.stall_fraction", f"must be in (0, 1], got {mo.stall_fraction}")
     for key in flatten(run.scenario.pretrain_overrides):  # {data.batch_size: 16} or {data: {batch_size: 16}}
         _require(_has_field(RunConfig, key), "scenario.pretrain_overrides", f"no config key {key!r}")

@@ -33,7 +33,8 @@ from sweep.run import checkpoint
 from sweep.run.diffusion import DiffusionObjective
 from sweep.run.finetune import apply_finetune, param_groups
 from sweep.run.monitor import DivergenceMonitor
-from sweep.run.precision import LossScaler, PrecisionPolicy
+from sweep.run.precision import PrecisionPolicy
+from sweep.run.scaler import DeviceLossScaler
 
 log = logging.getLogger("sweep")
 
@@ -97,7 +98,8 @@ class RunParts:
     policy: PrecisionPolicy
     model: torch.nn.Module
     optimizer: torch.optim.Optimizer
-    scaler: LossScaler
+    scaler: DeviceLossScaler
+    """This run's loss scaler (K=1), on its device."""
     dataset: torch.utils.data.Dataset  # SyntheticClips, or a Subset of it without the bad samples
     order: BatchOrder
     objective: DiffusionObjective
@@ -193,7 +195,7 @@ def build_parts(run: RunConfig, device: torch.device, policy: PrecisionPolicy, s
         policy=policy,
         model=model,
         optimizer=optimizer,
-        scaler=LossScaler(run.precision.scaler),
+        scaler=DeviceLossScaler([run.precision.scaler], device),
         dataset=dataset,
         order=BatchOrder(len(dataset), d.batch_size, stream_seed(run.seed, _ORDER_STREAM)),
         objective=objective,

@@ -295,7 +295,7 @@ def resume(parts, directory: Path, verify: bool = True, optimizer: bool = True) 
             "checkpoint.resume_from: %s was saved by a run without loss scaling; the loss scale starts at"
             " this run's precision.scaler.init_scale %s, not the saved 1.0",
             directory,
-            parts.scaler.scale,
+            parts.scaler.scale_of(),
         )
     snapshot = {k.removeprefix("monitor."): v.to(parts.device) for k, v in trainer.items() if k.startswith("monitor.")}
     parts.monitor.load_state_dict(numbers["monitor"], snapshot)

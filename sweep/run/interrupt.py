@@ -74,6 +74,9 @@ class StopOnSignal:
     A request that comes after the last step stops nothing: the run finished (`interrupted` stays None).
     """
 
+    window_safe = True
+    """It may see a window's steps after the window ran (sweep/run/window.py): the run stops within a window."""
+
     def __init__(self, request: StopRequest, steps: int) -> None:
         self.request, self.steps = request, steps
         self.interrupted: Interrupted | None = None

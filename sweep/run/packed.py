@@ -27,7 +27,6 @@ themselves, since autocast misses them under vmap (_cast_like_autocast).
 from __future__ import annotations
 
 import copy
-import math
 from typing import Sequence
 
 import torch
@@ -40,9 +39,10 @@ from sweep.run.adam_lag import lag_note
 from sweep.run.build import RunParts
 from sweep.run.evaluate import Evaluator
 from sweep.run.monitor import Cause, Divergence
-from sweep.run.precision import ScalerEvent
 from sweep.run.progress import RunProgress
 from sweep.run.results import MetricsLog
+from sweep.run.scaler import DeviceLossScaler
+from sweep.run.step import Steps, first_of
 from sweep.run.train import explain
 
 
@@ -186,15 +186,25 @@ class StackedAdamW:
                     t[keep] = old
 
 
-def run_grad_norms(grads: list[torch.Tensor]) -> torch.Tensor:
-    """Each run's global L2 gradient norm (K,), accumulated in fp32 like sweep.run.train.global_grad_norm."""
-    per_tensor = [torch.linalg.vector_norm(g.reshape(g.shape[0], -1), dim=1, dtype=torch.float32) for g in grads]
-    return torch.linalg.vector_norm(torch.stack(per_tensor), dim=0)
+class StackedGrads:
+    """The pack's gradients: one (K, ...) tensor per parameter, run k's in row k (sweep.run.step.Grads)."""
 
+    def __init__(self, grads: list[torch.Tensor]):
+        self.grads = grads
 
-def _per_run(values: list[float], like: torch.Tensor) -> torch.Tensor:
-    """A (K,) vector shaped to broadcast against a stacked (K, ...) tensor."""
-    return torch.tensor(values, dtype=like.dtype, device=like.device).view(-1, *[1] * (like.dim() - 1))
+    def norms(self) -> torch.Tensor:
+        """Each run's global L2 norm (K,), accumulated in fp32 like sweep.run.step.global_grad_norm."""
+        per_tensor = [
+            torch.linalg.vector_norm(g.reshape(g.shape[0], -1), dim=1, dtype=torch.float32) for g in self.grads
+        ]
+        return torch.linalg.vector_norm(torch.stack(per_tensor), dim=0)
+
+    def scale_(self, factors: torch.Tensor) -> None:
+        for g in self.grads:  # rounded to the gradient's dtype, as sweep.run.step.Grads says
+            g.mul_(factors.to(g.dtype).view(-1, *[1] * (g.dim() - 1)))
+
+    def of(self, i: int) -> list[torch.Tensor]:
+        return [g[i] for g in self.grads]
 
 
 def train_packed(
@@ -212,6 +222,7 @@ def train_packed(
     device, policy = parts[0].device, parts[0].policy
     model = PackedModel([p.model for p in parts])
     opt = StackedAdamW(parts, model.params)
+    steps = Steps(runs, [p.monitor for p in parts], DeviceLossScaler.stack([p.scaler for p in parts]))
     first: list[Divergence | None] = [None] * len(runs)
     live, packed = list(range(len(runs))), list(range(len(runs)))  # runs still training; runs in the tensors
     for step in range(max(r.steps for r in runs)):
@@ -229,43 +240,30 @@ def train_packed(
         if not live:
             break
         if live != packed:
-            model.keep([packed.index(k) for k in live])
-            opt.keep([packed.index(k) for k in live])
+            for part in (model, opt, steps):
+                part.keep([packed.index(k) for k in live])
             packed = live
         noisy, t, target = (torch.stack([batches[k][j] for k in live]) for j in (1, 2, 3))
-        scales = [parts[k].scaler.scale for k in live]
         with policy.gemm_mode():
             with policy.autocast(device):
                 pred = model(noisy.to(policy.param_dtype), t)  # (L, B, ...)
             loss = vmap(parts[0].objective.loss)(pred, target)  # (L,)
             loss = loss * torch.tensor([runs[k].objective.loss_weight for k in live], device=loss.device)
-            (loss * _per_run(scales, loss)).sum().backward()  # runs are independent: each gets its own scaled grads
-        grads = model.grads()
-        if any(parts[k].scaler.enabled for k in live):
-            for g in grads:
-                g.mul_(_per_run([1.0 / s for s in scales], g))  # powers of two: exact in any dtype
-        losses, norms = torch.stack(
-            [loss.detach().float(), run_grad_norms(grads).to(loss.device)]
-        ).tolist()  # the one sync
-        events, verdicts = [], []
-        for i, k in enumerate(live):  # each run's scaler and monitor decide its step
-            run, scaler = runs[k], parts[k].scaler
-            events.append(scaler.update(math.isfinite(losses[i]) and math.isfinite(norms[i])))
-            verdicts.append(parts[k].monitor.observe(step, losses[i], norms[i], events[i], scaler.collapse_reason))
-            if events[i] is ScalerEvent.step and verdicts[i] is None and 0 < run.optim.grad_clip < norms[i]:
-                torch._foreach_mul_([g[i] for g in grads], run.optim.grad_clip / (norms[i] + 1e-6))
-        stepping = [e is ScalerEvent.step and v is None for e, v in zip(events, verdicts)]
+            steps.backward(loss)
+        grads = StackedGrads(model.grads())
+        decisions = steps.decide(step, loss, grads)  # the one sync
         lrs = [parts[k].lr_at(step) for k in live]
-        opt.step(live, stepping, lrs, model.params)
-        for i, k in enumerate(live):
-            run, monitor, verdict = runs[k], parts[k].monitor, verdicts[i]
-            if stepping[i]:
-                verdict = monitor.after_update(
-                    step, [p.detach()[i] for p in model.params.values() if p.requires_grad], [g[i] for g in grads]
-                )
-            if verdict is not None and first[k] is None:  # before zero_grad: the explanation reads the gradients
-                x0, indices = batches[k][0], parts[k].order.indices(step)
-                first[k] = explain(
+        opt.step(live, [d.stepping for d in decisions], lrs, model.params)
+        for i, (k, d) in enumerate(zip(live, decisions)):
+            run, monitor = runs[k], parts[k].monitor
+            verdict = steps.after_update(
+                i, step, d, [p.detach()[i] for p in model.params.values() if p.requires_grad], grads
+            )
+            x0, indices = batches[k][0], parts[k].order.indices(step)
+            first[k] = first_of(  # before zero_grad: the explanation reads the gradients
+                first[k],
+                verdict,
+                lambda: explain(
                     verdict,
                     model.run_params(i),
                     pred[i],
@@ -274,24 +272,18 @@ def train_packed(
                     second_moment=lambda: lag_note(
                         *opt.second_moment(i, k), monitor.recent_sq, verdict.step, step, run.optim.grad_clip
                     ),
-                )
+                ),
+            )
             ev = evaluators[k]
             due = ev is not None and first[k] is None and verdict is None and ev.due(step)
-            eval_v = ev(model.base, step, forward=model.forward_of(i)) if due else ""
-            checked = (step + 1) % run.monitor.stall_window == 0
-            metrics[k].log(
-                step=step,
-                loss=losses[i],
-                grad_norm=norms[i],
-                lr=lrs[i],
-                loss_scale=scales[i] if parts[k].scaler.enabled else "",
-                skipped=int(events[i] is not ScalerEvent.step),
-                unchanged_fraction=monitor.last_unchanged_fraction if checked else "",
-                zero_grad_fraction=monitor.last_zero_grad_fraction if checked else "",
-                attn_max_logit="",
-                attn_min_entropy="",
-                eval_loss=eval_v,
+            steps.log(
+                i,
+                metrics[k],
+                step,
+                d,
+                lrs[i],
+                eval_loss=ev(model.base, step, forward=model.forward_of(i)) if due else "",
             )
         model.zero_grad()
-        progress.update(step, min(losses), None)
+        progress.update(step, min(d.loss for d in decisions), None)
     return first

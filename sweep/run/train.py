@@ -1,16 +1,16 @@
 """The training loop of one run: forward under the precision policy, scaled backward, one sync, verdict.
 
 Per step: draw the batch (a pure function of the step) and check it before it reaches the model;
-noise it in fp32; forward under autocast; backward the scaled loss; unscale the gradients and take
-their global norm with foreach ops; fetch loss and norm in ONE device sync; let the scaler and the
-monitor decide; clip and step only when the step is good. Monitoring, data checks and recording are
-other modules; this one only says the order things happen in.
+noise it in fp32; forward under autocast; backward the scaled loss. From there the run goes through
+sweep/run/step.py, the same code the pack uses: unscale, gradient norm, the scaler's decision on the
+device, ONE sync, the monitor's verdict, clipping; then AdamW steps when the step is good, and the
+stall check, explanation and metrics row follow. Monitoring, data checks and recording are other
+modules; this one only says the order things happen in.
 """
 
 from __future__ import annotations
 
 import contextlib
-import math
 from typing import Callable, Protocol, Sequence
 
 import torch
@@ -23,20 +23,17 @@ from sweep.run.adam_lag import adamw_second_moment, lag_note
 from sweep.run.build import RunParts
 from sweep.run.evaluate import Evaluator
 from sweep.run.monitor import Cause, Divergence
-from sweep.run.precision import ScalerEvent
 from sweep.run.progress import RunProgress
 from sweep.run.results import MetricsLog
-
-
-def global_grad_norm(grads: list[torch.Tensor]) -> torch.Tensor:
-    """L2 norm over all gradients, accumulated in fp32 (a fp16 norm of fp16 grads overflows first)."""
-    if not grads:
-        return torch.zeros(())
-    return torch.linalg.vector_norm(torch.stack(torch._foreach_norm(grads, 2, dtype=torch.float32)))
+from sweep.run.step import LoneGrads, Steps, first_of
+from sweep.run.window import Snapshot, window_end
 
 
 class StepHook(Protocol):
-    """Something that acts after each step: saves a checkpoint, reports to a pruner, ..."""
+    """Something that acts after each step: saves a checkpoint, reports to a pruner, ...
+
+    A hook whose class sets `window_safe = True` reads only what after_step is given, so it may be called
+    for a window's steps once the window ran (sweep/run/window.py); any other hook turns windows off."""
 
     def after_step(self, step: int, loss: float, parts: RunParts) -> bool:
         """Called once the step is logged; True stops the run after this step (not a divergence)."""
@@ -58,78 +55,147 @@ def train(
     measures the eval loss after the update of each step it says is due, until the first verdict
     (sweep/run/evaluate.py: no RNG draw, no grad, so the training curve is the same without it).
     """
-    model, opt, scaler, device, policy = parts.model, parts.optimizer, parts.scaler, parts.device, parts.policy
-    params = [p for p in model.parameters() if p.requires_grad]
-    monitor, logits = parts.monitor, LogitStats()
-    first: Divergence | None = None
-    for step in range(parts.start_step, run.steps):
+    loop = _Loop(run, parts, metrics, progress, hooks, evaluator)
+    size = run.monitor.sync_every if probe is None and all(getattr(h, "window_safe", False) for h in hooks) else 1
+    step, host_until = parts.start_step, -1  # steps up to host_until run one sync each (a window taken back)
+    while step < run.steps:
+        end = window_end(run, step, evaluator, size) if step > host_until else step + 1
+        if end - step == 1:
+            if loop.one(step, probe):
+                break
+            step += 1
+            continue
+        snapshot = Snapshot(parts, loop.params)
+        stood, at = loop.window(step, end)
+        if stood and at is None:
+            step = end
+        elif stood:  # a hook or a verdict of the window's last step stopped the run
+            break
+        else:  # a step the host must decide: back to the window's start, one sync per step up to it
+            snapshot.restore()
+            loop.logits.collect()  # drop the taken-back steps' attention statistics
+            host_until = at
+    return loop.first
+
+
+class _Loop:
+    """The steps of one run: `one` with a sync per step, `window` with one sync for several (sweep/run/window.py)."""
+
+    def __init__(self, run, parts, metrics, progress, hooks, evaluator):
+        self.run, self.parts, self.metrics, self.progress, self.hooks, self.evaluator = (
+            run,
+            parts,
+            metrics,
+            progress,
+            hooks,
+            evaluator,
+        )
+        self.params = [p for p in parts.model.parameters() if p.requires_grad]
+        self.steps, self.logits = Steps([run], [parts.monitor], parts.scaler), LogitStats()
+        self.first: Divergence | None = None
+
+    def forward_backward(self, step: int, x0: torch.Tensor, probe=None) -> tuple[torch.Tensor, torch.Tensor, float]:
+        """Noise the batch, set the lr, forward under the policy, scaled backward: (loss (1,), pred, lr)."""
+        run, parts, policy = self.run, self.parts, self.parts.policy
+        noisy, t, target = parts.objective.sample(x0.to(parts.device), parts.noise_gen)
+        lr = parts.lr_at(step)
+        for group in parts.optimizer.param_groups:
+            group["lr"] = lr * group.get("lr_scale", 1.0)
+        with (
+            probe[1] if probe and probe[0] == step else contextlib.nullcontext(),
+            watching_logits(parts.model, self.logits, step % run.monitor.logit_every == 0),
+            policy.gemm_mode(),
+        ):
+            with policy.autocast(parts.device):
+                pred = parts.model(noisy.to(policy.param_dtype), t)
+            loss = (parts.objective.loss(pred, target) * run.objective.loss_weight).reshape(1)
+            self.steps.backward(loss)
+        return loss, pred, lr
+
+    def grads(self) -> LoneGrads:
+        return LoneGrads([p.grad for p in self.params if p.grad is not None])
+
+    def one(self, step: int, probe=None) -> bool:
+        """One step, one sync; True stops the run."""
+        run, parts = self.run, self.parts
         indices = parts.order.indices(step)
         x0, issue = load_checked_batch(parts.dataset, indices, run.data.range_limit, run.data.check)  # no sync
         if issue is not None:
-            return Divergence("bad_input", step, Cause("data", None, issue.detail))
-        noisy, t, target = parts.objective.sample(x0.to(device), parts.noise_gen)
-        lr = parts.lr_at(step)
-        for group in opt.param_groups:
-            group["lr"] = lr * group.get("lr_scale", 1.0)
-        watch = step % run.monitor.logit_every == 0
-        with (
-            probe[1] if probe and probe[0] == step else contextlib.nullcontext(),
-            watching_logits(model, logits, watch),
-            policy.gemm_mode(),
-        ):
-            with policy.autocast(device):
-                pred = model(noisy.to(policy.param_dtype), t)
-            loss = parts.objective.loss(pred, target) * run.objective.loss_weight
-            scale = scaler.scale
-            scaler.scale_loss(loss).backward()
-        grads = [p.grad for p in params if p.grad is not None]
-        scaler.unscale_(grads)
-        grad_norm = global_grad_norm(grads)
-        loss_v, norm_v = torch.stack([loss.detach().float(), grad_norm.to(loss.device)]).tolist()  # the one sync
-        max_logit, min_entropy = logits.collect() if watch else ("", "")  # a second sync, every logit_every steps
-        event = scaler.update(math.isfinite(loss_v) and math.isfinite(norm_v))
-        verdict = monitor.observe(step, loss_v, norm_v, event, scaler.collapse_reason)
-        if event is ScalerEvent.step and verdict is None:
-            if run.optim.grad_clip > 0 and norm_v > run.optim.grad_clip:
-                torch._foreach_mul_(grads, run.optim.grad_clip / (norm_v + 1e-6))
-            opt.step()
-            verdict = monitor.after_update(step, params, grads)
-        if verdict is not None:  # before zero_grad: the explanation reads the gradients
-            first = first or explain(
+            self.first = Divergence("bad_input", step, Cause("data", None, issue.detail))
+            return True
+        loss, pred, lr = self.forward_backward(step, x0, probe)
+        grads = self.grads()
+        (d,) = self.steps.decide(step, loss, grads)  # the one sync
+        if d.stepping:
+            parts.optimizer.step()
+        stop = self.finish(step, d, lr, grads, pred, x0, indices)
+        parts.optimizer.zero_grad(set_to_none=True)
+        return stop
+
+    def window(self, start: int, end: int) -> tuple[bool, int | None]:
+        """Steps start..end-1 with one sync. (True, None): they stood and ran on; (True, s): they stood and
+        step s stopped the run; (False, s): step s needs the host, take the window back."""
+        run, parts = self.run, self.parts
+        rows, lrs = [], []
+        for step in range(start, end):
+            indices = parts.order.indices(step)
+            x0, issue = load_checked_batch(parts.dataset, indices, run.data.range_limit, run.data.check)
+            if issue is not None:
+                return False, step
+            if step > start:  # the last step's gradients stay for the stall check
+                parts.optimizer.zero_grad(set_to_none=True)
+            loss, pred, lr = self.forward_backward(step, x0)
+            rows.append(self.steps.record(loss, self.grads()))
+            lrs.append(lr)
+            parts.optimizer.step()  # a step the scaler or monitor would have stopped takes the window back
+        fetched = torch.stack(rows).tolist()  # the window's one sync
+        decisions = [self.steps.judge(s, row)[0] for s, row in zip(range(start, end), fetched)]
+        bad = next((s for s, d in zip(range(start, end), decisions) if not d.stepping), None)
+        if bad is not None:
+            return False, bad
+        logits = self.logits.collect() if start % run.monitor.logit_every == 0 else ("", "")
+        grads = self.grads()
+        for s, d, lr in zip(range(start, end), decisions, lrs):
+            if self.finish(s, d, lr, grads, pred, x0, indices, logits if s == start else ("", "")):
+                return True, s
+        parts.optimizer.zero_grad(set_to_none=True)
+        return True, None
+
+    def finish(self, step, d, lr, grads, pred, x0, indices, logits=None) -> bool:
+        """After the optimizer: stall check, explanation of a first verdict, metrics row, progress, hooks,
+        eval loss. `pred`, `x0`, `indices` are this step's (a window's rows other than its last never
+        reach a verdict here: only the last can be a stall check). True stops the run."""
+        run, parts = self.run, self.parts
+        if logits is None:  # a second sync, every logit_every steps
+            logits = self.logits.collect() if step % run.monitor.logit_every == 0 else ("", "")
+        verdict = self.steps.after_update(0, step, d, self.params, grads)
+        self.first = first_of(  # before zero_grad: the explanation reads the gradients
+            self.first,
+            verdict,
+            lambda: explain(
                 verdict,
-                list(model.named_parameters()),
+                list(parts.model.named_parameters()),
                 pred,
                 lambda: check_batch(x0, run.data.range_limit, sample_labels(parts.dataset, indices)),
-                updated=monitor.updates > 0,
+                updated=parts.monitor.updates > 0,
                 second_moment=lambda: lag_note(
-                    *adamw_second_moment(opt), monitor.recent_sq, verdict.step, step, run.optim.grad_clip
+                    *adamw_second_moment(parts.optimizer),
+                    parts.monitor.recent_sq,
+                    verdict.step,
+                    step,
+                    run.optim.grad_clip,
                 ),
-            )
-        opt.zero_grad(set_to_none=True)
-        checked = (step + 1) % run.monitor.stall_window == 0  # stall statistics exist on check steps only
-        metrics.log(
-            step=step,
-            loss=loss_v,
-            grad_norm=norm_v,
-            lr=lr,
-            loss_scale=scale if scaler.enabled else "",
-            skipped=int(event is not ScalerEvent.step),
-            unchanged_fraction=monitor.last_unchanged_fraction if checked else "",
-            zero_grad_fraction=monitor.last_zero_grad_fraction if checked else "",
-            attn_max_logit=max_logit,
-            attn_min_entropy=min_entropy,
-            eval_loss="",
+            ),
         )
-        progress.update(step, loss_v, scale if scaler.enabled else None)
+        self.steps.log(0, self.metrics, step, d, lr, logits)
+        self.progress.update(step, d.loss, d.scale if parts.scaler.any_enabled else None)
         if verdict is not None and run.monitor.stop_on_divergence:
-            break
-        stop = any([hook.after_step(step, loss_v, parts) for hook in hooks])  # a list: every hook runs
+            return True
+        stop = any([hook.after_step(step, d.loss, parts) for hook in self.hooks])  # a list: every hook runs
         # After the hooks, which see the training step only (a profiler hook must not see the eval forward).
-        if evaluator is not None and first is None and evaluator.due(step):
-            metrics.rows[-1]["eval_loss"] = evaluator(model, step)
-        if stop:
-            break
-    return first
+        if self.evaluator is not None and self.first is None and self.evaluator.due(step):
+            self.metrics.rows[-1]["eval_loss"] = self.evaluator(parts.model, step)
+        return stop
 
 
 def explain(

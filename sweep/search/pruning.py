@@ -88,6 +88,9 @@ class Pruned:
 class PruningHook:
     """A sweep.run.train.StepHook: report the loss every `report_every` steps; stop the run once it is pruned."""
 
+    window_safe = True
+    """It reads the step's loss only, so it may see a window's steps after the window ran (sweep/run/window.py)."""
+
     def __init__(self, trial: optuna.Trial, report_every: int, last_step: int):
         self.trial, self.report_every, self.last_step = trial, report_every, last_step
         self.name = type(trial.study.pruner).__name__

@@ -1,0 +1,29 @@
+#!/usr/bin/env bash
+# Wheels for a GPU machine that has torch (and numpy, pandas, pyarrow, peft, safetensors) but no
+# network: download them here, carry .whl/ there, install them next to its torch.
+#   here:   bash scripts/gpu_wheels.sh                  (PYVER=3.12 by default: the GPU image's Python)
+#   there:  python -m pip install -q --no-index --no-deps --target .gpu-site .whl/*.whl
+#           PYTHONPATH=$PWD:$PWD/.gpu-site python -m pytest -q -m cuda      (or make test-gpu, bench/gpu.sh)
+# Pinned to constraints.txt where it pins, so the GPU runs the versions CI tests. av (video folders)
+# and scipy (Optuna's QMC sampler, the ladder's Student-t) are left out by default: with them .whl/ is
+# 95 MB, over the device tool's 64 MiB carry; EXTRA=1 adds them.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+PYVER=${PYVER:-3.12}
+PY=${PYTHON:-.venv/bin/python}
+rm -rf .whl && mkdir -p .whl
+pkgs=(hydra-core omegaconf optuna alembic sqlalchemy Mako colorlog diffusers huggingface-hub filelock
+      regex plotly narwhals hydra-joblib-launcher joblib hydra-submitit-launcher submitit cloudpickle
+      cmaes tqdm PyYAML typing_extensions greenlet MarkupSafe importlib_metadata zipp pytest pytest-timeout
+      pytest-xdist execnet hypothesis sortedcontainers attrs iniconfig pluggy packaging)
+[[ ${EXTRA:-0} == 1 ]] && pkgs+=(av scipy)
+specs=()
+for p in "${pkgs[@]}"; do
+  pin=$(grep -i -E "^${p//[-_]/[-_]}==" constraints.txt | sed "s/ *#.*//" || true)
+  specs+=("${pin:-$p}")
+done
+"$PY" -m pip download -q --no-deps --only-binary=:all: --python-version "$PYVER" --platform manylinux2014_x86_64 \
+  --platform manylinux_2_17_x86_64 --platform manylinux_2_28_x86_64 --platform any -d .whl "${specs[@]}"
+# antlr4-python3-runtime (omegaconf's parser) ships no wheel: build one.
+"$PY" -m pip wheel -q --no-deps -w .whl "antlr4-python3-runtime==4.9.3"
+ls .whl | wc -l | xargs echo "wheels in .whl/:"

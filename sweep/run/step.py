@@ -1,0 +1,185 @@
+"""What happens after a backward, for K runs at once: one piece of code for the lone loop and the pack.
+
+sweep/run/train.py trains one run (K=1), sweep/run/packed.py K runs stacked; from their losses and
+gradients on, both go through `Steps`, in this order:
+
+1. unscale each run's gradients by its own loss scale and take each run's global gradient norm;
+2. the scaler decides on the device (sweep/run/scaler.py): step, skip, or collapse, per run; clipping
+   is a multiply by a per-run device factor (1 where the norm is under the limit);
+3. ONE device sync fetches every run's loss, norm, scale and decision together (`record` makes the
+   row with no sync, so a window of steps can fetch many rows at once);
+4. per run, on the host: the monitor's verdict (`judge`);
+5. the loop applies its optimizer to the runs that step (torch's AdamW alone, StackedAdamW packed);
+6. per run: the stall check after an update, the explanation of a first verdict, the metrics row.
+
+The loops keep only what differs between them: how the batch gets into the model, the optimizer,
+and where the explanation finds a run's weights and prediction.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable, Protocol, Sequence
+
+import torch
+
+from sweep.config import RunConfig
+from sweep.run.monitor import Divergence, DivergenceMonitor
+from sweep.run.precision import ScalerEvent
+from sweep.run.results import MetricsLog
+from sweep.run.scaler import EVENTS, DeviceLossScaler
+
+
+class Grads(Protocol):
+    """The gradients of K runs, however they are laid out."""
+
+    def norms(self) -> torch.Tensor:
+        """Each run's global L2 norm (K,), accumulated in fp32."""
+
+    def scale_(self, factors: torch.Tensor) -> None:
+        """Multiply run k's gradients by factors[k] (float64), in place, the factor rounded to the gradient's
+        dtype first: bit for bit what torch._foreach_mul_ with it as a Python float does."""
+
+    def of(self, i: int) -> list[torch.Tensor]:
+        """Run i's gradients."""
+
+
+def global_grad_norm(grads: list[torch.Tensor]) -> torch.Tensor:
+    """L2 norm over all gradients, accumulated in fp32 (a fp16 norm of fp16 grads overflows first)."""
+    if not grads:
+        return torch.zeros(())
+    return torch.linalg.vector_norm(torch.stack(torch._foreach_norm(grads, 2, dtype=torch.float32)))
+
+
+class LoneGrads:
+    """One run's gradients: a list of tensors, one per parameter."""
+
+    def __init__(self, grads: list[torch.Tensor]):
+        self.grads = grads
+
+    def norms(self) -> torch.Tensor:
+        return global_grad_norm(self.grads).reshape(1)
+
+    def scale_(self, factors: torch.Tensor) -> None:
+        for dtype in {g.dtype for g in self.grads}:  # one foreach op per dtype (there is one, in practice)
+            torch._foreach_mul_([g for g in self.grads if g.dtype == dtype], factors[0].to(dtype))
+
+    def of(self, i: int) -> list[torch.Tensor]:
+        return self.grads
+
+
+@dataclass
+class Decision:
+    """One run's step as the host sees it after the sync."""
+
+    loss: float
+    grad_norm: float
+    scale: float
+    """The loss scale the backward used."""
+    event: ScalerEvent
+    verdict: Divergence | None
+
+    @property
+    def stepping(self) -> bool:
+        """The optimizer updates this run at this step: the scaler says step and no verdict stops it."""
+        return self.event is ScalerEvent.step and self.verdict is None
+
+
+class Steps:
+    """The scaler, monitors and metrics of K runs, and the after-backward sequence they share."""
+
+    def __init__(self, runs: Sequence[RunConfig], monitors: Sequence[DivergenceMonitor], scaler: DeviceLossScaler):
+        self.runs, self.monitors, self.scaler = list(runs), list(monitors), scaler
+        self.clip = torch.tensor([r.optim.grad_clip for r in self.runs], dtype=torch.float64)
+        self.clipping = any(r.optim.grad_clip > 0 for r in self.runs)
+
+    def keep(self, positions: list[int]) -> None:
+        """Keep only the runs at these positions, in this order (a pack compacting)."""
+        self.runs = [self.runs[i] for i in positions]
+        self.monitors = [self.monitors[i] for i in positions]
+        self.clip = self.clip[positions]
+        self.clipping = any(r.optim.grad_clip > 0 for r in self.runs)
+        self.scaler.keep(positions)
+
+    def backward(self, loss: torch.Tensor) -> None:
+        """Backward every run's loss (K,) times its own scale: runs are independent, so one sum does it."""
+        self.scaler.scale_loss(loss).sum().backward()
+
+    def record(self, loss: torch.Tensor, grads: Grads) -> torch.Tensor:
+        """Steps 1-2 and clipping, on the device with no sync: this step's row of every run, (ROWS, K)
+        float64: loss, gradient norm, the scale the backward used, the scaler's decision code, and the
+        consecutive skips and scale after it. Clipping applies to every run whose gradients are finite and
+        above its grad_clip; a run the monitor then stops takes no step, so its clipped gradients go unused."""
+        scales = self.scaler.scale  # the scale this backward used (update replaces the tensor)
+        if self.scaler.any_enabled:
+            grads.scale_(self.scaler.inverse())
+        norms = grads.norms().to(loss.device)
+        loss = loss.detach().float()
+        finite = torch.isfinite(loss) & torch.isfinite(norms)
+        codes = self.scaler.update(~finite) if self.scaler.any_enabled else torch.zeros_like(scales)
+        if self.clipping:
+            clip = self.clip.to(loss.device)
+            wide = norms.double()
+            over = finite & (clip > 0) & (wide > clip)
+            grads.scale_(torch.where(over, clip / (wide + 1e-6), 1.0))  # a true division: Python's clip / (n + 1e-6)
+        after = (self.scaler.consecutive_skips, self.scaler.scale)
+        return torch.stack([loss.double(), norms.double(), scales, codes.double(), *(t.double() for t in after)])
+
+    def judge(self, step: int, row: list[list[float]]) -> list[Decision]:
+        """Step 4 on the host, from a fetched row (record's, as lists): each run's scaler decision and
+        monitor verdict, in pack order."""
+        losses, norms, scales, codes, skips, scale_after = row
+        decisions = []
+        for i, monitor in enumerate(self.monitors):
+            code = int(codes[i])
+            reason = self.scaler.collapse_reason(i, code, int(skips[i]), scale_after[i])
+            verdict = monitor.observe(step, losses[i], norms[i], EVENTS[code], reason)
+            decisions.append(Decision(losses[i], norms[i], scales[i], EVENTS[code], verdict))
+        return decisions
+
+    def decide(self, step: int, loss: torch.Tensor, grads: Grads) -> list[Decision]:
+        """record, the step's one sync, judge."""
+        return self.judge(step, self.record(loss, grads).tolist())
+
+    def after_update(
+        self, i: int, step: int, d: Decision, params: list[torch.Tensor], grads: Grads
+    ) -> Divergence | None:
+        """Run i's verdict after the optimizer: the scaler's and monitor's, or the stall check's when it stepped."""
+        if d.stepping:
+            d.verdict = self.monitors[i].after_update(step, params, grads.of(i))
+        return d.verdict
+
+    def log(
+        self,
+        i: int,
+        metrics: MetricsLog,
+        step: int,
+        d: Decision,
+        lr: float,
+        logits: tuple = ("", ""),
+        eval_loss: float | str = "",
+    ) -> None:
+        """Run i's metrics row for this step (docs/design.md, metrics.csv)."""
+        monitor, checked = self.monitors[i], (step + 1) % self.runs[i].monitor.stall_window == 0
+        metrics.log(
+            step=step,
+            loss=d.loss,
+            grad_norm=d.grad_norm,
+            lr=lr,
+            loss_scale=d.scale if self.scaler.enabled_runs[i] else "",
+            skipped=int(d.event is not ScalerEvent.step),
+            unchanged_fraction=monitor.last_unchanged_fraction if checked else "",  # stall statistics: check steps
+            zero_grad_fraction=monitor.last_zero_grad_fraction if checked else "",
+            attn_max_logit=logits[0],
+            attn_min_entropy=logits[1],
+            eval_loss=eval_loss,
+        )
+
+
+def first_of(
+    current: Divergence | None, verdict: Divergence | None, explain: Callable[[], Divergence]
+) -> Divergence | None:
+    """The run's first verdict: `current` when there is one, else this step's explained (None: none yet)."""
+    if current is not None or verdict is None:
+        return current
+    return explain()

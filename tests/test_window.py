@@ -1,0 +1,87 @@
+"""Windows of steps with one sync (monitor.sync_every > 1) give what one sync per step gives, bit for bit.
+
+sweep/run/window.py: a window whose steps the host would all have let through stands; any other is taken
+back and run again one sync per step. So every verdict, first bad step, cause and metrics row must be the
+same for any sync_every, including a bad step at a window's last step, at its first, and at step 0.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from sweep.data.batches import BatchOrder
+from sweep.run import train as train_module
+from sweep.run.build import _ORDER_STREAM, stream_seed
+from sweep.run.execute import execute
+
+from .conftest import make_run
+
+ORDER = BatchOrder(32, 4, stream_seed(0, _ORDER_STREAM))
+FRESH_AT_3 = next(i for i in ORDER.indices(3) if i not in ORDER.indices(0) + ORDER.indices(1) + ORDER.indices(2))
+
+CASES = {
+    # name: (overrides, sync_every, the verdict and first bad step with one sync per step)
+    "bad_input_at_step_0": (
+        [f"data.faults=[{{index:{ORDER.indices(0)[1]},kind:nan}}]", "steps=8"],
+        4,
+        ("bad_input", 0),
+    ),
+    "bad_input_last_of_window": ([f"data.faults=[{{index:{FRESH_AT_3},kind:inf}}]", "steps=8"], 4, ("bad_input", 3)),
+    "nonfinite_last_of_window": (["precision=fp16_pure", "optim.lr=1e-3", "steps=8"], 2, ("nonfinite_loss", 1)),
+    "nonfinite_first_of_window": (["precision=fp16_pure", "optim.lr=1e-3", "steps=8"], 1 + 0, ("nonfinite_loss", 1)),
+    "loss_spike": (["precision=fp32", "optim.lr=0.3", "steps=40"], 6, ("loss_spike", None)),
+    "scale_collapse": (
+        ["precision=fp16_amp", "precision.scaler.init_scale=1e12", "precision.scaler.min_scale=1e9", "steps=30"],
+        7,
+        ("scale_collapse", 10),
+    ),
+    "stalled": (["precision=bf16_pure", "optim.lr=1e-5", "steps=10", "monitor.stall_window=5"], 5, ("stalled", 4)),
+    "underflow_stall": (
+        ["precision=fp16_amp_noscale", "objective.loss_weight=1e-6", "steps=20", "monitor.stall_window=5"],
+        8,
+        ("stalled", None),
+    ),
+    "overflow_skips_then_stable": (["precision=fp16_amp", "objective.loss_weight=1e5", "steps=24"], 8, (None, None)),
+    "clipped_and_stable": (["precision=fp32", "optim.lr=1e-3", "optim.grad_clip=0.05", "steps=24"], 8, (None, None)),
+}
+
+
+def outcome(tmp_path, overrides, sync_every):
+    out = tmp_path / f"sync{sync_every}"
+    r = execute(make_run(*overrides, f"monitor.sync_every={sync_every}"), out, params={})
+    rows = out / "metrics.csv"
+    return r, rows.read_bytes() if rows.exists() else b""  # a run bad from step 0 has no row
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", list(CASES))
+def test_a_window_gives_every_verdict_and_row_of_one_sync_per_step(tmp_path, name, monkeypatch):
+    overrides, sync_every, (verdict, bad_step) = CASES[name]
+    if name == "nonfinite_first_of_window":  # windows [0,1) then [1,3): step 1 opens a window
+        overrides = [*overrides, "monitor.logit_every=1000"]
+        sync_every = 3
+    alone, alone_rows = outcome(tmp_path, overrides, 1)
+    assert alone.verdict == verdict and (bad_step is None or alone.first_bad_step == bad_step), alone
+    host_steps = []
+    one = train_module._Loop.one
+    monkeypatch.setattr(
+        train_module._Loop, "one", lambda self, step, probe=None: host_steps.append(step) or one(self, step, probe)
+    )
+    windowed, windowed_rows = outcome(tmp_path, overrides, sync_every)
+    assert windowed_rows == alone_rows
+    for key in ("status", "verdict", "first_bad_step", "cause", "steps_run", "final_loss", "eval_loss"):
+        assert repr(getattr(windowed, key)) == repr(getattr(alone, key)), key  # repr: nan == nan
+    if name == "overflow_skips_then_stable":  # a skipping step takes its window back; once the scale
+        assert 0 < len(host_steps) < 24  # settles, windows stand
+    elif verdict is None:
+        assert host_steps == []  # every window stood: no step needed the host alone
+    elif verdict != "stalled":  # a stall check is the last step of a window that stands; any other bad step
+        assert alone.first_bad_step in host_steps  # is decided one sync at a time, its window taken back
+
+
+def test_windows_stand_between_stall_checks_logit_steps_and_eval_steps():
+    from sweep.run.window import window_end
+
+    run = make_run("steps=50", "monitor.stall_window=20", "monitor.logit_every=10", "monitor.sync_every=8")
+    assert [window_end(run, s, None, 8) for s in (0, 8, 10, 18, 19, 20, 48)] == [8, 10, 18, 20, 20, 28, 50]
+    assert window_end(run, 3, None, 1) == 4
