@@ -278,3 +278,17 @@ def test_a_checkpoint_names_the_device_type_that_wrote_it(trained):
     assert numbers["device"] == device
     del numbers["device"]
     assert checkpoint.saved_device(trainer, numbers) == device
+
+
+@pytest.mark.cuda
+def test_a_cuda_checkpoint_resumes_bit_for_bit_on_cuda_and_is_refused_on_the_cpu(tmp_path):
+    common = ["precision=fp16_amp", "steps=8", "optim.lr=1e-3"]
+    full = tmp_path / "full"
+    assert execute(make_run("device=cuda", *common, "checkpoint.every=4"), full, params={}).status == "stable"
+    ckpt = full / "checkpoints" / "step_000004"
+    assert json.loads((ckpt / checkpoint.TRAINER_JSON).read_text())["device"] == "cuda"
+    r = execute(make_run("device=cuda", *common, f"checkpoint.resume_from={ckpt}"), tmp_path / "cuda", params={})
+    assert (r.status, r.start_step) == ("stable", 4), r.reason
+    assert losses(tmp_path / "cuda") == {s: v for s, v in losses(full).items() if s >= 4}
+    r = execute(make_run("device=cpu", *common, f"checkpoint.resume_from={ckpt}"), tmp_path / "cpu", params={})
+    assert r.status == "error" and f"{ckpt} was saved by a run on cuda and this run is on cpu" in r.reason

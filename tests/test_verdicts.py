@@ -115,3 +115,12 @@ def test_a_crash_is_an_error_result_not_an_exception(tmp_path, monkeypatch):
     monkeypatch.setattr(sweep.run.execute, "train", boom)
     r = run(tmp_path, "steps=2")
     assert r.status == "error" and "simulated bug" in r.reason
+
+
+@pytest.mark.cuda
+def test_fp32_flash_on_cuda_is_skipped_and_bf16_flash_runs_it(tmp_path):
+    """CUDA's flash kernel takes fp16/bf16 q/k/v only: fp32 is `skipped` with the reason, never a fallback."""
+    r = run(tmp_path / "fp32", "device=cuda", "precision=fp32", "attention=flash", "steps=2")
+    assert r.status == "skipped" and "flash" in r.reason, r.reason
+    r = run(tmp_path / "bf16", "device=cuda", "precision=bf16_amp", "attention=flash", "steps=2")
+    assert r.status == "stable" and r.kernels["attention"] == "sdpa:FLASH_ATTENTION", r.reason
