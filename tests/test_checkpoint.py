@@ -56,7 +56,8 @@ def test_resume_without_the_optimizer_state_starts_adamw_afresh(trained, tmp_pat
         f"checkpoint.resume_from={ckpt}",
         "checkpoint.resume_optimizer=false",
     )
-    parts = build_parts(run, resolve_device("cpu"), PrecisionPolicy.from_config(run.precision))
+    # on the device the checkpoint was written on (device=auto): its RNG states resume there only
+    parts = build_parts(run, resolve_device(run.device), PrecisionPolicy.from_config(run.precision))
     assert parts.start_step == 6 and not parts.optimizer.state  # weights resumed, moments and step count not
     r = execute(run, tmp_path, params={})
     assert (r.status, r.start_step, r.steps_run) == ("stable", 6, 6)
@@ -213,7 +214,7 @@ def test_an_unscaled_checkpoint_does_not_set_the_loss_scale_of_a_scaled_run(tmp_
     ckpt = tmp_path / "fp32" / "checkpoints" / "step_000001"
     run = make_run("precision=fp16_amp", "steps=4", f"checkpoint.resume_from={ckpt}")
     with caplog.at_level("WARNING", logger="sweep"):
-        parts = build_parts(run, resolve_device("cpu"), PrecisionPolicy.from_config(run.precision))
+        parts = build_parts(run, resolve_device(run.device), PrecisionPolicy.from_config(run.precision))
     assert parts.start_step == 1
     assert parts.scaler.scale == run.precision.scaler.init_scale
     assert "without loss scaling" in caplog.text and str(run.precision.scaler.init_scale) in caplog.text

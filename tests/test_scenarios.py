@@ -29,6 +29,7 @@ def run_scenario(name: str, sweep_dir, *overrides: str) -> subprocess.CompletedP
             f"+scenario={name}",
             f"hydra.sweep.dir={sweep_dir}",
             "ledger.enabled=false",
+            "device=cpu",  # the recorded verdicts (tests/data/native_verdicts.json) are the CPU's
             *overrides,
         ],
         cwd=REPO,
