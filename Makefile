@@ -1,5 +1,6 @@
 # make demo   set up .venv and run the demo sweep (prints the divergence map)
 # make test   set up .venv and run the whole test suite
+# make test-gpu  the whole suite on a CUDA machine, the tests marked `cuda` included (skipped elsewhere)
 # GPU users: make setup TORCH_PIP_ARGS="--index-url https://download.pytorch.org/whl/cu128"
 PYTHON ?= python3
 VENV ?= .venv
@@ -8,7 +9,7 @@ TORCH_PIP_ARGS ?=
 TEST_WORKERS ?= 2  # pytest-xdist processes; tests sharing a server are grouped on one (xdist_group)
 PY := $(VENV)/bin/python
 
-.PHONY: setup demo test lint bench clean
+.PHONY: setup demo test test-gpu lint bench clean
 
 $(VENV)/.installed: pyproject.toml constraints.txt
 	$(PYTHON) -m venv $(VENV)
@@ -23,6 +24,11 @@ demo: setup
 
 test: setup lint
 	bash scripts/install_chromium.sh  # the HTML report's browser test drives Debian's chromium
+	$(PY) -m pytest -q -n $(TEST_WORKERS) --dist loadgroup --durations=15
+
+test-gpu: setup lint  # refuses to start where torch sees no CUDA device: the `cuda` tests would only be skipped
+	$(PY) -c "import sys, torch; sys.exit(0 if torch.cuda.is_available() else 'make test-gpu: torch sees no CUDA device; install the CUDA build (see the top of this Makefile)')"
+	bash scripts/install_chromium.sh
 	$(PY) -m pytest -q -n $(TEST_WORKERS) --dist loadgroup --durations=15
 
 lint: setup  # ruff's settings are in pyproject.toml

@@ -21,6 +21,8 @@ REPO = Path(__file__).resolve().parents[1]
 CONF_DIR = str(REPO / "conf")
 
 # Small and fast: 4 frames of 8x8, a handful of steps. Tests that need the real default size say so.
+# The device stays `auto` (CUDA where there is one), so the suite runs the GPU path on a GPU machine; a test
+# of a CPU fact (a CPU profiler op name, an emulated GEMM, a refusal on CPU) pins device=cpu itself.
 FAST = ["data.frames=4", "data.height=8", "data.width=8", "data.num_samples=32", "progress=none"]
 
 
@@ -59,8 +61,16 @@ def _quiet_ci(monkeypatch):
 
 
 def pytest_collection_modifyitems(config, items):
-    """tests/test_loggers.py needs a real mlflow server (~15 s to start): start it now, in the background,
+    """Tests marked `cuda` are skipped, with the reason, where torch sees no CUDA device (`make test-gpu` runs
+    them). tests/test_loggers.py needs a real mlflow server (~15 s to start): start it now, in the background,
     so the tests before that module hide its start-up."""
+    import torch
+
+    if not torch.cuda.is_available():
+        no_cuda = pytest.mark.skip(reason="needs a CUDA device (torch.cuda.is_available() is False): make test-gpu")
+        for item in items:
+            if "cuda" in item.keywords:
+                item.add_marker(no_cuda)
     if os.environ.get("PYTEST_XDIST_WORKER"):  # pytest -n: every worker collects everything; the one that
         return  # runs test_loggers.py starts the server when its first test asks (mlflow_server.take_early)
     if any("test_loggers.py::" in item.nodeid for item in items):

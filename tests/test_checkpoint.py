@@ -56,7 +56,8 @@ def test_resume_without_the_optimizer_state_starts_adamw_afresh(trained, tmp_pat
         f"checkpoint.resume_from={ckpt}",
         "checkpoint.resume_optimizer=false",
     )
-    parts = build_parts(run, resolve_device("cpu"), PrecisionPolicy.from_config(run.precision))
+    # on the device the checkpoint was written on (device=auto): its RNG states resume there only
+    parts = build_parts(run, resolve_device(run.device), PrecisionPolicy.from_config(run.precision))
     assert parts.start_step == 6 and not parts.optimizer.state  # weights resumed, moments and step count not
     r = execute(run, tmp_path, params={})
     assert (r.status, r.start_step, r.steps_run) == ("stable", 6, 6)
@@ -213,7 +214,82 @@ def test_an_unscaled_checkpoint_does_not_set_the_loss_scale_of_a_scaled_run(tmp_
     ckpt = tmp_path / "fp32" / "checkpoints" / "step_000001"
     run = make_run("precision=fp16_amp", "steps=4", f"checkpoint.resume_from={ckpt}")
     with caplog.at_level("WARNING", logger="sweep"):
-        parts = build_parts(run, resolve_device("cpu"), PrecisionPolicy.from_config(run.precision))
+        parts = build_parts(run, resolve_device(run.device), PrecisionPolicy.from_config(run.precision))
     assert parts.start_step == 1
     assert parts.scaler.scale == run.precision.scaler.init_scale
     assert "without loss scaling" in caplog.text and str(run.precision.scaler.init_scale) in caplog.text
+
+
+def _as_if_saved_on_cuda(source, dest, marker: bool):
+    """A copy of a checkpoint whose RNG states look like a CUDA run's (a Philox state is 16 bytes: seed and
+    offset), with trainer.json's device marker or (marker=False) without it, as checkpoints saved before it;
+    the manifest is rewritten to match, so only the device can refuse it."""
+    import shutil
+
+    import torch
+    from safetensors.torch import load_file
+
+    shutil.copytree(source, dest)
+    trainer = load_file(dest / checkpoint.TRAINER_FILE)
+    philox = torch.arange(16, dtype=torch.uint8)
+    trainer.update({"rng.noise": philox, "rng.cuda.0": philox.clone()})
+    save_file(trainer, dest / checkpoint.TRAINER_FILE)
+    numbers = json.loads((dest / checkpoint.TRAINER_JSON).read_text())
+    numbers.pop("device", None)
+    if marker:
+        numbers["device"] = "cuda"
+    (dest / checkpoint.TRAINER_JSON).write_text(json.dumps(numbers))
+    manifest = json.loads((dest / checkpoint.MANIFEST).read_text())
+    for name in (checkpoint.TRAINER_FILE, checkpoint.TRAINER_JSON):
+        entry = manifest["files"][name]
+        entry.update(sha256=checkpoint.sha256_file(dest / name), bytes=(dest / name).stat().st_size)
+        if "tensors" in entry:
+            entry["tensors"] = checkpoint.tensor_digests(dest / name)
+    (dest / checkpoint.MANIFEST).write_text(json.dumps(manifest))
+    return dest
+
+
+@pytest.mark.parametrize("marker", [True, False], ids=["marked", "older"])
+def test_a_cuda_checkpoint_resumed_on_the_cpu_is_refused_in_one_line(trained, tmp_path, marker):
+    """Not torch's "Expected a CPUGeneratorImplState of size 5056 but found the input RNG state size to be 16":
+    a line naming both devices and what to do, before any step; an older checkpoint's device is told by the
+    size of its noise state."""
+    ckpt = _as_if_saved_on_cuda(trained / "checkpoints" / "step_000006", tmp_path / "ckpt", marker)
+    run = make_run("device=cpu", "precision=fp16_amp", "steps=12", "optim.lr=1e-3", f"checkpoint.resume_from={ckpt}")
+    r = execute(run, tmp_path / "run", params={})
+    assert (r.status, r.steps_run) == ("error", 0), r.reason
+    assert r.reason == (
+        f"ValueError: checkpoint.resume_from: {ckpt} was saved by a run on cuda and this run is on cpu: its RNG"
+        " states (diffusion noise, cuda) continue only on cuda, so the resumed losses would not be the"
+        " uninterrupted run's. Resume it with device=cuda, or start from its weights alone with"
+        f" model.init_from={ckpt} (fresh optimizer, scaler and RNG)"
+    )
+    assert "\n" not in r.reason and not (tmp_path / "run" / "metrics.csv").exists()
+
+
+def test_a_checkpoint_names_the_device_type_that_wrote_it(trained):
+    """Older checkpoints without the marker still resume on their device: the noise state's size tells it."""
+    import torch
+    from safetensors.torch import load_file
+
+    ckpt = trained / "checkpoints" / "step_000006"
+    numbers = json.loads((ckpt / checkpoint.TRAINER_JSON).read_text())
+    trainer = load_file(ckpt / checkpoint.TRAINER_FILE)
+    device = "cuda" if torch.cuda.is_available() else "cpu"  # the fixture ran with device=auto
+    assert numbers["device"] == device
+    del numbers["device"]
+    assert checkpoint.saved_device(trainer, numbers) == device
+
+
+@pytest.mark.cuda
+def test_a_cuda_checkpoint_resumes_bit_for_bit_on_cuda_and_is_refused_on_the_cpu(tmp_path):
+    common = ["precision=fp16_amp", "steps=8", "optim.lr=1e-3"]
+    full = tmp_path / "full"
+    assert execute(make_run("device=cuda", *common, "checkpoint.every=4"), full, params={}).status == "stable"
+    ckpt = full / "checkpoints" / "step_000004"
+    assert json.loads((ckpt / checkpoint.TRAINER_JSON).read_text())["device"] == "cuda"
+    r = execute(make_run("device=cuda", *common, f"checkpoint.resume_from={ckpt}"), tmp_path / "cuda", params={})
+    assert (r.status, r.start_step) == ("stable", 4), r.reason
+    assert losses(tmp_path / "cuda") == {s: v for s, v in losses(full).items() if s >= 4}
+    r = execute(make_run("device=cpu", *common, f"checkpoint.resume_from={ckpt}"), tmp_path / "cpu", params={})
+    assert r.status == "error" and f"{ckpt} was saved by a run on cuda and this run is on cpu" in r.reason

@@ -20,12 +20,13 @@ from sweep.run.execute import execute
 
 from .conftest import make_run
 
+# compile=true proves its kernels by CPU profiler op names (sweep/run/compiled.py): these tests pin device=cpu.
 FLASH = "aten::_scaled_dot_product_flash_attention_for_cpu"
 FLASH_BACKWARD = FLASH + "_backward"
 MATH = "aten::_scaled_dot_product_attention_math"
 MODULATE = "dit_sweep::modulate"
 
-SMALL = ["threads=1", "steps=3", "data.batch_size=2", "ledger.enabled=false"]
+SMALL = ["device=cpu", "threads=1", "steps=3", "data.batch_size=2", "ledger.enabled=false"]
 
 
 class ProfileSteps:
@@ -86,6 +87,14 @@ def test_a_lost_flash_or_fused_modulate_is_skipped(tmp_path, monkeypatch):
     assert flash.status == "skipped" and "attention=flash did not run" in flash.reason
     fused = execute(make_run(*SMALL, "modulate=fused", "compile=true"), tmp_path / "b", {})
     assert fused.status == "skipped" and f"lost the {MODULATE} op for modulate=fused" in fused.reason
+
+
+def test_compile_is_refused_on_cuda_with_its_reason():
+    """Until compiled CUDA kernels are proven by name (issue #15), a CUDA run compiled is `skipped`, said why."""
+    reason = compiled.compile_unsupported_reason(make_run(*SMALL, "compile=true"), torch.device("cuda"))
+    assert reason == (
+        "compile=true proves its attention kernel by CPU profiler op names only (untested on cuda); run it uncompiled"
+    )
 
 
 @pytest.mark.slow

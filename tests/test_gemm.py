@@ -228,6 +228,7 @@ def demo_grid_outcomes(out_dir, gemm: str) -> dict[str, list]:
             "steps=12",
             "threads=1",
             f"precision.cpu_gemm={gemm}",
+            "device=cpu",  # emulated GEMMs are a CPU mode, and the native record is the CPU's
         )
         r = execute(run, out_dir / f"{precision}-{lr}-{attention}", params)
         assert r.kernels["gemm"] == gemm

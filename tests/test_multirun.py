@@ -40,6 +40,9 @@ def test_multirun_grid_records_every_job_and_prints_the_summary(tmp_path):
     assert len(results) == 8
     for path in results:
         r = json.loads(path.read_text())
+        if r["device"].startswith("cuda") and (r["params"]["precision"], r["params"]["attention"]) == ("fp32", "flash"):
+            assert r["status"] == "skipped" and "needs fp16/bf16" in r["reason"], r  # CUDA's flash: half only
+            continue
         assert r["status"] in ("stable", "diverged"), r
         # params: every override of the run under its dotted name (the sweep varies three of them)
         assert {"precision", "optim.lr", "attention", "steps"} <= set(r["params"])

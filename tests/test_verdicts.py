@@ -7,7 +7,7 @@ import json
 import pytest
 
 from sweep.data.batches import BatchOrder
-from sweep.run.build import _ORDER_STREAM, stream_seed
+from sweep.run.build import _ORDER_STREAM, resolve_device, stream_seed
 from sweep.run.execute import execute
 
 from .conftest import make_run
@@ -97,8 +97,10 @@ def test_efficient_attention_on_cpu_is_skipped_not_a_fallback(tmp_path):
 @pytest.mark.parametrize("attention", ["flash", "math", "eager"])
 @pytest.mark.parametrize("modulate", ["eager", "fused"])
 def test_records_the_kernels_that_ran(tmp_path, attention, modulate):
-    r = run(tmp_path, f"attention={attention}", f"modulate={modulate}", "steps=2")
-    assert r.status == "stable"
+    # fp32 q/k/v reach CUDA's flash kernel never (it takes fp16/bf16): there flash runs in bf16 AMP
+    precision = "bf16_amp" if attention == "flash" and resolve_device("auto").type == "cuda" else "fp32"
+    r = run(tmp_path, f"precision={precision}", f"attention={attention}", f"modulate={modulate}", "steps=2")
+    assert r.status == "stable", r.reason
     assert (
         r.kernels["attention"]
         == {"flash": "sdpa:FLASH_ATTENTION", "math": "sdpa:MATH", "eager": "eager:softmax(QK^T)"}[attention]
@@ -115,3 +117,12 @@ def test_a_crash_is_an_error_result_not_an_exception(tmp_path, monkeypatch):
     monkeypatch.setattr(sweep.run.execute, "train", boom)
     r = run(tmp_path, "steps=2")
     assert r.status == "error" and "simulated bug" in r.reason
+
+
+@pytest.mark.cuda
+def test_fp32_flash_on_cuda_is_skipped_and_bf16_flash_runs_it(tmp_path):
+    """CUDA's flash kernel takes fp16/bf16 q/k/v only: fp32 is `skipped` with the reason, never a fallback."""
+    r = run(tmp_path / "fp32", "device=cuda", "precision=fp32", "attention=flash", "steps=2")
+    assert r.status == "skipped" and "flash" in r.reason, r.reason
+    r = run(tmp_path / "bf16", "device=cuda", "precision=bf16_amp", "attention=flash", "steps=2")
+    assert r.status == "stable" and r.kernels["attention"] == "sdpa:FLASH_ATTENTION", r.reason

@@ -10,7 +10,7 @@ reader never sees half of one:
     model.safetensors      the weights (parameters and persistent buffers)
     optimizer.safetensors  AdamW state by parameter name: <name>.exp_avg, <name>.exp_avg_sq, <name>.step
     trainer.safetensors    RNG states (diffusion noise, torch CPU, CUDA) and the monitor's weight snapshot
-    trainer.json           the next step, the loss-scaler state, the monitor's numbers
+    trainer.json           the next step, the device type that wrote it, the loss-scaler state, the monitor's numbers
     manifest.json          format, step, and the SHA-256 of every file and of every tensor in it
 
 Nothing here unpickles: safetensors holds raw tensors only, and a `.pt` weights file is read with
@@ -22,6 +22,10 @@ pretrained file loaded silently, NaN predictions, the loss scaler halving down t
 
 With the data order a pure function of the step and every RNG state restored, a run resumed at step k
 computes exactly the losses the uninterrupted run computed from step k on (tests/test_checkpoint.py).
+That holds on the device type that wrote the checkpoint: the diffusion-noise generator is the device's
+own (a CPU Mersenne Twister state is 5056 bytes, a CUDA Philox state 16), and no state of one continues
+the other's stream. A resume on another device type is refused before any step, in one line that names
+both devices (`device_mismatch`); its weights alone still load there with `model.init_from`.
 """
 
 from __future__ import annotations
@@ -144,9 +148,13 @@ def save(directory: Path, parts, next_step: int) -> Path:
         trainer.update({f"rng.cuda.{i}": s for i, s in enumerate(torch.cuda.get_rng_state_all())})
     trainer.update({f"monitor.{k}": v.contiguous().cpu() for k, v in monitor_tensors.items()})
     save_file(trainer, tmp / TRAINER_FILE)
-    (tmp / TRAINER_JSON).write_text(
-        json.dumps({"next_step": next_step, "scaler": parts.scaler.state_dict(), "monitor": monitor_numbers}, indent=2)
-    )
+    numbers = {
+        "next_step": next_step,
+        "device": parts.device.type,  # the RNG states above continue only on this device type (device_mismatch)
+        "scaler": parts.scaler.state_dict(),
+        "monitor": monitor_numbers,
+    }
+    (tmp / TRAINER_JSON).write_text(json.dumps(numbers, indent=2))
     files = {}
     for f in (MODEL_FILE, OPTIM_FILE, TRAINER_FILE, TRAINER_JSON):
         entry = {"sha256": sha256_file(tmp / f), "bytes": (tmp / f).stat().st_size}
@@ -264,6 +272,33 @@ def load_model_weights(model: torch.nn.Module, state: dict[str, torch.Tensor], s
         )
 
 
+# The size in bytes of a diffusion-noise generator's state, per device type: how the device that wrote a
+# checkpoint is told for checkpoints saved before trainer.json named it.
+_NOISE_STATE_BYTES = {5056: "cpu", 16: "cuda"}
+
+
+def saved_device(trainer: dict[str, torch.Tensor], numbers: dict) -> str | None:
+    """The device type whose run wrote a checkpoint: trainer.json's `device`, else told from the size of its
+    noise-generator state (older checkpoints); None when neither says."""
+    device = numbers.get("device")
+    if isinstance(device, str):
+        return device
+    noise = trainer.get("rng.noise")
+    return _NOISE_STATE_BYTES.get(noise.numel()) if noise is not None else None
+
+
+def device_mismatch(directory: Path, saved: str | None, device: torch.device) -> str | None:
+    """Why a checkpoint written on another device type cannot be resumed on `device`, in one line; None if it can."""
+    if saved is None or saved == device.type:
+        return None
+    return (
+        f"checkpoint.resume_from: {directory} was saved by a run on {saved} and this run is on {device.type}: its"
+        f" RNG states (diffusion noise, {saved}) continue only on {saved}, so the resumed losses would not be the"
+        f" uninterrupted run's. Resume it with device={saved}, or start from its weights alone with"
+        f" model.init_from={directory} (fresh optimizer, scaler and RNG)"
+    )
+
+
 def resume(parts, directory: Path, verify: bool = True, optimizer: bool = True) -> int:
     """Restore model, optimizer, scaler, monitor and RNG states from a checkpoint; return the step to run next.
 
@@ -285,6 +320,9 @@ def resume(parts, directory: Path, verify: bool = True, optimizer: bool = True) 
     if verify:
         verify_file(directory, TRAINER_JSON, manifest["files"].get(TRAINER_JSON, {"bytes": -1}))
     numbers = json.loads((directory / TRAINER_JSON).read_text())
+    mismatch = device_mismatch(directory, saved_device(trainer, numbers), parts.device)
+    if mismatch:
+        raise ValueError(mismatch)
     parts.noise_gen.set_state(trainer["rng.noise"])
     torch.set_rng_state(trainer["rng.torch"])
     cuda = [trainer[k] for k in sorted(trainer) if k.startswith("rng.cuda.")]
