@@ -174,13 +174,6 @@ def softmax_dtypes(forward_and_backward) -> set[tuple[str, tuple]]:
     return seen
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="issue #15: under vmap autocast reaches the ops inside SDPA's math kernel instead of the SDPA call, so the"
-    " packed softmax runs in the autocast dtype (the lone run's in fp32); on CUDA, where autocast runs softmax in"
-    " fp32, the same thing is the bf16 backward crash 'expected input and grad types to match'. The fix belongs in"
-    " sweep/run/packed.py (SDPA's autocast cast made explicit, as _cast_like_autocast does for linear and conv)",
-)
 @pytest.mark.parametrize("precision", ["bf16_amp", "fp16_amp"])
 def test_packed_math_attention_runs_its_softmax_in_the_dtype_it_has_alone(precision):
     from sweep.run.build import build_parts, reset_process_state

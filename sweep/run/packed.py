@@ -67,6 +67,29 @@ def _cast_like_autocast(m: torch.nn.Module):
     return forward
 
 
+class _SdpaLikeAutocast(torch.overrides.TorchFunctionMode):
+    """Autocast's cast of a whole scaled_dot_product_attention call made explicit: q/k/v (and a float mask) to
+    the autocast dtype, the call itself with autocast off.
+
+    Under vmap autocast reaches the ops inside SDPA's math kernel instead of the SDPA call: the kernel's
+    upcast q/k/v are cast back by autocast's matmul, so the packed softmax runs in bf16/fp16 where the lone
+    run's runs in fp32, and the output comes out fp32. On CUDA autocast also runs softmax in fp32, so
+    _safe_softmax gets a bf16 input and an fp32 result, and its backward is refused ("expected input and grad
+    types to match, or input to be at::Half and grad to be at::Float"; fp16 passes that check).
+    """
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        if func is torch.nn.functional.scaled_dot_product_attention:
+            device = args[0].device.type
+            if torch.is_autocast_enabled(device):
+                dtype = torch.get_autocast_dtype(device)
+                args = tuple(a.to(dtype) if torch.is_tensor(a) and a.is_floating_point() else a for a in args)
+                with torch.autocast(device, enabled=False):
+                    return func(*args, **kwargs)
+        return func(*args, **kwargs)
+
+
 class PackedModel:
     """K models of one architecture as stacked weights and one vmapped forward."""
 
@@ -84,7 +107,8 @@ class PackedModel:
         def one(params, buffers, x, t):
             return functional_call(self.base, (params, buffers), (x, t))
 
-        return vmap(one)(self.params, self.buffers, x, t)
+        with _SdpaLikeAutocast():
+            return vmap(one)(self.params, self.buffers, x, t)
 
     def keep(self, positions: list[int]) -> None:
         """Keep only the runs at these positions (in this order): runs that left the pack stop costing."""
