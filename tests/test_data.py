@@ -268,3 +268,36 @@ def test_faults_of_one_dataset_never_reach_the_cached_rendering() -> None:
         _all(SyntheticClips(8, seed=5, faults=[Fault(2, "nan"), Fault(3, "range")], **SHAPE)).nan_to_num(),
         faulty.nan_to_num(),
     )
+
+
+@pytest.mark.parametrize("as_images", [False, True])
+def test_device_batches_are_todays_batches_bit_for_bit(as_images):
+    """sweep/data/device.py: the clips on the device and a gather per step give load_batch's stack exactly,
+    faults, image mode and a drop_bad Subset included; the device flag says what check_batch says."""
+    from torch.utils.data import Subset
+
+    from sweep.data.device import DeviceBatches
+
+    frames = 1 if as_images else 3
+    faults = [Fault(2, "nan"), Fault(5, "inf"), Fault(7, "range")]
+    clips = SyntheticClips(12, frames, 3, 8, 8, seed=4, faults=faults, as_images=as_images)
+    for dataset in (clips, Subset(clips, [0, 1, 2, 4, 5, 7, 9, 11])):
+        order = BatchOrder(len(dataset), 3, seed=11)
+        batches = DeviceBatches.of(dataset, order, 20, torch.device("cpu"), 1.001)
+        flagged = []
+        for step in range(20):
+            x = load_batch(dataset, order.indices(step))
+            got = batches.batch(step)
+            assert got.shape == x.shape and torch.equal(got.nan_to_num(1e9), x.nan_to_num(1e9))
+            assert bool(batches.bad(got)) == (check_batch(x, 1.001) is not None)
+            flagged.append(bool(batches.bad(got)))
+        assert any(flagged) and not all(flagged)
+
+
+def test_data_read_from_files_has_no_device_batches(tmp_path):
+    from sweep.data.batches import BatchOrder
+    from sweep.data.device import DeviceBatches
+
+    assert (
+        DeviceBatches.of(torch.utils.data.TensorDataset(torch.zeros(4, 2)), BatchOrder(4, 2, 0), 3, "cpu", 1.0) is None
+    )

@@ -88,6 +88,9 @@ class Decision:
 class Steps:
     """The scaler, monitors and metrics of K runs, and the after-backward sequence they share."""
 
+    ROWS = 6
+    """Rows of `record`'s (ROWS, K) tensor."""
+
     def __init__(self, runs: Sequence[RunConfig], monitors: Sequence[DivergenceMonitor], scaler: DeviceLossScaler):
         self.runs, self.monitors, self.scaler = list(runs), list(monitors), scaler
         self.clip = torch.tensor([r.optim.grad_clip for r in self.runs], dtype=torch.float64)

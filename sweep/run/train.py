@@ -19,6 +19,7 @@ from models import LogitStats, watching_logits
 from sweep.config import RunConfig
 from sweep.data.batches import load_checked_batch, sample_labels
 from sweep.data.checks import BatchIssue, check_batch
+from sweep.data.device import DeviceBatches
 from sweep.run.adam_lag import adamw_second_moment, lag_note
 from sweep.run.build import RunParts
 from sweep.run.evaluate import Evaluator
@@ -93,6 +94,13 @@ class _Loop:
         self.params = [p for p in parts.model.parameters() if p.requires_grad]
         self.steps, self.logits = Steps([run], [parts.monitor], parts.scaler), LogitStats()
         self.first: Divergence | None = None
+        # Windows draw synthetic batches on the device and check them there (sweep/data/device.py).
+        many = run.monitor.sync_every > 1
+        self.batches = (
+            DeviceBatches.of(parts.dataset, parts.order, run.steps, parts.device, run.data.range_limit)
+            if many
+            else None
+        )
 
     def forward_backward(self, step: int, x0: torch.Tensor, probe=None) -> tuple[torch.Tensor, torch.Tensor, float]:
         """Noise the batch, set the lr, forward under the policy, scaled backward: (loss (1,), pred, lr)."""
@@ -136,20 +144,32 @@ class _Loop:
         """Steps start..end-1 with one sync. (True, None): they stood and ran on; (True, s): they stood and
         step s stopped the run; (False, s): step s needs the host, take the window back."""
         run, parts = self.run, self.parts
-        rows, lrs = [], []
+        rows, flags, lrs = [], [], []
         for step in range(start, end):
             indices = parts.order.indices(step)
-            x0, issue = load_checked_batch(parts.dataset, indices, run.data.range_limit, run.data.check)
-            if issue is not None:
-                return False, step
+            if self.batches is not None:  # drawn and checked on the device: the flag comes with the rows
+                x0 = self.batches.batch(step)
+                flags.append(
+                    self.batches.bad(x0) if run.data.check else torch.zeros((), dtype=torch.bool, device=x0.device)
+                )
+            else:
+                x0, issue = load_checked_batch(parts.dataset, indices, run.data.range_limit, run.data.check)
+                if issue is not None:
+                    return False, step
             if step > start:  # the last step's gradients stay for the stall check
                 parts.optimizer.zero_grad(set_to_none=True)
             loss, pred, lr = self.forward_backward(step, x0)
             rows.append(self.steps.record(loss, self.grads()))
             lrs.append(lr)
             parts.optimizer.step()  # a step the scaler or monitor would have stopped takes the window back
-        fetched = torch.stack(rows).tolist()  # the window's one sync
-        decisions = [self.steps.judge(s, row)[0] for s, row in zip(range(start, end), fetched)]
+        fetched = torch.stack(rows)  # (steps, ROWS, 1)
+        if flags:
+            fetched = torch.cat([fetched, torch.stack(flags).double().view(-1, 1, 1)], dim=1)
+        fetched = fetched.tolist()  # the window's one sync
+        bad = next((s for s, row in zip(range(start, end), fetched) if flags and row[-1][0]), None)
+        if bad is not None:  # a bad batch: the host's check decides it, with the steps before it one by one
+            return False, bad
+        decisions = [self.steps.judge(s, row[: Steps.ROWS])[0] for s, row in zip(range(start, end), fetched)]
         bad = next((s for s, d in zip(range(start, end), decisions) if not d.stepping), None)
         if bad is not None:
             return False, bad

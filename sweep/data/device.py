@@ -1,0 +1,61 @@
+"""The synthetic training set on the run's device, and every step's batch drawn there.
+
+Synthetic clips are a pure function of (seed, index) (sweep/data/synthetic.py) and the batch order a
+pure function of (seed, step) (sweep/data/batches.py), so both can live on the device from the start:
+the clips copied there once, the order of every step as one index table. A step's batch is then one
+gather on the device: no host work, and no copy from pageable host memory, which on a GPU waits for
+the work queued before it. The data check becomes one device reduction, a flag the window of steps
+fetches with its rows (sweep/run/window.py): a flagged step takes its window back, and the host's
+check (sweep.data.batches.load_checked_batch) decides that step exactly as it always does.
+
+The batches are today's, bit for bit: the same clips (faults included), the same order, a gather
+instead of a stack (tests/test_data.py).
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor
+from torch.utils.data import Dataset, Subset
+
+from sweep.data.batches import BatchOrder
+from sweep.data.synthetic import SyntheticClips
+
+
+def _synthetic(dataset: Dataset) -> tuple[SyntheticClips, list[int] | None] | None:
+    """(the synthetic set, the Subset's indices into it or None) when `dataset` is one; else None."""
+    if isinstance(dataset, Subset) and isinstance(dataset.dataset, SyntheticClips):
+        return dataset.dataset, list(dataset.indices)
+    if isinstance(dataset, SyntheticClips):
+        return dataset, None
+    return None
+
+
+class DeviceBatches:
+    """Every batch of `steps` steps of a synthetic set, as gathers from its clips on `device`."""
+
+    def __init__(self, clips: Tensor, table: Tensor, limit: float):
+        self.clips, self.table, self.limit = clips, table, limit
+
+    @classmethod
+    def of(cls, dataset: Dataset, order: BatchOrder, steps: int, device: torch.device, limit: float):
+        """The device batches of `dataset` in `order`; None for data read from files (checked on the host)."""
+        found = _synthetic(dataset)
+        if found is None:
+            return None
+        base, subset = found
+        clips = base._cache()  # (N, C, F, H, W): the clips, faults applied, as dataset[i] copies them
+        if base.as_images:
+            clips = clips[:, :, 0]
+        to_base = subset if subset is not None else range(len(base))
+        table = torch.tensor([[to_base[i] for i in order.indices(s)] for s in range(steps)], dtype=torch.long)
+        return cls(clips.to(device, copy=True), table.to(device), limit)
+
+    def batch(self, step: int) -> Tensor:
+        """Step `step`'s batch (B, ...) on the device: what load_batch(dataset, order.indices(step)) stacks."""
+        return self.clips.index_select(0, self.table[step])
+
+    def bad(self, x: Tensor) -> Tensor:
+        """A 0-dim bool on the device: the batch holds a NaN, an Inf or a value beyond the limit
+        (check_batch's one reduction: NaN propagates through amax and fails the comparison)."""
+        return ~(x.abs().amax() <= self.limit)
