@@ -76,7 +76,7 @@ def bare_steps(run, parts, steps: int) -> float:
         with policy.gemm_mode():  # the run's GEMM path (sweep/run/gemm.py), as the loop has it
             with policy.autocast(device):
                 loss = parts.objective.loss(model(noisy.to(policy.param_dtype), t), target)
-            (loss * parts.scaler.scale).backward()
+            (loss * parts.scaler.scale_of()).backward()
         opt.step()
         opt.zero_grad(set_to_none=True)
     if device.type == "cuda":
@@ -90,11 +90,12 @@ def main() -> None:
     ap.add_argument("--model", default="video_dit_tiny")
     ap.add_argument("--precisions", default="fp32,bf16_amp,fp16_amp,bf16_pure")
     ap.add_argument("--attention", default="math")
+    ap.add_argument("--sync-every", type=int, default=1, help="monitor.sync_every: steps per device sync (windows)")
     args = ap.parse_args()
     device = resolve_device("auto")
     print(
         f"device {device}, torch {torch.__version__}, {torch.get_num_threads()} threads, model {args.model}, "
-        f"attention {args.attention}, {args.steps} steps per figure"
+        f"attention {args.attention}, {args.steps} steps per figure, monitor.sync_every={args.sync_every}"
     )
     print(
         f"{'precision':<17}{'steps/s':>9}{'ms/step':>9}{'GFLOP/step':>12}{'model GFLOP/s':>15}"
@@ -111,6 +112,7 @@ def main() -> None:
                 "optim.lr=1e-5",
                 "progress=none",
                 "monitor.stall_fraction=1.0",
+                f"monitor.sync_every={args.sync_every}",
             ]
         )
         policy = PrecisionPolicy.from_config(run.precision, device, run.compile)
