@@ -85,3 +85,43 @@ def test_windows_stand_between_stall_checks_logit_steps_and_eval_steps():
     run = make_run("steps=50", "monitor.stall_window=20", "monitor.logit_every=10", "monitor.sync_every=8")
     assert [window_end(run, s, None, 8) for s in (0, 8, 10, 18, 19, 20, 48)] == [8, 10, 18, 20, 20, 28, 50]
     assert window_end(run, 3, None, 1) == 4
+
+
+@pytest.mark.slow
+def test_a_pack_in_windows_gives_every_run_what_one_sync_per_step_gives(tmp_path, monkeypatch):
+    """A pack mixing a stable run, fp16 overflow skips, a spike, a bad sample and a stall (its own window
+    sizes, 3 and 5): each run's verdict, first bad step, cause and metrics rows equal the pack's with one
+    sync per step, byte for byte."""
+    from sweep.run import packed
+    from sweep.run.packing import execute_pack
+
+    outcomes, window = [], packed._Pack.window
+
+    def recorded(self, *args):
+        outcomes.append(window(self, *args))
+        return outcomes[-1]
+
+    monkeypatch.setattr(packed._Pack, "window", recorded)
+
+    common = ["precision=fp16_amp", "steps=24", "threads=1", "data.batch_size=2", "monitor.forensics=false"]
+    per_run = [
+        ["optim.lr=1e-4"],
+        ["optim.lr=1e-4", "objective.loss_weight=1e5", "seed=1"],
+        ["optim.lr=0.5", "seed=2"],
+        [f"data.faults=[{{index:{FRESH_AT_3},kind:nan}}]", "seed=0", "data.seed=0"],
+        ["optim.lr=1e-9", "seed=3", "objective.loss_weight=1e-9", "monitor.stall_window=5"],
+    ]
+    got = {}
+    for sync in (1, 3):
+        runs = [
+            make_run(*common, *extra, f"monitor.sync_every={sync if i % 2 else 5 * sync // 3}")
+            for i, extra in enumerate(per_run)
+        ]
+        dirs = [tmp_path / f"sync{sync}" / str(i) for i in range(len(runs))]
+        results = execute_pack(runs, dirs, [{}] * len(runs), [str(i) for i in range(len(runs))])
+        rows = [(d / "metrics.csv").read_bytes() if (d / "metrics.csv").exists() else b"" for d in dirs]
+        got[sync] = ([(r.status, r.verdict, r.first_bad_step, repr(r.cause), r.steps_run) for r in results], rows)
+    assert got[3] == got[1]
+    assert any(stood for stood, _ in outcomes) and not all(stood for stood, _ in outcomes)  # both kinds ran
+    verdicts = {v for _, v, *_ in got[1][0]}
+    assert {None, "loss_spike", "bad_input"} <= verdicts, got[1][0]

@@ -44,6 +44,7 @@ from sweep.run.results import MetricsLog
 from sweep.run.scaler import DeviceLossScaler
 from sweep.run.step import Steps, first_of
 from sweep.run.train import explain
+from sweep.run.window import window_end
 
 
 def _cast_like_autocast(m: torch.nn.Module):
@@ -241,51 +242,140 @@ def train_packed(
     """Train the runs together; each one's first divergence (None when stable), as sweep.run.train.train would.
 
     `evaluators[k]` measures run k's eval loss when due, as train does, on run k's weight slice forwarded
-    alone (no vmap), so a packed run's eval loss is its weights' as a lone run would compute it."""
-    evaluators = evaluators or [None] * len(runs)
-    device, policy = parts[0].device, parts[0].policy
-    model = PackedModel([p.model for p in parts])
-    opt = StackedAdamW(parts, model.params)
-    steps = Steps(runs, [p.monitor for p in parts], DeviceLossScaler.stack([p.scaler for p in parts]))
-    first: list[Divergence | None] = [None] * len(runs)
-    live, packed = list(range(len(runs))), list(range(len(runs)))  # runs still training; runs in the tensors
-    for step in range(max(r.steps for r in runs)):
-        live = [k for k in live if step < runs[k].steps and not (first[k] and runs[k].monitor.stop_on_divergence)]
-        batches = {}
-        for k in live:  # each run's own batch, data check and noise, in its own order
-            x0, issue = load_checked_batch(
-                parts[k].dataset, parts[k].order.indices(step), runs[k].data.range_limit, runs[k].data.check
-            )
-            if issue is not None:
-                first[k] = Divergence("bad_input", step, Cause("data", None, issue.detail))
-                continue
-            batches[k] = (x0, *parts[k].objective.sample(x0.to(device), parts[k].noise_gen))
-        live = list(batches)
+    alone (no vmap), so a packed run's eval loss is its weights' as a lone run would compute it. With
+    monitor.sync_every > 1 the pack runs windows of steps with one sync, taken back as a lone run's are
+    (sweep/run/window.py) when any of its runs has a step the host must decide."""
+    pack = _Pack(runs, parts, metrics, progress, evaluators or [None] * len(runs))
+    step, host_until, last = 0, -1, max(r.steps for r in runs)
+    while step < last:
+        live = pack.live_at(step)
         if not live:
             break
-        if live != packed:
-            for part in (model, opt, steps):
-                part.keep([packed.index(k) for k in live])
-            packed = live
+        end = step + 1
+        if step > host_until:
+            size = min(runs[k].monitor.sync_every for k in live)
+            end = min(min(window_end(runs[k], step, pack.evaluators[k], size), runs[k].steps) for k in live)
+        if end - step == 1:
+            pack.one(step, live)
+            step += 1
+            continue
+        pack.compact(live)
+        snapshot = PackSnapshot(pack, live)
+        stood, at = pack.window(step, end, live)
+        if stood:
+            step = end
+        else:
+            snapshot.restore()
+            host_until = at
+    return pack.first
+
+
+class _Pack:
+    """The pack's steps: `one` with a sync per step, `window` with one sync for several."""
+
+    def __init__(self, runs, parts, metrics, progress, evaluators):
+        self.runs, self.parts, self.metrics, self.progress, self.evaluators = runs, parts, metrics, progress, evaluators
+        self.device, self.policy = parts[0].device, parts[0].policy
+        self.model = PackedModel([p.model for p in parts])
+        self.opt = StackedAdamW(parts, self.model.params)
+        self.steps = Steps(runs, [p.monitor for p in parts], DeviceLossScaler.stack([p.scaler for p in parts]))
+        self.first: list[Divergence | None] = [None] * len(runs)
+        self.live, self.packed = list(range(len(runs))), list(range(len(runs)))  # training; in the tensors
+
+    def live_at(self, step: int) -> list[int]:
+        """The runs that train at `step`: not past their steps, not stopped by a verdict."""
+        runs, first = self.runs, self.first
+        self.live = [
+            k for k in self.live if step < runs[k].steps and not (first[k] and runs[k].monitor.stop_on_divergence)
+        ]
+        return self.live
+
+    def compact(self, live: list[int]) -> None:
+        """Runs that left the pack stop costing: keep only `live` in the stacked tensors."""
+        if live != self.packed:
+            for part in (self.model, self.opt, self.steps):
+                part.keep([self.packed.index(k) for k in live])
+            self.packed = live
+
+    def batches(self, step: int, live: list[int]) -> tuple[dict, dict]:
+        """Each live run's own batch, data check and noise, in its own order: ({k: (x0, noisy, t, target)},
+        {k: the BatchIssue of a run whose batch is bad})."""
+        batches, issues = {}, {}
+        for k in live:
+            part, run = self.parts[k], self.runs[k]
+            x0, issue = load_checked_batch(part.dataset, part.order.indices(step), run.data.range_limit, run.data.check)
+            if issue is not None:
+                issues[k] = issue
+                continue
+            batches[k] = (x0, *part.objective.sample(x0.to(self.device), part.noise_gen))
+        return batches, issues
+
+    def forward_backward(self, batches: dict, live: list[int]) -> tuple[torch.Tensor, torch.Tensor]:
+        """One vmapped forward and the scaled backward of every live run: (loss (L,), pred (L, B, ...))."""
+        policy, device = self.policy, self.device
         noisy, t, target = (torch.stack([batches[k][j] for k in live]) for j in (1, 2, 3))
         with policy.gemm_mode():
             with policy.autocast(device):
-                pred = model(noisy.to(policy.param_dtype), t)  # (L, B, ...)
-            loss = vmap(parts[0].objective.loss)(pred, target)  # (L,)
-            loss = loss * torch.tensor([runs[k].objective.loss_weight for k in live], device=loss.device)
-            steps.backward(loss)
-        grads = StackedGrads(model.grads())
-        decisions = steps.decide(step, loss, grads)  # the one sync
-        lrs = [parts[k].lr_at(step) for k in live]
-        opt.step(live, [d.stepping for d in decisions], lrs, model.params)
+                pred = self.model(noisy.to(policy.param_dtype), t)  # (L, B, ...)
+            loss = vmap(self.parts[0].objective.loss)(pred, target)  # (L,)
+            loss = loss * torch.tensor([self.runs[k].objective.loss_weight for k in live], device=loss.device)
+            self.steps.backward(loss)
+        return loss, pred
+
+    def one(self, step: int, live: list[int]) -> None:
+        """One step of the live runs, one sync."""
+        batches, issues = self.batches(step, live)
+        for k, issue in issues.items():
+            self.first[k] = Divergence("bad_input", step, Cause("data", None, issue.detail))
+        live = self.live = list(batches)
+        if not live:
+            return
+        self.compact(live)
+        loss, pred = self.forward_backward(batches, live)
+        grads = StackedGrads(self.model.grads())
+        decisions = self.steps.decide(step, loss, grads)  # the one sync
+        lrs = [self.parts[k].lr_at(step) for k in live]
+        self.opt.step(live, [d.stepping for d in decisions], lrs, self.model.params)
+        self.finish(step, live, decisions, lrs, grads, pred, batches)
+        self.model.zero_grad()
+
+    def window(self, start: int, end: int, live: list[int]) -> tuple[bool, int | None]:
+        """Steps start..end-1 of the live runs with one sync: (True, None) when they stood, (False, s) when
+        some run's step s needs the host (take the window back)."""
+        rows, lrs = [], []
+        for step in range(start, end):
+            batches, issues = self.batches(step, live)
+            if issues:
+                return False, step
+            if step > start:  # the last step's gradients stay for the stall checks
+                self.model.zero_grad()
+            loss, pred = self.forward_backward(batches, live)
+            rows.append(self.steps.record(loss, StackedGrads(self.model.grads())))
+            lrs.append([self.parts[k].lr_at(step) for k in live])
+            self.opt.step(live, [True] * len(live), lrs[-1], self.model.params)
+        fetched = torch.stack(rows).tolist()  # the window's one sync
+        decisions = [self.steps.judge(s, row) for s, row in zip(range(start, end), fetched)]
+        bad = next((s for s, ds in zip(range(start, end), decisions) if not all(d.stepping for d in ds)), None)
+        if bad is not None:
+            return False, bad
+        grads = StackedGrads(self.model.grads())
+        for s, ds, step_lrs in zip(range(start, end), decisions, lrs):
+            self.finish(s, live, ds, step_lrs, grads, pred, batches)
+        self.model.zero_grad()
+        return True, None
+
+    def finish(self, step, live, decisions, lrs, grads, pred, batches) -> None:
+        """After the optimizer, per run: stall check, explanation of a first verdict, eval loss, metrics row.
+        `pred` and `batches` are this step's (a window's rows other than its last reach no verdict here)."""
+        model, opt, parts, runs = self.model, self.opt, self.parts, self.runs
         for i, (k, d) in enumerate(zip(live, decisions)):
             run, monitor = runs[k], parts[k].monitor
-            verdict = steps.after_update(
+            verdict = self.steps.after_update(
                 i, step, d, [p.detach()[i] for p in model.params.values() if p.requires_grad], grads
             )
             x0, indices = batches[k][0], parts[k].order.indices(step)
-            first[k] = first_of(  # before zero_grad: the explanation reads the gradients
-                first[k],
+            self.first[k] = first_of(  # before zero_grad: the explanation reads the gradients
+                self.first[k],
                 verdict,
                 lambda: explain(
                     verdict,
@@ -298,16 +388,44 @@ def train_packed(
                     ),
                 ),
             )
-            ev = evaluators[k]
-            due = ev is not None and first[k] is None and verdict is None and ev.due(step)
-            steps.log(
-                i,
-                metrics[k],
-                step,
-                d,
-                lrs[i],
-                eval_loss=ev(model.base, step, forward=model.forward_of(i)) if due else "",
-            )
-        model.zero_grad()
-        progress.update(step, min(d.loss for d in decisions), None)
-    return first
+            ev = self.evaluators[k]
+            due = ev is not None and self.first[k] is None and verdict is None and ev.due(step)
+            eval_loss = ev(model.base, step, forward=model.forward_of(i)) if due else ""
+            self.steps.log(i, self.metrics[k], step, d, lrs[i], eval_loss=eval_loss)
+        self.progress.update(step, min(d.loss for d in decisions), None)
+
+
+class PackSnapshot:
+    """Everything a pack's window changes, as it was at the window's start (sweep.run.window.Snapshot's
+    counterpart: stacked weights and moments, each live run's noise generator and monitor, the scalers)."""
+
+    def __init__(self, pack: _Pack, live: list[int]):
+        self.pack, self.live = pack, live
+        self.weights = {n: p.detach().clone() for n, p in pack.model.params.items()}
+        self.moments = {n: (m.clone(), v.clone()) for n, (m, v) in pack.opt.moments.items()}
+        self.opt_steps = list(pack.opt.steps)
+        self.noise = [pack.parts[k].noise_gen.get_state() for k in live]
+        self.rng = torch.get_rng_state()
+        scaler = pack.steps.scaler
+        self.scaler = {k: getattr(scaler, k).clone() for k in scaler._STATE}
+        self.monitors = []
+        for k in live:
+            numbers, tensors = pack.parts[k].monitor.state_dict()
+            self.monitors.append((copy.deepcopy(numbers), dict(tensors), pack.parts[k].monitor.updates))
+
+    def restore(self) -> None:
+        pack = self.pack
+        with torch.no_grad():
+            for n, p in pack.model.params.items():
+                p.copy_(self.weights[n])
+        pack.opt.moments = self.moments
+        pack.opt.steps = self.opt_steps
+        for k, state in zip(self.live, self.noise):
+            pack.parts[k].noise_gen.set_state(state)
+        torch.set_rng_state(self.rng)
+        for name, value in self.scaler.items():
+            setattr(pack.steps.scaler, name, value)
+        for k, (numbers, tensors, updates) in zip(self.live, self.monitors):
+            pack.parts[k].monitor.load_state_dict(numbers, tensors)
+            pack.parts[k].monitor.updates = updates
+        pack.model.zero_grad()
