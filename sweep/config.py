@@ -766,6 +766,12 @@ def validate(run: RunConfig) -> RunConfig:
         )
     lt = run.ledger.lock_timeout_s
     _require(lt > 0, "ledger.lock_timeout_s", f"must be > 0, got {lt}")
+    from sweep.sizes import SizeError, check_sizes  # last: it assumes the sizes above are positive
+
+    try:
+        check_sizes(run)
+    except SizeError as e:
+        raise ConfigError(f"{e.key}: {e}") from None
     return run
 
 
