@@ -258,3 +258,50 @@ def test_ctrl_c_in_a_packed_sweep_finishes_the_pack_and_starts_no_other(tmp_path
     assert sorted(n for p in packs[1:] for n in p) == sorted({"0", "1", "2", "3"} - set(done))
     assert all((tmp_path / n / "result.json").read_text() == text for n, text in kept.items())
     assert len(list(tmp_path.glob("*/result.json"))) == 4
+
+
+# `python -m sweep`, with Study.ask sending this process a signal once it has asked its first trial: the
+# moment the sweeper is asking for a batch (deterministic, no sleep; nothing in the sweep is patched).
+SIGNAL_WHILE_ASKING = """
+import os, runpy, sys, optuna
+real = optuna.Study.ask
+def ask(self, *args, **kwargs):
+    trial = real(self, *args, **kwargs)
+    if trial.number == 0:
+        os.kill(os.getpid(), int(os.environ["SIGNAL_AT_ASK"]))
+    return trial
+optuna.Study.ask = ask
+sys.argv = ["sweep", *sys.argv[1:]]
+runpy.run_module("sweep", run_name="__main__")
+"""
+
+
+@pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGTERM])
+def test_a_signal_while_the_optuna_sweeper_asks_fails_the_asked_trials_and_resumes(tmp_path, signum):
+    """A signal between two asks of one batch: before, SIGTERM killed the process and SIGINT raised out of
+    the ask, both leaving trial 0 RUNNING until it went stale. Now the batch is asked, its trials are
+    failed as stale (no run started), exit 128 + signal; the same command runs both cells."""
+    sweep_dir = tmp_path / "sweep"
+    axes = ["hydra.sweeper.sampler.name=grid", "hydra.sweeper.n_jobs=2", "optim.lr=choice(1e-3,2e-3)", "steps=2"]
+    cmd = sweep_cmd(sweep_dir, *axes)
+    proc = subprocess.run(
+        [sys.executable, "-c", SIGNAL_WHILE_ASKING, *cmd[3:]],
+        cwd=REPO,
+        env={**sweep_env(), "SIGNAL_AT_ASK": str(int(signum))},
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    out = proc.stdout + proc.stderr
+    assert proc.returncode == 128 + signum, out
+    assert "Traceback" not in out and "stopped while asking for the next trials (0, 1 failed" in out, out
+    assert not list(sweep_dir.glob("*/result.json"))
+    storage = f"sqlite:///{sweep_dir / 'ledger.db'}"
+    trials = optuna.load_study(study_name=str(sweep_dir), storage=storage).trials
+    assert [t.state for t in trials] == [TrialState.FAIL, TrialState.FAIL], out
+
+    proc = subprocess.run(cmd, cwd=REPO, env=sweep_env(), capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr
+    trials = optuna.load_study(study_name=str(sweep_dir), storage=storage).trials
+    assert sorted(t.params["optim.lr"] for t in trials if t.state is TrialState.COMPLETE) == [1e-3, 2e-3]
+    assert not [t for t in trials if t.state is TrialState.RUNNING]

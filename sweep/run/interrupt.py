@@ -42,8 +42,11 @@ class Interrupted:
 
 
 @contextlib.contextmanager
-def stopping_on_signals(signals: tuple[int, ...] = STOP_SIGNALS) -> Iterator[StopRequest]:
-    """While inside, the first of `signals` sets the request; a second one exits the process at once."""
+def stopping_on_signals(
+    signals: tuple[int, ...] = STOP_SIGNALS, when: str = "after the current step"
+) -> Iterator[StopRequest]:
+    """While inside, the first of `signals` sets the request; a second one exits the process at once.
+    `when` tells the user when the stop takes effect."""
     request = StopRequest()
     if threading.current_thread() is not threading.main_thread():  # signal.signal works in the main thread only
         yield request
@@ -56,7 +59,7 @@ def stopping_on_signals(signals: tuple[int, ...] = STOP_SIGNALS) -> Iterator[Sto
             os.write(2, f"\nsweep: second {name}: exiting now, the run in progress is left unfinished\n".encode())
             os._exit(128 + signum)
         request.signum = signum
-        os.write(2, f"\nsweep: {name}: stopping after the current step ({name} again to exit at once)\n".encode())
+        os.write(2, f"\nsweep: {name}: stopping {when} ({name} again to exit at once)\n".encode())
 
     previous = {s: signal.getsignal(s) for s in signals}
     for s in signals:

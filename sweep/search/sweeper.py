@@ -44,6 +44,7 @@ from omegaconf import DictConfig, OmegaConf
 from optuna.trial import TrialState
 
 from sweep.config import ConfigError, LedgerConfig, PrunerConfig, validate_pruner
+from sweep.run.interrupt import stopping_on_signals
 from sweep.search import space as search_space
 from sweep.search.conf import PrunerName, SamplerConf, SamplerName, SweepMode
 from sweep.search.frontier import Bracket, grid_runs
@@ -272,12 +273,26 @@ class OptunaSweeperImpl(Sweeper):
         returns = []
         with Heartbeat(study, self.heartbeat_s) as heartbeat:
             while True:
-                with claim_lock(study):  # concurrent sweepers on one study never claim the same trial
+                # A signal while asking is held until the batch is asked: its trials are then failed, not left
+                # RUNNING until they go stale (the jobs install their own handlers; sweep/run/interrupt.py).
+                with (
+                    stopping_on_signals(when="once the next trials are asked") as request,
+                    claim_lock(study),
+                ):  # concurrent sweepers never claim one trial
                     batch = (
                         self._frontier_batch(study, space)
                         if self.mode is SweepMode.frontier
                         else self._next_batch(study, space, grid)
                     )
+                if request.signum is not None:
+                    self._fail_unfinished(study, batch)
+                    log.warning(
+                        "%s: stopped while asking for the next trials (%s failed, no run started); run the same "
+                        "command again to resume the unfinished cells",
+                        request.name,
+                        ", ".join(str(t.number) for t in batch) or "none",
+                    )
+                    raise SystemExit(128 + request.signum)
                 if not batch:
                     break
                 heartbeat.trial_ids = {t._trial_id for t in batch}
