@@ -22,6 +22,7 @@ from sweep.run.interrupt import StopOnSignal, stopping_on_signals
 from sweep.search.ledger import record_run
 
 from .cluster_servers import sweep_cmd, sweep_env
+from .conftest import FAST as FAST_ARGS
 from .conftest import REPO, make_run, multirun_in_process
 
 
@@ -136,7 +137,7 @@ def test_sigterm_stops_a_sweep_process_and_closes_its_trial(tmp_path):
     )
     seen: list[str] = []
     try:
-        _lines_until(proc, "step 3/400", seen)
+        _lines_until(proc, "step 3/60", seen)
         proc.send_signal(signal.SIGTERM)  # what Slurm and `timeout` send
         proc.wait(timeout=60)
     finally:
@@ -305,3 +306,95 @@ def test_a_signal_while_the_optuna_sweeper_asks_fails_the_asked_trials_and_resum
     trials = optuna.load_study(study_name=str(sweep_dir), storage=storage).trials
     assert sorted(t.params["optim.lr"] for t in trials if t.state is TrialState.COMPLETE) == [1e-3, 2e-3]
     assert not [t for t in trials if t.state is TrialState.RUNNING]
+
+
+def _cells_reached(sweep_dir, step: str) -> bool:
+    """Whether some job has logged `step` (in the sweep's output or a submitit job's log file)."""
+    for f in [*sweep_dir.glob("*/*.log"), *sweep_dir.glob(".submitit/*/*_log.*")]:
+        try:
+            if step in f.read_text(errors="replace"):
+                return True
+        except OSError:
+            pass
+    return False
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(
+    "launcher,signum,to_group",
+    [
+        ("joblib", signal.SIGTERM, False),  # `kill`/`timeout`: the sweep process only, not its workers
+        ("joblib", signal.SIGINT, True),  # Ctrl-C in a terminal: the whole process group, workers too
+        ("submitit_local", signal.SIGTERM, False),
+        pytest.param(
+            "submitit_local",
+            signal.SIGINT,
+            True,
+            marks=pytest.mark.xfail(
+                reason="Ctrl-C to the group also reaches submitit's controller process (a KeyboardInterrupt "
+                "traceback of its own) and jobs still starting; a run's trial was seen missing (reliability.md)",
+                strict=False,
+            ),
+        ),
+    ],
+)
+def test_a_signal_to_a_sweep_with_job_processes_stops_every_run_and_resumes(tmp_path, launcher, signum, to_group):
+    """Jobs in processes of their own: before, SIGTERM killed only the sweep process (its jobs trained on,
+    orphaned) and Ctrl-C with joblib was a KeyboardInterrupt traceback that killed a worker mid-record. Now
+    the sweep forwards the signal: every run started ends `interrupted` with its trial closed, no process is
+    left, exit 128 + signal, and the same command runs every cell."""
+    sweep_dir = tmp_path / "sweep"
+    grid = [f"hydra/launcher={launcher}", "optim.lr=1e-3,2e-3,3e-3", "threads=1", "log_every=1", "progress=log"]
+    grid += ["steps=60"]
+    grid += ["hydra.launcher.n_jobs=2"] if launcher == "joblib" else []
+    cmd = [sys.executable, "-m", "sweep", "-m", *FAST_ARGS, f"hydra.sweep.dir={sweep_dir}", *grid]
+    proc = subprocess.Popen(
+        cmd,
+        cwd=REPO,
+        env=sweep_env(),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        start_new_session=True,  # its own process group, as a shell gives a command
+    )
+    out: list[str] = []
+    threading.Thread(target=lambda: out.extend(proc.stdout), daemon=True).start()
+    try:
+        deadline = time.monotonic() + 180
+        while not (_cells_reached(sweep_dir, "step 3/60") or any("step 3/60" in ln for ln in out)):
+            assert time.monotonic() < deadline and proc.poll() is None, "".join(out)
+            time.sleep(0.2)
+        os.killpg(proc.pid, signum) if to_group else proc.send_signal(signum)
+        proc.wait(timeout=120)
+        for _ in range(600):  # loky's workers and resource tracker notice their parent is gone within seconds
+            left = subprocess.run(["pgrep", "-g", str(proc.pid)], capture_output=True, text=True).stdout.split()
+            if not left:
+                break
+            time.sleep(0.1)
+    finally:
+        with __import__("contextlib").suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGKILL)
+    text = "".join(out)
+    assert proc.returncode == 128 + signum, text
+    assert not left, subprocess.run(
+        ["ps", "-o", "pid,ppid,stat,args", "-g", str(proc.pid)], capture_output=True, text=True
+    ).stdout
+    # Ctrl-C to the group also reaches submitit's own controller process, which prints its KeyboardInterrupt
+    # traceback (submitit's code, docs/reliability.md); no other traceback is allowed.
+    ours = text.count("Traceback") - (text.count("submitit/local/_local.py") if to_group else 0)
+    assert ours <= 0, text
+    results = {p.parent.name: json.loads(p.read_text()) for p in sweep_dir.glob("*/result.json")}
+    assert results and all(r["status"] == "interrupted" for r in results.values()), results
+    unfinished = {p.name for p in sweep_dir.iterdir() if p.name.isdigit()} - set(results)
+    # A Ctrl-C to the group reaches a job that is still starting (before its run listens) too: it dies as
+    # under kill -9, with no result.json and no trial, and the resume below runs it.
+    assert to_group or not unfinished, unfinished
+    storage = f"sqlite:///{sweep_dir / 'ledger.db'}"
+    trials = optuna.load_study(study_name=str(sweep_dir), storage=storage).trials
+    assert len(trials) == len(results) and all(t.user_attrs.get("status") == "interrupted" for t in trials)
+    assert not [t for t in trials if t.state is TrialState.RUNNING]
+
+    done = subprocess.run(cmd, cwd=REPO, env=sweep_env(), capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr
+    statuses = sorted(json.loads(p.read_text())["status"] for p in sweep_dir.glob("*/result.json"))
+    assert statuses == ["stable"] * 3, statuses

@@ -44,7 +44,7 @@ from omegaconf import DictConfig, OmegaConf
 from optuna.trial import TrialState
 
 from sweep.config import ConfigError, LedgerConfig, PrunerConfig, validate_pruner
-from sweep.run.interrupt import stopping_on_signals
+from sweep.run.interrupt import launch_forwarding_signals, stopping_on_signals
 from sweep.search import space as search_space
 from sweep.search.conf import PrunerName, SamplerConf, SamplerName, SweepMode
 from sweep.search.frontier import Bracket, grid_runs
@@ -307,7 +307,7 @@ class OptunaSweeperImpl(Sweeper):
                 self.validate_batch_is_legal(overrides)
                 # Job dirs are named by trial number: unique even with other sweepers on this study.
                 try:
-                    results = self.launcher.launch(overrides, initial_job_idx=batch[0].number)
+                    results = launch_forwarding_signals(self.launcher, overrides, batch[0].number)
                 except BaseException:  # Ctrl-C/SIGTERM (sweep/run/interrupt.py), or a crash: no trial stays RUNNING
                     self._fail_unfinished(study, batch)
                     raise
