@@ -245,3 +245,24 @@ def test_an_absurd_size_is_one_line_before_any_run(tmp_path):
         0
     ]
     assert not list(tmp_path.rglob("result.json"))
+
+
+def test_a_checkpoint_of_another_shape_or_dtype_is_refused_before_any_run(tmp_path):
+    """Before, the run ended `error` with torch's "size mismatch for x_embedder.proj.weight" (or a dtype
+    error) after building everything; the run that saved the checkpoint says what it was."""
+    from omegaconf import OmegaConf
+
+    from sweep.config import check_inputs
+
+    from .conftest import compose_cfg
+
+    run_dir = tmp_path / "run"
+    (run_dir / "checkpoints" / "step_000002").mkdir(parents=True)
+    (run_dir / ".hydra").mkdir()
+    OmegaConf.save(compose_cfg(["data.frames=4", "data.height=8", "data.width=8"]), run_dir / ".hydra" / "config.yaml")
+    ckpt = f"checkpoint.resume_from={run_dir}/checkpoints/step_000002"
+    check_inputs(make_run(ckpt, "precision=bf16_amp"))  # autocast saves the same fp32 weights: fine
+    with pytest.raises(ConfigError, match=r"^checkpoint.resume_from: .* model.width=null there, 64 here$"):
+        check_inputs(make_run(ckpt, "model.width=64"))
+    with pytest.raises(ConfigError, match=r"precision.param_dtype=float32 there, float16 here"):
+        check_inputs(make_run(ckpt, "precision=fp16_pure"))
