@@ -32,6 +32,7 @@ import hashlib
 import logging
 import math
 import threading
+import time
 import warnings
 from pathlib import Path
 from typing import Any, List, Optional
@@ -294,6 +295,8 @@ class OptunaSweeperImpl(Sweeper):
                     )
                     raise SystemExit(128 + request.signum)
                 if not batch:
+                    if self._wait_for_running(study):
+                        continue  # a dead sweep's trials failed as stale: their cells are missing again
                     break
                 heartbeat.trial_ids = {t._trial_id for t in batch}
                 heartbeat.beat()
@@ -392,6 +395,33 @@ class OptunaSweeperImpl(Sweeper):
             and not t.system_attrs.get(STALE_ATTR)
             and t.user_attrs.get("status") != "interrupted"
         ]
+
+    def _wait_for_running(self, study: optuna.Study) -> bool:
+        """Nothing left to ask, but trials of the study are RUNNING: another live sweeper's, or a killed one's
+        too young to be stale yet (the same command run at once after kill -9). Wait while any is RUNNING,
+        at most until a dead one would be stale (`stale_after_s` and a beat), failing the stale ones; True
+        when some were failed (the caller asks again), False when none is RUNNING or the rest are alive."""
+
+        def running() -> int:
+            return len(study.get_trials(deepcopy=False, states=(TrialState.RUNNING,)))
+
+        if not running():
+            return False
+        log.info(
+            "optuna sweeper: %d trials still RUNNING (another sweeper's, or a killed sweep's): waiting up to "
+            "%d s for them to finish or go stale",
+            running(),
+            self.stale_after_s + self.heartbeat_s,
+        )
+        deadline = time.monotonic() + self.stale_after_s + 2 * self.heartbeat_s
+        while time.monotonic() < deadline and running():
+            time.sleep(self.heartbeat_s)
+            with claim_lock(study):
+                stale = fail_stale_trials(study, self.stale_after_s)
+            if stale:
+                log.info("optuna sweeper: failed stale RUNNING trials %s (left by a killed sweep)", stale)
+                return True
+        return False
 
     def _fail_unfinished(self, study: optuna.Study, batch: list) -> None:
         """The sweep stops inside a batch: fail its trials no job finished, marked stale (they do not count as
