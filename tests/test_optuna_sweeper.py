@@ -6,6 +6,7 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 import time
 
 import optuna
@@ -99,9 +100,18 @@ def test_a_killed_sweeps_trial_too_young_to_be_stale_is_waited_for_and_its_cell_
     s = optuna.create_study(study_name=str(tmp_path / "sweep"), storage=url)
     dists = parse(args[1:])[0]
     s.enqueue_trial({"precision": "fp32", "optim.lr": 1e-3})
-    young = s.ask(dists)  # RUNNING, beaten just now, then never again: a sweep killed a moment ago
-    optuna.storages.RDBStorage(url).record_heartbeat(young._trial_id)
+    young = s.ask(dists)  # RUNNING, beaten until the resume has started a run, then never again
+    storage, started = optuna.storages.RDBStorage(url), threading.Event()
+
+    def beat() -> None:  # the killed sweep, alive until the resume is under way
+        while not started.is_set():
+            storage.record_heartbeat(young._trial_id)
+            started.wait(0.3)
+            started.set() if list((tmp_path / "sweep").glob("*/result.json")) else None
+
+    threading.Thread(target=beat, daemon=True).start()
     sweep(tmp_path, "hydra.sweeper.stale_after_s=2", "hydra.sweeper.heartbeat_s=1", *args)
+    started.set()
     trials = study(tmp_path).trials
     assert trials[young.number].state is TrialState.FAIL and trials[young.number].system_attrs["stale"]
     finished = [tuple(sorted(t.params.items())) for t in trials if t.state is TrialState.COMPLETE]
