@@ -26,10 +26,16 @@ from omegaconf import OmegaConf
 
 STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM)
 
-FORWARDED = {signal.SIGUSR1: signal.SIGINT, signal.SIGUSR2: signal.SIGTERM}
+_RT = getattr(signal, "SIGRTMIN", None)
+FORWARDED = (
+    {_RT + 1: signal.SIGINT, _RT + 2: signal.SIGTERM}
+    if _RT is not None
+    else {signal.SIGUSR1: signal.SIGINT, signal.SIGUSR2: signal.SIGTERM}
+)
 """How a sweep passes a stop on to jobs in processes of their own (`forwarding_signals`): a signal of its
 own, so that a job that got the same Ctrl-C from the terminal (the whole process group does) does not
-count the forwarded one as a second signal. A forwarded signal never exits at once."""
+count the forwarded one as a second signal. A forwarded signal never exits at once. Real-time signals
+where there are (Linux): submitit's jobs take SIGUSR2 as "preempted" and requeue themselves."""
 FORWARD_AS = {original: forwarded for forwarded, original in FORWARDED.items()}
 
 
@@ -146,12 +152,15 @@ def forwarding_signals(
         # kills the others mid-record); again until no job directory is being written, for jobs that start.
         forwarded, deadline = set(), time.monotonic() + wait_s
         while True:
+            starting = []  # submitit's job processes whose run does not listen yet
             for pid in job_processes():
                 if pid not in forwarded and catches(pid, FORWARD_AS[signum]):
                     with contextlib.suppress(OSError):
                         os.kill(pid, FORWARD_AS[signum])
                     forwarded.add(pid)
-            if time.monotonic() > deadline or not (forwarded and _being_written(sweep_dir)):
+                elif pid not in forwarded and not _is_worker_or_controller(pid):
+                    starting.append(pid)
+            if time.monotonic() > deadline or not (starting or (forwarded and _being_written(sweep_dir))):
                 break
             time.sleep(0.1)
 
@@ -170,6 +179,17 @@ def _being_written(sweep_dir: str | None) -> bool:
     from sweep.run.results import RUNNING_LOCK, is_being_written
 
     return sweep_dir is not None and any(is_being_written(p.parent) for p in Path(sweep_dir).glob(f"*/{RUNNING_LOCK}"))
+
+
+def _is_worker_or_controller(pid: int) -> bool:
+    """A loky worker (idle between jobs, it never listens), submitit's local controller or a process that has
+    exited (not yet reaped): no run to wait for."""
+    try:
+        with open(f"/proc/{pid}/cmdline", "rb") as f:
+            cmdline = f.read()
+    except OSError:
+        return True  # gone
+    return not cmdline or b"loky" in cmdline or b"submitit.local._local" in cmdline  # empty: exited, a zombie
 
 
 def catches(pid: int, signum: int) -> bool:
