@@ -771,6 +771,12 @@ def validate(run: RunConfig) -> RunConfig:
         )
     lt = run.ledger.lock_timeout_s
     _require(lt > 0, "ledger.lock_timeout_s", f"must be > 0, got {lt}")
+    from sweep.sizes import SizeError, check_sizes  # last: it assumes the sizes above are positive
+
+    try:
+        check_sizes(run)
+    except SizeError as e:
+        raise ConfigError(f"{e.key}: {e}") from None
     return run
 
 
@@ -800,11 +806,67 @@ def check_inputs(run: RunConfig) -> RunConfig:
     resume = run.checkpoint.resume_from
     if resume is not None:
         _require(Path(resume).is_dir(), "checkpoint.resume_from", f"no such checkpoint directory: {resume}")
+        differ = resume_mismatches(run, Path(resume))
+        _require(
+            not differ,
+            "checkpoint.resume_from",
+            f"{resume} was saved by a run with other shapes or dtypes: "
+            + ", ".join(f"{k}={saved} there, {now} here" for k, saved, now in differ),
+        )
     if run.model.arch is Arch.custom:
         _probe_custom(run)
     if run.model.arch is Arch.diffusers_config:
         _probe_diffusers_config(run)
     return run
+
+
+RESUME_KEYS = (
+    "model.arch",
+    "model.size",
+    "model.name",
+    "model.width",
+    "model.depth",
+    "model.patch_size",
+    "model.qk_norm",
+    "model.config",
+    "model.target",
+    "model.kwargs",
+    "model.shrink",
+    "data.channels",
+    "data.frames",
+    "data.height",
+    "data.width",
+    "precision.param_dtype",
+    "finetune.method",
+    "finetune.rank",
+    "finetune.target_modules",
+)
+"""What the saved weights and optimizer state depend on: a checkpoint is resumed only into the same."""
+
+
+def resume_mismatches(run: RunConfig, checkpoint: Path) -> list[tuple[str, Any, Any]]:
+    """(key, saved, now) for each RESUME_KEYS value that differs from the run that saved `checkpoint`
+    (`<run dir>/checkpoints/step_N`: its run's .hydra/config.yaml). Empty when that config is not there
+    (a checkpoint copied elsewhere: the load itself then says what does not fit)."""
+    saved_path = checkpoint.parent.parent / ".hydra" / "config.yaml"
+    try:
+        saved = OmegaConf.load(saved_path)
+    except Exception:  # noqa: BLE001  (missing or unreadable: nothing to compare with)
+        return []
+    now = OmegaConf.structured(run)
+    differ = []
+    for key in RESUME_KEYS:
+        was = OmegaConf.select(saved, key, default=None, throw_on_missing=False)
+        is_ = OmegaConf.select(now, key, default=None, throw_on_missing=False)
+        was, is_ = (OmegaConf.to_container(v) if OmegaConf.is_config(v) else v for v in (was, is_))
+        was, is_ = (v.value if isinstance(v, Enum) else v for v in (was, is_))
+        if (was or None) != (is_ or None) and not (was in (None, {}, []) and is_ in (None, {}, [])):
+            differ.append((key, _plain(was), _plain(is_)))
+    return differ
+
+
+def _plain(value: Any) -> str:
+    return "null" if value is None else str(value)
 
 
 _PROBED: dict[str, None] = {}

@@ -207,3 +207,62 @@ def test_a_too_long_output_dir_is_one_line_before_any_run(args, key, tmp_path):
     assert proc.returncode == 2 and len(lines) == 1, proc.stderr
     assert lines[0].startswith(f"sweep: config error: {key}: a path component of 30"), lines[0]
     assert not list(tmp_path.rglob("result.json"))
+
+
+@pytest.mark.parametrize(
+    "override,key,limit",
+    [
+        ("data.channels=2147483648", "data.channels", "1.0 GiB"),  # asked for 64 TiB and died out of memory
+        ("data.frames=100000", "data.frames", "1.0 GiB"),
+        ("data.batch_size=100000000", "data.batch_size", "1.0 GiB"),
+        ("data.height=1048576", "data.height", "1.0 GiB"),  # the evaluation batch (16 clips) is over first
+        ("data.num_samples=100000000", "data.num_samples", "4.0 GiB"),  # synthetic data is rendered whole
+        ("model.width=1048576", "model.width", "1,000M"),
+        ("model.depth=1000000000", "model.depth", "1,000M"),  # counted at two depths, not built a billion times
+    ],
+)
+def test_absurd_sizes_are_refused_with_the_estimate_and_the_limit(override, key, limit):
+    with pytest.raises(ConfigError) as e:
+        make_run(override)
+    message = str(e.value)
+    assert message.startswith(("data: ", "model: ")), message
+    assert f"over the {limit} limit" in message and key in message.split("limit: ")[1], message
+    assert re.search(r"[\d.]+[kMGT] (values|parameters)", message), message
+
+
+def test_the_size_limits_leave_real_configs_alone():
+    """The largest sizes the configs use (video_dit_s, size B, a 64x64 latent clip) stay under the limits."""
+    make_run("model=video_dit_s")
+    make_run("model.size=B")
+    make_run("data.height=64", "data.width=64", "data.channels=4", "data.frames=16", "data.batch_size=16")
+
+
+def test_an_absurd_size_is_one_line_before_any_run(tmp_path):
+    proc = _sweep("data.channels=2147483648", f"hydra.run.dir={tmp_path}/run", cwd=tmp_path)
+    lines = [ln for ln in proc.stderr.splitlines() if ln.strip()]
+    assert proc.returncode == 2 and len(lines) == 1, proc.stderr
+    assert lines[0].startswith("sweep: config error: data: one training batch is 4 x 2147483648 x 8 x 16 x 16"), lines[
+        0
+    ]
+    assert not list(tmp_path.rglob("result.json"))
+
+
+def test_a_checkpoint_of_another_shape_or_dtype_is_refused_before_any_run(tmp_path):
+    """Before, the run ended `error` with torch's "size mismatch for x_embedder.proj.weight" (or a dtype
+    error) after building everything; the run that saved the checkpoint says what it was."""
+    from omegaconf import OmegaConf
+
+    from sweep.config import check_inputs
+
+    from .conftest import compose_cfg
+
+    run_dir = tmp_path / "run"
+    (run_dir / "checkpoints" / "step_000002").mkdir(parents=True)
+    (run_dir / ".hydra").mkdir()
+    OmegaConf.save(compose_cfg(["data.frames=4", "data.height=8", "data.width=8"]), run_dir / ".hydra" / "config.yaml")
+    ckpt = f"checkpoint.resume_from={run_dir}/checkpoints/step_000002"
+    check_inputs(make_run(ckpt, "precision=bf16_amp"))  # autocast saves the same fp32 weights: fine
+    with pytest.raises(ConfigError, match=r"^checkpoint.resume_from: .* model.width=null there, 64 here$"):
+        check_inputs(make_run(ckpt, "model.width=64"))
+    with pytest.raises(ConfigError, match=r"precision.param_dtype=float32 there, float16 here"):
+        check_inputs(make_run(ckpt, "precision=fp16_pure"))

@@ -22,6 +22,7 @@ from sweep.run.interrupt import StopOnSignal, stopping_on_signals
 from sweep.search.ledger import record_run
 
 from .cluster_servers import sweep_cmd, sweep_env
+from .conftest import FAST as FAST_ARGS
 from .conftest import REPO, make_run, multirun_in_process
 
 
@@ -136,7 +137,7 @@ def test_sigterm_stops_a_sweep_process_and_closes_its_trial(tmp_path):
     )
     seen: list[str] = []
     try:
-        _lines_until(proc, "step 3/400", seen)
+        _lines_until(proc, "step 3/60", seen)
         proc.send_signal(signal.SIGTERM)  # what Slurm and `timeout` send
         proc.wait(timeout=60)
     finally:
@@ -258,3 +259,142 @@ def test_ctrl_c_in_a_packed_sweep_finishes_the_pack_and_starts_no_other(tmp_path
     assert sorted(n for p in packs[1:] for n in p) == sorted({"0", "1", "2", "3"} - set(done))
     assert all((tmp_path / n / "result.json").read_text() == text for n, text in kept.items())
     assert len(list(tmp_path.glob("*/result.json"))) == 4
+
+
+# `python -m sweep`, with Study.ask sending this process a signal once it has asked its first trial: the
+# moment the sweeper is asking for a batch (deterministic, no sleep; nothing in the sweep is patched).
+SIGNAL_WHILE_ASKING = """
+import os, runpy, sys, optuna
+real = optuna.Study.ask
+def ask(self, *args, **kwargs):
+    trial = real(self, *args, **kwargs)
+    if trial.number == 0:
+        os.kill(os.getpid(), int(os.environ["SIGNAL_AT_ASK"]))
+    return trial
+optuna.Study.ask = ask
+sys.argv = ["sweep", *sys.argv[1:]]
+runpy.run_module("sweep", run_name="__main__")
+"""
+
+
+@pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGTERM])
+def test_a_signal_while_the_optuna_sweeper_asks_fails_the_asked_trials_and_resumes(tmp_path, signum):
+    """A signal between two asks of one batch: before, SIGTERM killed the process and SIGINT raised out of
+    the ask, both leaving trial 0 RUNNING until it went stale. Now the batch is asked, its trials are
+    failed as stale (no run started), exit 128 + signal; the same command runs both cells."""
+    sweep_dir = tmp_path / "sweep"
+    axes = ["hydra.sweeper.sampler.name=grid", "hydra.sweeper.n_jobs=2", "optim.lr=choice(1e-3,2e-3)", "steps=2"]
+    cmd = sweep_cmd(sweep_dir, *axes)
+    proc = subprocess.run(
+        [sys.executable, "-c", SIGNAL_WHILE_ASKING, *cmd[3:]],
+        cwd=REPO,
+        env={**sweep_env(), "SIGNAL_AT_ASK": str(int(signum))},
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    out = proc.stdout + proc.stderr
+    assert proc.returncode == 128 + signum, out
+    assert "Traceback" not in out and "stopped while asking for the next trials (0, 1 failed" in out, out
+    assert not list(sweep_dir.glob("*/result.json"))
+    storage = f"sqlite:///{sweep_dir / 'ledger.db'}"
+    trials = optuna.load_study(study_name=str(sweep_dir), storage=storage).trials
+    assert [t.state for t in trials] == [TrialState.FAIL, TrialState.FAIL], out
+
+    proc = subprocess.run(cmd, cwd=REPO, env=sweep_env(), capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr
+    trials = optuna.load_study(study_name=str(sweep_dir), storage=storage).trials
+    assert sorted(t.params["optim.lr"] for t in trials if t.state is TrialState.COMPLETE) == [1e-3, 2e-3]
+    assert not [t for t in trials if t.state is TrialState.RUNNING]
+
+
+def _cells_reached(sweep_dir, step: str) -> bool:
+    """Whether some job has logged `step` (in the sweep's output or a submitit job's log file)."""
+    for f in [*sweep_dir.glob("*/*.log"), *sweep_dir.glob(".submitit/*/*_log.*")]:
+        try:
+            if step in f.read_text(errors="replace"):
+                return True
+        except OSError:
+            pass
+    return False
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(
+    "launcher,signum,to_group",
+    [
+        ("joblib", signal.SIGTERM, False),  # `kill`/`timeout`: the sweep process only, not its workers
+        ("joblib", signal.SIGINT, True),  # Ctrl-C in a terminal: the whole process group, workers too
+        ("submitit_local", signal.SIGTERM, False),
+        pytest.param(
+            "submitit_local",
+            signal.SIGINT,
+            True,
+            marks=pytest.mark.xfail(
+                reason="Ctrl-C to the group also reaches submitit's controller process (a KeyboardInterrupt "
+                "traceback of its own) and jobs still starting; a run's trial was seen missing (reliability.md)",
+                strict=False,
+            ),
+        ),
+    ],
+)
+def test_a_signal_to_a_sweep_with_job_processes_stops_every_run_and_resumes(tmp_path, launcher, signum, to_group):
+    """Jobs in processes of their own: before, SIGTERM killed only the sweep process (its jobs trained on,
+    orphaned) and Ctrl-C with joblib was a KeyboardInterrupt traceback that killed a worker mid-record. Now
+    the sweep forwards the signal: every run started ends `interrupted` with its trial closed, no process is
+    left, exit 128 + signal, and the same command runs every cell."""
+    sweep_dir = tmp_path / "sweep"
+    grid = [f"hydra/launcher={launcher}", "optim.lr=1e-3,2e-3,3e-3", "threads=1", "log_every=1", "progress=log"]
+    grid += ["steps=60"]
+    grid += ["hydra.launcher.n_jobs=2"] if launcher == "joblib" else []
+    cmd = [sys.executable, "-m", "sweep", "-m", *FAST_ARGS, f"hydra.sweep.dir={sweep_dir}", *grid]
+    proc = subprocess.Popen(
+        cmd,
+        cwd=REPO,
+        env=sweep_env(),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        start_new_session=True,  # its own process group, as a shell gives a command
+    )
+    out: list[str] = []
+    threading.Thread(target=lambda: out.extend(proc.stdout), daemon=True).start()
+    try:
+        deadline = time.monotonic() + 180
+        while not (_cells_reached(sweep_dir, "step 3/60") or any("step 3/60" in ln for ln in out)):
+            assert time.monotonic() < deadline and proc.poll() is None, "".join(out)
+            time.sleep(0.2)
+        os.killpg(proc.pid, signum) if to_group else proc.send_signal(signum)
+        proc.wait(timeout=120)
+        for _ in range(600):  # loky's workers and resource tracker notice their parent is gone within seconds
+            left = subprocess.run(["pgrep", "-g", str(proc.pid)], capture_output=True, text=True).stdout.split()
+            if not left:
+                break
+            time.sleep(0.1)
+    finally:
+        with __import__("contextlib").suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGKILL)
+    text = "".join(out)
+    assert proc.returncode == 128 + signum, text
+    assert not left, subprocess.run(
+        ["ps", "-o", "pid,ppid,stat,args", "-g", str(proc.pid)], capture_output=True, text=True
+    ).stdout
+    # Ctrl-C to the group also reaches submitit's own controller process, which prints its KeyboardInterrupt
+    # traceback (submitit's code, docs/reliability.md); no other traceback is allowed.
+    ours = text.count("Traceback") - (text.count("submitit/local/_local.py") if to_group else 0)
+    assert ours <= 0, text
+    results = {p.parent.name: json.loads(p.read_text()) for p in sweep_dir.glob("*/result.json")}
+    assert results and all(r["status"] == "interrupted" for r in results.values()), results
+    unfinished = {p.name for p in sweep_dir.iterdir() if p.name.isdigit()} - set(results)
+    # A Ctrl-C to the group reaches a job that is still starting (before its run listens) too: it dies as
+    # under kill -9, with no result.json and no trial, and the resume below runs it.
+    assert to_group or not unfinished, unfinished
+    storage = f"sqlite:///{sweep_dir / 'ledger.db'}"
+    trials = optuna.load_study(study_name=str(sweep_dir), storage=storage).trials
+    assert len(trials) == len(results) and all(t.user_attrs.get("status") == "interrupted" for t in trials)
+    assert not [t for t in trials if t.state is TrialState.RUNNING]
+
+    done = subprocess.run(cmd, cwd=REPO, env=sweep_env(), capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr
+    statuses = sorted(json.loads(p.read_text())["status"] for p in sweep_dir.glob("*/result.json"))
+    assert statuses == ["stable"] * 3, statuses

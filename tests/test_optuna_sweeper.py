@@ -6,6 +6,7 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 import time
 
 import optuna
@@ -86,6 +87,35 @@ def test_search_records_diverged_runs_as_infeasible_and_resumes_to_n_trials(tmp_
     trials = study(tmp_path).trials
     assert len(trials) == 6 and [t.params for t in trials[:4]] == [t.params for t in first]
     assert len({t.user_attrs["run_dir"] for t in trials}) == 6
+
+
+@pytest.mark.slow
+def test_a_killed_sweeps_trial_too_young_to_be_stale_is_waited_for_and_its_cell_run(tmp_path):
+    """The same command at once after kill -9: the killed trial still looks alive (beaten a moment ago).
+    Before, the resume skipped its cell and exited 0 with 3 of 4 cells; now it waits until the trial is
+    stale (stale_after_s), fails it and runs its cell."""
+    args = ["hydra.sweeper.sampler.name=grid", "precision=fp32,fp16_pure", "optim.lr=choice(1e-4,1e-3)"]
+    url = f"sqlite:///{tmp_path / 'sweep' / 'ledger.db'}"
+    (tmp_path / "sweep").mkdir()
+    s = optuna.create_study(study_name=str(tmp_path / "sweep"), storage=url)
+    dists = parse(args[1:])[0]
+    s.enqueue_trial({"precision": "fp32", "optim.lr": 1e-3})
+    young = s.ask(dists)  # RUNNING, beaten until the resume has started a run, then never again
+    storage, started = optuna.storages.RDBStorage(url), threading.Event()
+
+    def beat() -> None:  # the killed sweep, alive until the resume is under way
+        while not started.is_set():
+            storage.record_heartbeat(young._trial_id)
+            started.wait(0.3)
+            started.set() if list((tmp_path / "sweep").glob("*/result.json")) else None
+
+    threading.Thread(target=beat, daemon=True).start()
+    sweep(tmp_path, "hydra.sweeper.stale_after_s=2", "hydra.sweeper.heartbeat_s=1", *args)
+    started.set()
+    trials = study(tmp_path).trials
+    assert trials[young.number].state is TrialState.FAIL and trials[young.number].system_attrs["stale"]
+    finished = [tuple(sorted(t.params.items())) for t in trials if t.state is TrialState.COMPLETE]
+    assert len(finished) == 4 == len(set(finished))
 
 
 @pytest.mark.slow

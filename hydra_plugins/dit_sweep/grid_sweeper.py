@@ -206,18 +206,20 @@ class ResumingLauncher:
         return getattr(self.launcher, name)
 
     def launch(self, job_overrides: Sequence[Sequence[str]], initial_job_idx: int) -> Sequence[JobReturn]:
+        from sweep.run.interrupt import launch_forwarding_signals  # a signal reaches jobs in other processes too
+
         returns: List[JobReturn] = []
         todo: List[Sequence[str]] = []
         for num, overrides in enumerate(job_overrides, start=initial_job_idx):
             if num in self.finished:
                 if todo:
-                    returns += self.launcher.launch(todo, initial_job_idx=num - len(todo))
+                    returns += launch_forwarding_signals(self.launcher, todo, num - len(todo))
                     todo = []
                 returns.append(self.finished[num])
             else:
                 todo.append(overrides)
         if todo:
-            returns += self.launcher.launch(todo, initial_job_idx=initial_job_idx + len(job_overrides) - len(todo))
+            returns += launch_forwarding_signals(self.launcher, todo, initial_job_idx + len(job_overrides) - len(todo))
         return returns
 
 

@@ -14,12 +14,29 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import logging
 import os
 import signal
 import threading
+import time
+from pathlib import Path
 from typing import Iterator
 
+from omegaconf import OmegaConf
+
 STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM)
+
+_RT = getattr(signal, "SIGRTMIN", None)
+FORWARDED = (
+    {_RT + 1: signal.SIGINT, _RT + 2: signal.SIGTERM}
+    if _RT is not None
+    else {signal.SIGUSR1: signal.SIGINT, signal.SIGUSR2: signal.SIGTERM}
+)
+"""How a sweep passes a stop on to jobs in processes of their own (`forwarding_signals`): a signal of its
+own, so that a job that got the same Ctrl-C from the terminal (the whole process group does) does not
+count the forwarded one as a second signal. A forwarded signal never exits at once. Real-time signals
+where there are (Linux): submitit's jobs take SIGUSR2 as "preempted" and requeue themselves."""
+FORWARD_AS = {original: forwarded for forwarded, original in FORWARDED.items()}
 
 
 @dataclasses.dataclass
@@ -42,24 +59,31 @@ class Interrupted:
 
 
 @contextlib.contextmanager
-def stopping_on_signals(signals: tuple[int, ...] = STOP_SIGNALS) -> Iterator[StopRequest]:
-    """While inside, the first of `signals` sets the request; a second one exits the process at once."""
+def stopping_on_signals(
+    signals: tuple[int, ...] = STOP_SIGNALS, when: str = "after the current step"
+) -> Iterator[StopRequest]:
+    """While inside, the first of `signals` sets the request; a second one exits the process at once.
+    `when` tells the user when the stop takes effect."""
     request = StopRequest()
     if threading.current_thread() is not threading.main_thread():  # signal.signal works in the main thread only
         yield request
         return
 
     def handler(signum, frame) -> None:
+        if signum in FORWARDED:  # the sweep passes on a signal it got: stop after the step, unless already asked
+            if request.signum is None:
+                handler(FORWARDED[signum], frame)
+            return
         name = signal.Signals(signum).name
         if request.signum is not None:
             # Only async-signal-safe calls here: the main thread may be anywhere, even inside a write.
             os.write(2, f"\nsweep: second {name}: exiting now, the run in progress is left unfinished\n".encode())
             os._exit(128 + signum)
         request.signum = signum
-        os.write(2, f"\nsweep: {name}: stopping after the current step ({name} again to exit at once)\n".encode())
+        os.write(2, f"\nsweep: {name}: stopping {when} ({name} again to exit at once)\n".encode())
 
-    previous = {s: signal.getsignal(s) for s in signals}
-    for s in signals:
+    previous = {s: signal.getsignal(s) for s in (*signals, *FORWARDED)}
+    for s in previous:
         signal.signal(s, handler)
     try:
         yield request
@@ -86,3 +110,150 @@ class StopOnSignal:
             return False
         self.interrupted = Interrupted(step, f"{self.request.name} after step {step} of {self.steps}")
         return True
+
+
+# Launchers whose jobs run in processes of their own on this machine: a signal to the sweep process reaches
+# only it (`timeout`, `kill`, a batch system's SIGTERM), so the sweep forwards it to the jobs.
+LOCAL_PROCESS_LAUNCHERS = (
+    "hydra_plugins.hydra_joblib_launcher.",  # hydra/launcher=joblib: loky worker processes
+    "hydra_plugins.hydra_submitit_launcher.submitit_launcher.LocalLauncher",  # hydra/launcher=submitit_local
+)
+
+
+def runs_jobs_in_local_processes(launcher) -> bool:
+    """Whether `launcher` (a Hydra launcher) runs its jobs in child processes of this one."""
+    name = f"{type(launcher).__module__}.{type(launcher).__qualname__}"
+    return any(name.startswith(prefix) for prefix in LOCAL_PROCESS_LAUNCHERS)
+
+
+@contextlib.contextmanager
+def forwarding_signals(
+    launcher, sweep_dir: str | None = None, signals: tuple[int, ...] = STOP_SIGNALS, wait_s: float = 120
+) -> Iterator[StopRequest]:
+    """Around a launch: with a launcher that runs its jobs in child processes, the first of `signals` is
+    forwarded to them (each run stops after its step, writes its files and closes its trial, as in-process).
+    The handler then waits (at most `wait_s`) until no job directory of `sweep_dir` is being written, so a
+    launcher that cancels its other jobs on the first one's exit (joblib) kills none mid-record; a second
+    signal is forwarded too and exits at once. With any other launcher (in-process jobs install their own
+    handlers) it does nothing. The caller exits with 128 + signal."""
+    if not runs_jobs_in_local_processes(launcher) or threading.current_thread() is not threading.main_thread():
+        yield StopRequest()
+        return
+    request = StopRequest()
+
+    def handler(signum, frame) -> None:
+        name = signal.Signals(signum).name
+        if request.signum is not None:  # the second: to every job as itself (each exits at once), then us
+            for pid in job_processes():
+                with contextlib.suppress(OSError):
+                    os.kill(pid, signum)
+            os.write(2, f"\nsweep: second {name}: exiting now, the runs in progress are left unfinished\n".encode())
+            os._exit(128 + signum)
+        request.signum = signum
+        os.write(2, f"\nsweep: {name}: forwarded to the jobs; each stops after its current step\n".encode())
+        # Only to jobs whose run listens (a starting job or an idle worker would die of it, and joblib then
+        # kills the others mid-record); again until no job directory is being written, for jobs that start.
+        forwarded, deadline = set(), time.monotonic() + wait_s
+        while True:
+            starting = []  # submitit's job processes whose run does not listen yet
+            for pid in job_processes():
+                if pid not in forwarded and catches(pid, FORWARD_AS[signum]):
+                    with contextlib.suppress(OSError):
+                        os.kill(pid, FORWARD_AS[signum])
+                    forwarded.add(pid)
+                elif pid not in forwarded and not _is_worker_or_controller(pid):
+                    starting.append(pid)
+            if time.monotonic() > deadline or not (starting or (forwarded and _being_written(sweep_dir))):
+                break
+            time.sleep(0.1)
+
+    previous = {s: signal.getsignal(s) for s in signals}
+    for s in signals:
+        signal.signal(s, handler)
+    try:
+        yield request
+    finally:
+        for s, h in previous.items():
+            signal.signal(s, h if h is not None else signal.SIG_DFL)
+
+
+def _being_written(sweep_dir: str | None) -> bool:
+    """Whether a job directory of the sweep is being written (its run not yet recorded)."""
+    from sweep.run.results import RUNNING_LOCK, is_being_written
+
+    return sweep_dir is not None and any(is_being_written(p.parent) for p in Path(sweep_dir).glob(f"*/{RUNNING_LOCK}"))
+
+
+def _is_worker_or_controller(pid: int) -> bool:
+    """A loky worker (idle between jobs, it never listens), submitit's local controller or a process that has
+    exited (not yet reaped): no run to wait for."""
+    try:
+        with open(f"/proc/{pid}/cmdline", "rb") as f:
+            cmdline = f.read()
+    except OSError:
+        return True  # gone
+    return not cmdline or b"loky" in cmdline or b"submitit.local._local" in cmdline  # empty: exited, a zombie
+
+
+def catches(pid: int, signum: int) -> bool:
+    """Whether process `pid` has a handler installed for `signum` (Linux: SigCgt in /proc/PID/status)."""
+    try:
+        with open(f"/proc/{pid}/status") as f:
+            for line in f:
+                if line.startswith("SigCgt:"):
+                    return bool(int(line.split()[1], 16) >> (signum - 1) & 1)
+    except (OSError, ValueError):
+        pass
+    return False
+
+
+def job_processes(root: int | None = None) -> list[int]:
+    """The descendants of `root` (this process) that run jobs: every one but loky's resource tracker,
+    which holds no run and must outlive the workers. Read from /proc (Linux); empty elsewhere."""
+    root = os.getpid() if root is None else root
+    children: dict[int, list[int]] = {}
+    try:
+        entries = os.listdir("/proc")
+    except OSError:
+        return []
+    for entry in entries:
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/stat") as f:
+                ppid = int(f.read().rsplit(")", 1)[1].split()[1])
+        except (OSError, ValueError, IndexError):
+            continue
+        children.setdefault(ppid, []).append(int(entry))
+    found, todo = [], list(children.get(root, []))
+    while todo:
+        pid = todo.pop()
+        try:
+            with open(f"/proc/{pid}/cmdline", "rb") as f:
+                cmdline = f.read()
+        except OSError:
+            continue
+        if b"resource_tracker" not in cmdline:
+            found.append(pid)
+        todo += children.get(pid, [])
+    return found
+
+
+def launch_forwarding_signals(launcher, job_overrides, initial_job_idx: int):
+    """`launcher.launch(...)` inside `forwarding_signals`: after a forwarded signal, whatever the jobs did
+    (an interrupted job raises SystemExit in its process, which the launcher passes on), the sweep says so
+    in one line and exits with 128 + the signal's number, as with in-process jobs (sweep/job.py)."""
+    config = getattr(launcher, "config", None)  # Hydra's launchers keep the sweep's config from setup()
+    sweep_dir = OmegaConf.select(config, "hydra.sweep.dir") if config is not None else None
+    with forwarding_signals(launcher, sweep_dir) as request:
+        try:
+            returns = launcher.launch(job_overrides, initial_job_idx=initial_job_idx)
+        except BaseException:
+            if request.signum is None:
+                raise
+    if request.signum is not None:
+        logging.getLogger("sweep").warning(
+            "%s: the jobs stopped; run the same command again to resume the unfinished cells", request.name
+        )
+        raise SystemExit(128 + request.signum)
+    return returns

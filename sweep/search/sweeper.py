@@ -32,6 +32,7 @@ import hashlib
 import logging
 import math
 import threading
+import time
 import warnings
 from pathlib import Path
 from typing import Any, List, Optional
@@ -44,6 +45,7 @@ from omegaconf import DictConfig, OmegaConf
 from optuna.trial import TrialState
 
 from sweep.config import ConfigError, LedgerConfig, PrunerConfig, validate_pruner
+from sweep.run.interrupt import launch_forwarding_signals, stopping_on_signals
 from sweep.search import space as search_space
 from sweep.search.conf import PrunerName, SamplerConf, SamplerName, SweepMode
 from sweep.search.frontier import Bracket, grid_runs
@@ -272,13 +274,29 @@ class OptunaSweeperImpl(Sweeper):
         returns = []
         with Heartbeat(study, self.heartbeat_s) as heartbeat:
             while True:
-                with claim_lock(study):  # concurrent sweepers on one study never claim the same trial
+                # A signal while asking is held until the batch is asked: its trials are then failed, not left
+                # RUNNING until they go stale (the jobs install their own handlers; sweep/run/interrupt.py).
+                with (
+                    stopping_on_signals(when="once the next trials are asked") as request,
+                    claim_lock(study),
+                ):  # concurrent sweepers never claim one trial
                     batch = (
                         self._frontier_batch(study, space)
                         if self.mode is SweepMode.frontier
                         else self._next_batch(study, space, grid)
                     )
+                if request.signum is not None:
+                    self._fail_unfinished(study, batch)
+                    log.warning(
+                        "%s: stopped while asking for the next trials (%s failed, no run started); run the same "
+                        "command again to resume the unfinished cells",
+                        request.name,
+                        ", ".join(str(t.number) for t in batch) or "none",
+                    )
+                    raise SystemExit(128 + request.signum)
                 if not batch:
+                    if self._wait_for_running(study):
+                        continue  # a dead sweep's trials failed as stale: their cells are missing again
                     break
                 heartbeat.trial_ids = {t._trial_id for t in batch}
                 heartbeat.beat()
@@ -292,7 +310,7 @@ class OptunaSweeperImpl(Sweeper):
                 self.validate_batch_is_legal(overrides)
                 # Job dirs are named by trial number: unique even with other sweepers on this study.
                 try:
-                    results = self.launcher.launch(overrides, initial_job_idx=batch[0].number)
+                    results = launch_forwarding_signals(self.launcher, overrides, batch[0].number)
                 except BaseException:  # Ctrl-C/SIGTERM (sweep/run/interrupt.py), or a crash: no trial stays RUNNING
                     self._fail_unfinished(study, batch)
                     raise
@@ -377,6 +395,33 @@ class OptunaSweeperImpl(Sweeper):
             and not t.system_attrs.get(STALE_ATTR)
             and t.user_attrs.get("status") != "interrupted"
         ]
+
+    def _wait_for_running(self, study: optuna.Study) -> bool:
+        """Nothing left to ask, but trials of the study are RUNNING: another live sweeper's, or a killed one's
+        too young to be stale yet (the same command run at once after kill -9). Wait while any is RUNNING,
+        at most until a dead one would be stale (`stale_after_s` and a beat), failing the stale ones; True
+        when some were failed (the caller asks again), False when none is RUNNING or the rest are alive."""
+
+        def running() -> int:
+            return len(study.get_trials(deepcopy=False, states=(TrialState.RUNNING,)))
+
+        if not running():
+            return False
+        log.info(
+            "optuna sweeper: %d trials still RUNNING (another sweeper's, or a killed sweep's): waiting up to "
+            "%d s for them to finish or go stale",
+            running(),
+            self.stale_after_s + self.heartbeat_s,
+        )
+        deadline = time.monotonic() + self.stale_after_s + 2 * self.heartbeat_s
+        while time.monotonic() < deadline and running():
+            time.sleep(self.heartbeat_s)
+            with claim_lock(study):
+                stale = fail_stale_trials(study, self.stale_after_s)
+            if stale:
+                log.info("optuna sweeper: failed stale RUNNING trials %s (left by a killed sweep)", stale)
+                return True
+        return False
 
     def _fail_unfinished(self, study: optuna.Study, batch: list) -> None:
         """The sweep stops inside a batch: fail its trials no job finished, marked stale (they do not count as

@@ -1,0 +1,816 @@
+"""The adversarial pass of issue 21, as a script: every finding, and its variants, run as a user would.
+
+    PYTHONPATH=. python bench/adversarial.py            # every case (~15 min on 2 cores)
+    PYTHONPATH=. python bench/adversarial.py --quick    # one of each kind (~3 min)
+    PYTHONPATH=. python bench/adversarial.py -k report  # the cases whose name holds "report"
+
+Each case is real processes (`python -m sweep`, `sweep.report`, `sweep.replay`, `sweep.doctor`) run in a
+fresh temporary directory, with any files it needs made here (no network). Its outcome is classified:
+- clean: exit 0 with a verdict in result.json, or exit 1/2 with one clear line on stderr and no
+  traceback, and the case's own check of what must (not) happen passes;
+- traceback: a Python traceback, or a process killed by a signal it did not ask for (rc < 0, 139);
+- wrong: the case's check failed (a result lost, a trial left RUNNING, a password written down, ...);
+- unclear: exit 1/2 with no line, or many, saying why;
+- skipped: the machine cannot stage it (a file mode root ignores, a tmpfs it may not mount).
+Prints a table and the totals; exit status 1 when anything is not clean or skipped.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import shutil
+import signal
+import sqlite3
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Callable, Optional
+
+REPO = Path(__file__).resolve().parents[1]
+PY = sys.executable
+FAST = ["data.frames=4", "data.height=8", "data.width=8", "data.num_samples=32", "progress=none", "threads=1"]
+ENV = {**os.environ, "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1", "HYDRA_FULL_ERROR": ""}
+ENV.pop("HYDRA_FULL_ERROR")
+ENV.pop("SWEEP_LEDGER_URL", None)
+
+
+@dataclass
+class Outcome:
+    rc: Optional[int]
+    out: str
+    err: str
+    dir: Path
+    extra: dict = field(default_factory=dict)
+
+    @property
+    def text(self) -> str:
+        return self.out + self.err
+
+
+Check = Callable[[Outcome], Optional[str]]
+"""A case's own check: None when what must (not) happen holds, else what went wrong."""
+
+
+@dataclass
+class Case:
+    name: str
+    args: list  # argv after the interpreter; "{d}" is the case's temporary directory
+    check: Optional[Check] = None
+    setup: Optional[Callable[[Path], None]] = None
+    verdict_rc: tuple = (0,)
+    """Exit statuses that are a verdict, not an error (the doctor's 1: bad samples found)."""
+    driver: Optional[Callable[["Case", Path], Outcome]] = None  # for kills, signals and reruns
+    quick: bool = False
+    skip: Optional[str] = None
+    timeout: int = 300
+
+
+# -- helpers --------------------------------------------------------------------------------------------
+
+
+def run(args: list, d: Path, timeout: int = 300, env: Optional[dict] = None) -> Outcome:
+    argv = [PY, *[str(a).replace("{d}", str(d)) for a in args]]
+    try:
+        p = subprocess.run(argv, cwd=d, env=env or ENV, capture_output=True, text=True, timeout=timeout)
+        return Outcome(p.returncode, p.stdout, p.stderr, d)
+    except subprocess.TimeoutExpired as e:
+        return Outcome(None, _s(e.stdout), _s(e.stderr), d)
+
+
+def _s(b) -> str:
+    return b.decode(errors="replace") if isinstance(b, bytes) else (b or "")
+
+
+def sweep(*overrides: str) -> list:
+    multirun = ["-m"] if "-m" in overrides else []
+    return ["-m", "sweep", *multirun, *FAST, *[o for o in overrides if o != "-m"]]
+
+
+def result(o: Outcome, rel: str = "run") -> Optional[dict]:
+    p = o.dir / rel / "result.json"
+    return json.loads(p.read_text()) if p.exists() else None
+
+
+def exit2_naming(key: str) -> Check:
+    def check(o: Outcome) -> Optional[str]:
+        if o.rc != 2:
+            return f"exit {o.rc}, not 2"
+        if key not in o.err:
+            return f"the line does not name {key}"
+        if list(o.dir.rglob("result.json")):
+            return "a run started"
+        return None
+
+    return check
+
+
+def verdict(expected: str) -> Check:
+    def check(o: Outcome) -> Optional[str]:
+        r = result(o)
+        if r is None:
+            return f"exit {o.rc}, no result.json"
+        got = r.get("verdict") or r.get("status")
+        return None if got == expected else f"result says {got!r} ({r.get('reason')}), not {expected!r}"
+
+    return check
+
+
+def no_secret(o: Outcome) -> Optional[str]:
+    if o.rc != 2:
+        return f"exit {o.rc}, not 2"
+    for p in o.dir.rglob("*"):
+        if p.is_file() and b"cr3t" in p.read_bytes():
+            return f"the password is written in {p.relative_to(o.dir)}"
+    return None
+
+
+def base_run(d: Path, name: str = "base", *extra: str) -> Path:
+    """A real 2-step run (with checkpoints) to copy from: made once per bench, copied per case."""
+    cache = BASE / name
+    if not (cache / "result.json").exists():
+        o = run(sweep("steps=2", "checkpoint.every=1", f"hydra.run.dir={cache}", *extra), BASE)
+        assert (cache / "result.json").exists(), o.text[-2000:]
+    return cache
+
+
+def copy_run(d: Path, rel: str = "sweepdir/0", name: str = "base") -> Path:
+    dst = d / rel
+    shutil.copytree(base_run(d, name), dst)
+    return dst
+
+
+def report_names_skip(o: Outcome) -> Optional[str]:
+    if o.rc != 0:
+        return f"exit {o.rc}"
+    if "1/result.json" not in o.text and "/1" not in o.text:
+        return "the damaged result.json is not named"
+    return None
+
+
+def damaged_report(content) -> Callable[[Path], None]:
+    def setup(d: Path) -> None:
+        copy_run(d, "sweepdir/0")
+        bad = copy_run(d, "sweepdir/1")
+        r = json.loads((bad / "result.json").read_text())
+        text = content(r) if callable(content) else content
+        (bad / "result.json").write_bytes(text if isinstance(text, bytes) else text.encode())
+
+    return setup
+
+
+def report_ok(o: Outcome) -> Optional[str]:
+    return None if o.rc == 0 else f"exit {o.rc}"
+
+
+def ledger_trials(db: Path) -> list:
+    con = sqlite3.connect(db)
+    try:
+        return con.execute("select number, state from trials order by number").fetchall()
+    finally:
+        con.close()
+
+
+# -- drivers: kills, signals, reruns --------------------------------------------------------------------
+
+
+def kill9_rerun(case: Case, d: Path) -> Outcome:
+    """Start the sweep, kill -9 it once a first result.json is written, run the same command again."""
+    argv = [PY, *[str(a).replace("{d}", str(d)) for a in case.args]]
+    p = subprocess.Popen(argv, cwd=d, env=ENV, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    deadline = time.time() + 240
+    while time.time() < deadline and p.poll() is None and not list((d / "s").glob("*/result.json")):
+        time.sleep(0.2)
+    time.sleep(1.0)  # into the next run
+    p.kill()
+    p.wait()
+    o = run(case.args, d, timeout=case.timeout)
+    o.extra["killed_rc"] = p.returncode
+    return o
+
+
+def signal_at_step(sig: int, group: bool = False, needle: str = "step 3/") -> Callable[[Case, Path], Outcome]:
+    def driver(case: Case, d: Path) -> Outcome:
+        argv = [PY, *[str(a).replace("{d}", str(d)) for a in case.args]]
+        p = subprocess.Popen(
+            argv, cwd=d, env=ENV, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True
+        )
+        lines: list = []
+        import threading
+
+        threading.Thread(target=lambda: lines.extend(p.stdout), daemon=True).start()
+        deadline = time.time() + 240
+
+        def started() -> bool:
+            if any(needle in ln for ln in lines):
+                return True
+            for f in [*d.rglob("*.log"), *d.rglob("*_log.out"), *d.rglob("*_log.err"), *d.rglob("metrics.csv")]:
+                if f.name == "metrics.csv":
+                    if f.read_text(errors="replace").count("\n") > 4:
+                        return True
+                    continue
+                try:
+                    if needle in f.read_text(errors="replace"):
+                        return True
+                except OSError:
+                    pass
+            return False
+
+        while time.time() < deadline and p.poll() is None and not started():
+            time.sleep(0.2)
+        os.killpg(p.pid, sig) if group else p.send_signal(sig)
+        try:
+            p.wait(timeout=120)
+        except subprocess.TimeoutExpired:
+            pass
+        for _ in range(100):
+            left = subprocess.run(["pgrep", "-g", str(p.pid)], capture_output=True, text=True).stdout.split()
+            if not left:
+                break
+            time.sleep(0.1)
+        for pid in left:
+            try:
+                os.kill(int(pid), signal.SIGKILL)
+            except OSError:
+                pass
+        time.sleep(0.5)
+        o = Outcome(p.returncode, "".join(lines), "", d, {"left": left})
+        o.extra["statuses"] = [json.loads(f.read_text())["status"] for f in (d / "s").glob("*/result.json")]
+        db = d / "s" / "ledger.db"
+        o.extra["trials"] = ledger_trials(db) if db.exists() else []
+        if case.check is not None:  # the resume: the same command again
+            again = run(case.args, d, timeout=case.timeout)
+            o.extra["rerun"] = again
+        return o
+
+    return driver
+
+
+def interrupted_and_resumed(sig: int) -> Check:
+    def check(o: Outcome) -> Optional[str]:
+        if o.rc != 128 + sig:
+            return f"exit {o.rc}, not {128 + sig}"
+        if o.extra.get("left"):
+            return f"processes left running: {o.extra['left']}"
+        statuses = o.extra["statuses"]
+        if not statuses or any(s != "interrupted" for s in statuses):
+            return f"statuses after the signal: {statuses}"
+        if any(state == "RUNNING" for _, state in o.extra["trials"]):
+            return "a trial is left RUNNING"
+        again = o.extra["rerun"]
+        if again.rc != 0:
+            return f"the rerun exits {again.rc}"
+        final = sorted(json.loads(p.read_text())["status"] for p in (o.dir / "s").glob("*/result.json"))
+        if final.count("stable") < 3:
+            return f"after the rerun: {final}"
+        return None
+
+    return check
+
+
+def every_cell_once(cells: int, optuna: bool = False) -> Check:
+    def check(o: Outcome) -> Optional[str]:
+        if o.rc != 0:
+            return f"the rerun exits {o.rc}: {o.err.strip().splitlines()[-1:]}"
+        results = [json.loads(p.read_text()) for p in (o.dir / "s").glob("*/result.json")]
+        lrs = sorted(r["params"].get("optim.lr") for r in results if r["status"] in ("stable", "diverged"))
+        if len(set(lrs)) != cells or len(lrs) != cells:
+            return f"finished cells after the rerun: {lrs}"
+        summary = (o.dir / "s" / "summary.md").read_text() if (o.dir / "s" / "summary.md").exists() else ""
+        counted = re.search(r"[^\n]*\b\d+ running\b[^\n]*", summary)
+        if counted:
+            return f"summary.md still counts a run as running: {counted[0][:80]}"
+        if optuna and any(state == "RUNNING" for _, state in ledger_trials(o.dir / "s" / "ledger.db")):
+            return "a trial is left RUNNING"
+        return None
+
+    return check
+
+
+# -- the cases ------------------------------------------------------------------------------------------
+
+FLOAT_KEYS = [
+    "optim.lr",
+    "optim.weight_decay",
+    "optim.eps",
+    "optim.grad_clip",
+    "monitor.spike_factor",
+    "monitor.ema_beta",
+    "precision.scaler.init_scale",
+    "data.range_limit",
+    "model.qk_gain",
+    "objective.flow_shift",
+    "objective.loss_weight",
+    "ledger.pruner.upper",
+    "+tag",
+]
+
+LONG = "a" * 300
+
+
+def cases() -> list[Case]:
+    root = os.geteuid() == 0
+    cs: list[Case] = []
+    # Finding: inf/nan on the command line; variant: every float key, both values, and a grid cell.
+    for key in FLOAT_KEYS:
+        for value in ("inf", "nan"):
+            cs.append(
+                Case(
+                    f"float {key}={value}",
+                    sweep(f"{key}={value}", "hydra.run.dir={d}/run"),
+                    exit2_naming(key.lstrip("+")),
+                    quick=key == "optim.lr",
+                )
+            )
+    cs.append(
+        Case(
+            "grid cell optim.lr=inf",
+            sweep("-m", "optim.lr=1e-3,inf", "hydra.sweep.dir={d}/s"),
+            exit2_naming("optim.lr"),
+            quick=True,
+        )
+    )
+    cs.append(
+        Case("betas [0.9,nan]", sweep("optim.betas=[0.9,nan]", "hydra.run.dir={d}/run"), exit2_naming("optim.betas"))
+    )
+    # Other values a user types.
+    for over, key in [
+        ("threads=100000", "threads"),
+        ("seed=100000000000000000000000000", "seed"),
+        ("seed=-1", "seed"),
+        ("steps=0", "steps"),
+        ("optim.lrr=1e-3", "optim.lrr"),
+        ("optim.lr=fast", "optim.lr"),
+        ("optim.lr=", "optim.lr"),
+        ("precision=fp8", "precision"),
+        ("precision=null", "precision"),
+        ("replicates=0", "replicates"),
+        ("data=video_folder", "data.path"),
+        ("data.channels=2147483648", "data.channels"),
+        ("data.batch_size=100000000", "data.batch_size"),
+        ("data.num_samples=100000000", "data.num_samples"),
+        ("model.width=1048576", "model.width"),
+        ("model.depth=1000000000", "model.depth"),
+        ("+ünïcödé=1", "nïcödé"),
+    ]:
+        cs.append(
+            Case(
+                f"value {over}",
+                sweep(over, "hydra.run.dir={d}/run"),
+                exit2_naming(key),
+                quick=over.startswith(("threads", "data.channels")),
+            )
+        )
+    cs.append(
+        Case(
+            "huge seed in a grid",
+            sweep("-m", "seed=0,100000000000000000000000000", "hydra.sweep.dir={d}/s"),
+            exit2_naming("seed"),
+        )
+    )
+    cs.append(Case("300-char run dir", sweep(f"hydra.run.dir={{d}}/{LONG}"), exit2_naming("hydra.run.dir"), quick=True))
+    cs.append(
+        Case(
+            "300-char sweep subdir",
+            sweep("-m", "optim.lr=1e-3,2e-3", "hydra.sweep.dir={d}/s", f"hydra.sweep.subdir={LONG}"),
+            exit2_naming("hydra.sweep.subdir"),
+        )
+    )
+
+    # Finding: model.init_from missing / text / empty or bad weights files.
+    cs.append(
+        Case(
+            "init_from missing",
+            sweep("model.init_from={d}/nope.safetensors", "hydra.run.dir={d}/run"),
+            exit2_naming("model.init_from"),
+            quick=True,
+        )
+    )
+    cs.append(
+        Case(
+            "init_from text file",
+            sweep("model.init_from={d}/notes.txt", "hydra.run.dir={d}/run"),
+            exit2_naming("model.init_from"),
+            setup=lambda d: (d / "notes.txt").write_text("hi"),
+        )
+    )
+    for name, data in [
+        ("empty.safetensors", b""),
+        ("junk.safetensors", os.urandom(4096)),
+        ("junk.pt", os.urandom(4096)),
+        ("empty.pt", b""),
+    ]:
+        cs.append(
+            Case(
+                f"init_from {name}",
+                sweep(f"model.init_from={{d}}/{name}", "hydra.run.dir={d}/run", "steps=2"),
+                verdict("corrupt_checkpoint"),
+                setup=lambda d, name=name, data=data: (d / name).write_bytes(data),
+                quick=name == "empty.safetensors",
+            )
+        )
+    cs.append(
+        Case(
+            "init_from a pickle bomb .pt",
+            sweep("model.init_from={d}/bomb.pt", "hydra.run.dir={d}/run", "steps=2"),
+            lambda o: verdict("corrupt_checkpoint")(o) or ("the pickle ran" if (o.dir / "PWNED").exists() else None),
+            setup=lambda d: __import__("pickle").dump(_Bomb(str(d / "PWNED")), open(d / "bomb.pt", "wb")),
+        )
+    )
+
+    # Finding: resume from a checkpoint of another size or precision; variants: a manifest without bytes.
+    ck = "{d}/sweepdir/0/checkpoints/step_000002"
+    cs.append(
+        Case(
+            "resume_from another width",
+            sweep(f"checkpoint.resume_from={ck}", "model.width=64", "hydra.run.dir={d}/run", "steps=4"),
+            lambda o: (
+                None
+                if o.rc == 2 and "model.width" in o.err
+                else (verdict("corrupt_checkpoint")(o) if "width" in o.text else "the keys that differ are not named")
+            ),
+            setup=lambda d: copy_run(d),
+            quick=True,
+        )
+    )
+    cs.append(
+        Case(
+            "resume_from another precision",
+            sweep(f"checkpoint.resume_from={ck}", "precision=fp16_pure", "hydra.run.dir={d}/run", "steps=4"),
+            lambda o: (
+                None
+                if o.rc == 2 and "precision" in o.err
+                else ("the precision mismatch is not named" if "precision" not in o.text else None)
+            ),
+            setup=lambda d: copy_run(d),
+        )
+    )
+    cs.append(
+        Case(
+            "resume fp32 checkpoint with fp16_amp",
+            sweep(f"checkpoint.resume_from={ck}", "precision=fp16_amp", "hydra.run.dir={d}/run", "steps=4"),
+            lambda o: None if o.rc == 2 or "scale" in o.text.lower() else "trains at loss scale 1.0 without a word",
+            setup=lambda d: copy_run(d),
+        )
+    )
+
+    def drop_bytes(d: Path) -> None:
+        run_dir = copy_run(d)
+        m = run_dir / "checkpoints" / "step_000002" / "manifest.json"
+        j = json.loads(m.read_text())
+        files = j.get("files", j)
+        for entry in files.values() if isinstance(files, dict) else files:
+            if isinstance(entry, dict):
+                entry.pop("bytes", None)
+        m.write_text(json.dumps(j))
+
+    cs.append(
+        Case(
+            "manifest entry without bytes",
+            sweep(f"checkpoint.resume_from={ck}", "hydra.run.dir={d}/run", "steps=4"),
+            lambda o: None if o.rc == 2 else verdict("corrupt_checkpoint")(o),
+            setup=drop_bytes,
+        )
+    )
+
+    def flip_weights(d: Path) -> None:
+        f = copy_run(d) / "checkpoints" / "step_000002" / "model.safetensors"
+        b = bytearray(f.read_bytes())
+        b[-5] ^= 0xFF
+        f.write_bytes(bytes(b))
+
+    cs.append(
+        Case(
+            "resume a bit-flipped checkpoint",
+            sweep(f"checkpoint.resume_from={ck}", "hydra.run.dir={d}/run", "steps=4"),
+            verdict("corrupt_checkpoint"),
+            setup=flip_weights,
+        )
+    )
+
+    # Finding: command-line passwords (every bypass).
+    for name, over in [
+        ("user:pw@", "ledger.storage=postgresql://me:s3cr3t@db/x"),
+        ("?password=", "ledger.storage=postgresql://me@db/x?password=s3cr3t"),
+        ("ledger={storage:...}", "ledger={storage:'postgresql://me:s3cr3t@db/x'}"),
+        ("/ in password", "ledger.storage=postgresql://me:s3/cr3t@db/x"),
+        ("sweep of URLs", "ledger.storage=sqlite:///a.db,postgresql://me:s3cr3t@db/x"),
+        ("mlflow URI", "logger.mlflow.tracking_uri=http://me:s3cr3t@mlflow:5000"),
+    ]:
+        cs.append(Case(f"password {name}", sweep(over, "hydra.run.dir={d}/run"), no_secret, quick=name == "?password="))
+    cs.append(
+        Case(
+            "plain postgresql:// URL, server down",
+            sweep(
+                "ledger.storage=postgresql://me@127.0.0.1:9/x",
+                "hydra.run.dir={d}/run",
+                "steps=2",
+                "ledger.lock_timeout_s=5",
+            ),
+            lambda o: "asks for a driver" if "No module named" in o.text else None,
+        )
+    )
+
+    # Finding: the report on damaged result.json files (every variant).
+    for name, content in [
+        ("a list", "[1, 2]"),
+        ("truncated", lambda r: json.dumps(r)[:40]),
+        ("empty", ""),
+        ("not UTF-8", b"\xff\xfe\x00garbage"),
+        ("cause as a string", lambda r: json.dumps({**r, "cause": "boom"})),
+        ("params as a list", lambda r: json.dumps({**r, "params": [1, 2]})),
+        ("an integer of 10^30", lambda r: json.dumps({**r, "steps_run": 10**30, "final_loss": 10**30})),
+        ("status unknown", lambda r: json.dumps({**r, "status": "weird"})),
+        ("NaN literal", lambda r: json.dumps(r).replace(str(r["final_loss"]), "NaN")),
+    ]:
+        check = (
+            report_ok
+            if name in ("cause as a string", "params as a list", "an integer of 10^30", "NaN literal")
+            else report_names_skip
+        )
+        cs.append(
+            Case(
+                f"report: result.json {name}",
+                ["-m", "sweep.report", "{d}/sweepdir", "--no-html"],
+                check,
+                setup=damaged_report(content),
+                quick=name == "a list",
+            )
+        )
+    cs.append(
+        Case(
+            "report: no such dir",
+            ["-m", "sweep.report", "{d}/nothing"],
+            lambda o: None if o.rc in (1, 2) else f"exit {o.rc}",
+        )
+    )
+
+    def xss(o: Outcome) -> Optional[str]:
+        if o.rc != 0:
+            return f"exit {o.rc}"
+        for f in [o.dir / "s" / "summary.md", *o.dir.rglob("report.html")]:
+            if f.exists() and "<script>alert" in f.read_text():
+                return f"raw <script> in {f.name}"
+        return None
+
+    cs.append(
+        Case(
+            "<script> in summary.md",
+            sweep("-m", "optim.lr=1e-3,2e-3", "+tag='<script>alert(1)</script>'", "hydra.sweep.dir={d}/s", "steps=2"),
+            xss,
+            timeout=400,
+        )
+    )
+
+    # Finding: replay out of range, and on a stable run.
+    cs.append(
+        Case(
+            "replay --step -3",
+            ["-m", "sweep.replay", "{d}/sweepdir/0", "--step", "-3"],
+            lambda o: None if o.rc == 2 else f"exit {o.rc}",
+            setup=lambda d: copy_run(d),
+            quick=True,
+        )
+    )
+    cs.append(
+        Case(
+            "replay --step 999",
+            ["-m", "sweep.replay", "{d}/sweepdir/0", "--step", "999"],
+            lambda o: None if o.rc == 2 else f"exit {o.rc}",
+            setup=lambda d: copy_run(d),
+        )
+    )
+    cs.append(
+        Case(
+            "replay a stable run",
+            ["-m", "sweep.replay", "{d}/sweepdir/0"],
+            lambda o: (
+                "claims the loss went non-finite"
+                if "went non-finite" in o.out.replace("nothing went non-finite", "")
+                else None
+            ),
+            setup=lambda d: copy_run(d),
+        )
+    )
+    cs.append(
+        Case(
+            "replay a dir with no run",
+            ["-m", "sweep.replay", "{d}"],
+            lambda o: None if o.rc in (1, 2) else f"exit {o.rc}",
+        )
+    )
+
+    # Finding: the doctor writes through a planted symlink; chmod 000 files.
+    def plant(d: Path) -> None:
+        (d / "data").mkdir()
+        import torch
+
+        torch.save(torch.zeros(3, 4, 8, 8), d / "data" / "a.pt")
+        (d / "victim.txt").write_text("keep me")
+        os.symlink(d / "victim.txt", d / "data" / "doctor_report.json")
+
+    cs.append(
+        Case(
+            "doctor: symlink planted for its report",
+            ["-m", "sweep.doctor", "{d}/data"],
+            lambda o: "wrote through the symlink" if (o.dir / "victim.txt").read_text() != "keep me" else None,
+            setup=plant,
+            quick=True,
+            verdict_rc=(0, 1),  # 1: the zero clip is `constant`, a bad sample found
+        )
+    )
+
+    def unreadable(d: Path) -> None:
+        (d / "data" / "sub").mkdir(parents=True)
+        import torch
+
+        torch.save(torch.zeros(3, 4, 8, 8), d / "data" / "a.pt")
+        torch.save(torch.zeros(3, 4, 8, 8), d / "data" / "sub" / "b.pt")
+        os.chmod(d / "data" / "sub", 0)
+
+    skip_root = "root reads a chmod 000 file anyway" if root else None
+    cs.append(
+        Case(
+            "doctor: unreadable subfolder",
+            ["-m", "sweep.doctor", "{d}/data"],
+            lambda o: "says all clean" if o.rc == 0 else None,
+            setup=unreadable,
+            skip=skip_root,
+            verdict_rc=(1,),
+        )
+    )
+    cs.append(
+        Case(
+            "init_from chmod 000",
+            sweep("model.init_from={d}/w.safetensors", "hydra.run.dir={d}/run"),
+            lambda o: "reported as missing" if "No such file" in o.text else None,
+            setup=lambda d: ((d / "w.safetensors").write_bytes(b"x"), os.chmod(d / "w.safetensors", 0)),
+            skip=skip_root,
+        )
+    )
+
+    # Finding: two sweeps in one sweep dir.
+    def two_sweeps(case: Case, d: Path) -> Outcome:
+        first = run(sweep("-m", "optim.lr=1e-3,2e-3", "hydra.sweep.dir={d}/s", "steps=2"), d, timeout=400)
+        second = run(case.args, d, timeout=400)
+        second.extra["first"] = first.rc
+        return second
+
+    cs.append(
+        Case(
+            "two sweeps in one sweep dir",
+            sweep("-m", "optim.lr=3e-3,4e-3", "hydra.sweep.dir={d}/s", "steps=2"),
+            lambda o: (
+                None
+                if o.rc == 2 and len(list((o.dir / "s").glob("*/result.json"))) == 2
+                else f"exit {o.rc}, {len(list((o.dir / 's').glob('*/result.json')))} results"
+            ),
+            driver=two_sweeps,
+            timeout=400,
+        )
+    )
+
+    # Finding: kill -9 and the same command again (grid and Optuna grid).
+    grid = sweep("-m", "optim.lr=1e-3,2e-3,3e-3,4e-3", "hydra.sweep.dir={d}/s", "steps=6")
+    cs.append(Case("kill -9 a grid, rerun", grid, every_cell_once(4), driver=kill9_rerun, quick=True, timeout=600))
+    ogrid = sweep(
+        "-m",
+        "hydra/sweeper=optuna_sweep",
+        "hydra.sweeper.sampler.name=grid",
+        "optim.lr=choice(1e-3,2e-3,3e-3,4e-3)",
+        "hydra.sweep.dir={d}/s",
+        "steps=6",
+    )
+    cs.append(
+        Case(
+            "kill -9 an Optuna grid, rerun at once",
+            ogrid,
+            every_cell_once(4, optuna=True),
+            driver=kill9_rerun,
+            timeout=600,
+        )
+    )
+
+    # Finding: signals, per launcher.
+    long = ["steps=200", "log_every=1", "progress=log", "hydra.sweep.dir={d}/s", "optim.lr=1e-3,2e-3,3e-3"]
+    for launcher in ("basic", "joblib", "submitit_local"):
+        extra = [f"hydra/launcher={launcher}"] if launcher != "basic" else []
+        extra += ["hydra.launcher.n_jobs=2"] if launcher == "joblib" else []
+        for sig, group in ((signal.SIGTERM, False), (signal.SIGINT, True)):
+            argv = ["-m", "sweep", "-m", *[f for f in FAST if f != "progress=none"], *long, *extra]
+            cs.append(
+                Case(
+                    f"{signal.Signals(sig).name} to a {launcher} sweep{' (group)' if group else ''}",
+                    argv,
+                    interrupted_and_resumed(sig),
+                    driver=signal_at_step(sig, group),
+                    quick=launcher == "basic" and sig == signal.SIGTERM,
+                    timeout=600,
+                )
+            )
+    oargv = [
+        "-m",
+        "sweep",
+        "-m",
+        *[f for f in FAST if f != "progress=none"],
+        "hydra/sweeper=optuna_sweep",
+        "hydra.sweeper.sampler.name=grid",
+    ]
+    oargv += ["optim.lr=choice(1e-3,2e-3,3e-3)", "steps=200", "log_every=1", "progress=log", "hydra.sweep.dir={d}/s"]
+    cs.append(
+        Case(
+            "SIGTERM to an Optuna sweep",
+            oargv,
+            interrupted_and_resumed(signal.SIGTERM),
+            driver=signal_at_step(signal.SIGTERM),
+            timeout=600,
+        )
+    )
+    return cs
+
+
+class _Bomb:
+    """Unpickling this runs a command: a weights file must never be unpickled with code in it."""
+
+    def __init__(self, path: str) -> None:
+        self.path = path
+
+    def __reduce__(self):
+        return (os.system, (f"touch {self.path}",))
+
+
+# -- classification -------------------------------------------------------------------------------------
+
+
+def classify(case: Case, o: Outcome) -> tuple[str, str]:
+    text = o.text + "".join(e.text for e in o.extra.values() if isinstance(e, Outcome))
+    if o.rc is None:
+        return "unclear", "timed out"
+    if "Traceback (most recent call last)" in text:
+        last = [ln for ln in text.splitlines() if ln.strip()][-1:]
+        return "traceback", last[0][:120] if last else ""
+    signalled = o.rc < 0 or o.rc == 139
+    if signalled and not case.driver:
+        return "traceback", f"killed by signal (rc {o.rc})"
+    problem = case.check(o) if case.check else None
+    if problem:
+        return "wrong", problem
+    if o.rc in (1, 2) and not case.driver and o.rc not in case.verdict_rc:
+        lines = [ln for ln in o.err.splitlines() if ln.strip() and not ln.startswith("[")]
+        if len(lines) != 1:
+            return "unclear", f"exit {o.rc} with {len(lines)} lines on stderr"
+        return "clean", lines[0][:120]
+    if o.rc == 0 and not case.driver and case.args[:2] == ["-m", "sweep"] and "-m" not in case.args[2:3]:
+        r = result(o)
+        if r is not None and r.get("status") is None:
+            return "wrong", "result.json without a status"
+    return "clean", f"exit {o.rc}"
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--quick", action="store_true", help="one case of each kind")
+    ap.add_argument("-k", default=None, help="only the cases whose name contains this")
+    ap.add_argument("--keep", action="store_true", help="keep the cases' directories")
+    args = ap.parse_args()
+    global BASE
+    BASE = Path(tempfile.mkdtemp(prefix="adversarial-"))
+    todo = [c for c in cases() if (not args.quick or c.quick) and (args.k is None or args.k in c.name)]
+    rows, start = [], time.time()
+    for i, case in enumerate(todo, 1):
+        d = BASE / f"case{i:03d}"
+        d.mkdir()
+        t0 = time.time()
+        if case.skip:
+            kind, detail = "skipped", case.skip
+        else:
+            try:
+                if case.setup:
+                    case.setup(d)
+                o = case.driver(case, d) if case.driver else run(case.args, d, case.timeout)
+                kind, detail = classify(case, o)
+            except Exception as e:  # noqa: BLE001  (the bench's own staging failed: say so, go on)
+                kind, detail = "unclear", f"bench: {type(e).__name__}: {e}"[:120]
+        rows.append((case.name, kind, detail, time.time() - t0))
+        print(f"{i:3d}/{len(todo)} {kind:9s} {time.time() - t0:5.1f}s  {case.name}: {detail}", flush=True)
+        if not args.keep:
+            shutil.rmtree(d, ignore_errors=True)
+    print(f"\n{'case':45s} {'outcome':9s} detail")
+    for name, kind, detail, _ in rows:
+        print(f"{name[:45]:45s} {kind:9s} {detail}")
+    totals = {k: sum(1 for r in rows if r[1] == k) for k in ("clean", "traceback", "wrong", "unclear", "skipped")}
+    print(f"\n{len(rows)} cases in {time.time() - start:.0f} s: " + ", ".join(f"{v} {k}" for k, v in totals.items()))
+    if not args.keep:
+        shutil.rmtree(BASE, ignore_errors=True)
+    return 0 if totals["traceback"] + totals["wrong"] + totals["unclear"] == 0 else 1
+
+
+BASE = Path(tempfile.gettempdir())
+
+if __name__ == "__main__":
+    sys.exit(main())
