@@ -37,7 +37,9 @@ def config_error_line(exc: BaseException) -> str | None:
         options = getattr(exc, "options", None)
         head = lines[0] if lines else type(exc).__name__
         if not isinstance(exc, HydraException):
-            head = f"an override Hydra cannot use: {head}"
+            nulls = [a.split("=", 1)[0].lstrip("+~") for a in sys.argv[1:] if _is_null_override(a)]
+            named = f"{', '.join(nulls)}: " if nulls and "NoneType" in head else ""
+            head = f"{named}an override Hydra cannot use: {head}"
         return f"{head} (choose one of: {', '.join(options)})" if options else head
     return None
 
@@ -66,6 +68,13 @@ def _raised_reading_overrides(exc: BaseException) -> bool:
             innermost_hydra = where
         tb = tb.tb_next
     return innermost_hydra is not None and any(m in innermost_hydra for m in _HYDRA_INPUT_MODULES)
+
+
+def _is_null_override(arg: str) -> bool:
+    """`key=null` (or `key=~`) on the command line: a config group given no option (Hydra's message says
+    "Got NoneType" and not which key)."""
+    key, eq, value = arg.partition("=")
+    return bool(eq) and not key.startswith("-") and value.strip().lower() in ("null", "~")
 
 
 def exit_config_error(line: ConfigError | str) -> NoReturn:

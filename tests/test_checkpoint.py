@@ -153,9 +153,11 @@ def test_missing_manifest_and_truncation_are_named(trained, tmp_path):
         checkpoint.load_weights(ckpt)
 
 
-@pytest.mark.parametrize("content", [b"", b"just some text, not safetensors\n"])
-def test_an_empty_or_foreign_safetensors_file_is_a_corrupt_checkpoint(tmp_path, content):
-    path = tmp_path / "w.safetensors"
+@pytest.mark.parametrize(
+    "name,content", [("w.safetensors", b""), ("w.safetensors", b"just some text, not safetensors\n"), ("w.pt", b"")]
+)
+def test_an_empty_or_foreign_safetensors_file_is_a_corrupt_checkpoint(tmp_path, name, content):
+    path = tmp_path / name  # an empty .pt: torch's EOFError has no message (was an IndexError, a run error)
     path.write_bytes(content)
     r = execute(make_run("steps=2", f"model.init_from={path}"), tmp_path / "run", params={})
     assert (r.status, r.verdict, r.first_bad_step, r.cause["where"]) == (

@@ -121,6 +121,7 @@ def _sweep(*args: str, cwd: Path) -> subprocess.CompletedProcess:
         (["threads=100000"], "threads"),  # segfaulted torch (rc 139)
         (["optim.lr=inf"], "optim.lr"),  # not finite
         (["-m", "optim.lr=1e-3,inf", "steps=1"], "optim.lr"),  # not finite, in one cell of a grid
+        (["precision=null"], "precision: "),  # Hydra's own message names no key
     ],
 )
 def test_user_mistake_is_one_line_without_traceback(args, key, tmp_path):

@@ -251,8 +251,10 @@ def load_weights(path: Path, verify: bool = True) -> dict[str, torch.Tensor]:
         try:  # weights_only: tensors and plain containers, never arbitrary pickled objects
             tensors = torch.load(path, map_location="cpu", weights_only=True)
         except Exception as e:
+            said = str(e).strip().splitlines()  # torch's EOFError on an empty file says nothing
+            detail = f"not loadable as weights only: {type(e).__name__}: {said[0]}" if said else None
             raise CorruptCheckpoint(
-                path.name, None, f"not loadable as weights only: {type(e).__name__}: {str(e).splitlines()[0]}"
+                path.name, None, detail or f"empty or corrupt weights file {path} ({type(e).__name__})"
             ) from e
         tensors = tensors.get("state_dict", tensors) if isinstance(tensors, dict) else tensors
         if not isinstance(tensors, dict) or not all(torch.is_tensor(v) for v in tensors.values()):
