@@ -171,10 +171,39 @@ def forwarding_signals(
     for s in signals:
         signal.signal(s, handler)
     try:
-        yield request
+        with _submitit_controllers_ignoring_ctrl_c():
+            yield request
     finally:
         for s, h in previous.items():
             signal.signal(s, h if h is not None else signal.SIG_DFL)
+
+
+@contextlib.contextmanager
+def _submitit_controllers_ignoring_ctrl_c() -> Iterator[None]:
+    """submitit's local controller (a process per job, in the terminal's process group) took Ctrl-C as a
+    KeyboardInterrupt: it printed its own traceback and killed its job (SIGINT, then SIGKILL a second
+    later), sometimes before the run had recorded its trial. Started with SIGINT ignored (kept across exec,
+    and then Python installs no KeyboardInterrupt), it waits for its job, which stops on the forwarded
+    signal. The job inherits the ignore until its run installs its own handlers (stopping_on_signals)."""
+    try:
+        from submitit.local import local
+    except ImportError:
+        yield
+        return
+    start = local.start_controller
+
+    def start_controller(*args, **kwargs):
+        before = signal.signal(signal.SIGINT, signal.SIG_IGN)
+        try:
+            return start(*args, **kwargs)
+        finally:
+            signal.signal(signal.SIGINT, before)
+
+    local.start_controller = start_controller
+    try:
+        yield
+    finally:
+        local.start_controller = start
 
 
 def _being_written(sweep_dir: str | None) -> bool:
