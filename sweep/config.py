@@ -771,7 +771,7 @@ def validate(run: RunConfig) -> RunConfig:
         )
     lt = run.ledger.lock_timeout_s
     _require(lt > 0, "ledger.lock_timeout_s", f"must be > 0, got {lt}")
-    from sweep.sizes import SizeError, check_sizes  # last: it assumes the sizes above are positive
+    from sweep.run.sizes import SizeError, check_sizes  # last: it assumes the sizes above are positive
 
     try:
         check_sizes(run)

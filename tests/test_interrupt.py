@@ -137,7 +137,7 @@ def test_sigterm_stops_a_sweep_process_and_closes_its_trial(tmp_path):
     )
     seen: list[str] = []
     try:
-        _lines_until(proc, "step 3/60", seen)
+        _lines_until(proc, "step 3/400", seen)
         proc.send_signal(signal.SIGTERM)  # what Slurm and `timeout` send
         proc.wait(timeout=60)
     finally:
@@ -335,7 +335,7 @@ def test_a_signal_to_a_sweep_with_job_processes_stops_every_run_and_resumes(tmp_
     the sweep forwards the signal: every run started ends `interrupted` with its trial closed, no process is
     left, exit 128 + signal, and the same command runs every cell."""
     sweep_dir = tmp_path / "sweep"
-    grid = [f"hydra/launcher={launcher}", "optim.lr=1e-3,2e-3,3e-3", "threads=1", "log_every=1", "progress=log"]
+    grid = [f"hydra/launcher={launcher}", "optim.lr=1e-3,2e-3", "threads=1", "log_every=1", "progress=log"]
     grid += ["steps=60"]
     grid += ["hydra.launcher.n_jobs=2"] if launcher == "joblib" else []
     cmd = [sys.executable, "-m", "sweep", "-m", *FAST_ARGS, f"hydra.sweep.dir={sweep_dir}", *grid]
@@ -370,9 +370,9 @@ def test_a_signal_to_a_sweep_with_job_processes_stops_every_run_and_resumes(tmp_
     assert not left, subprocess.run(
         ["ps", "-o", "pid,ppid,stat,args", "-g", str(proc.pid)], capture_output=True, text=True
     ).stdout
-    # Ctrl-C to the group also reaches submitit's own controller process, which prints its KeyboardInterrupt
-    # traceback (submitit's code, docs/reliability.md); no other traceback is allowed.
-    assert "Traceback" not in text, text  # submitit's controller printed one on Ctrl-C: now it ignores it
+    # Ctrl-C to the group reaches submitit's own controller process too: it used to print a KeyboardInterrupt
+    # traceback and kill its job before the trial was recorded; it now ignores SIGINT. No traceback at all.
+    assert "Traceback" not in text, text
     results = {p.parent.name: json.loads(p.read_text()) for p in sweep_dir.glob("*/result.json")}
     assert results and all(r["status"] == "interrupted" for r in results.values()), results
     unfinished = {p.name for p in sweep_dir.iterdir() if p.name.isdigit()} - set(results)
@@ -387,4 +387,4 @@ def test_a_signal_to_a_sweep_with_job_processes_stops_every_run_and_resumes(tmp_
     done = subprocess.run(cmd, cwd=REPO, env=sweep_env(), capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr
     statuses = sorted(json.loads(p.read_text())["status"] for p in sweep_dir.glob("*/result.json"))
-    assert statuses == ["stable"] * 3, statuses
+    assert statuses == ["stable"] * 2, statuses

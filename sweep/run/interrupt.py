@@ -22,8 +22,6 @@ import time
 from pathlib import Path
 from typing import Iterator
 
-from omegaconf import OmegaConf
-
 STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM)
 
 _RT = getattr(signal, "SIGRTMIN", None)
@@ -273,7 +271,9 @@ def launch_forwarding_signals(launcher, job_overrides, initial_job_idx: int):
     (an interrupted job raises SystemExit in its process, which the launcher passes on), the sweep says so
     in one line and exits with 128 + the signal's number, as with in-process jobs (sweep/job.py)."""
     config = getattr(launcher, "config", None)  # Hydra's launchers keep the sweep's config from setup()
-    sweep_dir = OmegaConf.select(config, "hydra.sweep.dir") if config is not None else None
+    sweep_dir = None
+    with contextlib.suppress(Exception):  # a DictConfig: no omegaconf import in run/ (tests/test_layout.py)
+        sweep_dir = str(config.hydra.sweep.dir)
     with forwarding_signals(launcher, sweep_dir) as request:
         try:
             returns = launcher.launch(job_overrides, initial_job_idx=initial_job_idx)

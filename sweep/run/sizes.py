@@ -19,10 +19,7 @@ the estimate, the limit and the keys to lower. A custom model (arch=custom) is b
 from __future__ import annotations
 
 import functools
-from typing import TYPE_CHECKING, Optional
-
-if TYPE_CHECKING:
-    from sweep.config import RunConfig
+from typing import Any, Optional
 
 BYTES_PER_VALUE = 4
 """float32: what data is rendered and batched in, before any cast to the run's precision."""
@@ -47,9 +44,9 @@ class SizeError(ValueError):
         self.key = key
 
 
-def check_sizes(run: RunConfig) -> None:
-    """Raise SizeError when a batch, the synthetic data set or the model is over its limit."""
-    from sweep.config import Arch, DataSource
+def check_sizes(run: Any) -> None:
+    """Raise SizeError when a batch, the synthetic data set or the model (of `run`, a sweep.config.RunConfig,
+    which imports this module: so no import of it here, and its enums compared by value) is over its limit."""
 
     d = run.data
     clip = d.channels * d.frames * d.height * d.width
@@ -59,7 +56,7 @@ def check_sizes(run: RunConfig) -> None:
         batches.append(("eval.batch_size", min(run.eval.batch_size, run.eval.samples), "one evaluation batch"))
     for key, clips, what in batches:
         _check_bytes(what, clips * clip, f"{clips} x {shape}", BATCH_BYTES_LIMIT, f"lower {key}, {DATA_KEYS}")
-    if d.source is DataSource.synthetic:
+    if d.source.value == "synthetic":
         _check_bytes(
             "the synthetic data set (rendered whole)",
             d.num_samples * clip,
@@ -68,7 +65,7 @@ def check_sizes(run: RunConfig) -> None:
             f"lower data.num_samples, {DATA_KEYS}",
         )
     m = run.model
-    if m.arch in (Arch.dit, Arch.video_dit):
+    if m.arch.value in ("dit", "video_dit"):
         n = _native_params(
             m.arch.value, m.size, m.width, m.depth, m.patch_size, m.qk_norm, d.channels, d.frames, d.height
         )
@@ -76,7 +73,7 @@ def check_sizes(run: RunConfig) -> None:
         what = f"model.arch={m.arch.value} size {m.size}" + "".join(
             f" {k}={v}" for k, v in (("width", m.width), ("depth", m.depth)) if v is not None
         )
-    elif m.arch is Arch.diffusers:
+    elif m.arch.value == "diffusers":
         n = _diffusers_params(m.name, d.channels, d.frames, d.height, d.width, m.patch_size)
         lower = f"lower {DATA_KEYS}, or raise model.patch_size"
         what = f"model.arch=diffusers {m.name} with data.channels={d.channels}"
