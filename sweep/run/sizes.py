@@ -110,47 +110,34 @@ def _native_params(
 ) -> Optional[int]:
     """Parameters of a native DiT / VideoDiT: counted on the meta device at two depths, then extrapolated
     linearly (every block has the same parameters). None when it cannot be built (validate names why)."""
-    from models.registry import MODEL_SIZES
+    import torch
+
+    from models.registry import MODEL_SIZES, build_model, count_params
+
+    def at_depth(blocks: int) -> Optional[int]:
+        try:
+            with torch.device("meta"):
+                model = build_model(
+                    arch,
+                    size,
+                    input_size=height,
+                    in_channels=channels,
+                    num_frames=None if arch == "dit" else frames,
+                    patch_size=patch_size,
+                    qk_norm=qk_norm,
+                    width=width,
+                    depth=blocks,
+                )
+        except Exception:  # noqa: BLE001  (a shape the model refuses: validate() and the run say why)
+            return None
+        return count_params(model)
 
     blocks = depth if depth is not None else MODEL_SIZES[size]["depth"]
-    counts = [_meta_native(arch, size, width, d, patch_size, qk_norm, channels, frames, height) for d in (2, 4)]
+    counts = [at_depth(d) for d in (2, 4)]
     if None in counts:
         return None
     per_two = counts[1] - counts[0]
     return counts[0] + per_two * (blocks - 2) // 2
-
-
-def _meta_native(
-    arch: str,
-    size: str,
-    width: Optional[int],
-    depth: int,
-    patch_size: int,
-    qk_norm: bool,
-    channels: int,
-    frames: int,
-    height: int,
-) -> Optional[int]:
-    import torch
-
-    from models.registry import build_model, count_params
-
-    try:
-        with torch.device("meta"):
-            model = build_model(
-                arch,
-                size,
-                input_size=height,
-                in_channels=channels,
-                num_frames=None if arch == "dit" else frames,
-                patch_size=patch_size,
-                qk_norm=qk_norm,
-                width=width,
-                depth=depth,
-            )
-    except Exception:  # noqa: BLE001  (a shape the model refuses: validate() and the run say why)
-        return None
-    return count_params(model)
 
 
 @functools.lru_cache(maxsize=64)
