@@ -149,9 +149,8 @@ class _Loop:
             indices = parts.order.indices(step)
             if self.batches is not None:  # drawn and checked on the device: the flag comes with the rows
                 x0 = self.batches.batch(step)
-                flags.append(
-                    self.batches.bad(x0) if run.data.check else torch.zeros((), dtype=torch.bool, device=x0.device)
-                )
+                if run.data.check:  # no flags when unchecked: no step of the window is then bad input
+                    flags.append(self.batches.bad(x0))
             else:
                 x0, issue = load_checked_batch(parts.dataset, indices, run.data.range_limit, run.data.check)
                 if issue is not None:
