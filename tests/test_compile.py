@@ -28,6 +28,10 @@ MODULATE = "dit_sweep::modulate"
 
 SMALL = ["device=cpu", "threads=1", "steps=3", "data.batch_size=2", "ledger.enabled=false"]
 
+# With pytest -n: the compiling tests on one worker, one after another, so each graph compiles once and the
+# others take it from inductor's caches (a cold compile is tens of seconds on a 2-core CI machine).
+pytestmark = pytest.mark.xdist_group("inductor")
+
 
 class ProfileSteps:
     """A step hook that profiles the training loop's steps after `start` up to `stop` (compiled ones)."""

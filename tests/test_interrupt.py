@@ -333,7 +333,7 @@ def test_a_signal_to_a_sweep_with_job_processes_stops_every_run_and_resumes(tmp_
     """Jobs in processes of their own: before, SIGTERM killed only the sweep process (its jobs trained on,
     orphaned) and Ctrl-C with joblib was a KeyboardInterrupt traceback that killed a worker mid-record. Now
     the sweep forwards the signal: every run started ends `interrupted` with its trial closed, no process is
-    left, exit 128 + signal, and the same command runs every cell."""
+    left, exit 128 + signal, and the same command runs every cell (checked after Ctrl-C, the harder case)."""
     sweep_dir = tmp_path / "sweep"
     grid = [f"hydra/launcher={launcher}", "optim.lr=1e-3,2e-3", "threads=1", "log_every=1", "progress=log"]
     grid += ["steps=60"]
@@ -383,6 +383,8 @@ def test_a_signal_to_a_sweep_with_job_processes_stops_every_run_and_resumes(tmp_
     trials = optuna.load_study(study_name=str(sweep_dir), storage=storage).trials
     assert len(trials) == len(results) and all(t.user_attrs.get("status") == "interrupted" for t in trials)
     assert not [t for t in trials if t.state is TrialState.RUNNING]
+    if not to_group:  # the resume of a sweep whose runs all ended interrupted is the same for either signal:
+        return  # the Ctrl-C cases run it, with the job that died starting (no result.json, no trial) besides
 
     done = subprocess.run(cmd, cwd=REPO, env=sweep_env(), capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr
