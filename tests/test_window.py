@@ -62,19 +62,31 @@ def test_a_window_gives_every_verdict_and_row_of_one_sync_per_step(tmp_path, nam
         sync_every = 3
     alone, alone_rows = outcome(tmp_path, overrides, 1)
     assert alone.verdict == verdict and (bad_step is None or alone.first_bad_step == bad_step), alone
-    host_steps = []
-    one = train_module._Loop.one
+    host_steps, loops = [], []  # steps run alone, by any loop (forensics replays too) / the loops, as made
+    one, init = train_module._Loop.one, train_module._Loop.__init__
     monkeypatch.setattr(
-        train_module._Loop, "one", lambda self, step, probe=None: host_steps.append(step) or one(self, step, probe)
+        train_module._Loop,
+        "one",
+        lambda self, step, probe=None: host_steps.append((self, step)) or one(self, step, probe),
     )
+    monkeypatch.setattr(train_module._Loop, "__init__", lambda self, *a: loops.append(self) or init(self, *a))
     windowed, windowed_rows = outcome(tmp_path, overrides, sync_every)
+    alone_in_run = [s for loop, s in host_steps if loop is loops[0]]  # the run's own loop, not a replay's
+    host_steps = [s for _, s in host_steps]
     assert windowed_rows == alone_rows
     for key in ("status", "verdict", "first_bad_step", "cause", "steps_run", "final_loss", "eval_loss"):
         assert repr(getattr(windowed, key)) == repr(getattr(alone, key)), key  # repr: nan == nan
+    # result.json's `sync` says how the steps met the host: a sync per step alone and per window
+    sync = windowed.sync
+    assert sync["every"] == sync_every and sync["syncs"] == len(alone_in_run) + sync["windows"], sync
+    assert 0 <= sync["ran_past_first_bad"] <= sync_every - 1 and sync["taken_back"] <= sync["windows"], sync
+    assert alone.sync == {"every": 1, "syncs": alone.steps_run, "windows": 0, "taken_back": 0, "ran_past_first_bad": 0}
+    if name == "bad_input_at_step_0":  # the window [0, 4) ran whole before its one sync showed step 0's batch
+        assert sync == {"every": 4, "syncs": 2, "windows": 1, "taken_back": 1, "ran_past_first_bad": 3}
     if name == "overflow_skips_then_stable":  # a skipping step takes its window back; once the scale
         assert 0 < len(host_steps) < 24  # settles, windows stand
     elif verdict is None:
-        assert host_steps == []  # every window stood: no step needed the host alone
+        assert host_steps == [] and sync["taken_back"] == 0  # every window stood: no step needed the host alone
     elif verdict != "stalled":  # a stall check is the last step of a window that stands; any other bad step
         assert alone.first_bad_step in host_steps  # is decided one sync at a time, its window taken back
 
@@ -121,6 +133,11 @@ def test_a_pack_in_windows_gives_every_run_what_one_sync_per_step_gives(tmp_path
         results = execute_pack(runs, dirs, [{}] * len(runs), [str(i) for i in range(len(runs))])
         rows = [(d / "metrics.csv").read_bytes() if (d / "metrics.csv").exists() else b"" for d in dirs]
         got[sync] = ([(r.status, r.verdict, r.first_bad_step, repr(r.cause), r.steps_run) for r in results], rows)
+        syncs = [r.sync for r in results]
+        if sync == 1:
+            assert all(s["windows"] == 0 and s["syncs"] == r.steps_run for s, r in zip(syncs, results)), syncs
+        else:  # the pack's window is its smallest: 3 steps, so at most 2 ran past a first bad step
+            assert all(s["windows"] > 0 and s["ran_past_first_bad"] <= 2 for s in syncs), syncs
     assert got[3] == got[1]
     assert any(stood for stood, _ in outcomes) and not all(stood for stood, _ in outcomes)  # both kinds ran
     verdicts = {v for _, v, *_ in got[1][0]}

@@ -34,6 +34,7 @@ from sweep.run.precision import PrecisionPolicy
 from sweep.run.progress import RunProgress
 from sweep.run.results import MetricSink, MetricsLog, RunResult, package_versions, write_result
 from sweep.run.train import StepHook, train
+from sweep.run.window import Syncs
 
 log = logging.getLogger("sweep")
 
@@ -64,12 +65,12 @@ def execute(
             hooks = [CheckpointHook(out_dir, run.checkpoint.every, run.checkpoint.keep), *hooks]
         evaluator = make_evaluator(run, parts)
         progress = RunProgress(run.steps, run.progress, run.log_every, label)
-        train_start = time.perf_counter()
+        train_start, syncs = time.perf_counter(), Syncs(run.monitor.sync_every)
         try:
-            divergence = train(run, parts, metrics, progress, hooks=hooks, evaluator=evaluator)
+            divergence = train(run, parts, metrics, progress, hooks=hooks, evaluator=evaluator, syncs=syncs)
         finally:
             progress.close()
-        conclude(result, run, parts, divergence, metrics, time.perf_counter() - train_start, hooks, evaluator)
+        conclude(result, run, parts, divergence, metrics, time.perf_counter() - train_start, hooks, evaluator, syncs)
     except Exception as e:  # noqa: BLE001  (see fail)
         fail(result, e)
     finally:
@@ -133,8 +134,10 @@ def conclude(
     train_seconds: float,
     hooks: Sequence[StepHook] = (),
     evaluator: Evaluator | None = None,
+    syncs: Syncs | None = None,
 ) -> None:
-    """Fill `result` from a finished training: kernels, metrics, the verdict, the eval loss, forensics of a NaN."""
+    """Fill `result` from a finished training: kernels, metrics, the verdict, the eval loss, forensics of a NaN,
+    and how the steps met the host (`syncs`)."""
     # What the model ran (its kernels are forced: no fallback), or under compile=true what the profiled
     # compiled graph ran (sweep/run/compiled.py).
     result.kernels = parts.kernels or parts.model.kernels()
@@ -161,6 +164,8 @@ def conclude(
             cause, headroom = locate(run, divergence.verdict, divergence.step, parts.device)
             result.cause = dataclasses.asdict(cause) if cause else result.cause
             result.headroom = headroom
+    if syncs is not None:
+        result.sync = syncs.close(result.first_bad_step).to_dict()
 
 
 def fail(result: RunResult, e: Exception) -> None:

@@ -44,7 +44,7 @@ from sweep.run.results import MetricsLog
 from sweep.run.scaler import DeviceLossScaler
 from sweep.run.step import Steps, first_of
 from sweep.run.train import explain
-from sweep.run.window import window_end
+from sweep.run.window import Syncs, window_end
 
 
 def _cast_like_autocast(m: torch.nn.Module):
@@ -238,14 +238,17 @@ def train_packed(
     metrics: Sequence[MetricsLog],
     progress: RunProgress,
     evaluators: Sequence[Evaluator | None] | None = None,
+    syncs: Sequence[Syncs] | None = None,
 ) -> list[Divergence | None]:
     """Train the runs together; each one's first divergence (None when stable), as sweep.run.train.train would.
 
     `evaluators[k]` measures run k's eval loss when due, as train does, on run k's weight slice forwarded
     alone (no vmap), so a packed run's eval loss is its weights' as a lone run would compute it. With
     monitor.sync_every > 1 the pack runs windows of steps with one sync, taken back as a lone run's are
-    (sweep/run/window.py) when any of its runs has a step the host must decide."""
+    (sweep/run/window.py) when any of its runs has a step the host must decide. `syncs[k]` counts how run k's
+    steps met the host (a window of the pack counts for each of its live runs)."""
     pack = _Pack(runs, parts, metrics, progress, evaluators or [None] * len(runs))
+    syncs = syncs if syncs is not None else [Syncs(r.monitor.sync_every) for r in runs]
     step, host_until, last = 0, -1, max(r.steps for r in runs)
     while step < last:
         live = pack.live_at(step)
@@ -256,12 +259,16 @@ def train_packed(
             size = min(runs[k].monitor.sync_every for k in live)
             end = min(min(window_end(runs[k], step, pack.evaluators[k], size), runs[k].steps) for k in live)
         if end - step == 1:
+            for k in live:
+                syncs[k].one()
             pack.one(step, live)
             step += 1
             continue
         pack.compact(live)
         snapshot = PackSnapshot(pack, live)
         stood, at = pack.window(step, end, live)
+        for k in live:
+            syncs[k].window(pack.ran_to, stood, at)
         if stood:
             step = end
         else:
@@ -343,6 +350,7 @@ class _Pack:
         """Steps start..end-1 of the live runs with one sync: (True, None) when they stood, (False, s) when
         some run's step s needs the host (take the window back)."""
         rows, lrs = [], []
+        self.ran_to = start  # the first step of the window not run (yet)
         for step in range(start, end):
             batches, issues = self.batches(step, live)
             if issues:
@@ -353,6 +361,7 @@ class _Pack:
             rows.append(self.steps.record(loss, StackedGrads(self.model.grads())))
             lrs.append([self.parts[k].lr_at(step) for k in live])
             self.opt.step(live, [True] * len(live), lrs[-1], self.model.params)
+            self.ran_to = step + 1
         fetched = torch.stack(rows).tolist()  # the window's one sync
         decisions = [self.steps.judge(s, row) for s, row in zip(range(start, end), fetched)]
         bad = next((s for s, ds in zip(range(start, end), decisions) if not all(d.stepping for d in ds)), None)

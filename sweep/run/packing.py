@@ -31,6 +31,7 @@ from sweep.run.packed import train_packed
 from sweep.run.precision import PrecisionPolicy
 from sweep.run.progress import RunProgress
 from sweep.run.results import MetricSink, RunResult
+from sweep.run.window import Syncs
 
 log = logging.getLogger("sweep")
 
@@ -153,14 +154,22 @@ def execute_pack(
         train_start = time.perf_counter()
         try:
             evaluators = [make_evaluator(runs[i], parts) for i, parts in built]
+            syncs = [Syncs(runs[i].monitor.sync_every) for i in members]
             divergences = train_packed(
-                [runs[i] for i in members], [p for _, p in built], [metrics[i] for i in members], progress, evaluators
+                [runs[i] for i in members],
+                [p for _, p in built],
+                [metrics[i] for i in members],
+                progress,
+                evaluators,
+                syncs,
             )
             seconds = time.perf_counter() - train_start
-            for (i, parts), divergence, evaluator in zip(built, divergences, evaluators):
+            for (i, parts), divergence, evaluator, sync in zip(built, divergences, evaluators, syncs):
                 results[i].packed = len(members)
                 try:
-                    conclude(results[i], runs[i], parts, divergence, metrics[i], seconds, evaluator=evaluator)
+                    conclude(
+                        results[i], runs[i], parts, divergence, metrics[i], seconds, evaluator=evaluator, syncs=sync
+                    )
                 except Exception as e:  # noqa: BLE001
                     fail(results[i], e)
         except Exception as e:  # noqa: BLE001  (a kernel that refused, or a bug: every run of the pack says so)

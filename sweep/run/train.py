@@ -27,7 +27,7 @@ from sweep.run.monitor import Cause, Divergence
 from sweep.run.progress import RunProgress
 from sweep.run.results import MetricsLog
 from sweep.run.step import LoneGrads, Steps, first_of
-from sweep.run.window import Snapshot, window_end
+from sweep.run.window import Snapshot, Syncs, window_end
 
 
 class StepHook(Protocol):
@@ -48,6 +48,7 @@ def train(
     probe: tuple[int, contextlib.AbstractContextManager] | None = None,
     hooks: Sequence[StepHook] = (),
     evaluator: Evaluator | None = None,
+    syncs: Syncs | None = None,
 ) -> Divergence | None:
     """Train `run.steps` steps; return the first divergence (None when stable).
 
@@ -55,19 +56,24 @@ def train(
     every other step runs hook-free. `hooks` run after every step, in order, all of them. `evaluator`
     measures the eval loss after the update of each step it says is due, until the first verdict
     (sweep/run/evaluate.py: no RNG draw, no grad, so the training curve is the same without it).
+    `syncs` counts how the steps met the host (sweep.run.window.Syncs; its `every` is set here).
     """
     loop = _Loop(run, parts, metrics, progress, hooks, evaluator)
     size = run.monitor.sync_every if probe is None and all(getattr(h, "window_safe", False) for h in hooks) else 1
+    syncs = syncs if syncs is not None else Syncs(size)
+    syncs.every = size
     step, host_until = parts.start_step, -1  # steps up to host_until run one sync each (a window taken back)
     while step < run.steps:
         end = window_end(run, step, evaluator, size) if step > host_until else step + 1
         if end - step == 1:
+            syncs.one()
             if loop.one(step, probe):
                 break
             step += 1
             continue
         snapshot = Snapshot(parts, loop.params)
         stood, at = loop.window(step, end)
+        syncs.window(loop.ran_to, stood, at)
         if stood and at is None:
             step = end
         elif stood:  # a hook or a verdict of the window's last step stopped the run
@@ -145,6 +151,7 @@ class _Loop:
         step s stopped the run; (False, s): step s needs the host, take the window back."""
         run, parts = self.run, self.parts
         rows, flags, lrs = [], [], []
+        self.ran_to = start  # the first step of the window not run (yet)
         for step in range(start, end):
             indices = parts.order.indices(step)
             if self.batches is not None:  # drawn and checked on the device: the flag comes with the rows
@@ -161,6 +168,7 @@ class _Loop:
             rows.append(self.steps.record(loss, self.grads()))
             lrs.append(lr)
             parts.optimizer.step()  # a step the scaler or monitor would have stopped takes the window back
+            self.ran_to = step + 1
         fetched = torch.stack(rows)  # (steps, ROWS, 1)
         if flags:
             fetched = torch.cat([fetched, torch.stack(flags).double().view(-1, 1, 1)], dim=1)

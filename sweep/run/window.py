@@ -20,6 +20,7 @@ or a forensics probe turn windows off.
 from __future__ import annotations
 
 import copy
+from dataclasses import dataclass, field
 
 import torch
 
@@ -38,6 +39,45 @@ def window_end(run: RunConfig, step: int, evaluator: Evaluator | None, size: int
         if (s + 1) % m.stall_window == 0 or (evaluator is not None and evaluator.due(s)):
             return s + 1
     return end
+
+
+@dataclass
+class Syncs:
+    """How a run's steps met the host, result.json's `sync` (counts over the run)."""
+
+    every: int
+    """monitor.sync_every as it ran: 1 when windows were off (sync_every=1, a checkpoint hook, a forensics probe)."""
+    syncs: int = 0
+    """The device syncs the monitor made: one per step run alone, one per window."""
+    windows: int = 0
+    """Windows of several steps run, taken back ones included."""
+    taken_back: int = 0
+    """Windows taken back because a step needed the host (an overflow skip, a verdict, a bad batch)."""
+    ran_past_first_bad: int = 0
+    """Steps that ran after the first bad step before the host saw it: at most every - 1, all of them taken
+    back with their window, so none is in metrics.csv or the weights."""
+    taken_back_at: dict[int, int] = field(default_factory=dict)
+    """Per taken-back window: the step that took it back -> the first step the window did not run."""
+
+    def one(self) -> None:
+        """A step run alone: its own sync."""
+        self.syncs += 1
+
+    def window(self, ran_to: int, stood: bool, at: int | None) -> None:
+        """A window that ran the steps before `ran_to`: it stood, or step `at` took it back."""
+        self.syncs, self.windows = self.syncs + 1, self.windows + 1
+        if not stood:
+            self.taken_back += 1
+            self.taken_back_at[at] = ran_to
+
+    def close(self, first_bad_step: int | None) -> "Syncs":
+        """Count the steps run past the first bad one, now that the run knows it."""
+        if first_bad_step in self.taken_back_at:
+            self.ran_past_first_bad = max(0, self.taken_back_at[first_bad_step] - 1 - first_bad_step)
+        return self
+
+    def to_dict(self) -> dict:
+        return {k: getattr(self, k) for k in ("every", "syncs", "windows", "taken_back", "ran_past_first_bad")}
 
 
 class Snapshot:
