@@ -415,8 +415,7 @@ class PackSnapshot:
         self.opt_steps = list(pack.opt.steps)
         self.noise = [pack.parts[k].noise_gen.get_state() for k in live]
         self.rng = torch.get_rng_state()
-        scaler = pack.steps.scaler
-        self.scaler = {k: getattr(scaler, k).clone() for k in scaler._STATE}
+        self.scaler = pack.steps.scaler.state()
         self.monitors = []
         for k in live:
             numbers, tensors = pack.parts[k].monitor.state_dict()
@@ -432,8 +431,7 @@ class PackSnapshot:
         for k, state in zip(self.live, self.noise):
             pack.parts[k].noise_gen.set_state(state)
         torch.set_rng_state(self.rng)
-        for name, value in self.scaler.items():
-            setattr(pack.steps.scaler, name, value)
+        pack.steps.scaler.restore(self.scaler)
         for k, (numbers, tensors, updates) in zip(self.live, self.monitors):
             pack.parts[k].monitor.load_state_dict(numbers, tensors)
             pack.parts[k].monitor.updates = updates

@@ -9,6 +9,9 @@ decision reaches the host with the loss and gradient norm, in the step's one syn
 
 The scale is float64: its products are exactly the host reference's Python floats, so a run's loss
 scale sequence (and with it every gradient) is bit-for-bit the reference's, whatever the factors.
+`update` writes the state in place: the state tensors keep their storage for the life of the scaler
+(`keep` and `stack` aside, which make a new pack), so a captured CUDA graph that reads and updates them
+advances the same state on every replay.
 tests/test_scaler.py checks it decision by decision against LossScaler and torch.amp.GradScaler.
 """
 
@@ -90,20 +93,20 @@ class DeviceLossScaler:
         """
         on, bad = self.enabled, found_inf & self.enabled
         clean = on & ~found_inf
-        self.consecutive_skips = torch.where(
-            clean, 0, torch.where(bad, self.consecutive_skips + 1, self.consecutive_skips)
+        self.consecutive_skips.copy_(
+            torch.where(clean, 0, torch.where(bad, self.consecutive_skips + 1, self.consecutive_skips))
         )
-        self.hysteresis_left = torch.where(clean, self.hysteresis, self.hysteresis_left)
+        self.hysteresis_left.copy_(torch.where(clean, self.hysteresis, self.hysteresis_left))
         counted = torch.where(clean, self.clean_steps + 1, torch.where(bad, 0, self.clean_steps))
         grow = counted >= self.growth_interval
-        self.scale = torch.where(clean & grow, self.scale * self.growth_factor, self.scale)
-        self.clean_steps = torch.where(clean & grow, 0, counted)
+        self.scale.copy_(torch.where(clean & grow, self.scale * self.growth_factor, self.scale))
+        self.clean_steps.copy_(torch.where(clean & grow, 0, counted))
         at_min = bad & (self.scale <= self.min_scale) & self.stop_at_min
         overflow = bad & ~at_min
         spent = self.hysteresis_left - overflow.long()
         back = overflow & (spent <= 0)
-        self.scale = torch.where(back, torch.maximum(self.scale * self.backoff_factor, self.min_scale), self.scale)
-        self.hysteresis_left = torch.where(back, self.hysteresis, spent)
+        self.scale.copy_(torch.where(back, torch.maximum(self.scale * self.backoff_factor, self.min_scale), self.scale))
+        self.hysteresis_left.copy_(torch.where(back, self.hysteresis, spent))
         too_many = overflow & (self.consecutive_skips > self.max_skips)
         return torch.where(at_min, AT_MIN, torch.where(too_many, TOO_MANY, torch.where(bad, SKIP, STEP)))
 
@@ -115,6 +118,15 @@ class DeviceLossScaler:
         if code == TOO_MANY:
             return f"{skips} consecutive overflow-skipped steps (scale now {scale:g})"
         return ""
+
+    def state(self) -> dict[str, torch.Tensor]:
+        """A copy of the state, for `restore` (a window's snapshot, sweep/run/window.py)."""
+        return {k: getattr(self, k).clone() for k in self._STATE}
+
+    def restore(self, state: dict[str, torch.Tensor]) -> None:
+        """Put back a `state()` copy, in place (the state tensors keep their storage)."""
+        for k, v in state.items():
+            getattr(self, k).copy_(v)
 
     def scale_of(self, i: int = 0) -> float:
         return float(self.scale[i])

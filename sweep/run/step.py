@@ -113,7 +113,7 @@ class Steps:
         float64: loss, gradient norm, the scale the backward used, the scaler's decision code, and the
         consecutive skips and scale after it. Clipping applies to every run whose gradients are finite and
         above its grad_clip; a run the monitor then stops takes no step, so its clipped gradients go unused."""
-        scales = self.scaler.scale  # the scale this backward used (update replaces the tensor)
+        scales = self.scaler.scale.clone()  # the scale this backward used (update changes it in place)
         if self.scaler.any_enabled:
             grads.scale_(self.scaler.inverse())
         norms = grads.norms().to(loss.device)

@@ -93,8 +93,7 @@ class Snapshot:
         self.noise = parts.noise_gen.get_state()
         self.rng = torch.get_rng_state()
         self.cuda_rng = torch.cuda.get_rng_state(parts.device) if parts.device.type == "cuda" else None
-        scaler = parts.scaler
-        self.scaler = {k: getattr(scaler, k).clone() for k in scaler._STATE}
+        self.scaler = parts.scaler.state()
         numbers, tensors = parts.monitor.state_dict()
         self.monitor = (copy.deepcopy(numbers), dict(tensors), parts.monitor.updates)
 
@@ -109,8 +108,7 @@ class Snapshot:
         torch.set_rng_state(self.rng)
         if self.cuda_rng is not None:
             torch.cuda.set_rng_state(self.cuda_rng, parts.device)
-        for k, v in self.scaler.items():
-            setattr(parts.scaler, k, v)
+        parts.scaler.restore(self.scaler)
         numbers, tensors, updates = self.monitor
         parts.monitor.load_state_dict(numbers, tensors)
         parts.monitor.updates = updates

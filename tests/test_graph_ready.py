@@ -1,0 +1,113 @@
+"""What a CUDA graph of the step needs that a CPU can check: no host sync inside it, state at fixed addresses.
+
+A CUDA graph replays the kernels it captured: a value the host reads in the middle of a step (`.item()`,
+`bool(t)`, a data-dependent shape such as `nonzero`) cannot be captured, and a tensor the step replaces
+instead of updating in place is not the one the next replay reads. A window's step (sweep/run/window.py)
+is built to need neither: the batch is a gather on the device, the loss scaler decides there, clipping is a
+multiply by a device factor. These tests hold that in place on the CPU by dispatching every op of the step
+through a mode that records the ones that read a value back to the host. What is left for the GPU: the lr,
+which the loop sets as a Python float each step, and torch's non-capturable AdamW, which reads its step
+count with .item(); both are outside what is checked here (issue #15).
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from torch.utils._python_dispatch import TorchDispatchMode
+
+from sweep.run.execute import prepare
+from sweep.run.packed import StackedGrads, _Pack
+from sweep.run.progress import RunProgress
+from sweep.run.results import MetricsLog, RunResult
+from sweep.run.scaler import DeviceLossScaler
+from sweep.run.train import _Loop
+
+from .conftest import make_run
+
+# The ops that hand a tensor's value to the host, or whose output shape depends on its values.
+SYNCS = {"_local_scalar_dense", "item", "is_nonzero", "equal", "nonzero", "masked_select", "unique"}
+
+
+class HostReads(TorchDispatchMode):
+    """Records every op dispatched inside it that reads a value back to the host."""
+
+    def __init__(self):
+        super().__init__()
+        self.seen: list[str] = []
+        self.ops = 0  # every op seen: a check that saw none would pass for nothing
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        self.ops += 1
+        if func.__name__.split(".")[0] in SYNCS:
+            self.seen.append(str(func))
+        return func(*args, **(kwargs or {}))
+
+
+def test_the_mode_sees_a_host_read():
+    """The check can fail: .item() and a data-dependent shape are caught, plain arithmetic is not."""
+    t = torch.ones(3)
+    with HostReads() as reads:
+        (t * 2).sum()
+    assert reads.seen == []
+    with HostReads() as reads:
+        (t * 2).sum().item()
+        torch.nonzero(t)
+    assert len(reads.seen) == 2, reads.seen
+
+
+STEP_CASES = {  # every branch of the step's device work: loss scaling and its skip, clipping, a bf16 GEMM path
+    "fp16_amp_clip": ["precision=fp16_amp", "optim.grad_clip=0.05"],
+    "fp16_amp_overflow": ["precision=fp16_amp", "objective.loss_weight=1e5"],
+    "bf16_amp_flash": ["precision=bf16_amp", "attention=flash", "modulate=fused"],
+    "fp32_flow": ["precision=fp32", "objective=flow"],
+}
+
+
+@pytest.mark.parametrize("name", list(STEP_CASES))
+def test_a_window_step_reads_nothing_back_to_the_host(tmp_path, name):
+    """Batch gather and check, noise, forward, scaled backward, unscale, norm, scaler decision, clipping."""
+    run = make_run("device=cpu", "threads=1", "steps=4", "monitor.sync_every=4", *STEP_CASES[name])
+    parts = prepare(run, tmp_path, RunResult(status="error"))
+    loop = _Loop(run, parts, MetricsLog(), RunProgress(4, run.progress, 1), (), None)
+    assert loop.batches is not None  # synthetic data on the device
+    for step in range(3):  # step 0 moves the DDPM schedule to the device once (not a sync)
+        with HostReads() as reads:
+            x0 = loop.batches.batch(step)
+            flag = loop.batches.bad(x0)
+            loss, _, _ = loop.forward_backward(step, x0)
+            row = loop.steps.record(loss, loop.grads())
+        assert reads.seen == [] and reads.ops > 500, (reads.seen, reads.ops)
+        assert row.shape == (loop.steps.ROWS, 1) and flag.dim() == 0
+        parts.optimizer.step()  # outside the check: see the module docstring
+        parts.optimizer.zero_grad(set_to_none=True)
+
+
+def test_a_pack_step_reads_nothing_back_to_the_host(tmp_path):
+    """The pack's vmapped forward, backward and record, for runs with their own scales and clipping."""
+    runs = [
+        make_run("device=cpu", "threads=1", "steps=3", "precision=fp16_amp", f"seed={i}", f"optim.grad_clip={c}")
+        for i, c in enumerate([0.0, 0.05])
+    ]
+    parts = [prepare(r, tmp_path / str(i), RunResult(status="error")) for i, r in enumerate(runs)]
+    pack = _Pack(runs, parts, [MetricsLog(), MetricsLog()], RunProgress(3, runs[0].progress, 1), [None, None])
+    live = [0, 1]
+    batches, issues = pack.batches(0, live)  # host-drawn batches: the pack does not gather on the device yet
+    assert not issues
+    with HostReads() as reads:
+        loss, _ = pack.forward_backward(batches, live)
+        pack.steps.record(loss, StackedGrads(pack.model.grads()))
+    assert reads.seen == [] and reads.ops > 500, (reads.seen, reads.ops)
+
+
+def test_the_scaler_updates_its_state_in_place():
+    """A graph replay reads the tensors it captured: update and restore must write into them, not replace them."""
+    scaler = DeviceLossScaler([make_run("precision=fp16_amp").precision.scaler] * 2)
+    tensors = {k: getattr(scaler, k) for k in DeviceLossScaler._STATE}
+    before = scaler.state()
+    scaler.update(torch.tensor([True, False]))
+    assert all(getattr(scaler, k) is t for k, t in tensors.items())
+    assert scaler.scale.tolist() != before["scale"].tolist() or scaler.consecutive_skips.tolist() == [1, 0]
+    scaler.restore(before)
+    assert all(getattr(scaler, k) is t for k, t in tensors.items())
+    assert all(torch.equal(getattr(scaler, k), v) for k, v in before.items())
