@@ -65,7 +65,7 @@ def execute(
             hooks = [CheckpointHook(out_dir, run.checkpoint.every, run.checkpoint.keep), *hooks]
         evaluator = make_evaluator(run, parts)
         progress = RunProgress(run.steps, run.progress, run.log_every, label)
-        train_start, syncs = time.perf_counter(), Syncs(run.monitor.sync_every)
+        train_start, syncs = time.perf_counter(), Syncs()
         try:
             divergence = train(run, parts, metrics, progress, hooks=hooks, evaluator=evaluator, syncs=syncs)
         finally:

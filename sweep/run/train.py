@@ -60,7 +60,7 @@ def train(
     """
     loop = _Loop(run, parts, metrics, progress, hooks, evaluator)
     size = run.monitor.sync_every if probe is None and all(getattr(h, "window_safe", False) for h in hooks) else 1
-    syncs = syncs if syncs is not None else Syncs(size)
+    syncs = syncs if syncs is not None else Syncs()
     syncs.every = size
     step, host_until = parts.start_step, -1  # steps up to host_until run one sync each (a window taken back)
     while step < run.steps:

@@ -45,8 +45,9 @@ def window_end(run: RunConfig, step: int, evaluator: Evaluator | None, size: int
 class Syncs:
     """How a run's steps met the host, result.json's `sync` (counts over the run)."""
 
-    every: int
-    """monitor.sync_every as it ran: 1 when windows were off (sync_every=1, a checkpoint hook, a forensics probe)."""
+    every: int = 1
+    """monitor.sync_every as it ran (set by the loop that runs it): 1 when windows were off (sync_every=1, a
+    checkpoint hook, a forensics probe)."""
     syncs: int = 0
     """The device syncs the monitor made: one per step run alone, one per window."""
     windows: int = 0
