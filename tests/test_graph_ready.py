@@ -4,10 +4,9 @@ A CUDA graph replays the kernels it captured: a value the host reads in the midd
 `bool(t)`, a data-dependent shape such as `nonzero`) cannot be captured, and a tensor the step replaces
 instead of updating in place is not the one the next replay reads. A window's step (sweep/run/window.py)
 is built to need neither: the batch is a gather on the device, the loss scaler decides there, clipping is a
-multiply by a device factor. These tests hold that in place on the CPU by dispatching every op of the step
-through a mode that records the ones that read a value back to the host. What is left for the GPU: the lr,
-which the loop sets as a Python float each step, and torch's non-capturable AdamW, which reads its step
-count with .item(); both are outside what is checked here (issue #15).
+multiply by a device factor, and AdamW takes its lr and bias corrections from device tables
+(sweep/run/adamw.py). These tests hold that in place on the CPU by dispatching every op of the step, the
+optimizer's update included, through a mode that records the ones that read a value back to the host.
 """
 
 from __future__ import annotations
@@ -66,7 +65,7 @@ STEP_CASES = {  # every branch of the step's device work: loss scaling and its s
 
 @pytest.mark.parametrize("name", list(STEP_CASES))
 def test_a_window_step_reads_nothing_back_to_the_host(tmp_path, name):
-    """Batch gather and check, noise, forward, scaled backward, unscale, norm, scaler decision, clipping."""
+    """Batch gather and check, noise, forward, scaled backward, unscale, norm, scaler decision, clipping, AdamW."""
     run = make_run("device=cpu", "threads=1", "steps=4", "monitor.sync_every=4", *STEP_CASES[name])
     parts = prepare(run, tmp_path, RunResult(status="error"))
     loop = _Loop(run, parts, MetricsLog(), RunProgress(4, run.progress, 1), (), None)
@@ -77,14 +76,14 @@ def test_a_window_step_reads_nothing_back_to_the_host(tmp_path, name):
             flag = loop.batches.bad(x0)
             loss, _, _ = loop.forward_backward(step, x0)
             row = loop.steps.record(loss, loop.grads())
+            parts.optimizer.step()  # step 0 creates its state (zeros on the device), the others update it
         assert reads.seen == [] and reads.ops > 500, (reads.seen, reads.ops)
         assert row.shape == (loop.steps.ROWS, 1) and flag.dim() == 0
-        parts.optimizer.step()  # outside the check: see the module docstring
         parts.optimizer.zero_grad(set_to_none=True)
 
 
 def test_a_pack_step_reads_nothing_back_to_the_host(tmp_path):
-    """The pack's vmapped forward, backward and record, for runs with their own scales and clipping."""
+    """The pack's vmapped forward, backward, record and AdamW, for runs with their own scales and clipping."""
     runs = [
         make_run("device=cpu", "threads=1", "steps=3", "precision=fp16_amp", f"seed={i}", f"optim.grad_clip={c}")
         for i, c in enumerate([0.0, 0.05])
@@ -97,6 +96,7 @@ def test_a_pack_step_reads_nothing_back_to_the_host(tmp_path):
     with HostReads() as reads:
         loss, _ = pack.forward_backward(batches, live)
         pack.steps.record(loss, StackedGrads(pack.model.grads()))
+        pack.opt.step(0, [True, True], pack.model.params)  # a window's update: every run steps
     assert reads.seen == [] and reads.ops > 500, (reads.seen, reads.ops)
 
 
@@ -111,3 +111,19 @@ def test_the_scaler_updates_its_state_in_place():
     scaler.restore(before)
     assert all(getattr(scaler, k) is t for k, t in tensors.items())
     assert all(torch.equal(getattr(scaler, k), v) for k, v in before.items())
+
+
+def test_adamw_updates_its_state_in_place(tmp_path):
+    """The weights, moments and update counts a captured update writes are the ones the next replay reads."""
+    run = make_run("device=cpu", "threads=1", "steps=3")
+    parts = prepare(run, tmp_path, RunResult(status="error"))
+    loop = _Loop(run, parts, MetricsLog(), RunProgress(3, run.progress, 1), (), None)
+    seen = None
+    for step in range(3):
+        loop.forward_backward(step, loop.batches.batch(step) if loop.batches else parts.dataset[0][None])
+        parts.optimizer.step()
+        state = [(p, *parts.optimizer.state[p].values()) for p in loop.params]
+        assert seen is None or all(a is b for old, new in zip(seen, state) for a, b in zip(old, new))
+        seen = state
+        parts.optimizer.zero_grad(set_to_none=True)
+    assert float(parts.optimizer.state[loop.params[0]]["step"]) == 3

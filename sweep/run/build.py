@@ -30,6 +30,7 @@ from sweep.data.checks import check_sample
 from sweep.data.folder import FolderClips
 from sweep.data.synthetic import Fault, SyntheticClips
 from sweep.run import checkpoint
+from sweep.run.adamw import DeviceAdamW
 from sweep.run.diffusion import DiffusionObjective
 from sweep.run.finetune import apply_finetune, param_groups
 from sweep.run.monitor import DivergenceMonitor
@@ -97,7 +98,7 @@ class RunParts:
     device: torch.device
     policy: PrecisionPolicy
     model: torch.nn.Module
-    optimizer: torch.optim.Optimizer
+    optimizer: DeviceAdamW
     scaler: DeviceLossScaler
     """This run's loss scaler (K=1), on its device."""
     dataset: torch.utils.data.Dataset  # SyntheticClips, or a Subset of it without the bad samples
@@ -151,10 +152,10 @@ def build_parts(run: RunConfig, device: torch.device, policy: PrecisionPolicy, s
         checkpoint.load_model_weights(model, state, init_from)
     model = apply_finetune(run, model, policy.param_dtype)  # after init_from: adapters on the loaded base
     o = run.optim
-    # foreach=False: the single-tensor AdamW path is bit-stable across torch builds on CPU, and
-    # keeps the optimizer state in the params' dtype (pure fp16/bf16 means exactly that).
-    optimizer = torch.optim.AdamW(
-        param_groups(run, model), lr=o.lr, betas=tuple(o.betas), eps=o.eps, weight_decay=o.weight_decay, foreach=False
+    # torch's single-tensor AdamW, bit for bit on the CPU, with its scalars on the device (sweep/run/adamw.py):
+    # the state stays in the params' dtype (pure fp16/bf16 means exactly that) and nothing reads the host.
+    optimizer = DeviceAdamW(
+        param_groups(run, model), lr_schedule(run), run.steps, o.betas, o.eps, o.weight_decay, device
     )
     if d.source is DataSource.synthetic:
         dataset = SyntheticClips(

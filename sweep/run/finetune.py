@@ -9,8 +9,8 @@ with `finetune.train_base=true` the base weights train too, at `optim.lr`.
     python -m sweep model=cogvideox_tiny finetune=lora model.init_from=<run dir>/checkpoints/step_000050 \
         -m optim.lora_lr=1e-4,1e-3,1e-2
 
-Each optimizer group carries `lr_scale` (its lr / optim.lr): the training loop's warmup/schedule
-sets `group["lr"] = lr_at(step) * lr_scale`, so both groups follow the same schedule.
+Each optimizer group carries `lr_scale` (its lr / optim.lr): its lr at a step is the warmup/schedule's
+times that (sweep.run.adamw.DeviceAdamW's table), so both groups follow the same schedule.
 """
 
 from __future__ import annotations

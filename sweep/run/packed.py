@@ -12,10 +12,10 @@ modulate op has its own vmap rule in models/modulate.py).
 What stays per run is everything that decides its verdict: its own initial weights, data order and
 noise (its own seed), its own loss scale (a per-run LossScaler: an overflow in one run neither skips
 the step nor halves the scale of the others), its own gradient norm and clipping, its own AdamW
-(torch's single-tensor kernel on its slice of the stacked weights, with its own lr schedule, betas,
-eps and weight decay), its own DivergenceMonitor, and it leaves the pack at its own first bad step
-(the stacked tensors are compacted) while the others go on. Runs are independent inside vmap, so a
-NaN in one never reaches another.
+(torch's single-tensor AdamW, bit for bit, on its slice of the stacked weights, with its own lr
+schedule, betas, eps and weight decay: sweep/run/adamw.py), its own DivergenceMonitor, and it
+leaves the pack at its own first bad step (the stacked tensors are compacted) while the others go on.
+Runs are independent inside vmap, so a NaN in one never reaches another.
 
 What differs from running alone: the batched matmuls may round differently from the unbatched
 ones, so loss curves agree to a tolerance, not bit for bit (tests/test_packing.py measures it), and
@@ -36,6 +36,7 @@ from sweep.config import RunConfig
 from sweep.data.batches import load_checked_batch, sample_labels
 from sweep.data.checks import check_batch
 from sweep.run.adam_lag import lag_note
+from sweep.run.adamw import Hyper, scalars, update_
 from sweep.run.build import RunParts
 from sweep.run.evaluate import Evaluator
 from sweep.run.monitor import Cause, Divergence
@@ -141,71 +142,51 @@ class PackedModel:
 
 
 class StackedAdamW:
-    """Every run's AdamW as one update of the stacked weights, with per-run lr, betas, eps and weight decay.
-
-    It is torch's single-tensor AdamW (the one sweep.run.build configures) op for op: each per-run scalar
-    is computed in double as torch does, each op computes in fp32 and rounds to the weight's dtype,
-    as torch's CPU kernels do for fp16/bf16. So pure fp16 still turns eps=1e-8 into 0 and divides 0
-    by 0, and pure bf16 still loses updates below its resolution. A run whose step is skipped
-    (overflow, verdict) keeps its weights and moments untouched.
-    """
+    """Every run's AdamW as one update of the stacked weights: sweep.run.adamw.update_, run k with the scalars
+    of its own optimizer (its lr table, betas, eps and weight decay: sweep.run.adamw.DeviceAdamW) and its
+    own update count. So each run's update is the one it takes alone, bit for bit, and pure fp16 still turns
+    eps=1e-8 into 0 and divides 0 by 0. A run whose step is skipped (overflow, verdict) keeps its weights,
+    moments and count untouched."""
 
     def __init__(self, parts: Sequence[RunParts], params: dict[str, torch.Tensor]):
-        self.hyper = []  # per run: (betas, eps, weight_decay)
-        for p in parts:
-            (group,) = p.optimizer.param_groups  # packable runs have one group (sweep.run.packing.refusal)
-            self.hyper.append((group["betas"], group["eps"], group["weight_decay"]))
+        # packable runs have one group (sweep.run.packing.refusal)
+        self.hyper = Hyper.stack([p.optimizer.hyper[0] for p in parts])
+        self.beta2 = [p.optimizer.param_groups[0]["betas"][1] for p in parts]
+        self.decays = any(p.optimizer.param_groups[0]["weight_decay"] != 0 for p in parts)
         self.moments = {n: (torch.zeros_like(w), torch.zeros_like(w)) for n, w in params.items() if w.requires_grad}
         self.device = next(iter(params.values())).device
-        self.steps = [0] * len(parts)
+        self.counts = torch.zeros(len(parts), dtype=torch.long, device=self.device)
+        """Each packed run's update count, in pack order."""
+        self.clock = torch.zeros(1, dtype=torch.long, device=self.device)
 
     def keep(self, positions: list[int]) -> None:
         index = torch.tensor(positions, dtype=torch.long, device=self.device)
         self.moments = {n: (m[index], v[index]) for n, (m, v) in self.moments.items()}
+        self.hyper, self.counts = self.hyper.keep(index), self.counts[index]
 
     def second_moment(self, position: int, run: int) -> tuple[float, int, float]:
-        """Run `run`'s (at `position` in the pack) sum of v, step count and beta2, as
+        """Run `run`'s (at `position` in the pack) sum of v, update count and beta2, as
         sweep.run.adam_lag.adamw_second_moment."""
         return (
             sum(float(v[position].float().sum()) for _, v in self.moments.values()),
-            self.steps[run],
-            self.hyper[run][0][1],
+            int(self.counts[position]),
+            self.beta2[run],
         )
 
     @torch.no_grad()
-    def step(self, runs: list[int], stepping: list[bool], lrs: list[float], params: dict[str, torch.Tensor]) -> None:
-        """Update the packed runs `runs` (run ids, in pack order) whose `stepping` is True, at their `lrs`."""
-        for k, go in zip(runs, stepping):
-            self.steps[k] += go
-        # per run, in double as torch computes them: the decay, 1-beta1, beta2, 1-beta2, sqrt(bias2), eps, -step size
-        cols = []
-        for k, lr in zip(runs, lrs):
-            (b1, b2), eps, wd = self.hyper[k]
-            n = max(self.steps[k], 1)
-            cols.append((1 - lr * wd, 1 - b1, b2, 1 - b2, (1 - b2**n) ** 0.5, eps, -(lr / (1 - b1**n))))
-        cols = torch.tensor(
-            cols, dtype=torch.float32, device=self.device
-        ).T  # (7, L): fp32 scalars, as torch's kernels take them
-        decays = any(self.hyper[k][2] for k in runs)
+    def step(self, step: int, stepping: list[bool], params: dict[str, torch.Tensor]) -> None:
+        """Update the packed runs whose `stepping` is True (in pack order) with their lr of step `step`."""
+        self.clock.fill_(step)
         keep = [i for i, go in enumerate(stepping) if not go]
+        self.counts += torch.tensor(stepping, device=self.device) if keep else 1
+        lr = self.hyper.lr.index_select(1, self.clock).view(-1)
+        cols = scalars(lr, self.hyper, self.counts.clamp(min=1))  # (ROWS, K); a skipped run's are unused
         for name, (m, v) in self.moments.items():
             w, g = params[name].detach(), params[name].grad
             if g is None:
                 continue
             saved = [t[keep].clone() for t in (w, m, v)] if keep else None
-            decay, omb1, b2, omb2, bc2, eps, neg_step = cols.view(7, -1, *[1] * (w.dim() - 1))
-            # In place with fp32 operands: each op computes in fp32 and rounds once to the weight's dtype,
-            # as torch's kernels do with their Python-scalar operands. The operand order is theirs too:
-            # addcmul is self + (value*t1)*t2, addcdiv is self + (value*t1)/t2.
-            if decays:
-                w.mul_(decay)
-            if m.dtype == omb1.dtype:
-                m.lerp_(g, omb1)
-            else:  # lerp wants one dtype: compute it in fp32 and round, as the kernel does with a scalar weight
-                m.copy_(torch.lerp(m.float(), g.float(), omb1))
-            v.mul_(b2).addcmul_(g * omb2, g)
-            denom = v.sqrt().div_(bc2).add_(eps)
-            w.addcdiv_(m * neg_step, denom)
+            update_(w, g, m, v, cols, self.decays)
             if saved:
                 for t, old in zip((w, m, v), saved):
                     t[keep] = old
@@ -342,7 +323,7 @@ class _Pack:
         grads = StackedGrads(self.model.grads())
         decisions = self.steps.decide(step, loss, grads)  # the one sync
         lrs = [self.parts[k].lr_at(step) for k in live]
-        self.opt.step(live, [d.stepping for d in decisions], lrs, self.model.params)
+        self.opt.step(step, [d.stepping for d in decisions], self.model.params)
         self.finish(step, live, decisions, lrs, grads, pred, batches)
         self.model.zero_grad()
 
@@ -360,7 +341,7 @@ class _Pack:
             loss, pred = self.forward_backward(batches, live)
             rows.append(self.steps.record(loss, StackedGrads(self.model.grads())))
             lrs.append([self.parts[k].lr_at(step) for k in live])
-            self.opt.step(live, [True] * len(live), lrs[-1], self.model.params)
+            self.opt.step(step, [True] * len(live), self.model.params)
             self.ran_to = step + 1
         fetched = torch.stack(rows).tolist()  # the window's one sync
         decisions = [self.steps.judge(s, row) for s, row in zip(range(start, end), fetched)]
@@ -412,7 +393,7 @@ class PackSnapshot:
         self.pack, self.live = pack, live
         self.weights = {n: p.detach().clone() for n, p in pack.model.params.items()}
         self.moments = {n: (m.clone(), v.clone()) for n, (m, v) in pack.opt.moments.items()}
-        self.opt_steps = list(pack.opt.steps)
+        self.opt_counts = pack.opt.counts.clone()
         self.noise = [pack.parts[k].noise_gen.get_state() for k in live]
         self.rng = torch.get_rng_state()
         self.scaler = pack.steps.scaler.state()
@@ -427,7 +408,7 @@ class PackSnapshot:
             for n, p in pack.model.params.items():
                 p.copy_(self.weights[n])
         pack.opt.moments = self.moments
-        pack.opt.steps = self.opt_steps
+        pack.opt.counts = self.opt_counts
         for k, state in zip(self.live, self.noise):
             pack.parts[k].noise_gen.set_state(state)
         torch.set_rng_state(self.rng)

@@ -113,8 +113,7 @@ class _Loop:
         run, parts, policy = self.run, self.parts, self.parts.policy
         noisy, t, target = parts.objective.sample(x0.to(parts.device), parts.noise_gen)
         lr = parts.lr_at(step)
-        for group in parts.optimizer.param_groups:
-            group["lr"] = lr * group.get("lr_scale", 1.0)
+        parts.optimizer.at(step)  # the update's lr comes from the optimizer's device table (sweep/run/adamw.py)
         with (
             probe[1] if probe and probe[0] == step else contextlib.nullcontext(),
             watching_logits(parts.model, self.logits, step % run.monitor.logit_every == 0),

@@ -1,0 +1,190 @@
+"""AdamW with every per-step scalar on the device: torch's single-tensor AdamW, op for op, alone or packed.
+
+torch's single-tensor AdamW (`torch.optim.AdamW(foreach=False)`, what runs trained with until now)
+computes its scalars on the host each step: the bias corrections from a step count it reads back with
+`.item()`, the step size from the group's lr, a Python float the loop sets. A CUDA graph of the step
+would freeze both at the captured step. torch's graph-safe forms change the numbers instead: the
+capturable single-tensor path computes `sqrt(v) / (bc2 * -step) + eps / -step` and the fused kernel
+works in fp32, so pure fp16's eps=1e-8 no longer rounds to 0 and the Sana case (fp16 weights, AdamW's
+0/0 at the first update) would not diverge at all. Here the update is torch's CPU single-tensor one,
+op for op and rounding for rounding, with its scalars computed on the device:
+
+- the lr of every step comes from a table made once on the host (sweep.run.build.lr_schedule, in
+  double, times the group's lr_scale), indexed by the optimizer's `clock`, a device step index;
+- each weight's update count stays in its state's "step" tensor, on the weight's device, and indexes
+  tables of 1 - beta1**n and (1 - beta2**n) ** 0.5, computed in double by Python as torch does;
+- the step size lr / (1 - beta1**n) and the decay 1 - lr * weight_decay are IEEE double operations
+  on the device: the same numbers torch computes in Python, then rounded to fp32 as its kernels take
+  Python scalars.
+
+Every update is therefore bit for bit torch's on the CPU (tests/test_adamw.py, fp32, bf16 and fp16
+weights, weight decay, warmup and cosine, skipped steps, two groups), and nothing in `step` reads a
+value back to the host (tests/test_graph_ready.py). On CUDA torch's own kernels differ from its CPU ones (addcdiv
+computes `w + value * (m / denom)`, add keeps its scalar in fp32); this module keeps the CPU's order and
+roundings on both devices, so a CUDA run may differ from torch's CUDA AdamW in a last bit, and is
+deterministic either way.
+
+`update_` takes K runs stacked along a leading dimension (sweep/run/packed.py); a lone run's weight is
+a stack of one.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable, Sequence
+
+import torch
+
+ROWS = 7
+"""Rows of the scalar columns `update_` takes: decay, 1-beta1, beta2, 1-beta2, sqrt(bias correction 2), eps,
+minus the step size."""
+
+
+@dataclass
+class Hyper:
+    """One optimizer group's (or one packed run's) hyperparameters, as the device computes with them."""
+
+    lr: torch.Tensor
+    """(steps,) float64: the lr of every step (the schedule times the group's lr_scale)."""
+    bc1: torch.Tensor
+    """(steps + 1,) float64: 1 - beta1**n for every update count n."""
+    bc2: torch.Tensor
+    """(steps + 1,) float64: (1 - beta2**n) ** 0.5 for every update count n."""
+    consts: torch.Tensor
+    """(4,) float64: 1 - beta1, beta2, 1 - beta2, eps."""
+    weight_decay: torch.Tensor
+    """() float64."""
+
+    @classmethod
+    def of(
+        cls,
+        lr_at: Callable[[int], float],
+        steps: int,
+        betas: Sequence[float],
+        eps: float,
+        weight_decay: float,
+        device: torch.device,
+        lr_scale: float = 1.0,
+    ) -> "Hyper":
+        """Tables for a run of `steps` steps (an update count never exceeds the steps run)."""
+        b1, b2 = betas
+        n = range(steps + 1)  # the count 0 is never used (the first update has count 1): a placeholder
+        f64 = dict(dtype=torch.float64, device=device)
+        return cls(
+            lr=torch.tensor([lr_at(s) * lr_scale for s in range(steps)], **f64),
+            bc1=torch.tensor([1 - b1**k for k in n], **f64),
+            bc2=torch.tensor([(1 - b2**k) ** 0.5 for k in n], **f64),
+            consts=torch.tensor([1 - b1, b2, 1 - b2, eps], **f64),
+            weight_decay=torch.tensor(weight_decay, **f64),
+        )
+
+    @staticmethod
+    def stack(hypers: Sequence["Hyper"]) -> "Hyper":
+        """K runs' hyperparameters, one row each (tables padded to the longest run with their last value)."""
+        width = max(h.lr.shape[0] for h in hypers)
+
+        def pad(t: torch.Tensor, size: int) -> torch.Tensor:
+            return torch.cat([t, t[-1:].expand(size - t.shape[0])]) if t.shape[0] < size else t
+
+        return Hyper(
+            lr=torch.stack([pad(h.lr, width) for h in hypers]),
+            bc1=torch.stack([pad(h.bc1, width + 1) for h in hypers]),
+            bc2=torch.stack([pad(h.bc2, width + 1) for h in hypers]),
+            consts=torch.stack([h.consts for h in hypers], dim=1),  # (4, K)
+            weight_decay=torch.stack([h.weight_decay for h in hypers]),
+        )
+
+    def keep(self, positions: torch.Tensor) -> "Hyper":
+        """The rows at these positions (a stacked Hyper: a pack compacting)."""
+        return Hyper(
+            self.lr[positions],
+            self.bc1[positions],
+            self.bc2[positions],
+            self.consts[:, positions],
+            self.weight_decay[positions],
+        )
+
+
+def scalars(lr: torch.Tensor, h: Hyper, counts: torch.Tensor) -> torch.Tensor:
+    """The (ROWS, R) fp32 columns of R updates at their lr (R,) or (1,) and update counts (R,) int64, in double
+    as torch computes them in Python, then rounded to fp32 as its kernels take them. `h`'s tables are one
+    row (a group's, shared by its R weights) or R rows (a pack's runs)."""
+    rows = counts.shape[0]
+    bc1 = h.bc1.reshape(-1, h.bc1.shape[-1]).expand(rows, -1).gather(1, counts.view(-1, 1)).view(-1)
+    bc2 = h.bc2.reshape(-1, h.bc2.shape[-1]).expand(rows, -1).gather(1, counts.view(-1, 1)).view(-1)
+    consts = h.consts.reshape(4, -1).expand(4, rows)
+    lr = lr.expand(rows)
+    return torch.stack([1 - lr * h.weight_decay.expand(rows), *consts[:3], bc2, consts[3], -(lr / bc1)]).float()
+
+
+def update_(w: torch.Tensor, g: torch.Tensor, m: torch.Tensor, v: torch.Tensor, cols: torch.Tensor, decays: bool):
+    """One AdamW update of K stacked weights w (K, ...) with gradients g and moments m, v, in place; run k with
+    the scalars cols[:, k] (fp32, from `scalars`). Each op computes in fp32 and rounds once to the weight's
+    dtype, as torch's CPU kernels do with Python-scalar operands, except `add`, whose kernel rounds its scalar
+    to the tensor's dtype first (eps in bf16 is not eps in fp32); the operand order is theirs too (addcmul is
+    self + (value*t1)*t2, addcdiv is self + (value*t1)/t2). So pure fp16 turns eps=1e-8 into 0 and divides 0
+    by 0 as torch does, and pure bf16 loses updates below its resolution."""
+    decay, omb1, b2, omb2, bc2, eps, neg_step = cols.view(ROWS, -1, *[1] * (w.dim() - 1))
+    if decays:
+        w.mul_(decay)
+    if m.dtype == omb1.dtype:
+        m.lerp_(g, omb1)
+    else:  # lerp wants one dtype: compute it in fp32 and round, as the kernel does with a scalar weight
+        m.copy_(torch.lerp(m.float(), g.float(), omb1))
+    v.mul_(b2).addcmul_(g * omb2, g)
+    denom = v.sqrt().div_(bc2).add_(eps.to(v.dtype))  # add is the one op whose scalar torch rounds first
+    w.addcdiv_(m * neg_step, denom)
+
+
+class DeviceAdamW(torch.optim.Optimizer):
+    """One run's AdamW: torch's param groups and state layout ("step", "exp_avg", "exp_avg_sq" per weight,
+    so checkpoints and sweep.run.adam_lag read it as torch's), its update computed by `update_`.
+
+    The loop calls `at(step)` before `step()`: the lr is the schedule's at that step. Each group may carry
+    `lr_scale` (sweep.run.finetune.param_groups): its lr is the schedule's times that."""
+
+    def __init__(
+        self,
+        groups: list[dict],
+        lr_at: Callable[[int], float],
+        steps: int,
+        betas: Sequence[float],
+        eps: float,
+        weight_decay: float,
+        device: torch.device,
+    ):
+        super().__init__(groups, dict(lr=lr_at(0), betas=tuple(betas), eps=eps, weight_decay=weight_decay))
+        self.clock = torch.zeros(1, dtype=torch.long, device=device)
+        """The step the next update belongs to (its lr), on the device: a captured step reads it there."""
+        self.hyper = [
+            Hyper.of(lr_at, steps, g["betas"], g["eps"], g["weight_decay"], device, g.get("lr_scale", 1.0))
+            for g in self.param_groups
+        ]
+
+    def at(self, step: int) -> None:
+        """The next update is step `step`'s (its lr)."""
+        self.clock.fill_(step)
+
+    @torch.no_grad()
+    def step(self, closure=None) -> None:
+        """Update every weight that has a gradient (torch skips the others, count included)."""
+        assert closure is None, "DeviceAdamW takes no closure"
+        for group, h in zip(self.param_groups, self.hyper):
+            params = [p for p in group["params"] if p.grad is not None]
+            if not params:
+                continue
+            for p in params:
+                if not self.state[p]:  # torch's lazy state, with the count on the weight's device
+                    self.state[p] = {
+                        "step": torch.zeros((), dtype=torch.float32, device=p.device),
+                        "exp_avg": torch.zeros_like(p, memory_format=torch.preserve_format),
+                        "exp_avg_sq": torch.zeros_like(p, memory_format=torch.preserve_format),
+                    }
+            counts = [self.state[p]["step"] for p in params]
+            torch._foreach_add_(counts, 1.0)
+            cols = scalars(h.lr.index_select(0, self.clock), h, torch.stack(counts).long())  # (ROWS, weights)
+            decays = group["weight_decay"] != 0
+            for i, p in enumerate(params):
+                s = self.state[p]
+                one = [t.unsqueeze(0) for t in (p, p.grad, s["exp_avg"], s["exp_avg_sq"])]  # a stack of one run
+                update_(*one, cols[:, i : i + 1], decays)

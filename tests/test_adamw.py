@@ -1,0 +1,132 @@
+"""DeviceAdamW (sweep/run/adamw.py) is torch's single-tensor AdamW bit for bit, with its lr on the device.
+
+Against `torch.optim.AdamW(foreach=False)` with the lr set as a Python float every step, as the loop did
+before: fp32, bf16 and fp16 weights (pure fp16 keeps eps's rounding to 0), weight decay, linear warmup
+then cosine (the lr a device table), skipped steps (the update count stays), two groups at their own
+lr_scale, and a weight that gets no gradient at some steps.
+"""
+
+from __future__ import annotations
+
+import math
+from types import SimpleNamespace
+
+import pytest
+import torch
+
+from sweep.run.adamw import DeviceAdamW, Hyper, scalars
+from sweep.run.packed import StackedAdamW
+
+
+def schedule(step: int) -> float:
+    """Warmup for 3 steps, then cosine to 0 at step 20: a different lr every step."""
+    if step < 3:
+        return 3e-3 * (step + 1) / 3
+    return 3e-3 * 0.5 * (1 + math.cos(math.pi * (step - 3) / 17))
+
+
+def weights(dtype: torch.dtype, seed: int = 0) -> list[torch.Tensor]:
+    gen = torch.Generator().manual_seed(seed)
+    shapes = [(8, 5), (5,), (3, 2, 4), ()]
+    return [torch.randn(s, generator=gen).to(dtype).requires_grad_() for s in shapes]
+
+
+def groups(ws: list[torch.Tensor]) -> list[dict]:
+    return [
+        {"params": ws[:2], "lr": schedule(0), "lr_scale": 1.0},
+        {"params": ws[2:], "lr": schedule(0) * 10, "lr_scale": 10.0},
+    ]
+
+
+def same_bits(a: torch.Tensor, b: torch.Tensor) -> bool:
+    """NaN where the other has NaN (pure fp16's 0/0 must match too; a NaN's sign bit is not a number), every
+    other element equal bit for bit (so -0 is not +0)."""
+    ints = {2: torch.int16, 4: torch.int32}[a.element_size()]
+    nan = a.isnan()
+    bits = [torch.where(nan, 0, t.detach()).view(ints) for t in (a, b)]
+    return a.dtype == b.dtype and torch.equal(nan, b.isnan()) and torch.equal(*bits)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("weight_decay", [0.0, 0.1])
+def test_device_adamw_is_torch_single_tensor_adamw_bit_for_bit(dtype, weight_decay):
+    ours, theirs = weights(dtype), weights(dtype)
+    eps, betas = 1e-8, (0.9, 0.999)
+    a = DeviceAdamW(groups(ours), schedule, 20, betas, eps, weight_decay, torch.device("cpu"))
+    b = torch.optim.AdamW(
+        groups(theirs), betas=betas, eps=eps, weight_decay=weight_decay, foreach=False, capturable=False
+    )
+    gen = torch.Generator().manual_seed(1)
+    for step in range(20):
+        # Weight 2's gradients stay near 1e-8, where eps is most of the denominator (adaLN-Zero's weights at the
+        # start; fp16 flushes them to 0, hence 0/0); the others' go from 1e-8 to 1e2.
+        scales = [10 ** (step % 6 * 2 - 8)] * 2 + [10 ** (step % 3 - 9), 10 ** (step % 6 * 2 - 8)]
+        grads = [(torch.randn(w.shape, generator=gen) * c).to(dtype) for w, c in zip(ours, scales)]
+        for w, u, g in zip(ours, theirs, grads):
+            w.grad, u.grad = g.clone(), g.clone()
+        if step % 5 == 2:  # a weight with no gradient: torch neither updates it nor counts the step
+            ours[1].grad = theirs[1].grad = None
+        if step % 7 == 4:  # a skipped step (the scaler's overflow): no update, no count
+            continue
+        a.at(step)
+        for group in b.param_groups:
+            group["lr"] = schedule(step) * group["lr_scale"]
+        a.step()
+        b.step()
+        for i, (w, u) in enumerate(zip(ours, theirs)):
+            assert same_bits(w, u), f"step {step}, weight {i}: {(w.float() - u.float()).abs().max()}"
+            for key in ("exp_avg", "exp_avg_sq"):
+                assert same_bits(a.state[w][key], b.state[u][key]), f"step {step}, weight {i}, {key}"
+            assert float(a.state[w]["step"]) == float(b.state[u]["step"])
+
+
+def test_pure_fp16_keeps_torchs_zero_over_zero_at_the_first_update():
+    # The Sana case: fp16 weights, a weight whose gradient is 0. eps=1e-8 rounds to 0 in fp16, so torch's
+    # first update is 0/0 = NaN; a graph-safe AdamW that keeps eps in fp32 would give a finite 0.
+    w = torch.ones(4, dtype=torch.float16, requires_grad=True)
+    opt = DeviceAdamW([{"params": [w]}], lambda s: 1e-4, 4, (0.9, 0.999), 1e-8, 0.0, torch.device("cpu"))
+    w.grad = torch.tensor([0.0, 1.0, 0.0, 1.0], dtype=torch.float16)
+    opt.at(0)
+    opt.step()
+    assert torch.isnan(w[0]) and torch.isfinite(w[1])
+
+
+def test_scalars_are_pythons_doubles_rounded_to_fp32():
+    h = Hyper.of(schedule, 20, (0.9, 0.95), 1e-6, 0.05, torch.device("cpu"))
+    counts = torch.tensor([1, 7, 20])
+    cols = scalars(h.lr[torch.tensor([9])], h, counts)
+    lr = schedule(9)
+    for j, n in enumerate(counts.tolist()):
+        expect = [1 - lr * 0.05, 1 - 0.9, 0.95, 1 - 0.95, (1 - 0.95**n) ** 0.5, 1e-6, -(lr / (1 - 0.9**n))]
+        assert cols[:, j].tolist() == torch.tensor(expect, dtype=torch.float32).tolist()
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
+def test_a_packs_update_is_each_runs_own_update_bit_for_bit(dtype):
+    # Three runs with their own lr schedule, betas, eps and weight decay, stacked; run 1 skips some steps.
+    hypers = [(1.0, (0.9, 0.999), 1e-8, 0.0), (0.3, (0.8, 0.95), 1e-6, 0.1), (3.0, (0.9, 0.99), 1e-8, 0.01)]
+    alone = [weights(dtype, seed=k)[:3] for k in range(3)]
+    opts = [
+        DeviceAdamW([{"params": ws}], lambda s, f=f: schedule(s) * f, 20, betas, eps, wd, torch.device("cpu"))
+        for ws, (f, betas, eps, wd) in zip(alone, hypers)
+    ]
+    stacked = {str(i): torch.stack([ws[i].detach() for ws in alone]).requires_grad_() for i in range(3)}
+    packed = StackedAdamW([SimpleNamespace(optimizer=o) for o in opts], stacked)
+    gen = torch.Generator().manual_seed(2)
+    for step in range(20):
+        stepping = [True, step % 4 != 1, True]
+        for i, w in stacked.items():
+            scale = 10 ** (step % 3 - 9) if i == "2" else 10 ** (step % 6 * 2 - 8)
+            w.grad = (torch.randn(w.shape, generator=gen) * scale).to(dtype)
+            for k, ws in enumerate(alone):
+                ws[int(i)].grad = w.grad[k].clone()
+        for k, opt in enumerate(opts):
+            if stepping[k]:
+                opt.at(step)
+                opt.step()
+        packed.step(step, stepping, stacked)
+        for k, ws in enumerate(alone):
+            for i, w in enumerate(ws):
+                assert same_bits(stacked[str(i)][k], w), f"step {step}, run {k}, weight {i}"
+                m, v = packed.moments[str(i)]
+                assert same_bits(m[k], opts[k].state[w]["exp_avg"]) and same_bits(v[k], opts[k].state[w]["exp_avg_sq"])
