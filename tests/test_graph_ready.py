@@ -21,6 +21,7 @@ from sweep.run.progress import RunProgress
 from sweep.run.results import MetricsLog, RunResult
 from sweep.run.scaler import DeviceLossScaler
 from sweep.run.train import _Loop
+from sweep.run.window import Snapshot
 
 from .conftest import make_run
 
@@ -125,5 +126,11 @@ def test_adamw_updates_its_state_in_place(tmp_path):
         state = [(p, *parts.optimizer.state[p].values()) for p in loop.params]
         assert seen is None or all(a is b for old, new in zip(seen, state) for a, b in zip(old, new))
         seen = state
+        if step == 1:
+            snapshot = Snapshot(parts, loop.params)
         parts.optimizer.zero_grad(set_to_none=True)
     assert float(parts.optimizer.state[loop.params[0]]["step"]) == 3
+    snapshot.restore()  # a window taken back: its state is put back into the same tensors
+    state = [(p, *parts.optimizer.state[p].values()) for p in loop.params]
+    assert all(a is b for old, new in zip(seen, state) for a, b in zip(old, new))
+    assert float(parts.optimizer.state[loop.params[0]]["step"]) == 2

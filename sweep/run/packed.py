@@ -407,8 +407,10 @@ class PackSnapshot:
         with torch.no_grad():
             for n, p in pack.model.params.items():
                 p.copy_(self.weights[n])
-        pack.opt.moments = self.moments
-        pack.opt.counts = self.opt_counts
+            for n, (m, v) in pack.opt.moments.items():  # in place, as sweep.run.window.Snapshot
+                m.copy_(self.moments[n][0])
+                v.copy_(self.moments[n][1])
+            pack.opt.counts.copy_(self.opt_counts)
         for k, state in zip(self.live, self.noise):
             pack.parts[k].noise_gen.set_state(state)
         torch.set_rng_state(self.rng)

@@ -103,8 +103,12 @@ class Snapshot:
         with torch.no_grad():
             for p, w in zip(self.params, self.weights):
                 p.copy_(w)
-        parts.optimizer.state.clear()  # a window's first update creates AdamW's state: that goes too
-        parts.optimizer.state.update(self.optim)
+        state = parts.optimizer.state  # in place: a captured update writes the tensors it was captured with
+        for p in [p for p in state if p not in self.optim]:
+            del state[p]  # a window's first update creates AdamW's state: that goes
+        for p, saved in self.optim.items():
+            for k, v in saved.items():
+                state[p][k].copy_(v)
         parts.noise_gen.set_state(self.noise)
         torch.set_rng_state(self.rng)
         if self.cuda_rng is not None:
