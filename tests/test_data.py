@@ -301,3 +301,28 @@ def test_data_read_from_files_has_no_device_batches(tmp_path):
     assert (
         DeviceBatches.of(torch.utils.data.TensorDataset(torch.zeros(4, 2)), BatchOrder(4, 2, 0), 3, "cpu", 1.0) is None
     )
+
+
+def test_a_packs_batches_are_each_runs_device_batches_bit_for_bit():
+    """sweep.data.device.PackBatches: one gather gives every packed run's own batch (its own clips, faults and
+    order), runs with the same clips share them, each run's flag is its own check, and compaction keeps rows."""
+    from sweep.data.device import DeviceBatches, PackBatches
+
+    faulty = SyntheticClips(12, 3, 3, 8, 8, seed=4, faults=[Fault(2, "nan"), Fault(7, "range")])
+    clean, other = SyntheticClips(12, 3, 3, 8, 8, seed=4), SyntheticClips(10, 3, 3, 8, 8, seed=5)
+    sets = [clean, faulty, clean, other, faulty]  # run 4 checks nothing: its bad batches raise no flag
+    orders = [BatchOrder(len(d), 3, seed=k) for k, d in enumerate(sets)]
+    each = [DeviceBatches.of(d, o, 20, torch.device("cpu"), 1.001) for d, o in zip(sets, orders)]
+    pack = PackBatches.of(each, [True, True, True, True, False])
+    assert pack.clips.shape[0] == 12 + 12 + 10  # clean, faulty, other: each once
+    flagged = set()
+    for step in range(20):
+        x, flags = pack.batch(step), pack.bad(pack.batch(step)).tolist()
+        for k, b in enumerate(each):
+            assert torch.equal(x[k].nan_to_num(1e9), b.batch(step).nan_to_num(1e9))
+            assert flags[k] == (k != 4 and bool(b.bad(b.batch(step))))
+            flagged |= {k} if flags[k] else set()
+    assert flagged == {1}
+    pack.keep([3, 1])
+    assert torch.equal(pack.batch(5)[1].nan_to_num(1e9), each[1].batch(5).nan_to_num(1e9))
+    assert torch.equal(pack.batch(5)[0], each[3].batch(5)) and pack.checked.tolist() == [True, True]

@@ -84,21 +84,33 @@ def test_a_window_step_reads_nothing_back_to_the_host(tmp_path, name):
 
 
 def test_a_pack_step_reads_nothing_back_to_the_host(tmp_path):
-    """The pack's vmapped forward, backward, record and AdamW, for runs with their own scales and clipping."""
+    """The pack's batch gather and checks, noise, vmapped forward, backward, record and AdamW, for runs with their
+    own scales and clipping."""
     runs = [
-        make_run("device=cpu", "threads=1", "steps=3", "precision=fp16_amp", f"seed={i}", f"optim.grad_clip={c}")
+        make_run(
+            "device=cpu",
+            "threads=1",
+            "steps=3",
+            "precision=fp16_amp",
+            f"seed={i}",
+            f"optim.grad_clip={c}",
+            "monitor.sync_every=3",
+        )
         for i, c in enumerate([0.0, 0.05])
     ]
     parts = [prepare(r, tmp_path / str(i), RunResult(status="error")) for i, r in enumerate(runs)]
     pack = _Pack(runs, parts, [MetricsLog(), MetricsLog()], RunProgress(3, runs[0].progress, 1), [None, None])
     live = [0, 1]
-    batches, issues = pack.batches(0, live)  # host-drawn batches: the pack does not gather on the device yet
-    assert not issues
+    assert pack.device_batches is not None  # synthetic data on the device
     with HostReads() as reads:
+        x0 = pack.device_batches.batch(0)
+        flags = pack.device_batches.bad(x0)
+        batches = {k: (x0[k], *parts[k].objective.sample(x0[k], parts[k].noise_gen)) for k in live}
         loss, _ = pack.forward_backward(batches, live)
         pack.steps.record(loss, StackedGrads(pack.model.grads()))
         pack.opt.step(0, [True, True], pack.model.params)  # a window's update: every run steps
     assert reads.seen == [] and reads.ops > 500, (reads.seen, reads.ops)
+    assert flags.shape == (2,)
 
 
 def test_the_scaler_updates_its_state_in_place():

@@ -142,3 +142,27 @@ def test_a_pack_in_windows_gives_every_run_what_one_sync_per_step_gives(tmp_path
     assert any(stood for stood, _ in outcomes) and not all(stood for stood, _ in outcomes)  # both kinds ran
     verdicts = {v for _, v, *_ in got[1][0]}
     assert {None, "loss_spike", "bad_input"} <= verdicts, got[1][0]
+
+
+def test_a_packs_window_sees_a_bad_batch_only_the_data_check_sees(tmp_path):
+    """An out-of-range batch that trains fine (step 6's is the first above data.range_limit=0.89): in a window
+    the pack's device flag takes the window back and the host's check gives bad_input at step 6, as with one
+    sync per step; the other run goes on."""
+    from sweep.run.packing import execute_pack
+
+    common = ["precision=fp16_amp", "steps=12", "threads=1", "data.batch_size=2", "monitor.forensics=false"]
+    got = {}
+    for sync in (1, 3):
+        runs = [
+            make_run(*common, "optim.lr=1e-4", f"monitor.sync_every={sync}"),
+            make_run(*common, "data.range_limit=0.89", "seed=4", f"monitor.sync_every={sync}"),
+        ]
+        dirs = [tmp_path / f"sync{sync}" / str(i) for i in range(2)]
+        results = execute_pack(runs, dirs, [{}] * 2, ["0", "1"])
+        got[sync] = [
+            (r.status, r.verdict, r.first_bad_step, (d / "metrics.csv").read_bytes()) for r, d in zip(results, dirs)
+        ]
+        if sync == 3:
+            assert results[1].sync["taken_back"] == 1 and results[1].sync["ran_past_first_bad"] == 2
+    assert got[3] == got[1]
+    assert got[1][1][1:3] == ("bad_input", 6) and got[1][0][0] == "stable"

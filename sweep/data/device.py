@@ -9,7 +9,8 @@ fetches with its rows (sweep/run/window.py): a flagged step takes its window bac
 check (sweep.data.batches.load_checked_batch) decides that step exactly as it always does.
 
 The batches are today's, bit for bit: the same clips (faults included), the same order, a gather
-instead of a stack (tests/test_data.py).
+instead of a stack (tests/test_data.py). A pack (sweep/run/packed.py) draws every run's batch of a step
+with one gather (`PackBatches`): runs with the same clips share one copy of them on the device.
 """
 
 from __future__ import annotations
@@ -59,3 +60,57 @@ class DeviceBatches:
         """A 0-dim bool on the device: the batch holds a NaN, an Inf or a value beyond the limit
         (check_batch's one reduction: NaN propagates through amax and fails the comparison)."""
         return ~(x.abs().amax() <= self.limit)
+
+
+def _same_bytes(a: Tensor, b: Tensor) -> bool:
+    """Bit for bit the same tensor (a clip's NaN equals itself here)."""
+    return (
+        a.shape == b.shape
+        and a.dtype == b.dtype
+        and torch.equal(a.contiguous().view(torch.uint8), b.contiguous().view(torch.uint8))
+    )
+
+
+class PackBatches:
+    """Every packed run's batch of a step as one gather: the runs' distinct clips concatenated on the device,
+    each run's order an index table into them (a run's rows offset to its clips)."""
+
+    def __init__(self, clips: Tensor, table: Tensor, limits: Tensor, checked: Tensor):
+        self.clips, self.table, self.limits, self.checked = clips, table, limits, checked
+
+    @classmethod
+    def of(cls, each: list[DeviceBatches | None], checked: list[bool]) -> "PackBatches | None":
+        """From each run's DeviceBatches (made on the host's CPU: only the packed result is copied to the
+        device); None when a run reads files. `checked[k]`: run k checks its data (data.check)."""
+        if any(b is None for b in each):
+            return None
+        distinct: list[Tensor] = []
+        tables = []
+        for b in each:
+            at = next((i for i, c in enumerate(distinct) if _same_bytes(c, b.clips)), None)
+            if at is None:
+                at = len(distinct)
+                distinct.append(b.clips)
+            tables.append(b.table + sum(len(c) for c in distinct[:at]))
+        steps = max(t.shape[0] for t in tables)  # a shorter run's last rows repeat: it has left the pack by then
+        table = torch.stack([torch.cat([t, t[-1:].expand(steps - t.shape[0], -1)]) for t in tables])  # (K, steps, B)
+        limits = torch.tensor([b.limit for b in each], dtype=torch.float32)
+        return cls(torch.cat(distinct), table, limits, torch.tensor(checked))
+
+    def to(self, device: torch.device) -> "PackBatches":
+        return PackBatches(*(t.to(device) for t in (self.clips, self.table, self.limits, self.checked)))
+
+    def keep(self, positions: list[int]) -> None:
+        """Keep only the runs at these positions (a pack compacting)."""
+        index = torch.tensor(positions, dtype=torch.long, device=self.table.device)
+        self.table, self.limits, self.checked = self.table[index], self.limits[index], self.checked[index]
+
+    def batch(self, step: int) -> Tensor:
+        """Every packed run's batch of step `step`, (K, B, ...), each bit for bit its DeviceBatches.batch."""
+        rows = self.table[:, step]  # (K, B)
+        return self.clips.index_select(0, rows.reshape(-1)).view(*rows.shape, *self.clips.shape[1:])
+
+    def bad(self, x: Tensor) -> Tensor:
+        """(K,) bool on the device: run k checks its data and its batch x[k] holds a NaN, an Inf or a value beyond
+        its limit (DeviceBatches.bad per run)."""
+        return self.checked & ~(x.abs().flatten(1).amax(1) <= self.limits)

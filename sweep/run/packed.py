@@ -35,6 +35,7 @@ from torch.func import functional_call, stack_module_state, vmap
 from sweep.config import RunConfig
 from sweep.data.batches import load_checked_batch, sample_labels
 from sweep.data.checks import check_batch
+from sweep.data.device import DeviceBatches, PackBatches
 from sweep.run.adam_lag import lag_note
 from sweep.run.adamw import Hyper, scalars, update_
 from sweep.run.build import RunParts
@@ -269,6 +270,13 @@ class _Pack:
         self.steps = Steps(runs, [p.monitor for p in parts], DeviceLossScaler.stack([p.scaler for p in parts]))
         self.first: list[Divergence | None] = [None] * len(runs)
         self.live, self.packed = list(range(len(runs))), list(range(len(runs)))  # training; in the tensors
+        # Windows draw every run's synthetic batch with one gather on the device (sweep/data/device.py).
+        cpu = torch.device("cpu")
+        each = [DeviceBatches.of(p.dataset, p.order, r.steps, cpu, r.data.range_limit) for r, p in zip(runs, parts)]
+        pack = (
+            PackBatches.of(each, [r.data.check for r in runs]) if any(r.monitor.sync_every > 1 for r in runs) else None
+        )
+        self.device_batches = pack.to(self.device) if pack is not None else None
 
     def live_at(self, step: int) -> list[int]:
         """The runs that train at `step`: not past their steps, not stopped by a verdict."""
@@ -281,8 +289,9 @@ class _Pack:
     def compact(self, live: list[int]) -> None:
         """Runs that left the pack stop costing: keep only `live` in the stacked tensors."""
         if live != self.packed:
-            for part in (self.model, self.opt, self.steps):
-                part.keep([self.packed.index(k) for k in live])
+            for part in (self.model, self.opt, self.steps, self.device_batches):
+                if part is not None:
+                    part.keep([self.packed.index(k) for k in live])
             self.packed = live
 
     def batches(self, step: int, live: list[int]) -> tuple[dict, dict]:
@@ -330,12 +339,20 @@ class _Pack:
     def window(self, start: int, end: int, live: list[int]) -> tuple[bool, int | None]:
         """Steps start..end-1 of the live runs with one sync: (True, None) when they stood, (False, s) when
         some run's step s needs the host (take the window back)."""
-        rows, lrs = [], []
+        rows, lrs, flags = [], [], []
         self.ran_to = start  # the first step of the window not run (yet)
         for step in range(start, end):
-            batches, issues = self.batches(step, live)
-            if issues:
-                return False, step
+            if self.device_batches is not None:  # drawn and checked on the device: the flags come with the rows
+                x0 = self.device_batches.batch(step)  # (L, B, ...)
+                flags.append(self.device_batches.bad(x0))
+                batches = {
+                    k: (x0[i], *self.parts[k].objective.sample(x0[i], self.parts[k].noise_gen))
+                    for i, k in enumerate(live)
+                }
+            else:
+                batches, issues = self.batches(step, live)
+                if issues:
+                    return False, step
             if step > start:  # the last step's gradients stay for the stall checks
                 self.model.zero_grad()
             loss, pred = self.forward_backward(batches, live)
@@ -343,8 +360,14 @@ class _Pack:
             lrs.append([self.parts[k].lr_at(step) for k in live])
             self.opt.step(step, [True] * len(live), self.model.params)
             self.ran_to = step + 1
-        fetched = torch.stack(rows).tolist()  # the window's one sync
-        decisions = [self.steps.judge(s, row) for s, row in zip(range(start, end), fetched)]
+        fetched = torch.stack(rows)  # (steps, ROWS, L)
+        if flags:
+            fetched = torch.cat([fetched, torch.stack(flags).double().unsqueeze(1)], dim=1)
+        fetched = fetched.tolist()  # the window's one sync
+        bad = next((s for s, row in zip(range(start, end), fetched) if flags and any(row[-1])), None)
+        if bad is not None:  # a bad batch: the host's check decides it, with the steps before it one by one
+            return False, bad
+        decisions = [self.steps.judge(s, row[: Steps.ROWS]) for s, row in zip(range(start, end), fetched)]
         bad = next((s for s, ds in zip(range(start, end), decisions) if not all(d.stepping for d in ds)), None)
         if bad is not None:
             return False, bad
