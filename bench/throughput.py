@@ -7,11 +7,17 @@ the model FLOP/s it achieves (FLOPs of one forward+backward counted by torch's F
 a fraction of a large matmul's FLOP/s (2048² on the CPU, 8192² on a GPU) measured in the same
 process and compute dtype, and the overhead of the divergence monitor: the same steps in a bare loop
 (forward, backward, optimizer step; no gradient norm, no sync, no checks) versus the monitored loop.
+The two loops run interleaved for --rounds rounds (alternating which goes first), each on freshly built
+parts; ms/step figures are medians over rounds, the monitor's cost the median of the rounds' paired
+ratios, with their range in brackets: on a shared machine one pair of runs is not a measurement.
+On the CPU, "monitor in-loop" is the monitor's share of one monitored run timed from inside it
+(monitor_share): no second loop, so none of the noise between two runs.
 """
 
 from __future__ import annotations
 
 import argparse
+import statistics
 import sys
 import time
 from pathlib import Path
@@ -23,6 +29,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from hydra import compose, initialize_config_dir
 
+from models import LogitStats
 from sweep.config import Progress, to_run_config
 from sweep.run.build import build_parts, reset_process_state, resolve_device
 from sweep.run.precision import PrecisionPolicy
@@ -71,8 +78,9 @@ def bare_steps(run, parts, steps: int) -> float:
     model, opt, policy, device = parts.model, parts.optimizer, parts.policy, parts.device
     batches = [torch.stack([parts.dataset[i] for i in parts.order.indices(s)]) for s in range(steps)]
     start = time.perf_counter()
-    for x0 in batches:
+    for step, x0 in enumerate(batches):
         noisy, t, target = parts.objective.sample(x0.to(device), parts.noise_gen)
+        opt.at(step)  # the step's lr (sweep/run/adamw.py), as the loop sets it
         with policy.gemm_mode():  # the run's GEMM path (sweep/run/gemm.py), as the loop has it
             with policy.autocast(device):
                 loss = parts.objective.loss(model(noisy.to(policy.param_dtype), t), target)
@@ -91,6 +99,9 @@ def main() -> None:
     ap.add_argument("--precisions", default="fp32,bf16_amp,fp16_amp,bf16_pure")
     ap.add_argument("--attention", default="math")
     ap.add_argument("--sync-every", type=int, default=1, help="monitor.sync_every: steps per device sync (windows)")
+    ap.add_argument(
+        "--rounds", type=int, default=5, help="monitored and bare loops, interleaved: figures are medians over rounds"
+    )
     args = ap.parse_args()
     device = resolve_device("auto")
     print(
@@ -99,7 +110,8 @@ def main() -> None:
     )
     print(
         f"{'precision':<17}{'steps/s':>9}{'ms/step':>9}{'GFLOP/step':>12}{'model GFLOP/s':>15}"
-        f"{'matmul GFLOP/s':>16}{'of matmul':>11}{'bare ms/step':>14}{'monitor cost':>14}"
+        f"{'matmul GFLOP/s':>16}{'of matmul':>11}{'bare ms/step':>14}{'monitor cost':>14}{'(range)':>20}"
+        f"{'monitor in-loop':>16}"
     )
     for name in args.precisions.split(","):
         # lr small enough that every precision stays stable for the whole figure
@@ -116,29 +128,81 @@ def main() -> None:
             ]
         )
         policy = PrecisionPolicy.from_config(run.precision, device, run.compile)
-        reset_process_state(run, policy)
-        parts = build_parts(run, device, policy)
-        flops = step_flops(run, parts)
-        train(run, parts, MetricsLog(), RunProgress(2, Progress.none, 1))  # warm-up (allocator, kernels)
-        reset_process_state(run, policy)
-        parts = build_parts(run, device, policy)
-        start = time.perf_counter()
-        verdict = train(run, parts, MetricsLog(), RunProgress(run.steps, Progress.none, 1))
-        monitored = (time.perf_counter() - start) / run.steps
+        flops = step_flops(run, fresh_parts(run, policy, device))
+        train(run, fresh_parts(run, policy, device), MetricsLog(), RunProgress(2, Progress.none, 1))  # warm-up
+        monitored, bare = [], []
+        for r in range(args.rounds):  # interleaved, in alternating order: the machine's drift hits both alike
+            for which in ("monitored", "bare") if r % 2 == 0 else ("bare", "monitored"):
+                parts = fresh_parts(run, policy, device)
+                if which == "bare":
+                    bare.append(bare_steps(run, parts, run.steps) / run.steps)
+                    continue
+                start = time.perf_counter()
+                verdict = train(run, parts, MetricsLog(), RunProgress(run.steps, Progress.none, 1))
+                monitored.append((time.perf_counter() - start) / run.steps)
+                if verdict is not None:
+                    break
+            if verdict is not None:
+                break
         if verdict is not None:
             print(f"{name:<17} diverged during the benchmark ({verdict.verdict}); figure not valid")
             continue
-        reset_process_state(run, policy)
-        parts = build_parts(run, device, policy)
-        bare = bare_steps(run, parts, run.steps) / run.steps
         with policy.gemm_mode():  # the peak the run's own GEMM path can reach
             peak = matmul_flops(policy.compute_dtype, device)
         name = f"{name} (emul.)" if policy.gemm == "emulated" else name
+        ratios = sorted(m / b - 1 for m, b in zip(monitored, bare))
+        share = monitor_share(run, fresh_parts(run, policy, device)) if device.type == "cpu" else float("nan")
+        step, bare_step = statistics.median(monitored), statistics.median(bare)
         print(
-            f"{name:<17}{1 / monitored:>9.2f}{monitored * 1e3:>9.1f}{flops / 1e9:>12.2f}"
-            f"{flops / monitored / 1e9:>15.1f}{peak / 1e9:>16.1f}{flops / monitored / peak:>11.1%}"
-            f"{bare * 1e3:>14.1f}{(monitored - bare) / bare:>+14.1%}"
+            f"{name:<17}{1 / step:>9.2f}{step * 1e3:>9.1f}{flops / 1e9:>12.2f}"
+            f"{flops / step / 1e9:>15.1f}{peak / 1e9:>16.1f}{flops / step / peak:>11.1%}"
+            f"{bare_step * 1e3:>14.1f}{statistics.median(ratios):>+14.1%}"
+            f"{'[' + f'{ratios[0]:+.1%} .. {ratios[-1]:+.1%}' + ']':>20}{share:>16.1%}"
         )
+
+
+def monitor_share(run, parts) -> float:
+    """The share of one monitored run's time spent in the monitor's own calls, timed inside the run: the batch
+    check, the step's record (unscale, norm, scaler decision, clipping), the verdict, the stall check, the
+    attention-logit statistics and the metrics row. On the CPU ops run as they are called, so this needs no
+    second loop to compare with; on a GPU they are queued, and only the interleaved comparison means anything."""
+    import sweep.data.batches as batches_module
+    from sweep.run.step import Steps
+
+    spent = [0.0]
+
+    def timed(f):
+        def call(*args, **kwargs):
+            start = time.perf_counter()
+            try:
+                return f(*args, **kwargs)
+            finally:
+                spent[0] += time.perf_counter() - start
+
+        return call
+
+    patched = [(Steps, n) for n in ("record", "judge", "after_update", "log")] + [
+        (batches_module, "check_batch"),
+        (LogitStats, "observe"),  # the attention-logit statistics, every monitor.logit_every steps
+        (LogitStats, "collect"),
+    ]
+    saved = [(owner, name, getattr(owner, name)) for owner, name in patched]
+    for owner, name, f in saved:
+        setattr(owner, name, timed(f))
+    try:
+        start = time.perf_counter()
+        train(run, parts, MetricsLog(), RunProgress(run.steps, Progress.none, 1))
+        total = time.perf_counter() - start
+    finally:
+        for owner, name, f in saved:
+            setattr(owner, name, f)
+    return spent[0] / total
+
+
+def fresh_parts(run, policy, device):
+    """The run's parts as a run builds them (seeded: every round trains the same steps)."""
+    reset_process_state(run, policy)
+    return build_parts(run, device, policy)
 
 
 if __name__ == "__main__":

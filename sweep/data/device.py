@@ -56,6 +56,11 @@ class DeviceBatches:
         """Step `step`'s batch (B, ...) on the device: what load_batch(dataset, order.indices(step)) stacks."""
         return self.clips.index_select(0, self.table[step])
 
+    def at(self, clock: Tensor) -> Tensor:
+        """The batch of the step a device index (1,) holds: `batch`, with the step read on the device (a CUDA
+        graph replays it for whatever step the clock is at)."""
+        return self.clips.index_select(0, self.table.index_select(0, clock).view(-1))
+
     def bad(self, x: Tensor) -> Tensor:
         """A 0-dim bool on the device: the batch holds a NaN, an Inf or a value beyond the limit
         (check_batch's one reduction: NaN propagates through amax and fails the comparison)."""

@@ -93,7 +93,10 @@ class Steps:
 
     def __init__(self, runs: Sequence[RunConfig], monitors: Sequence[DivergenceMonitor], scaler: DeviceLossScaler):
         self.runs, self.monitors, self.scaler = list(runs), list(monitors), scaler
-        self.clip = torch.tensor([r.optim.grad_clip for r in self.runs], dtype=torch.float64)
+        # On the scaler's device: a captured step cannot copy from the host
+        self.clip = torch.tensor(
+            [r.optim.grad_clip for r in self.runs], dtype=torch.float64, device=scaler.scale.device
+        )
         self.clipping = any(r.optim.grad_clip > 0 for r in self.runs)
 
     def keep(self, positions: list[int]) -> None:
@@ -121,7 +124,7 @@ class Steps:
         finite = torch.isfinite(loss) & torch.isfinite(norms)
         codes = self.scaler.update(~finite) if self.scaler.any_enabled else torch.zeros_like(scales)
         if self.clipping:
-            clip = self.clip.to(loss.device)
+            clip = self.clip
             wide = norms.double()
             over = finite & (clip > 0) & (wide > clip)
             grads.scale_(torch.where(over, clip / (wide + 1e-6), 1.0))  # a true division: Python's clip / (n + 1e-6)

@@ -109,21 +109,46 @@ class _Loop:
         )
 
     def forward_backward(self, step: int, x0: torch.Tensor, probe=None) -> tuple[torch.Tensor, torch.Tensor, float]:
-        """Noise the batch, set the lr, forward under the policy, scaled backward: (loss (1,), pred, lr)."""
+        """Set the clock to `step`, then `forward_backward_at`: (loss (1,), pred, the step's lr)."""
+        self.parts.optimizer.at(step)  # the update's lr comes from the optimizer's device table (sweep/run/adamw.py)
+        logits = step % self.run.monitor.logit_every == 0
+        loss, pred = self.forward_backward_at(x0, logits, probe[1] if probe and probe[0] == step else None)
+        return loss, pred, self.parts.lr_at(step)
+
+    def forward_backward_at(self, x0: torch.Tensor, logits: bool, probe=None) -> tuple[torch.Tensor, torch.Tensor]:
+        """Noise the batch, forward under the policy, scaled backward: (loss (1,), pred). Nothing here reads the
+        host's step number: the noise comes from the run's generator, the lr from the optimizer's clock."""
         run, parts, policy = self.run, self.parts, self.parts.policy
         noisy, t, target = parts.objective.sample(x0.to(parts.device), parts.noise_gen)
-        lr = parts.lr_at(step)
-        parts.optimizer.at(step)  # the update's lr comes from the optimizer's device table (sweep/run/adamw.py)
         with (
-            probe[1] if probe and probe[0] == step else contextlib.nullcontext(),
-            watching_logits(parts.model, self.logits, step % run.monitor.logit_every == 0),
+            probe if probe is not None else contextlib.nullcontext(),
+            watching_logits(parts.model, self.logits, logits),
             policy.gemm_mode(),
         ):
             with policy.autocast(parts.device):
                 pred = parts.model(noisy.to(policy.param_dtype), t)
             loss = (parts.objective.loss(pred, target) * run.objective.loss_weight).reshape(1)
             self.steps.backward(loss)
-        return loss, pred, lr
+        return loss, pred
+
+    def device_step(self, x0: torch.Tensor | None, logits: bool = False):
+        """One step of a window from device state alone, so that a CUDA graph of it replays as the next step:
+        the batch (unless `x0`, read from files, is given) and the lr are those of the step the optimizer's
+        clock is at, the noise the run generator's next; forward, backward, the step's row, AdamW's update,
+        and the clock moves on. Returns (row (ROWS, 1), or ROWS + 1 with the batch's device flag when the
+        batch was drawn here and data.check is on; pred; x0)."""
+        parts, clock = self.parts, self.parts.optimizer.clock
+        flag = None
+        if x0 is None:
+            x0 = self.batches.at(clock)
+            flag = self.batches.bad(x0) if self.run.data.check else None
+        loss, pred = self.forward_backward_at(x0, logits)
+        row = self.steps.record(loss, self.grads())
+        parts.optimizer.step()  # a step the scaler or monitor would have stopped takes the window back
+        clock.add_(1)
+        if flag is not None:
+            row = torch.cat([row, flag.double().view(1, 1)])
+        return row, pred, x0
 
     def grads(self) -> LoneGrads:
         return LoneGrads([p.grad for p in self.params if p.grad is not None])
@@ -149,30 +174,24 @@ class _Loop:
         """Steps start..end-1 with one sync. (True, None): they stood and ran on; (True, s): they stood and
         step s stopped the run; (False, s): step s needs the host, take the window back."""
         run, parts = self.run, self.parts
-        rows, flags, lrs = [], [], []
+        rows = []
+        flagged = self.batches is not None and run.data.check  # no flags when unchecked: no step is then bad input
         self.ran_to = start  # the first step of the window not run (yet)
+        parts.optimizer.at(start)  # the clock: each step moves it on
         for step in range(start, end):
-            indices = parts.order.indices(step)
-            if self.batches is not None:  # drawn and checked on the device: the flag comes with the rows
-                x0 = self.batches.batch(step)
-                if run.data.check:  # no flags when unchecked: no step of the window is then bad input
-                    flags.append(self.batches.bad(x0))
-            else:
+            indices, x0 = parts.order.indices(step), None  # None: drawn and checked on the device
+            if self.batches is None:
                 x0, issue = load_checked_batch(parts.dataset, indices, run.data.range_limit, run.data.check)
                 if issue is not None:
                     return False, step
             if step > start:  # the last step's gradients stay for the stall check
                 parts.optimizer.zero_grad(set_to_none=True)
-            loss, pred, lr = self.forward_backward(step, x0)
-            rows.append(self.steps.record(loss, self.grads()))
-            lrs.append(lr)
-            parts.optimizer.step()  # a step the scaler or monitor would have stopped takes the window back
+            row, pred, x0 = self.device_step(x0, logits=step % run.monitor.logit_every == 0)  # only at `start`
+            rows.append(row)
             self.ran_to = step + 1
-        fetched = torch.stack(rows)  # (steps, ROWS, 1)
-        if flags:
-            fetched = torch.cat([fetched, torch.stack(flags).double().view(-1, 1, 1)], dim=1)
-        fetched = fetched.tolist()  # the window's one sync
-        bad = next((s for s, row in zip(range(start, end), fetched) if flags and row[-1][0]), None)
+        lrs = [parts.lr_at(s) for s in range(start, end)]
+        fetched = torch.stack(rows).tolist()  # (steps, ROWS [+ the flag], 1): the window's one sync
+        bad = next((s for s, row in zip(range(start, end), fetched) if flagged and row[-1][0]), None)
         if bad is not None:  # a bad batch: the host's check decides it, with the steps before it one by one
             return False, bad
         decisions = [self.steps.judge(s, row[: Steps.ROWS])[0] for s, row in zip(range(start, end), fetched)]
