@@ -506,6 +506,10 @@ class RunConfig:
     """torch.compile (inductor) the model's forward, once per run before step 0; the compiled graph is profiled
     and the run records the kernels it really ran, or is skipped when that is not the requested one
     (sweep/run/compiled.py, docs/compile.md)."""
+    graph: str = "auto"
+    """auto, true or false: on CUDA, capture a window's step (monitor.sync_every > 1, synthetic data) as one CUDA
+    graph and replay it; same kernels, same numbers. auto is eager until a GPU run has verified the capture
+    (sweep/run/graph.py); true on a CPU device is a skipped run."""
     log_every: int = 10
     progress: Progress = Progress.auto
     precision: PrecisionConfig = field(default_factory=PrecisionConfig)
@@ -599,6 +603,9 @@ def nonfinite_floats(node: Any, key: str = "") -> Iterator[tuple[str, float]]:
 MAX_REPLICATES = 100
 
 
+GRAPH_MODES = ("auto", "true", "false")
+
+
 def validate(run: RunConfig) -> RunConfig:
     """Reject values no run can use; each message names the dotted key."""
     from models.registry import MODEL_SIZES, sized  # imports torch (models/), which composing a config never needs
@@ -607,6 +614,8 @@ def validate(run: RunConfig) -> RunConfig:
         raise ConfigError(f"{key}: must be a finite number, got {value}")
     _require(run.steps > 0, "steps", f"must be > 0, got {run.steps}")
     _require(run.log_every > 0, "log_every", f"must be > 0, got {run.log_every}")
+    run.graph = str(run.graph).lower()  # graph=true arrives as the bool True, stored as "True"
+    _require(run.graph in GRAPH_MODES, "graph", f"must be one of {', '.join(GRAPH_MODES)}, got {run.graph!r}")
     _require(0 <= run.threads <= MAX_THREADS, "threads", f"must be in [0, {MAX_THREADS}] (0 = auto), got {run.threads}")
     for key, seed in (("seed", run.seed), ("data.seed", run.data.seed)):
         _require(0 <= seed <= MAX_SEED, key, f"must be in [0, {MAX_SEED}] (2**32 - 1), got {seed}")

@@ -144,3 +144,35 @@ def test_adamw_updates_its_state_in_place(tmp_path):
     state = [(p, *parts.optimizer.state[p].values()) for p in loop.params]
     assert all(a is b for old, new in zip(seen, state) for a, b in zip(old, new))
     assert float(parts.optimizer.state[loop.params[0]]["step"]) == 2
+
+
+def test_graph_is_checked_at_composition_and_true_needs_cuda(tmp_path):
+    """graph=yes fails at composition naming the key; graph=true on a CPU device is a skipped run with the reason."""
+    from sweep.config import ConfigError
+    from sweep.run.execute import execute
+
+    with pytest.raises(ConfigError, match="graph: must be one of auto, true, false"):
+        make_run("graph=yes")
+    assert make_run("graph=true").graph == "true"  # the override arrives as a bool
+    r = execute(make_run("device=cpu", "graph=true", "steps=2"), tmp_path / "run", params={})
+    assert r.status == "skipped" and "graph=true" in r.reason and "not a CUDA device" in r.reason
+
+
+@pytest.mark.cuda
+@pytest.mark.parametrize(
+    "overrides",
+    [["precision=bf16_amp", "attention=flash", "modulate=fused"], ["precision=fp32", "attention=math"]],
+    ids=["bf16_amp-flash-fused", "fp32-math"],
+)
+def test_a_graphed_run_is_the_eager_run_bit_for_bit(tmp_path, overrides):
+    """graph=true replays one capture of the window step: the same metrics, byte for byte, as graph=false, with
+    most window steps replayed (sweep/run/graph.py; the first windows run before AdamW has its state)."""
+    from sweep.run.execute import execute
+
+    common = ["device=cuda", "steps=40", "monitor.sync_every=8", "optim.lr=1e-3", *overrides]
+    got = {}
+    for mode in ("false", "true"):
+        r = execute(make_run(*common, f"graph={mode}"), tmp_path / mode, params={})
+        got[mode] = (r.status, r.verdict, (tmp_path / mode / "metrics.csv").read_bytes(), r.sync["replayed"])
+    assert got["true"][:3] == got["false"][:3]
+    assert got["false"][3] == 0 and got["true"][3] >= 24, got["true"][3]

@@ -80,9 +80,16 @@ def test_a_window_gives_every_verdict_and_row_of_one_sync_per_step(tmp_path, nam
     sync = windowed.sync
     assert sync["every"] == sync_every and sync["syncs"] == len(alone_in_run) + sync["windows"], sync
     assert 0 <= sync["ran_past_first_bad"] <= sync_every - 1 and sync["taken_back"] <= sync["windows"], sync
-    assert alone.sync == {"every": 1, "syncs": alone.steps_run, "windows": 0, "taken_back": 0, "ran_past_first_bad": 0}
+    assert alone.sync == {
+        "every": 1,
+        "syncs": alone.steps_run,
+        "windows": 0,
+        "taken_back": 0,
+        "ran_past_first_bad": 0,
+        "replayed": 0,
+    }
     if name == "bad_input_at_step_0":  # the window [0, 4) ran whole before its one sync showed step 0's batch
-        assert sync == {"every": 4, "syncs": 2, "windows": 1, "taken_back": 1, "ran_past_first_bad": 3}
+        assert sync == {"every": 4, "syncs": 2, "windows": 1, "taken_back": 1, "ran_past_first_bad": 3, "replayed": 0}
     if name == "overflow_skips_then_stable":  # a skipping step takes its window back; once the scale
         assert 0 < len(host_steps) < 24  # settles, windows stand
     elif verdict is None:

@@ -29,6 +29,7 @@ from sweep.run.compiled import compile_run, compile_unsupported_reason
 from sweep.run.evaluate import Evaluator, eval_settings, make_evaluator
 from sweep.run.forensics import locate
 from sweep.run.gemm import LOW_PRECISION
+from sweep.run.graph import graph_unsupported_reason
 from sweep.run.monitor import Divergence
 from sweep.run.precision import PrecisionPolicy
 from sweep.run.progress import RunProgress
@@ -101,6 +102,7 @@ def unsupported_reason(run: RunConfig, device: torch.device, policy: PrecisionPo
         or backend_unavailable_reason(run.attention.backend.value, device, policy.compute_dtype)
         or (modulate_unsupported_reason(diffusers, run.modulate.impl.value) if diffusers else None)
         or compile_unsupported_reason(run, device)
+        or graph_unsupported_reason(run.graph, device)
     )
 
 

@@ -23,6 +23,7 @@ from sweep.data.device import DeviceBatches
 from sweep.run.adam_lag import adamw_second_moment, lag_note
 from sweep.run.build import RunParts
 from sweep.run.evaluate import Evaluator
+from sweep.run.graph import StepGraph, wanted
 from sweep.run.monitor import Cause, Divergence
 from sweep.run.progress import RunProgress
 from sweep.run.results import MetricsLog
@@ -58,9 +59,9 @@ def train(
     (sweep/run/evaluate.py: no RNG draw, no grad, so the training curve is the same without it).
     `syncs` counts how the steps met the host (sweep.run.window.Syncs; its `every` is set here).
     """
-    loop = _Loop(run, parts, metrics, progress, hooks, evaluator)
-    size = run.monitor.sync_every if probe is None and all(getattr(h, "window_safe", False) for h in hooks) else 1
     syncs = syncs if syncs is not None else Syncs()
+    loop = _Loop(run, parts, metrics, progress, hooks, evaluator, syncs)
+    size = run.monitor.sync_every if probe is None and all(getattr(h, "window_safe", False) for h in hooks) else 1
     syncs.every = size
     step, host_until = parts.start_step, -1  # steps up to host_until run one sync each (a window taken back)
     while step < run.steps:
@@ -88,7 +89,7 @@ def train(
 class _Loop:
     """The steps of one run: `one` with a sync per step, `window` with one sync for several (sweep/run/window.py)."""
 
-    def __init__(self, run, parts, metrics, progress, hooks, evaluator):
+    def __init__(self, run, parts, metrics, progress, hooks, evaluator, syncs: Syncs | None = None):
         self.run, self.parts, self.metrics, self.progress, self.hooks, self.evaluator = (
             run,
             parts,
@@ -97,6 +98,7 @@ class _Loop:
             hooks,
             evaluator,
         )
+        self.syncs = syncs if syncs is not None else Syncs()
         self.params = [p for p in parts.model.parameters() if p.requires_grad]
         self.steps, self.logits = Steps([run], [parts.monitor], parts.scaler), LogitStats()
         self.first: Divergence | None = None
@@ -107,6 +109,9 @@ class _Loop:
             if many
             else None
         )
+        # graph=true on CUDA: window steps replay one capture of device_step (sweep/run/graph.py)
+        graphed = self.batches is not None and wanted(run.graph, parts.device)
+        self.graph = StepGraph(lambda: self.device_step(None), parts, self.params) if graphed else None
 
     def forward_backward(self, step: int, x0: torch.Tensor, probe=None) -> tuple[torch.Tensor, torch.Tensor, float]:
         """Set the clock to `step`, then `forward_backward_at`: (loss (1,), pred, the step's lr)."""
@@ -186,7 +191,12 @@ class _Loop:
                     return False, step
             if step > start:  # the last step's gradients stay for the stall check
                 parts.optimizer.zero_grad(set_to_none=True)
-            row, pred, x0 = self.device_step(x0, logits=step % run.monitor.logit_every == 0)  # only at `start`
+            logits = step % run.monitor.logit_every == 0  # only at `start`: a logit step starts its window
+            if self.graph is not None and not logits and self.graph.ready:
+                row, pred, x0 = self.graph()
+                self.syncs.replayed += self.graph.graph is not None  # not when the capture failed
+            else:
+                row, pred, x0 = self.device_step(x0, logits)
             rows.append(row)
             self.ran_to = step + 1
         lrs = [parts.lr_at(s) for s in range(start, end)]

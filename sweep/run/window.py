@@ -57,6 +57,9 @@ class Syncs:
     ran_past_first_bad: int = 0
     """Steps that ran after the first bad step before the host saw it: at most every - 1, all of them taken
     back with their window, so none is in metrics.csv or the weights."""
+    replayed: int = 0
+    """Window steps replayed from a CUDA graph of the step (graph=true on CUDA, sweep/run/graph.py), taken-back
+    windows' included: 0 where the steps ran eagerly."""
     taken_back_at: dict[int, int] = field(default_factory=dict)
     """Per taken-back window: the step that took it back -> the first step the window did not run."""
 
@@ -78,7 +81,8 @@ class Syncs:
         return self
 
     def to_dict(self) -> dict:
-        return {k: getattr(self, k) for k in ("every", "syncs", "windows", "taken_back", "ran_past_first_bad")}
+        keys = ("every", "syncs", "windows", "taken_back", "ran_past_first_bad", "replayed")
+        return {k: getattr(self, k) for k in keys}
 
 
 class Snapshot:

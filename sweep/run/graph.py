@@ -1,0 +1,108 @@
+"""A window's step captured once as a CUDA graph and replayed as every later window step (`graph`, issue #15).
+
+    python -m sweep device=cuda monitor.sync_every=8 graph=true
+
+On a GPU a small run is launch-bound: thousands of kernel launches per step, each costing the host more than
+the GPU's work. A window's step (sweep.run.train._Loop.device_step) reads nothing from the host and takes
+its step number from a device clock, so one capture of it replays as any later step: the same kernels on the
+same tensors, so the same numbers, bit for bit, as running it eagerly.
+
+- Capture waits for AdamW's state to exist (the first update made it), so that the graph updates the
+  optimizer's own tensors instead of allocating them; it happens at the first window after that, from a
+  snapshot of the run (sweep.run.window.Snapshot): WARMUP eager steps on a side stream (lazy cuBLAS and
+  autograd set-up), the snapshot put back in place, then the capture itself, which runs nothing.
+- The noise generator is registered with the graph: each replay draws the next noise, as an eager step would.
+- The gradients a replay writes live in the graph's memory pool; after each replay the weights' `.grad`
+  point at them again, so the stall check and the explanation read them as after an eager step.
+- What stays eager: the steps run one sync each (`one`: windows taken back, the steps the host decides),
+  a window's first step when it records attention logits (their hooks run on the host), batches read from
+  files (`x0` comes from the host), and everything on the CPU.
+
+graph=auto stays eager for now: this module was written without a GPU to run it on, and `auto` turns it on
+for CUDA only once a GPU run has checked graph == eager (tests/test_graph_ready.py's `cuda` test) and
+measured the gain (bench/throughput.py). graph=true asks for it on CUDA today; a capture that fails falls
+back to eager steps with a warning, and the run goes on.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Callable
+
+import torch
+
+from sweep.run.window import Snapshot
+
+log = logging.getLogger("sweep")
+
+WARMUP = 3
+"""Eager steps run (and taken back) on a side stream before the capture, as torch's whole-network capture
+example does."""
+
+
+def graph_unsupported_reason(mode: str, device: torch.device) -> str | None:
+    """Why graph=true cannot run here (a `skipped` run), or None."""
+    if mode == "true" and device.type != "cuda":
+        return f"graph=true captures the step as a CUDA graph: device {device} is not a CUDA device"
+    return None
+
+
+def wanted(mode: str, device: torch.device) -> bool:
+    """Whether a run captures its window steps: graph=true on CUDA (auto stays eager, see the module doc)."""
+    return mode == "true" and device.type == "cuda"
+
+
+class StepGraph:
+    """One window step (`step()` -> (row, pred, x0), device state only) as a CUDA graph, or eager until captured."""
+
+    def __init__(self, step: Callable[[], tuple], parts, params: list[torch.Tensor]):
+        self.step, self.parts, self.params = step, parts, params
+        self.graph: torch.cuda.CUDAGraph | None = None
+        self.failed: str | None = None
+        """Why the capture failed (the run then stays eager), or None."""
+
+    @property
+    def ready(self) -> bool:
+        """Captured, or worth capturing now: AdamW has its state, and no capture failed before."""
+        state = self.parts.optimizer.state
+        return self.graph is not None or (self.failed is None and all(p in state for p in self.params))
+
+    def __call__(self) -> tuple:
+        """The step the clock is at: replayed, captured first if need be."""
+        if self.graph is None:
+            self._capture()
+            if self.graph is None:
+                return self.step()
+        self.graph.replay()
+        for p, g in zip(self.params, self.grads):
+            p.grad = g
+        row, pred, x0 = self.out
+        return row.clone(), pred, x0  # the row is read after the window's later replays overwrote it
+
+    def _capture(self) -> None:
+        parts = self.parts
+        snapshot, clock = Snapshot(parts, self.params), parts.optimizer.clock.clone()
+        try:
+            side = torch.cuda.Stream(parts.device)
+            side.wait_stream(torch.cuda.current_stream(parts.device))
+            with torch.cuda.stream(side):
+                for _ in range(WARMUP):
+                    parts.optimizer.zero_grad(set_to_none=True)
+                    self.step()
+            torch.cuda.current_stream(parts.device).wait_stream(side)
+            snapshot.restore()  # in place: the warm-up steps are gone, the tensors are the same
+            parts.optimizer.clock.copy_(clock)
+            graph = torch.cuda.CUDAGraph()
+            graph.register_generator_state(parts.noise_gen)
+            parts.optimizer.zero_grad(set_to_none=True)  # the backward allocates the gradients in the graph's pool
+            with torch.cuda.graph(graph):
+                self.out = self.step()
+            self.grads = [p.grad for p in self.params]
+            self.graph = graph
+        except RuntimeError as e:  # a kernel or an op that cannot be captured: eager steps, same numbers
+            self.failed = f"{type(e).__name__}: {e}".splitlines()[0]
+            log.warning(
+                "graph=true: the step could not be captured as a CUDA graph (%s); running it eagerly", self.failed
+            )
+            snapshot.restore()
+            parts.optimizer.clock.copy_(clock)
