@@ -55,17 +55,19 @@ def wanted(mode: str, device: torch.device) -> bool:
 class StepGraph:
     """One window step (`step()` -> (row, pred, x0), device state only) as a CUDA graph, or eager until captured."""
 
-    def __init__(self, step: Callable[[], tuple], parts, params: list[torch.Tensor]):
-        self.step, self.parts, self.params = step, parts, params
+    def __init__(self, step: Callable[[], tuple], parts, params: list[torch.Tensor], steps: int):
+        self.step, self.parts, self.params, self.steps = step, parts, params, steps
         self.graph: torch.cuda.CUDAGraph | None = None
         self.failed: str | None = None
         """Why the capture failed (the run then stays eager), or None."""
 
-    @property
-    def ready(self) -> bool:
-        """Captured, or worth capturing now: AdamW has its state, and no capture failed before."""
+    def ready(self, step: int) -> bool:
+        """Captured, or worth capturing at `step`: AdamW has its state, no capture failed before, and the run
+        has the warm-up's steps left (their batches and lrs are table rows: none past the run's last step)."""
+        if self.graph is not None:
+            return True
         state = self.parts.optimizer.state
-        return self.graph is not None or (self.failed is None and all(p in state for p in self.params))
+        return self.failed is None and step + WARMUP < self.steps and all(p in state for p in self.params)
 
     def __call__(self) -> tuple:
         """The step the clock is at: replayed, captured first if need be."""

@@ -111,7 +111,7 @@ class _Loop:
         )
         # graph=true on CUDA: window steps replay one capture of device_step (sweep/run/graph.py)
         graphed = self.batches is not None and wanted(run.graph, parts.device)
-        self.graph = StepGraph(lambda: self.device_step(None), parts, self.params) if graphed else None
+        self.graph = StepGraph(lambda: self.device_step(None), parts, self.params, run.steps) if graphed else None
 
     def forward_backward(self, step: int, x0: torch.Tensor, probe=None) -> tuple[torch.Tensor, torch.Tensor, float]:
         """Set the clock to `step`, then `forward_backward_at`: (loss (1,), pred, the step's lr)."""
@@ -192,7 +192,7 @@ class _Loop:
             if step > start:  # the last step's gradients stay for the stall check
                 parts.optimizer.zero_grad(set_to_none=True)
             logits = step % run.monitor.logit_every == 0  # only at `start`: a logit step starts its window
-            if self.graph is not None and not logits and self.graph.ready:
+            if self.graph is not None and not logits and self.graph.ready(step):
                 row, pred, x0 = self.graph()
                 self.syncs.replayed += self.graph.graph is not None  # not when the capture failed
             else:
