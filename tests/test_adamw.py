@@ -124,7 +124,8 @@ def test_a_packs_update_is_each_runs_own_update_bit_for_bit(dtype):
             if stepping[k]:
                 opt.at(step)
                 opt.step()
-        packed.step(step, stepping, stacked)
+        packed.at(step)
+        packed.step(stacked, stepping)
         for k, ws in enumerate(alone):
             for i, w in enumerate(ws):
                 assert same_bits(stacked[str(i)][k], w), f"step {step}, run {k}, weight {i}"

@@ -16,7 +16,7 @@ import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from sweep.run.execute import prepare
-from sweep.run.packed import StackedGrads, _Pack
+from sweep.run.packed import _Pack
 from sweep.run.progress import RunProgress
 from sweep.run.results import MetricsLog, RunResult
 from sweep.run.scaler import DeviceLossScaler
@@ -100,15 +100,14 @@ def test_a_pack_step_reads_nothing_back_to_the_host(tmp_path):
     pack = _Pack(runs, parts, [MetricsLog(), MetricsLog()], RunProgress(3, runs[0].progress, 1), [None, None])
     live = [0, 1]
     assert pack.device_batches is not None  # synthetic data on the device
-    with HostReads() as reads:
-        x0 = pack.device_batches.batch(0)
-        flags = pack.device_batches.bad(x0)
-        batches = {k: (x0[k], *parts[k].objective.sample(x0[k], parts[k].noise_gen)) for k in live}
-        loss, _ = pack.forward_backward(batches, live)
-        pack.steps.record(loss, StackedGrads(pack.model.grads()))
-        pack.opt.step(0, [True, True], pack.model.params)  # a window's update: every run steps
-    assert reads.seen == [] and reads.ops > 500, (reads.seen, reads.ops)
-    assert flags.shape == (2,)
+    pack.opt.at(0)  # the clock, set once
+    for step in range(2):
+        with HostReads() as reads:
+            row, _, batches = pack.device_step(live)
+        assert reads.seen == [] and reads.ops > 500, (reads.seen, reads.ops)
+        assert row.shape == (pack.steps.ROWS + 1, 2) and pack.opt.clock.tolist() == [step + 1]  # rows and flags
+        assert all(torch.equal(batches[k][0], pack.device_batches.batch(step)[k]) for k in live)
+        pack.model.zero_grad()
 
 
 def test_the_scaler_updates_its_state_in_place():
@@ -176,3 +175,25 @@ def test_a_graphed_run_is_the_eager_run_bit_for_bit(tmp_path, overrides):
         got[mode] = (r.status, r.verdict, (tmp_path / mode / "metrics.csv").read_bytes(), r.sync["replayed"])
     assert got["true"][:3] == got["false"][:3]
     assert got["false"][3] == 0 and got["true"][3] >= 24, got["true"][3]
+
+
+@pytest.mark.cuda
+def test_a_graphed_pack_is_the_eager_pack_bit_for_bit(tmp_path):
+    """graph=true for a pack: each run's metrics byte for byte those of graph=false, with a run that leaves the
+    pack at its first bad step (a compaction: the pack captures again) and window steps replayed."""
+    from sweep.run.packing import execute_pack
+
+    common = ["device=cuda", "steps=40", "monitor.sync_every=8", "precision=fp16_amp", "attention=flash"]
+    got = {}
+    for mode in ("false", "true"):
+        runs = [
+            make_run(*common, f"graph={mode}", f"optim.lr={lr}", f"seed={i}") for i, lr in enumerate([1e-4, 1e-3, 0.5])
+        ]
+        dirs = [tmp_path / mode / str(i) for i in range(len(runs))]
+        results = execute_pack(runs, dirs, [{}] * len(runs), [str(i) for i in range(len(runs))])
+        got[mode] = [
+            (r.status, r.verdict, r.first_bad_step, (d / "metrics.csv").read_bytes()) for r, d in zip(results, dirs)
+        ]
+        replayed = [r.sync["replayed"] for r in results]
+    assert got["true"] == got["false"]
+    assert replayed[0] >= 24 and any(v == "loss_spike" for _, v, _, _ in got["true"]), replayed

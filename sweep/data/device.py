@@ -115,6 +115,11 @@ class PackBatches:
         rows = self.table[:, step]  # (K, B)
         return self.clips.index_select(0, rows.reshape(-1)).view(*rows.shape, *self.clips.shape[1:])
 
+    def at(self, clock: Tensor) -> Tensor:
+        """`batch` of the step a device index (1,) holds (a CUDA graph replays it for whatever step that is)."""
+        rows = self.table.index_select(1, clock)  # (K, 1, B)
+        return self.clips.index_select(0, rows.reshape(-1)).view(rows.shape[0], rows.shape[2], *self.clips.shape[1:])
+
     def bad(self, x: Tensor) -> Tensor:
         """(K,) bool on the device: run k checks its data and its batch x[k] holds a NaN, an Inf or a value beyond
         its limit (DeviceBatches.bad per run)."""

@@ -14,6 +14,8 @@ same tensors, so the same numbers, bit for bit, as running it eagerly.
 - The noise generator is registered with the graph: each replay draws the next noise, as an eager step would.
 - The gradients a replay writes live in the graph's memory pool; after each replay the weights' `.grad`
   point at them again, so the stall check and the explanation read them as after an eager step.
+- A pack (sweep/run/packed.py) captures its vmapped step the same way, every live run's generator
+  registered; when runs leave the pack its tensors are compacted (new tensors), so it captures again.
 - What stays eager: the steps run one sync each (`one`: windows taken back, the steps the host decides),
   a window's first step when it records attention logits (their hooks run on the host), batches read from
   files (`x0` comes from the host), and everything on the CPU.
@@ -30,8 +32,6 @@ import logging
 from typing import Callable
 
 import torch
-
-from sweep.run.window import Snapshot
 
 log = logging.getLogger("sweep")
 
@@ -53,21 +53,38 @@ def wanted(mode: str, device: torch.device) -> bool:
 
 
 class StepGraph:
-    """One window step (`step()` -> (row, pred, x0), device state only) as a CUDA graph, or eager until captured."""
+    """One window step (`step()` -> (row, pred, batch), device state only) as a CUDA graph, or eager until
+    captured. The loop that owns the step says what the capture needs: its clock, weights, noise generators,
+    a snapshot of its state, how to drop its gradients, and whether its optimizer has its state yet."""
 
-    def __init__(self, step: Callable[[], tuple], parts, params: list[torch.Tensor], steps: int):
-        self.step, self.parts, self.params, self.steps = step, parts, params, steps
+    def __init__(
+        self,
+        step: Callable[[], tuple],
+        *,
+        clock: torch.Tensor,
+        params: Callable[[], list[torch.Tensor]],
+        generators: Callable[[], list[torch.Generator]],
+        snapshot: Callable[[], object],
+        zero_grad: Callable[[], None],
+        has_state: Callable[[], bool],
+        steps: int,
+    ):
+        self.step, self.clock, self.params, self.generators = step, clock, params, generators
+        self.snapshot, self.zero_grad, self.has_state, self.steps = snapshot, zero_grad, has_state, steps
         self.graph: torch.cuda.CUDAGraph | None = None
         self.failed: str | None = None
         """Why the capture failed (the run then stays eager), or None."""
 
     def ready(self, step: int) -> bool:
-        """Captured, or worth capturing at `step`: AdamW has its state, no capture failed before, and the run
-        has the warm-up's steps left (their batches and lrs are table rows: none past the run's last step)."""
+        """Captured, or worth capturing at `step`: the optimizer has its state, no capture failed before, and
+        the run has the warm-up's steps left (their batches and lrs are table rows: none past the last step)."""
         if self.graph is not None:
             return True
-        state = self.parts.optimizer.state
-        return self.failed is None and step + WARMUP < self.steps and all(p in state for p in self.params)
+        return self.failed is None and step + WARMUP < self.steps and self.has_state()
+
+    def reset(self) -> None:
+        """The tensors the graph captured were replaced (a pack compacting): capture again when next asked."""
+        self.graph = None
 
     def __call__(self) -> tuple:
         """The step the clock is at: replayed, captured first if need be."""
@@ -76,30 +93,30 @@ class StepGraph:
             if self.graph is None:
                 return self.step()
         self.graph.replay()
-        for p, g in zip(self.params, self.grads):
+        for p, g in zip(self.params(), self.grads):
             p.grad = g
-        row, pred, x0 = self.out
-        return row.clone(), pred, x0  # the row is read after the window's later replays overwrote it
+        row, pred, batch = self.out
+        return row.clone(), pred, batch  # the row is read after the window's later replays overwrote it
 
     def _capture(self) -> None:
-        parts = self.parts
-        snapshot, clock = Snapshot(parts, self.params), parts.optimizer.clock.clone()
+        snapshot, clock, device = self.snapshot(), self.clock.clone(), self.clock.device
         try:
-            side = torch.cuda.Stream(parts.device)
-            side.wait_stream(torch.cuda.current_stream(parts.device))
+            side = torch.cuda.Stream(device)
+            side.wait_stream(torch.cuda.current_stream(device))
             with torch.cuda.stream(side):
                 for _ in range(WARMUP):
-                    parts.optimizer.zero_grad(set_to_none=True)
+                    self.zero_grad()
                     self.step()
-            torch.cuda.current_stream(parts.device).wait_stream(side)
+            torch.cuda.current_stream(device).wait_stream(side)
             snapshot.restore()  # in place: the warm-up steps are gone, the tensors are the same
-            parts.optimizer.clock.copy_(clock)
+            self.clock.copy_(clock)
             graph = torch.cuda.CUDAGraph()
-            graph.register_generator_state(parts.noise_gen)
-            parts.optimizer.zero_grad(set_to_none=True)  # the backward allocates the gradients in the graph's pool
+            for generator in self.generators():  # each replay draws the next noise, as an eager step does
+                graph.register_generator_state(generator)
+            self.zero_grad()  # the backward allocates the gradients in the graph's pool
             with torch.cuda.graph(graph):
                 self.out = self.step()
-            self.grads = [p.grad for p in self.params]
+            self.grads = [p.grad for p in self.params()]
             self.graph = graph
         except RuntimeError as e:  # a kernel or an op that cannot be captured: eager steps, same numbers
             self.failed = f"{type(e).__name__}: {e}".splitlines()[0]
@@ -107,4 +124,4 @@ class StepGraph:
                 "graph=true: the step could not be captured as a CUDA graph (%s); running it eagerly", self.failed
             )
             snapshot.restore()
-            parts.optimizer.clock.copy_(clock)
+            self.clock.copy_(clock)

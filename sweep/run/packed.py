@@ -40,6 +40,7 @@ from sweep.run.adam_lag import lag_note
 from sweep.run.adamw import Hyper, scalars, update_
 from sweep.run.build import RunParts
 from sweep.run.evaluate import Evaluator
+from sweep.run.graph import StepGraph, wanted
 from sweep.run.monitor import Cause, Divergence
 from sweep.run.progress import RunProgress
 from sweep.run.results import MetricsLog
@@ -174,11 +175,15 @@ class StackedAdamW:
             self.beta2[run],
         )
 
-    @torch.no_grad()
-    def step(self, step: int, stepping: list[bool], params: dict[str, torch.Tensor]) -> None:
-        """Update the packed runs whose `stepping` is True (in pack order) with their lr of step `step`."""
+    def at(self, step: int) -> None:
+        """The next update is step `step`'s (each run's lr of that step)."""
         self.clock.fill_(step)
-        keep = [i for i, go in enumerate(stepping) if not go]
+
+    @torch.no_grad()
+    def step(self, params: dict[str, torch.Tensor], stepping: list[bool] | None = None) -> None:
+        """Update the packed runs whose `stepping` is True (in pack order; None: every run, with nothing from
+        the host, as a window's step does) with their lr of the step the clock is at."""
+        keep = [i for i, go in enumerate(stepping) if not go] if stepping is not None else []
         self.counts += torch.tensor(stepping, device=self.device) if keep else 1
         lr = self.hyper.lr.index_select(1, self.clock).view(-1)
         cols = scalars(lr, self.hyper, self.counts.clamp(min=1))  # (ROWS, K); a skipped run's are unused
@@ -251,6 +256,7 @@ def train_packed(
         stood, at = pack.window(step, end, live)
         for k in live:
             syncs[k].window(pack.ran_to, stood, at)
+            syncs[k].replayed += pack.replayed
         if stood:
             step = end
         else:
@@ -277,6 +283,24 @@ class _Pack:
             PackBatches.of(each, [r.data.check for r in runs]) if any(r.monitor.sync_every > 1 for r in runs) else None
         )
         self.device_batches = pack.to(self.device) if pack is not None else None
+        self.loss_weights = torch.tensor([r.objective.loss_weight for r in runs], device=self.device)
+        # graph=true on CUDA: window steps replay one capture of device_step (sweep/run/graph.py)
+        graphed = self.device_batches is not None and wanted(runs[0].graph, self.device)  # graph is in pack_key
+        self.graph = (
+            StepGraph(
+                lambda: self.device_step(self.packed),
+                clock=self.opt.clock,
+                params=lambda: [p for p in self.model.params.values() if p.requires_grad],
+                generators=lambda: [parts[k].noise_gen for k in self.packed],
+                snapshot=lambda: PackSnapshot(self, self.packed),
+                zero_grad=self.model.zero_grad,
+                has_state=lambda: True,  # the stacked moments exist from the start
+                steps=max(r.steps for r in runs),
+            )
+            if graphed
+            else None
+        )
+        self.replayed = 0  # the last window's steps replayed from the graph
 
     def live_at(self, step: int) -> list[int]:
         """The runs that train at `step`: not past their steps, not stopped by a verdict."""
@@ -289,9 +313,13 @@ class _Pack:
     def compact(self, live: list[int]) -> None:
         """Runs that left the pack stop costing: keep only `live` in the stacked tensors."""
         if live != self.packed:
+            positions = [self.packed.index(k) for k in live]
             for part in (self.model, self.opt, self.steps, self.device_batches):
                 if part is not None:
-                    part.keep([self.packed.index(k) for k in live])
+                    part.keep(positions)
+            self.loss_weights = self.loss_weights[positions]
+            if self.graph is not None:  # it captured the tensors just replaced
+                self.graph.reset()
             self.packed = live
 
     def batches(self, step: int, live: list[int]) -> tuple[dict, dict]:
@@ -314,8 +342,7 @@ class _Pack:
         with policy.gemm_mode():
             with policy.autocast(device):
                 pred = self.model(noisy.to(policy.param_dtype), t)  # (L, B, ...)
-            loss = vmap(self.parts[0].objective.loss)(pred, target)  # (L,)
-            loss = loss * torch.tensor([self.runs[k].objective.loss_weight for k in live], device=loss.device)
+            loss = vmap(self.parts[0].objective.loss)(pred, target) * self.loss_weights  # (L,)
             self.steps.backward(loss)
         return loss, pred
 
@@ -332,39 +359,55 @@ class _Pack:
         grads = StackedGrads(self.model.grads())
         decisions = self.steps.decide(step, loss, grads)  # the one sync
         lrs = [self.parts[k].lr_at(step) for k in live]
-        self.opt.step(step, [d.stepping for d in decisions], self.model.params)
+        self.opt.at(step)
+        self.opt.step(self.model.params, [d.stepping for d in decisions])
         self.finish(step, live, decisions, lrs, grads, pred, batches)
         self.model.zero_grad()
+
+    def device_step(self, live: list[int]) -> tuple[torch.Tensor, torch.Tensor, dict]:
+        """One window step of the live runs from device state alone (sweep.run.train._Loop.device_step's
+        counterpart, what a CUDA graph of the pack captures): every run's batch and lr of the step the clock is
+        at, each run's next noise, the vmapped forward and backward, AdamW for every run, and the clock moves
+        on. Returns (rows (ROWS + 1, L): the step's rows and each run's data flag; pred; {k: (x0, noisy, t,
+        target)})."""
+        x0 = self.device_batches.at(self.opt.clock)  # (L, B, ...)
+        flags = self.device_batches.bad(x0)
+        batches = {
+            k: (x0[i], *self.parts[k].objective.sample(x0[i], self.parts[k].noise_gen)) for i, k in enumerate(live)
+        }
+        loss, pred = self.forward_backward(batches, live)
+        row = self.steps.record(loss, StackedGrads(self.model.grads()))
+        self.opt.step(self.model.params)  # a step the scaler or monitor would have stopped takes the window back
+        self.opt.clock.add_(1)
+        return torch.cat([row, flags.double().view(1, -1)]), pred, batches
 
     def window(self, start: int, end: int, live: list[int]) -> tuple[bool, int | None]:
         """Steps start..end-1 of the live runs with one sync: (True, None) when they stood, (False, s) when
         some run's step s needs the host (take the window back)."""
-        rows, lrs, flags = [], [], []
-        self.ran_to = start  # the first step of the window not run (yet)
+        rows, flagged = [], self.device_batches is not None  # drawn and checked on the device: flags in the rows
+        self.ran_to, self.replayed = start, 0  # the first step of the window not run (yet)
+        self.opt.at(start)  # the clock: each step moves it on
         for step in range(start, end):
-            if self.device_batches is not None:  # drawn and checked on the device: the flags come with the rows
-                x0 = self.device_batches.batch(step)  # (L, B, ...)
-                flags.append(self.device_batches.bad(x0))
-                batches = {
-                    k: (x0[i], *self.parts[k].objective.sample(x0[i], self.parts[k].noise_gen))
-                    for i, k in enumerate(live)
-                }
+            if step > start:  # the last step's gradients stay for the stall checks
+                self.model.zero_grad()
+            if flagged and self.graph is not None and self.graph.ready(step):
+                row, pred, batches = self.graph()
+                self.replayed += self.graph.graph is not None  # not when the capture failed
+            elif flagged:
+                row, pred, batches = self.device_step(live)
             else:
                 batches, issues = self.batches(step, live)
                 if issues:
                     return False, step
-            if step > start:  # the last step's gradients stay for the stall checks
-                self.model.zero_grad()
-            loss, pred = self.forward_backward(batches, live)
-            rows.append(self.steps.record(loss, StackedGrads(self.model.grads())))
-            lrs.append([self.parts[k].lr_at(step) for k in live])
-            self.opt.step(step, [True] * len(live), self.model.params)
+                loss, pred = self.forward_backward(batches, live)
+                row = self.steps.record(loss, StackedGrads(self.model.grads()))
+                self.opt.step(self.model.params)
+                self.opt.clock.add_(1)
+            rows.append(row)
             self.ran_to = step + 1
-        fetched = torch.stack(rows)  # (steps, ROWS, L)
-        if flags:
-            fetched = torch.cat([fetched, torch.stack(flags).double().unsqueeze(1)], dim=1)
-        fetched = fetched.tolist()  # the window's one sync
-        bad = next((s for s, row in zip(range(start, end), fetched) if flags and any(row[-1])), None)
+        lrs = [[self.parts[k].lr_at(s) for k in live] for s in range(start, end)]
+        fetched = torch.stack(rows).tolist()  # (steps, ROWS [+ the flags], L): the window's one sync
+        bad = next((s for s, row in zip(range(start, end), fetched) if flagged and any(row[-1])), None)
         if bad is not None:  # a bad batch: the host's check decides it, with the steps before it one by one
             return False, bad
         decisions = [self.steps.judge(s, row[: Steps.ROWS]) for s, row in zip(range(start, end), fetched)]

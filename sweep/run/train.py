@@ -111,7 +111,20 @@ class _Loop:
         )
         # graph=true on CUDA: window steps replay one capture of device_step (sweep/run/graph.py)
         graphed = self.batches is not None and wanted(run.graph, parts.device)
-        self.graph = StepGraph(lambda: self.device_step(None), parts, self.params, run.steps) if graphed else None
+        self.graph = (
+            StepGraph(
+                lambda: self.device_step(None),
+                clock=parts.optimizer.clock,
+                params=lambda: self.params,
+                generators=lambda: [parts.noise_gen],
+                snapshot=lambda: Snapshot(parts, self.params),
+                zero_grad=lambda: parts.optimizer.zero_grad(set_to_none=True),
+                has_state=lambda: all(p in parts.optimizer.state for p in self.params),  # the first update made it
+                steps=run.steps,
+            )
+            if graphed
+            else None
+        )
 
     def forward_backward(self, step: int, x0: torch.Tensor, probe=None) -> tuple[torch.Tensor, torch.Tensor, float]:
         """Set the clock to `step`, then `forward_backward_at`: (loss (1,), pred, the step's lr)."""
