@@ -36,17 +36,23 @@ ATTENTION_KERNELS = {
 }
 """The kernel each backend forces, as result.json's `kernels.attention` names it."""
 
-# Profiler op names of the SDPA kernels (torch 2.13 CPU; CUDA names for the CUDA-only kernels): how
-# a profiled compiled graph shows which attention kernel it runs (sweep/run/compiled.py).
-FLASH_OPS = {"cpu": "aten::_scaled_dot_product_flash_attention_for_cpu"}
+# Profiler op names (dispatcher events, recorded on any device) of the SDPA kernels: how a profiled
+# compiled graph shows which attention kernel it runs (sweep/run/compiled.py). The forward's; the
+# backward's is the same name + "_backward". CPU names measured on torch 2.13; the CUDA ones are
+# aten's op names for those kernels, not yet seen in a profile of a compiled CUDA graph (issue #15).
+FUSED_OPS = {
+    "cpu": {"flash": "aten::_scaled_dot_product_flash_attention_for_cpu"},
+    "cuda": {
+        "flash": "aten::_scaled_dot_product_flash_attention",
+        "efficient": "aten::_scaled_dot_product_efficient_attention",
+        "cudnn": "aten::_scaled_dot_product_cudnn_attention",
+    },
+}
+FLASH_OPS = {device: ops["flash"] for device, ops in FUSED_OPS.items()}
 MATH_OP = "aten::_scaled_dot_product_attention_math"
 SDPA_OPS = (
-    "aten::_scaled_dot_product_flash_attention_for_cpu",
-    "aten::_scaled_dot_product_flash_attention_for_cpu_backward",
-    "aten::_scaled_dot_product_attention_math",
-    "aten::_scaled_dot_product_flash_attention",
-    "aten::_scaled_dot_product_efficient_attention",
-    "aten::_scaled_dot_product_cudnn_attention",
+    MATH_OP,
+    *(name + suffix for ops in FUSED_OPS.values() for name in ops.values() for suffix in ("", "_backward")),
 )
 
 _SDPA_BACKENDS = {

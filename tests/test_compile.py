@@ -20,7 +20,8 @@ from sweep.run.execute import execute
 
 from .conftest import make_run
 
-# compile=true proves its kernels by CPU profiler op names (sweep/run/compiled.py): these tests pin device=cpu.
+# compile=true proves its kernels by profiler op names (sweep/run/compiled.py): these tests pin device=cpu, but the
+# `cuda` one.
 FLASH = "aten::_scaled_dot_product_flash_attention_for_cpu"
 FLASH_BACKWARD = FLASH + "_backward"
 MATH = "aten::_scaled_dot_product_attention_math"
@@ -93,12 +94,41 @@ def test_a_lost_flash_or_fused_modulate_is_skipped(tmp_path, monkeypatch):
     assert fused.status == "skipped" and f"lost the {MODULATE} op for modulate=fused" in fused.reason
 
 
-def test_compile_is_refused_on_cuda_with_its_reason():
-    """Until compiled CUDA kernels are proven by name (issue #15), a CUDA run compiled is `skipped`, said why."""
-    reason = compiled.compile_unsupported_reason(make_run(*SMALL, "compile=true"), torch.device("cuda"))
-    assert reason == (
-        "compile=true proves its attention kernel by CPU profiler op names only (untested on cuda); run it uncompiled"
+def test_compile_is_refused_on_a_device_whose_op_names_it_does_not_know():
+    run = make_run(*SMALL, "compile=true")
+    assert compiled.compile_unsupported_reason(run, torch.device("cuda")) is None
+    assert compiled.compile_unsupported_reason(run, torch.device("mps")) == (
+        "compile=true proves its attention kernel by the profiler op names of CPU and CUDA only (not mps); "
+        "run it uncompiled"
     )
+
+
+@pytest.mark.parametrize("device", ["cpu", "cuda"], ids=["cpu_names", "cuda_names"])  # a `cuda` id would skip it
+def test_the_kernel_check_reads_each_devices_op_names(device):
+    """The forced fused kernel's forward and backward ops, and no other SDPA op; math and eager run none of them."""
+    from models.attention import FUSED_OPS
+
+    dev, fused = torch.device(device), FUSED_OPS[device]
+    for attention, op in fused.items():
+        assert compiled._attention_mismatch(attention, {op, op + "_backward", "aten::mm"}, dev) is None
+        assert "did not run" in compiled._attention_mismatch(attention, {op}, dev)
+        for other in set(fused.values()) - {op}:
+            assert "runs" in compiled._attention_mismatch(attention, {op, op + "_backward", other}, dev)
+    flash = fused["flash"]
+    assert "rewrites attention=math" in compiled._attention_mismatch("math", {MATH, flash, flash + "_backward"}, dev)
+    assert compiled._attention_mismatch("math", {MATH}, dev) is None
+    assert "runs" in compiled._attention_mismatch("eager", {MATH}, dev)  # eager runs no SDPA op at all
+    if device == "cuda":  # a CPU kernel's name is not the CUDA one
+        assert "did not run" in compiled._attention_mismatch("flash", set(FUSED_OPS["cpu"].values()), dev)
+
+
+@pytest.mark.cuda
+def test_a_compiled_cuda_run_records_the_flash_kernel_it_ran(tmp_path):
+    r = execute(
+        make_run("device=cuda", "steps=4", "compile=true", "attention=flash", "precision=bf16_amp"), tmp_path, {}
+    )
+    assert r.status == "stable", r.reason
+    assert r.kernels["attention"] == "sdpa:FLASH_ATTENTION (compiled)"
 
 
 @pytest.mark.slow

@@ -2,7 +2,8 @@
 
     python -m sweep compile=true attention=flash precision=bf16_amp
 
-Measured on torch 2.13 CPU (docs/compile.md; tests/test_compile.py):
+Measured on torch 2.13 CPU (docs/compile.md; tests/test_compile.py); on CUDA the same check reads aten's CUDA
+op names (models/attention.py FUSED_OPS), not yet seen in a compiled CUDA profile (issue #15):
   * Dynamo keeps the SDPA backend `sdpa_kernel` forced: attention=flash compiles to
     `aten::_scaled_dot_product_flash_attention_for_cpu` (+ `_backward`), attention=math to inductor's
     own bmm + softmax (the MATH formula, decomposed; no SDPA op left).
@@ -38,7 +39,7 @@ from typing import Callable
 import torch
 
 from models import KernelUnavailable, LogitStats, watching_logits
-from models.attention import ATTENTION_KERNELS, FLASH_OPS, MATH_OP, SDPA_OPS
+from models.attention import ATTENTION_KERNELS, FUSED_OPS, MATH_OP, SDPA_OPS
 from models.modulate import MODULATE_KERNELS, MODULATE_OP
 from sweep.config import Arch, RunConfig
 from sweep.run.build import RunParts
@@ -63,9 +64,9 @@ def compile_unsupported_reason(run: RunConfig, device: torch.device) -> str | No
             "compile=true is not wired for model=custom: its attention axis is a TorchFunctionMode around each "
             "forward, unproven under torch.compile; run it uncompiled"
         )
-    if device.type not in FLASH_OPS:
+    if device.type not in FUSED_OPS:
         return (
-            f"compile=true proves its attention kernel by CPU profiler op names only (untested on "
+            f"compile=true proves its attention kernel by the profiler op names of CPU and CUDA only (not "
             f"{device.type}); run it uncompiled"
         )
     return None
@@ -143,15 +144,18 @@ def _profile_step(run: RunConfig, parts: RunParts) -> set[str]:
 
 
 def _attention_mismatch(attention: str, ops: set[str], device: torch.device) -> str | None:
-    flash = FLASH_OPS[device.type]
-    if attention == "flash":
-        missing = [op for op in (flash, flash + "_backward") if op not in ops]
+    fused = FUSED_OPS[device.type]
+    if attention in fused:  # the forced kernel's forward and backward ops, and no other SDPA op
+        op = fused[attention]
+        missing = [o for o in (op, op + "_backward") if o not in ops]
         if missing:
             return (
-                f"compile=true: attention=flash did not run {', '.join(missing)} in the compiled graph; "
+                f"compile=true: attention={attention} did not run {', '.join(missing)} in the compiled graph; "
                 "run it uncompiled"
             )
-        return None
+        other = sorted(o for o in ops if o in SDPA_OPS and o not in (op, op + "_backward"))
+        return f"compile=true runs {', '.join(other)} for attention={attention}; run it uncompiled" if other else None
+    flash = fused["flash"]
     if flash in ops or flash + "_backward" in ops:
         return (
             f"compile=true rewrites attention={attention} into the flash kernel ({flash} in the compiled "
