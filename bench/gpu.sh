@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The GPU figures in docs/packing.md and the README: trial packing and throughput per precision and
 # attention kernel, on whatever CUDA device torch sees.
-#   bash bench/gpu.sh [packing|throughput]      (default: both; PYTHON=python3 to pick the interpreter)
+#   bash bench/gpu.sh [packing|throughput|graph]   (default: all; PYTHON=python3 to pick the interpreter)
 # Each line is the command one table came from; run it alone to redo that table.
 set -uo pipefail  # one failing table does not stop the others
 PY=${PYTHON:-python}
@@ -17,4 +17,9 @@ if [[ $part == all || $part == throughput ]]; then
   "$PY" bench/throughput.py --precisions fp32,tf32,bf16_amp,fp16_amp,bf16_pure --attention math
   "$PY" bench/throughput.py --precisions bf16_amp,fp16_amp --attention flash
   "$PY" bench/throughput.py --model video_dit_s --precisions fp32,bf16_amp,fp16_amp --attention math
+fi
+if [[ $part == all || $part == graph ]]; then  # issue #15: graph=true against the bare step as one CUDA graph
+  "$PY" bench/throughput.py --precisions bf16_amp --attention flash --rounds 3 --graph-every 8
+  "$PY" bench/throughput.py --precisions fp32 --attention math --rounds 3 --graph-every 8
+  "$PY" bench/throughput.py --model video_dit_s --precisions bf16_amp --attention flash --rounds 3 --graph-every 8
 fi

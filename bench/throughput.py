@@ -10,6 +10,10 @@ process and compute dtype, and the overhead of the divergence monitor: the same 
 The two loops run interleaved for --rounds rounds (alternating which goes first), each on freshly built
 parts; ms/step figures are medians over rounds, the monitor's cost the median of the rounds' paired
 ratios, with their range in brackets: on a shared machine one pair of runs is not a measurement.
+On CUDA three more figures: the real loop with graph=true (windows of --graph-every steps replayed from
+one CUDA graph, over the run's second half), the bare step captured by hand as one CUDA graph (noise,
+forward, backward, torch's fused capturable AdamW: the reference issue #15 holds the loop to, within
+1.25x), their ratio, and the reference's model FLOP/s as a share of the matmul's.
 On the CPU, "monitor in-loop" is the monitor's share of one monitored run timed from inside it
 (monitor_share): no second loop, so none of the noise between two runs.
 """
@@ -17,6 +21,7 @@ On the CPU, "monitor in-loop" is the monitor's share of one monitored run timed 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import statistics
 import sys
 import time
@@ -102,6 +107,12 @@ def main() -> None:
     ap.add_argument(
         "--rounds", type=int, default=5, help="monitored and bare loops, interleaved: figures are medians over rounds"
     )
+    ap.add_argument(
+        "--graph-every",
+        type=int,
+        default=8,
+        help="CUDA: monitor.sync_every of the graph=true figure (windows to replay)",
+    )
     args = ap.parse_args()
     device = resolve_device("auto")
     print(
@@ -112,6 +123,11 @@ def main() -> None:
         f"{'precision':<17}{'steps/s':>9}{'ms/step':>9}{'GFLOP/step':>12}{'model GFLOP/s':>15}"
         f"{'matmul GFLOP/s':>16}{'of matmul':>11}{'bare ms/step':>14}{'monitor cost':>14}{'(range)':>20}"
         f"{'monitor in-loop':>16}"
+        + (
+            f"{'graphed ms':>13}{'bare graph ms':>15}{'graphed/bare':>11}{'bare of mm':>12}"
+            if device.type == "cuda"
+            else ""
+        )
     )
     for name in args.precisions.split(","):
         # lr small enough that every precision stays stable for the whole figure
@@ -153,12 +169,18 @@ def main() -> None:
         ratios = sorted(m / b - 1 for m, b in zip(monitored, bare))
         share = monitor_share(run, fresh_parts(run, policy, device)) if device.type == "cpu" else float("nan")
         step, bare_step = statistics.median(monitored), statistics.median(bare)
-        print(
+        line = (
             f"{name:<17}{1 / step:>9.2f}{step * 1e3:>9.1f}{flops / 1e9:>12.2f}"
             f"{flops / step / 1e9:>15.1f}{peak / 1e9:>16.1f}{flops / step / peak:>11.1%}"
             f"{bare_step * 1e3:>14.1f}{statistics.median(ratios):>+14.1%}"
             f"{'[' + f'{ratios[0]:+.1%} .. {ratios[-1]:+.1%}' + ']':>20}{share:>16.1%}"
         )
+        if device.type == "cuda":  # graph=true, and the bare step as one graph: the figure the loop is held to
+            graphed = graphed_step(dataclasses.replace(run, steps=max(run.steps, 64)), policy, device, args.graph_every)
+            reference = bare_graph_step(run, fresh_parts(run, policy, device), run.steps)
+            line += f"{graphed * 1e3:>13.2f}{reference * 1e3:>15.2f}{graphed / reference:>10.2f}x"
+            line += f"{flops / reference / peak:>12.1%}"
+        print(line)
 
 
 def monitor_share(run, parts) -> float:
@@ -197,6 +219,70 @@ def monitor_share(run, parts) -> float:
         for owner, name, f in saved:
             setattr(owner, name, f)
     return spent[0] / total
+
+
+class _Clock:
+    """A window-safe step hook that notes when the host saw each step (at its window's end)."""
+
+    window_safe = True
+
+    def __init__(self):
+        self.seen: list[tuple[int, float]] = []
+
+    def after_step(self, step, loss, parts) -> bool:
+        self.seen.append((step, time.perf_counter()))
+        return False
+
+
+def graphed_step(run, policy, device, sync_every: int) -> float:
+    """Seconds per step of the real loop with graph=true (CUDA), over the run's second half: the capture (at the
+    first window after AdamW has its state) and the first windows are left out."""
+    run = dataclasses.replace(run, graph="true", monitor=dataclasses.replace(run.monitor, sync_every=sync_every))
+    clock = _Clock()
+    train(run, fresh_parts(run, policy, device), MetricsLog(), RunProgress(run.steps, Progress.none, 1), hooks=[clock])
+    half = [(s, t) for s, t in clock.seen if s >= run.steps // 2]
+    (s0, t0), (s1, t1) = half[0], half[-1]
+    return (t1 - t0) / (s1 - s0)
+
+
+def bare_graph_step(run, parts, steps: int) -> float:
+    """Seconds per step of the model's own step captured by hand as one CUDA graph: noise, forward, backward and
+    torch's fused AdamW (capturable, lr a device tensor), nothing else: the reference a graphed loop is held to."""
+    model, policy, device = parts.model, parts.policy, parts.device
+    params = [p for p in model.parameters() if p.requires_grad]
+    o = run.optim
+    opt = torch.optim.AdamW(
+        params, lr=torch.tensor(o.lr, device=device), betas=tuple(o.betas), eps=o.eps, fused=True, capturable=True
+    )
+    x0 = torch.stack([parts.dataset[i] for i in parts.order.indices(0)]).to(device)
+    graph = torch.cuda.CUDAGraph()
+    graph.register_generator_state(parts.noise_gen)
+    scale = parts.scaler.scale_of()  # a Python float, read before the capture (reading it is a sync)
+
+    def step():
+        noisy, t, target = parts.objective.sample(x0, parts.noise_gen)
+        with policy.autocast(device):
+            loss = parts.objective.loss(model(noisy.to(policy.param_dtype), t), target)
+        (loss * scale).backward()
+        opt.step()
+
+    side = torch.cuda.Stream(device)
+    side.wait_stream(torch.cuda.current_stream(device))
+    with torch.cuda.stream(side):
+        for _ in range(3):
+            opt.zero_grad(set_to_none=True)
+            step()
+    torch.cuda.current_stream(device).wait_stream(side)
+    opt.zero_grad(set_to_none=True)
+    with torch.cuda.graph(graph):
+        step()
+    graph.replay()
+    torch.cuda.synchronize()
+    start = time.perf_counter()
+    for _ in range(steps):
+        graph.replay()
+    torch.cuda.synchronize()
+    return (time.perf_counter() - start) / steps
 
 
 def fresh_parts(run, policy, device):
