@@ -35,9 +35,10 @@ from typing import Callable, Sequence
 
 import torch
 
-ROWS = 7
-"""Rows of the scalar columns `update_` takes: decay, 1-beta1, beta2, 1-beta2, sqrt(bias correction 2), eps,
-minus the step size."""
+ROWS = 3
+"""Rows of the per-step scalar columns `update_` takes: decay, sqrt(bias correction 2), minus the step size."""
+
+Consts = tuple  # 1 - beta1, beta2, 1 - beta2, eps: Python floats, or (K,) fp32 tensors for a pack whose runs differ
 
 
 @dataclass
@@ -50,8 +51,9 @@ class Hyper:
     """(steps + 1,) float64: 1 - beta1**n for every update count n."""
     bc2: torch.Tensor
     """(steps + 1,) float64: (1 - beta2**n) ** 0.5 for every update count n."""
-    consts: torch.Tensor
-    """(4,) float64: 1 - beta1, beta2, 1 - beta2, eps."""
+    consts: Consts
+    """1 - beta1, beta2, 1 - beta2, eps: constant over the run, so Python floats the kernels take as torch's do
+    (a CUDA graph keeps them as they are); a pack whose runs differ in them has (K,) fp32 tensors."""
     weight_decay: torch.Tensor
     """() float64."""
 
@@ -74,7 +76,7 @@ class Hyper:
             lr=torch.tensor([lr_at(s) * lr_scale for s in range(steps)], **f64),
             bc1=torch.tensor([1 - b1**k for k in n], **f64),
             bc2=torch.tensor([(1 - b2**k) ** 0.5 for k in n], **f64),
-            consts=torch.tensor([1 - b1, b2, 1 - b2, eps], **f64),
+            consts=(1 - b1, b2, 1 - b2, eps),
             weight_decay=torch.tensor(weight_decay, **f64),
         )
 
@@ -90,7 +92,7 @@ class Hyper:
             lr=torch.stack([pad(h.lr, width) for h in hypers]),
             bc1=torch.stack([pad(h.bc1, width + 1) for h in hypers]),
             bc2=torch.stack([pad(h.bc2, width + 1) for h in hypers]),
-            consts=torch.stack([h.consts for h in hypers], dim=1),  # (4, K)
+            consts=_stacked_consts([h.consts for h in hypers], hypers[0].lr.device),
             weight_decay=torch.stack([h.weight_decay for h in hypers]),
         )
 
@@ -100,39 +102,55 @@ class Hyper:
             self.lr[positions],
             self.bc1[positions],
             self.bc2[positions],
-            self.consts[:, positions],
+            self.consts if isinstance(self.consts[0], float) else tuple(c[positions] for c in self.consts),
             self.weight_decay[positions],
         )
 
 
+def _stacked_consts(each: list[Consts], device: torch.device) -> Consts:
+    """The runs' constants: floats when every run has the same ones, else one (K,) fp32 tensor each (the value
+    torch's kernels compute with: a Python scalar rounded to fp32)."""
+    if all(c == each[0] for c in each):
+        return each[0]
+    return tuple(torch.tensor(column, dtype=torch.float32, device=device) for column in zip(*each))
+
+
 def scalars(lr: torch.Tensor, h: Hyper, counts: torch.Tensor) -> torch.Tensor:
-    """The (ROWS, R) fp32 columns of R updates at their lr (R,) or (1,) and update counts (R,) int64, in double
-    as torch computes them in Python, then rounded to fp32 as its kernels take them. `h`'s tables are one
+    """The (ROWS, R) fp32 per-step columns of R updates at their lr (R,) or (1,) and update counts (R,) int64, in
+    double as torch computes them in Python, then rounded to fp32 as its kernels take them. `h`'s tables are one
     row (a group's, shared by its R weights) or R rows (a pack's runs)."""
     rows = counts.shape[0]
     bc1 = h.bc1.reshape(-1, h.bc1.shape[-1]).expand(rows, -1).gather(1, counts.view(-1, 1)).view(-1)
     bc2 = h.bc2.reshape(-1, h.bc2.shape[-1]).expand(rows, -1).gather(1, counts.view(-1, 1)).view(-1)
-    consts = h.consts.reshape(4, -1).expand(4, rows)
     lr = lr.expand(rows)
-    return torch.stack([1 - lr * h.weight_decay.expand(rows), *consts[:3], bc2, consts[3], -(lr / bc1)]).float()
+    return torch.stack([1 - lr * h.weight_decay.expand(rows), bc2, -(lr / bc1)]).float()
 
 
-def update_(w: torch.Tensor, g: torch.Tensor, m: torch.Tensor, v: torch.Tensor, cols: torch.Tensor, decays: bool):
+def update_(
+    w: torch.Tensor, g: torch.Tensor, m: torch.Tensor, v: torch.Tensor, cols: torch.Tensor, consts: Consts, decays: bool
+):
     """One AdamW update of K stacked weights w (K, ...) with gradients g and moments m, v, in place; run k with
-    the scalars cols[:, k] (fp32, from `scalars`). Each op computes in fp32 and rounds once to the weight's
-    dtype, as torch's CPU kernels do with Python-scalar operands, except `add`, whose kernel rounds its scalar
-    to the tensor's dtype first (eps in bf16 is not eps in fp32); the operand order is theirs too (addcmul is
-    self + (value*t1)*t2, addcdiv is self + (value*t1)/t2). So pure fp16 turns eps=1e-8 into 0 and divides 0
-    by 0 as torch does, and pure bf16 loses updates below its resolution."""
-    decay, omb1, b2, omb2, bc2, eps, neg_step = cols.view(ROWS, -1, *[1] * (w.dim() - 1))
+    the per-step scalars cols[:, k] (fp32, from `scalars`) and the constants `consts` (Hyper.consts). Each op
+    computes in fp32 and rounds once to the weight's dtype, as torch's CPU kernels do with Python-scalar
+    operands, except `add`, whose kernel rounds its scalar to the tensor's dtype first (eps in bf16 is not eps
+    in fp32); the operand order is theirs too (addcmul is self + (value*t1)*t2, addcdiv is
+    self + (value*t1)/t2). So pure fp16 turns eps=1e-8 into 0 and divides 0 by 0 as torch does, and pure bf16
+    loses updates below its resolution."""
+    shape = (-1, *[1] * (w.dim() - 1))
+    decay, bc2, neg_step = cols.view(ROWS, *shape)
+    omb1, b2, omb2, eps = (c if isinstance(c, float) else c.view(shape) for c in consts)
     if decays:
         w.mul_(decay)
-    if m.dtype == omb1.dtype:
+    if isinstance(omb1, float) or m.dtype == omb1.dtype:
         m.lerp_(g, omb1)
     else:  # lerp wants one dtype: compute it in fp32 and round, as the kernel does with a scalar weight
         m.copy_(torch.lerp(m.float(), g.float(), omb1))
-    v.mul_(b2).addcmul_(g * omb2, g)
-    denom = v.sqrt().div_(bc2).add_(eps.to(v.dtype))  # add is the one op whose scalar torch rounds first
+    if isinstance(omb2, float):
+        v.mul_(b2).addcmul_(g, g, value=omb2)
+    else:
+        v.mul_(b2).addcmul_(g * omb2, g)
+    denom = v.sqrt().div_(bc2)
+    denom.add_(eps if isinstance(eps, float) else eps.to(v.dtype))  # add is the one op whose scalar torch rounds first
     w.addcdiv_(m * neg_step, denom)
 
 
@@ -187,4 +205,4 @@ class DeviceAdamW(torch.optim.Optimizer):
             for i, p in enumerate(params):
                 s = self.state[p]
                 one = [t.unsqueeze(0) for t in (p, p.grad, s["exp_avg"], s["exp_avg_sq"])]  # a stack of one run
-                update_(*one, cols[:, i : i + 1], decays)
+                update_(*one, cols[:, i : i + 1], h.consts, decays)
