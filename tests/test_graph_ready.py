@@ -197,3 +197,78 @@ def test_a_graphed_pack_is_the_eager_pack_bit_for_bit(tmp_path):
         replayed = [r.sync["replayed"] for r in results]
     assert got["true"] == got["false"]
     assert replayed[0] >= 24 and any(v == "loss_spike" for _, v, _, _ in got["true"]), replayed
+
+
+@pytest.fixture
+def capture_fails_after_warm_up(monkeypatch):
+    """graph=true as on CUDA, on the CPU: the side stream is a stand-in, so StepGraph runs its warm-up steps and
+    takes them back, then the capture itself fails (no CUDA graphs here) and the run goes on eagerly."""
+    import contextlib
+
+    from sweep.run import execute as execute_module
+    from sweep.run import graph as graph_module
+    from sweep.run import packed as packed_module
+    from sweep.run import train as train_module
+
+    class Stream:
+        def __init__(self, *args, **kwargs):
+            pass
+
+        def wait_stream(self, other):
+            pass
+
+    def no_graph():
+        raise RuntimeError("no CUDA graph on this machine (test)")
+
+    cuda = graph_module.torch.cuda
+    monkeypatch.setattr(cuda, "Stream", Stream)
+    monkeypatch.setattr(cuda, "current_stream", lambda device=None: Stream())
+    monkeypatch.setattr(cuda, "stream", lambda s: contextlib.nullcontext())
+    monkeypatch.setattr(cuda, "CUDAGraph", no_graph)
+    for module in (train_module, packed_module):
+        monkeypatch.setattr(module, "wanted", lambda mode, device: mode == "true")
+    monkeypatch.setattr(execute_module, "graph_unsupported_reason", lambda mode, device: None)  # not skipped
+
+
+CAPTURED = ["steps=24", "monitor.sync_every=8", "precision=fp16_amp", "threads=1"]  # loss scaling, no overflow
+
+
+def test_a_failed_capture_takes_its_warm_up_back_and_the_run_goes_on(tmp_path, capture_fails_after_warm_up, caplog):
+    """The warm-up steps (WARMUP of them, before the capture) change weights, AdamW, the scaler, the noise and the
+    clock; taken back in place, the run's metrics are byte for byte those of graph=false."""
+    from sweep.run.execute import execute
+    from sweep.run.graph import WARMUP
+
+    calls = {"n": 0}
+    device_step = _Loop.device_step
+
+    def counted(self, *args, **kwargs):
+        calls["n"] += 1
+        return device_step(self, *args, **kwargs)
+
+    got = {}
+    for mode in ("false", "true"):
+        calls["n"] = 0
+        with pytest.MonkeyPatch.context() as mp:
+            mp.setattr(_Loop, "device_step", counted)
+            r = execute(make_run(*CAPTURED, f"graph={mode}"), tmp_path / mode, params={})
+        got[mode] = (r.status, r.verdict, (tmp_path / mode / "metrics.csv").read_bytes(), r.sync, calls["n"])
+    assert got["false"][3]["taken_back"] == 0  # every window stands: nothing but the restore undoes the warm-up
+    assert got["true"][:3] == got["false"][:3] and got["true"][3]["replayed"] == 0
+    assert got["true"][4] == got["false"][4] + WARMUP  # the warm-up ran, once: the failed capture is not retried
+    assert "could not be captured as a CUDA graph" in caplog.text
+
+
+def test_a_packs_failed_capture_takes_its_warm_up_back(tmp_path, capture_fails_after_warm_up, caplog):
+    from sweep.run.packing import execute_pack
+
+    got = {}
+    for mode in ("false", "true"):
+        runs = [
+            make_run(*CAPTURED, f"graph={mode}", f"optim.lr={lr}", f"seed={i}") for i, lr in enumerate([1e-4, 1e-3])
+        ]
+        dirs = [tmp_path / mode / str(i) for i in range(2)]
+        results = execute_pack(runs, dirs, [{}] * 2, ["0", "1"])
+        got[mode] = [(r.status, r.verdict, (d / "metrics.csv").read_bytes()) for r, d in zip(results, dirs)]
+    assert got["true"] == got["false"]
+    assert "could not be captured as a CUDA graph" in caplog.text
