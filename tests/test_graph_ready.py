@@ -27,6 +27,9 @@ from .conftest import make_run
 
 # The ops that hand a tensor's value to the host, or whose output shape depends on its values.
 SYNCS = {"_local_scalar_dense", "item", "is_nonzero", "equal", "nonzero", "masked_select", "unique"}
+# And a tensor made from Python data (torch.tensor(...)): on a GPU a copy from pageable host memory, which a
+# CUDA graph cannot capture.
+SYNCS |= {"lift_fresh"}
 
 
 class HostReads(TorchDispatchMode):
@@ -45,7 +48,8 @@ class HostReads(TorchDispatchMode):
 
 
 def test_the_mode_sees_a_host_read():
-    """The check can fail: .item() and a data-dependent shape are caught, plain arithmetic is not."""
+    """The check can fail: .item(), a data-dependent shape and a tensor from Python data are caught, plain
+    arithmetic is not."""
     t = torch.ones(3)
     with HostReads() as reads:
         (t * 2).sum()
@@ -53,7 +57,8 @@ def test_the_mode_sees_a_host_read():
     with HostReads() as reads:
         (t * 2).sum().item()
         torch.nonzero(t)
-    assert len(reads.seen) == 2, reads.seen
+        torch.tensor([1.0, 2.0])  # a copy from the host
+    assert len(reads.seen) == 3, reads.seen
 
 
 STEP_CASES = {  # every branch of the step's device work: loss scaling and its skip, clipping, a bf16 GEMM path
