@@ -109,3 +109,28 @@ def test_unreadable_files_and_subfolders_of_the_training_data_are_named(tmp_path
         monkeypatch.undo()
         (root / "z1.npy").chmod(0o644)
         (root / "locked").chmod(0o755)
+
+
+def test_a_pack_of_folder_data_in_windows_is_the_pack_with_one_sync_per_step(tmp_path):
+    """Batches read from files reach a pack's window steps from the host (no device gather): with the lr changing
+    every step, the metrics are byte for byte those of one sync per step, every window standing."""
+    from sweep.run.packing import execute_pack
+
+    root = tmp_path / "latents"
+    root.mkdir()
+    g = torch.Generator().manual_seed(0)
+    for i in range(6):
+        save_file({"latents": torch.rand(4, 2, 8, 8, generator=g) * 1.8 - 0.9}, str(root / f"z{i}.safetensors"))
+    common = ["data=latent_folder", f"data.path={root}", "data.frames=2", "data.height=8", "data.width=8"]
+    common += ["data.batch_size=2", "steps=8", "progress=none", "threads=1", "ledger.enabled=false"]
+    common += ["optim.schedule=cosine"]  # the lr the update reads from the clock changes every step
+    got = {}
+    for sync in (1, 4):
+        runs = [make_run(*common, f"optim.lr={lr}", f"monitor.sync_every={sync}", fast=False) for lr in (1e-4, 1e-3)]
+        dirs = [tmp_path / f"sync{sync}" / str(i) for i in range(2)]
+        results = execute_pack(runs, dirs, [{}] * 2, ["0", "1"])
+        got[sync] = [
+            (r.status, r.verdict, r.first_bad_step, (d / "metrics.csv").read_bytes()) for r, d in zip(results, dirs)
+        ]
+        assert all(r.sync["windows"] == (0 if sync == 1 else 2) and r.sync["taken_back"] == 0 for r in results)
+    assert got[4] == got[1] and {s for s, *_ in got[1]} == {"stable"}

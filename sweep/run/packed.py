@@ -277,11 +277,11 @@ class _Pack:
         self.first: list[Divergence | None] = [None] * len(runs)
         self.live, self.packed = list(range(len(runs))), list(range(len(runs)))  # training; in the tensors
         # Windows draw every run's synthetic batch with one gather on the device (sweep/data/device.py).
-        cpu = torch.device("cpu")
-        each = [DeviceBatches.of(p.dataset, p.order, r.steps, cpu, r.data.range_limit) for r, p in zip(runs, parts)]
-        pack = (
-            PackBatches.of(each, [r.data.check for r in runs]) if any(r.monitor.sync_every > 1 for r in runs) else None
-        )
+        pack = None
+        if any(r.monitor.sync_every > 1 for r in runs):
+            cpu = torch.device("cpu")
+            each = [DeviceBatches.of(p.dataset, p.order, r.steps, cpu, r.data.range_limit) for r, p in zip(runs, parts)]
+            pack = PackBatches.of(each, [r.data.check for r in runs])
         self.device_batches = pack.to(self.device) if pack is not None else None
         self.loss_weights = torch.tensor([r.objective.loss_weight for r in runs], device=self.device)
         # graph=true on CUDA: window steps replay one capture of device_step (sweep/run/graph.py)
@@ -364,22 +364,24 @@ class _Pack:
         self.finish(step, live, decisions, lrs, grads, pred, batches)
         self.model.zero_grad()
 
-    def device_step(self, live: list[int]) -> tuple[torch.Tensor, torch.Tensor, dict]:
+    def device_step(self, live: list[int], batches: dict | None = None) -> tuple[torch.Tensor, torch.Tensor, dict]:
         """One window step of the live runs from device state alone (sweep.run.train._Loop.device_step's
-        counterpart, what a CUDA graph of the pack captures): every run's batch and lr of the step the clock is
-        at, each run's next noise, the vmapped forward and backward, AdamW for every run, and the clock moves
-        on. Returns (rows (ROWS + 1, L): the step's rows and each run's data flag; pred; {k: (x0, noisy, t,
-        target)})."""
-        x0 = self.device_batches.at(self.opt.clock)  # (L, B, ...)
-        flags = self.device_batches.bad(x0)
-        batches = {
-            k: (x0[i], *self.parts[k].objective.sample(x0[i], self.parts[k].noise_gen)) for i, k in enumerate(live)
-        }
+        counterpart, what a CUDA graph of the pack captures): every run's batch (unless `batches`, read from
+        files, are given) and lr of the step the clock is at, each run's next noise, the vmapped forward and
+        backward, AdamW for every run, and the clock moves on. Returns (rows (ROWS, L), or ROWS + 1 with each
+        run's data flag when the batches were drawn here; pred; {k: (x0, noisy, t, target)})."""
+        flags = None
+        if batches is None:
+            x0 = self.device_batches.at(self.opt.clock)  # (L, B, ...)
+            flags = self.device_batches.bad(x0)
+            batches = {
+                k: (x0[i], *self.parts[k].objective.sample(x0[i], self.parts[k].noise_gen)) for i, k in enumerate(live)
+            }
         loss, pred = self.forward_backward(batches, live)
         row = self.steps.record(loss, StackedGrads(self.model.grads()))
         self.opt.step(self.model.params)  # a step the scaler or monitor would have stopped takes the window back
         self.opt.clock.add_(1)
-        return torch.cat([row, flags.double().view(1, -1)]), pred, batches
+        return (row if flags is None else torch.cat([row, flags.double().view(1, -1)])), pred, batches
 
     def window(self, start: int, end: int, live: list[int]) -> tuple[bool, int | None]:
         """Steps start..end-1 of the live runs with one sync: (True, None) when they stood, (False, s) when
@@ -399,10 +401,7 @@ class _Pack:
                 batches, issues = self.batches(step, live)
                 if issues:
                     return False, step
-                loss, pred = self.forward_backward(batches, live)
-                row = self.steps.record(loss, StackedGrads(self.model.grads()))
-                self.opt.step(self.model.params)
-                self.opt.clock.add_(1)
+                row, pred, batches = self.device_step(live, batches)
             rows.append(row)
             self.ran_to = step + 1
         lrs = [[self.parts[k].lr_at(s) for k in live] for s in range(start, end)]
