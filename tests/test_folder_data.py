@@ -111,7 +111,7 @@ def test_unreadable_files_and_subfolders_of_the_training_data_are_named(tmp_path
         (root / "locked").chmod(0o755)
 
 
-def test_a_pack_of_folder_data_in_windows_is_the_pack_with_one_sync_per_step(tmp_path):
+def test_folder_data_in_windows_is_one_sync_per_step_packed_and_alone(tmp_path):
     """Batches read from files reach a pack's window steps from the host (no device gather): with the lr changing
     every step, the metrics are byte for byte those of one sync per step, every window standing."""
     from sweep.run.packing import execute_pack
@@ -134,3 +134,8 @@ def test_a_pack_of_folder_data_in_windows_is_the_pack_with_one_sync_per_step(tmp
         ]
         assert all(r.sync["windows"] == (0 if sync == 1 else 2) and r.sync["taken_back"] == 0 for r in results)
     assert got[4] == got[1] and {s for s, *_ in got[1]} == {"stable"}
+    alone = {}  # and a lone run the same way (sweep.run.train._Loop.device_step with x0 from the host)
+    for sync in (1, 4):
+        r = execute(make_run(*common, f"monitor.sync_every={sync}", fast=False), tmp_path / f"alone{sync}", params={})
+        alone[sync] = (r.status, (tmp_path / f"alone{sync}" / "metrics.csv").read_bytes(), r.sync["windows"])
+    assert alone[4][:2] == alone[1][:2] and alone[4][2] == 2
