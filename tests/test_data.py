@@ -287,7 +287,7 @@ def test_device_batches_are_todays_batches_bit_for_bit(as_images):
         flagged = []
         for step in range(20):
             x = load_batch(dataset, order.indices(step))
-            got = batches.batch(step)
+            got = batches.at(torch.tensor([step]))
             assert got.shape == x.shape and torch.equal(got.nan_to_num(1e9), x.nan_to_num(1e9))
             assert bool(batches.bad(got)) == (check_batch(x, 1.001) is not None)
             flagged.append(bool(batches.bad(got)))
@@ -317,12 +317,15 @@ def test_a_packs_batches_are_each_runs_device_batches_bit_for_bit():
     assert pack.clips.shape[0] == 12 + 12 + 10  # clean, faulty, other: each once
     flagged = set()
     for step in range(20):
-        x, flags = pack.batch(step), pack.bad(pack.batch(step)).tolist()
+        clock = torch.tensor([step])
+        x = pack.at(clock)
+        flags = pack.bad(x).tolist()
         for k, b in enumerate(each):
-            assert torch.equal(x[k].nan_to_num(1e9), b.batch(step).nan_to_num(1e9))
-            assert flags[k] == (k != 4 and bool(b.bad(b.batch(step))))
+            assert torch.equal(x[k].nan_to_num(1e9), b.at(clock).nan_to_num(1e9))
+            assert flags[k] == (k != 4 and bool(b.bad(b.at(clock))))
             flagged |= {k} if flags[k] else set()
     assert flagged == {1}
     pack.keep([3, 1])
-    assert torch.equal(pack.batch(5)[1].nan_to_num(1e9), each[1].batch(5).nan_to_num(1e9))
-    assert torch.equal(pack.batch(5)[0], each[3].batch(5)) and pack.checked.tolist() == [True, True]
+    five = torch.tensor([5])
+    assert torch.equal(pack.at(five)[1].nan_to_num(1e9), each[1].at(five).nan_to_num(1e9))
+    assert torch.equal(pack.at(five)[0], each[3].at(five)) and pack.checked.tolist() == [True, True]

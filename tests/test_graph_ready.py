@@ -15,6 +15,7 @@ import pytest
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
+from sweep.data.batches import load_batch
 from sweep.run.execute import prepare
 from sweep.run.packed import _Pack
 from sweep.run.progress import RunProgress
@@ -82,7 +83,8 @@ def test_a_window_step_reads_nothing_back_to_the_host(tmp_path, name):
             row, _, x0 = loop.device_step(None)  # step 0 creates AdamW's state (zeros on the device)
         assert reads.seen == [] and reads.ops > 500, (reads.seen, reads.ops)
         assert row.shape == (loop.steps.ROWS + 1, 1)  # the row and the batch's flag
-        assert torch.equal(x0, loop.batches.batch(step)) and parts.optimizer.clock.tolist() == [step + 1]
+        assert torch.equal(x0, load_batch(parts.dataset, parts.order.indices(step)))  # the step the clock said
+        assert parts.optimizer.clock.tolist() == [step + 1]
         parts.optimizer.zero_grad(set_to_none=True)
 
 
@@ -111,7 +113,7 @@ def test_a_pack_step_reads_nothing_back_to_the_host(tmp_path):
             row, _, batches = pack.device_step(live)
         assert reads.seen == [] and reads.ops > 500, (reads.seen, reads.ops)
         assert row.shape == (pack.steps.ROWS + 1, 2) and pack.opt.clock.tolist() == [step + 1]  # rows and flags
-        assert all(torch.equal(batches[k][0], pack.device_batches.batch(step)[k]) for k in live)
+        assert all(torch.equal(batches[k][0], load_batch(parts[k].dataset, parts[k].order.indices(step))) for k in live)
         pack.model.zero_grad()
 
 
@@ -135,7 +137,7 @@ def test_adamw_updates_its_state_in_place(tmp_path):
     loop = _Loop(run, parts, MetricsLog(), RunProgress(3, run.progress, 1), (), None)
     seen = None
     for step in range(3):
-        loop.forward_backward(step, loop.batches.batch(step) if loop.batches else parts.dataset[0][None])
+        loop.forward_backward(step, load_batch(parts.dataset, parts.order.indices(step)))
         parts.optimizer.step()
         state = [(p, *parts.optimizer.state[p].values()) for p in loop.params]
         assert seen is None or all(a is b for old, new in zip(seen, state) for a, b in zip(old, new))

@@ -52,13 +52,9 @@ class DeviceBatches:
         table = torch.tensor([[to_base[i] for i in order.indices(s)] for s in range(steps)], dtype=torch.long)
         return cls(clips.to(device, copy=True), table.to(device), limit)
 
-    def batch(self, step: int) -> Tensor:
-        """Step `step`'s batch (B, ...) on the device: what load_batch(dataset, order.indices(step)) stacks."""
-        return self.clips.index_select(0, self.table[step])
-
     def at(self, clock: Tensor) -> Tensor:
-        """The batch of the step a device index (1,) holds: `batch`, with the step read on the device (a CUDA
-        graph replays it for whatever step the clock is at)."""
+        """The batch (B, ...) of the step a device index (1,) holds: what load_batch(dataset, order.indices(step))
+        stacks, with the step read on the device (a CUDA graph replays it for whatever step the clock is at)."""
         return self.clips.index_select(0, self.table.index_select(0, clock).view(-1))
 
     def bad(self, x: Tensor) -> Tensor:
@@ -110,13 +106,9 @@ class PackBatches:
         index = torch.tensor(positions, dtype=torch.long, device=self.table.device)
         self.table, self.limits, self.checked = self.table[index], self.limits[index], self.checked[index]
 
-    def batch(self, step: int) -> Tensor:
-        """Every packed run's batch of step `step`, (K, B, ...), each bit for bit its DeviceBatches.batch."""
-        rows = self.table[:, step]  # (K, B)
-        return self.clips.index_select(0, rows.reshape(-1)).view(*rows.shape, *self.clips.shape[1:])
-
     def at(self, clock: Tensor) -> Tensor:
-        """`batch` of the step a device index (1,) holds (a CUDA graph replays it for whatever step that is)."""
+        """Every packed run's batch (K, B, ...) of the step a device index (1,) holds, each bit for bit its
+        DeviceBatches.at (a CUDA graph replays it for whatever step that is)."""
         rows = self.table.index_select(1, clock)  # (K, 1, B)
         return self.clips.index_select(0, rows.reshape(-1)).view(rows.shape[0], rows.shape[2], *self.clips.shape[1:])
 
