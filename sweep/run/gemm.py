@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import functools
 import json
+import math
 from pathlib import Path
 
 import torch
@@ -140,9 +141,29 @@ def _narrow(out, dtype: torch.dtype):
 
 # Verdict agreement: what "emulation gives the same verdicts" means, for bench/gemm_verdicts.py and the tests.
 TOLERANCE = 2
-"""Steps by which an emulated run's first bad step may differ from the native one's. Summation order
-differs, so a loss that crosses a spike threshold at the edge could cross one step apart; every
-scenario and the demo grid measured here agreed exactly (docs/cpu_gemm.md)."""
+"""Steps by which an emulated run's first bad step may differ from the native one's on the same machine.
+Summation order differs, so a loss that crosses a spike threshold at the edge could cross one step apart;
+every scenario and the demo grid measured here agreed exactly (docs/cpu_gemm.md)."""
+
+CHAOTIC_AFTER = 100
+"""A first bad step this late is the end of a chaotic trajectory: compared across machines, it is held to
+CHAOTIC_WINDOW, not to TOLERANCE. fp32 GEMM kernels differ between CPUs (AVX2 against AVX-512/AMX: other
+blockings, other summation orders), a last-bit difference grows over hundreds of steps, and the
+adamw_beta2_loss_spike scenario's spike came at step 313 on a 2-core AMD EPYC (AVX2) and at 321 on an
+AMX Xeon. Every other recorded first bad step is under 60 and agreed exactly on both kinds."""
+
+CHAOTIC_WINDOW = 0.1
+"""Across machines, a first bad step at or past CHAOTIC_AFTER may differ by this fraction of itself: the
+verdict still has to be the same and the spike in the same phase of the run (313 +- 31 is 15-35 steps
+after that scenario's resume at 300 either way)."""
+
+
+def step_tolerance(step: int, across_machines: bool) -> int:
+    """How far a first bad step at `step` may move: TOLERANCE on one machine and early in a run;
+    CHAOTIC_WINDOW of the step for a long run compared with a record made on another CPU."""
+    if across_machines and step >= CHAOTIC_AFTER:
+        return max(TOLERANCE, math.ceil(CHAOTIC_WINDOW * step))
+    return TOLERANCE
 
 
 def cell_outcomes(sweep_dir: Path) -> dict[str, list]:
@@ -156,14 +177,14 @@ def cell_outcomes(sweep_dir: Path) -> dict[str, list]:
     return out
 
 
-def verdict_differences(native: dict[str, list], emulated: dict[str, list]) -> list[str]:
-    """One line per cell whose emulated outcome is not the native one's (status, verdict, first bad step
-    within TOLERANCE); empty when they agree."""
-    diffs = [
-        f"{cell}: only in {'native' if cell in native else 'emulated'}" for cell in native.keys() ^ emulated.keys()
-    ]
-    for cell in native.keys() & emulated.keys():
-        (s1, v1, b1), (s2, v2, b2) = native[cell], emulated[cell]
-        if (s1, v1) != (s2, v2) or (b1 is None) != (b2 is None) or (b1 is not None and abs(b1 - b2) > TOLERANCE):
-            diffs.append(f"{cell}: native {s1} {v1} @{b1}, emulated {s2} {v2} @{b2}")
+def verdict_differences(native: dict[str, list], other: dict[str, list], across_machines: bool = False) -> list[str]:
+    """One line per cell whose outcome in `other` is not the native one's (status, verdict, first bad step
+    within step_tolerance); empty when they agree. `across_machines`: `native` is a record made on another
+    CPU (tests/data/native_verdicts.json), so long runs get CHAOTIC_WINDOW."""
+    diffs = [f"{cell}: only in {'native' if cell in native else 'other'}" for cell in native.keys() ^ other.keys()]
+    for cell in native.keys() & other.keys():
+        (s1, v1, b1), (s2, v2, b2) = native[cell], other[cell]
+        moved = b1 is not None and b2 is not None and abs(b1 - b2) > step_tolerance(b1, across_machines)
+        if (s1, v1) != (s2, v2) or (b1 is None) != (b2 is None) or moved:
+            diffs.append(f"{cell}: native {s1} {v1} @{b1}, other {s2} {v2} @{b2}")
     return sorted(diffs)
