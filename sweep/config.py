@@ -259,6 +259,10 @@ class DataConfig:
     reaches the model the way it does in most training scripts, and forensics still names it afterwards."""
     drop_bad: bool = False
     """Scan every sample once when the data is built (the data doctor's check) and leave the bad ones out."""
+    skip_samples: List[int] = field(default_factory=list)
+    """Dataset indices left out of every batch that draws them; the order of the others is unchanged, so
+    only those steps' batches change (smaller by the skipped samples). `python -m sweep.diagnose` proposes it
+    for samples that broke a run."""
 
 
 @dataclass
@@ -710,6 +714,21 @@ def validate(run: RunConfig) -> RunConfig:
             f"must be one of {', '.join(FaultKind.__members__)}, got {f.kind!r}",
         )
     _require(d.range_limit > 0, "data.range_limit", f"must be > 0, got {d.range_limit}")
+    _require(
+        all(isinstance(i, int) and not isinstance(i, bool) and i >= 0 for i in d.skip_samples),
+        "data.skip_samples",
+        f"must be dataset indices >= 0, got {d.skip_samples}",
+    )
+    _require(
+        d.source is not DataSource.synthetic or all(i < d.num_samples for i in d.skip_samples),
+        "data.skip_samples",
+        f"indices must be < data.num_samples={d.num_samples}, got {d.skip_samples}",
+    )
+    _require(
+        not d.skip_samples or run.monitor.sync_every == 1,
+        "data.skip_samples",
+        "changes the batch size of the steps that draw them; windows (monitor.sync_every > 1) need one batch size",
+    )
     if d.source is not DataSource.synthetic:
         _require(bool(d.path), "data.path", f"data={d.source.value} reads a folder: set data.path=DIR")
         _require(Path(d.path).is_dir(), "data.path", f"no such directory: {d.path}")

@@ -33,10 +33,12 @@ def _epoch_permutation(num_samples: int, seed: int, epoch: int) -> tuple[int, ..
 class BatchOrder:
     """Replayable batch order: indices(step) is a pure function of (seed, step)."""
 
-    def __init__(self, num_samples: int, batch_size: int, seed: int) -> None:
+    def __init__(self, num_samples: int, batch_size: int, seed: int, skip: Sequence[int] = ()) -> None:
         if num_samples < 1 or batch_size < 1:
             raise ValueError("num_samples and batch_size must be >= 1")
         self.num_samples, self.batch_size, self.seed = num_samples, batch_size, seed
+        self.skip = frozenset(skip)
+        """Samples left out of the batches that draw them (data.skip_samples); the others keep their steps."""
 
     def epoch(self, step: int) -> int:
         """The epoch in which batch `step` starts."""
@@ -53,6 +55,11 @@ class BatchOrder:
         for epoch in range(start // n, (stop - 1) // n + 1):
             lo, hi = max(start, epoch * n), min(stop, (epoch + 1) * n)
             out.extend(_epoch_permutation(n, self.seed, epoch)[lo - epoch * n : hi - epoch * n])
+        if self.skip:
+            kept = [i for i in out if i not in self.skip]
+            if not kept:
+                raise ValueError(f"data.skip_samples leaves batch {step} empty (it draws only {sorted(out)})")
+            return kept
         return out
 
 

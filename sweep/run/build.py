@@ -198,7 +198,7 @@ def build_parts(run: RunConfig, device: torch.device, policy: PrecisionPolicy, s
         optimizer=optimizer,
         scaler=DeviceLossScaler([run.precision.scaler], device),
         dataset=dataset,
-        order=BatchOrder(len(dataset), d.batch_size, stream_seed(run.seed, _ORDER_STREAM)),
+        order=BatchOrder(len(dataset), d.batch_size, stream_seed(run.seed, _ORDER_STREAM), d.skip_samples),
         objective=objective,
         noise_gen=noise_gen,
         lr_at=lr_schedule(run),

@@ -313,8 +313,12 @@ def resume(parts, directory: Path, verify: bool = True, optimizer: bool = True) 
     load_model_weights(parts.model, load_checked(directory, MODEL_FILE, verify, manifest), str(directory))
     optim = load_checked(directory, OPTIM_FILE, verify, manifest) if optimizer else {}
     for name, p in parts.model.named_parameters():
+        # The moments take the weight's dtype: a run resumed under another precision policy (the fp32
+        # counterfactual of a pure bf16 run, sweep/diagnose) keeps AdamW's state in the dtype it updates in.
         state = {
-            k: optim[f"{name}.{k}"].to(p.device) for k in ("step", "exp_avg", "exp_avg_sq") if f"{name}.{k}" in optim
+            k: optim[f"{name}.{k}"].to(p.device, p.dtype if k != "step" else None)
+            for k in ("step", "exp_avg", "exp_avg_sq")
+            if f"{name}.{k}" in optim
         }
         if state:
             parts.optimizer.state[p] = state

@@ -69,6 +69,8 @@ def refusal(run: RunConfig, device: torch.device | None = None) -> str | None:
         return "finetune=lora freezes part of the weights: not packed"
     if run.compile:
         return "compile=true: a compiled run trains alone"
+    if run.data.skip_samples:
+        return "data.skip_samples makes some batches smaller: not packed"
     c = run.checkpoint
     if c.every or c.resume_from or c.inject:
         return "checkpointing or resuming: not packed"
