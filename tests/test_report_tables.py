@@ -192,10 +192,17 @@ def test_toggle_effects(grid):
 
 
 def test_root_causes(grid):
-    rc = root_causes(grid)
-    assert rc.loc["nonfinite_loss", "optimizer"] == 6 and rc.loc["loss_spike", "loss"] == 2
-    assert rc.loc["nonfinite_grad", "backward"] == 1
+    rc = root_causes(grid)  # runs recorded without a mechanism: "-"
+    assert rc.loc[("nonfinite_loss", "-"), "optimizer"] == 6 and rc.loc[("loss_spike", "-"), "loss"] == 2
+    assert rc.loc[("nonfinite_grad", "-"), "backward"] == 1
     assert rc.total.sum() == 9 and list(rc.columns) == ["loss", "backward", "optimizer", "total"]
+    with_mechanism = grid.assign(
+        mechanism=grid.verdict.map({"nonfinite_loss": "update_underflow", "loss_spike": "lr_too_high"})
+    )
+    rc = root_causes(with_mechanism)
+    assert rc.loc[("nonfinite_loss", "update_underflow"), "optimizer"] == 6
+    assert rc.loc[("loss_spike", "lr_too_high"), "total"] == 2 and rc.loc[("nonfinite_grad", "-"), "total"] == 1
+    assert list(rc.index.names) == ["verdict", "mechanism"]
 
 
 def test_recommendation_names_the_best_stable_setting_its_margin_and_toggles(grid):

@@ -30,6 +30,7 @@ OUTCOME_COLUMNS = [
     "first_bad_step",
     "cause_where",
     "cause_module",
+    "mechanism",
     "final_loss",
     "initial_loss",
     "min_loss",
@@ -45,7 +46,9 @@ OUTCOME_COLUMNS = [
 INT_COLUMNS = ["first_bad_step", "steps_run", "seed", "pruned_at_step", "packed"]
 FLOAT_COLUMNS = ["final_loss", "initial_loss", "min_loss", "eval_loss", "steps_per_second"]
 RESULT_KEYS = [
-    c for c in OUTCOME_COLUMNS if c not in ("status", "run_dir", "cause_where", "cause_module", "superseded_by")
+    c
+    for c in OUTCOME_COLUMNS
+    if c not in ("status", "run_dir", "cause_where", "cause_module", "mechanism", "superseded_by")
 ]
 """Outcome columns that result.json holds under the same name."""
 PARAM = "param:"
@@ -113,6 +116,7 @@ def runs_from_dirs(sweep_dir: Path, starting_s: float = STARTING_S) -> pd.DataFr
                 r.get("params") or {},
                 cause_where=cause.get("where"),
                 cause_module=cause.get("module"),
+                mechanism=(r.get("mechanism") or {}).get("name"),
                 **{k: r.get(k) for k in RESULT_KEYS if k in r},
             )
         )

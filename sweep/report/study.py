@@ -114,7 +114,9 @@ def trial_row(trial: optuna.trial.FrozenTrial, study_name: str | None = None) ->
     outcome = {k: attrs.get(k) for k in RESULT_KEYS if k in attrs}
     if trial.state is TrialState.PRUNED and "status" not in attrs and trial.last_step is not None:
         outcome["pruned_at_step"] = trial.last_step
-    outcome.update(cause_where=attrs.get("cause_where"), cause_module=attrs.get("cause_module"))
+    outcome.update(
+        cause_where=attrs.get("cause_where"), cause_module=attrs.get("cause_module"), mechanism=attrs.get("mechanism")
+    )
     if (
         outcome.get("final_loss") is None
         and outcome.get("eval_loss") is None

@@ -11,7 +11,7 @@ decide anything; `skipped`, `error` and `running` runs are shown but never count
                     min(final loss, initial loss) - best, diverged runs counted at the initial loss
 4. toggle_effects   per axis and pair of values: runs equal in everything else, diverged with each
                     value, and the change in largest stable lr in lr-grid steps
-5. root_causes      verdict x where the run first went wrong
+5. root_causes      verdict and mechanism x where the run first went wrong
 """
 
 from __future__ import annotations
@@ -462,16 +462,22 @@ def _max_stable_step(by_lr: dict, lrs: list[float], grid: list[float]) -> int:
 
 
 def root_causes(runs: pd.DataFrame) -> pd.DataFrame:
-    """Diverged runs counted by verdict (rows) and where they first went wrong (columns), with totals."""
+    """Diverged runs counted by verdict and mechanism (rows: sweep/diagnose/mechanism.py, "-" for runs recorded
+    before it) and where they first went wrong (columns), with totals."""
     div = runs[runs.status == "diverged"]
     if div.empty:
         return pd.DataFrame()
     where = div.cause_where.map(lambda w: w if isinstance(w, str) and w else "unknown")
-    table = pd.crosstab(div.verdict.fillna("unknown"), where)
+    mechanism = (div.mechanism if "mechanism" in div else pd.Series("-", index=div.index)).map(
+        lambda m: m if isinstance(m, str) and m else "-"
+    )
+    table = pd.crosstab([div.verdict.fillna("unknown"), mechanism], where)
     cols = [w for w in WHERE if w in table] + sorted(set(table.columns) - set(WHERE) - {"unknown"})
     cols += ["unknown"] if "unknown" in table else []
-    rows = [v for v in SHORT if v in table.index] + sorted(set(table.index) - set(SHORT))
+    verdicts = table.index.get_level_values(0)
+    order = [v for v in SHORT if v in verdicts] + sorted(set(verdicts) - set(SHORT))
+    rows = sorted(table.index, key=lambda vm: (order.index(vm[0]), vm[1]))
     table = table.loc[rows, cols]
     table["total"] = table.sum(axis=1)
-    table.index.name, table.columns.name = "verdict", "where"
+    table.index.names, table.columns.name = ["verdict", "mechanism"], "where"
     return table

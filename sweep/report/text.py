@@ -49,7 +49,7 @@ def explanations(s: Summary) -> dict[str, str]:
         "combos: matched combinations; lr_steps: change of the largest stable lr from a to b, in "
         f"lr-grid steps; eval_change: mean relative change of the {q} from a to b over pairs stable on both "
         "sides, eval_noise: 2 standard errors of it; quality: tie when within noise (or under 0.1%)",
-        "root_causes": "diverged runs: verdict x where it first went wrong",
+        "root_causes": "diverged runs: verdict and mechanism (why: sweep/diagnose) x where it first went wrong",
         "ladder": "per combination of the other axes: log(largest stable lr) fitted against log(size) over the "
         "sizes whose lr bracket is closed (lr* = sqrt(max stable x min diverging)); exponent = slope; the "
         "prediction at the target size with its interval (Student t, residual + bracket variance; 3+ sizes); "

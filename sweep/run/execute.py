@@ -23,6 +23,7 @@ import torch
 from models import KernelUnavailable, backend_unavailable_reason, count_params
 from models.diffusers_zoo import modulate_unsupported_reason
 from sweep.config import RunConfig
+from sweep.diagnose.mechanism import of_run as mechanism_of
 from sweep.run.build import RunParts, build_parts, reset_process_state, resolve_device
 from sweep.run.checkpoint import CheckpointHook, CorruptCheckpoint
 from sweep.run.compiled import compile_run, compile_unsupported_reason
@@ -122,6 +123,7 @@ def prepare(run: RunConfig, out_dir: Path, result: RunResult) -> RunParts | None
         result.status, result.verdict = "diverged", "corrupt_checkpoint"
         result.first_bad_step = _start_step(run)
         result.cause = {"where": "checkpoint", "module": e.tensor, "detail": f"{e.file}: {e.detail}"}
+        result.mechanism = mechanism_of(result.to_dict(), [], run)
         return None
     result.n_params, result.loaded, result.start_step = count_params(parts.model), parts.loaded, parts.start_step
     return parts
@@ -166,6 +168,7 @@ def conclude(
             cause, headroom = locate(run, divergence.verdict, divergence.step, parts.device)
             result.cause = dataclasses.asdict(cause) if cause else result.cause
             result.headroom = headroom
+        result.mechanism = mechanism_of(result.to_dict(), metrics.rows, run)
     if syncs is not None:
         result.sync = syncs.close(result.first_bad_step).to_dict()
 

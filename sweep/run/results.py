@@ -118,6 +118,9 @@ class RunResult:
     """Each tracker of `logger` (docs/loggers.md): "ok", or "failed: <reason>" (the run itself is unaffected)."""
     interrupted_at_step: int | None = None
     """The last step run before SIGINT/SIGTERM stopped this run (status interrupted; sweep/run/interrupt.py)."""
+    mechanism: dict | None = None
+    """Why a diverged run diverged, from its recorded signals (sweep/diagnose/mechanism.py): {"name", "summary"};
+    null for every other run. `python -m sweep.diagnose` tests it against counterfactual runs (diagnosis.json)."""
     sync: dict = field(default_factory=dict)
     """How the steps met the host (sweep.run.window.Syncs): monitor.sync_every as run, the syncs, the windows
     and those taken back, and the steps run past the first bad one before the host saw it (none of them kept)."""

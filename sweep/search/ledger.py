@@ -203,6 +203,7 @@ def trial_user_attrs(result: dict, run_dir: Path) -> dict:
         "cause_where": cause.get("where"),
         "cause_module": cause.get("module"),
         "cause_detail": cause.get("detail"),
+        "mechanism": (result.get("mechanism") or {}).get("name"),
         "final_loss": result.get("final_loss"),
         "eval_loss": result.get("eval_loss"),
         "initial_loss": result.get("initial_loss"),

@@ -1,0 +1,58 @@
+"""Why a run diverged and the smallest change that fixes it.
+
+    python -m sweep.diagnose outputs/sweeps/2026-11-25/10-00-00/3
+    python -m sweep.diagnose RUN_DIR --bisect        # + the modules that must stay in fp32 (a run per trial)
+    python -m sweep.diagnose RUN_DIR --past 10 --no-fix
+
+Reads the run's result.json, metrics.csv and .hydra/config.yaml; names its mechanism from what it
+recorded; replays it bit for bit to its last healthy step and runs the bad steps again with one change at
+a time (same config, fp32, reference kernels, without extreme samples, lr/10, update clipping); runs the
+proposed fix from step 0. Writes RUN_DIR/diagnosis.json and keeps its runs under RUN_DIR/diagnosis/.
+Exit status 0 when diagnosed, 2 on bad input (not a run dir, a run that did not diverge, an older run).
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+from sweep.config import ConfigError
+from sweep.diagnose.counterfactual import PAST
+from sweep.diagnose.diagnosis import diagnose, render
+from sweep.diagnose.record import DiagnoseError
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(
+        prog="python -m sweep.diagnose",
+        description=__doc__.split("\n\n")[0],
+        epilog="\n\n".join(__doc__.split("\n\n")[1:]),
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    ap.add_argument("run_dir", type=Path, help="a diverged run's directory (result.json, metrics.csv, .hydra/)")
+    ap.add_argument("--bisect", action="store_true", help="search the modules that must compute in fp32")
+    ap.add_argument("--past", type=int, default=PAST, help=f"steps run past the bad ones (default {PAST})")
+    ap.add_argument("--no-fix", action="store_true", help="do not run the proposed fix")
+    args = ap.parse_args(argv)
+    if args.past < 0:
+        print("sweep.diagnose: --past must be >= 0", file=sys.stderr)
+        return 2
+    try:
+        d = diagnose(
+            args.run_dir,
+            bisect=args.bisect,
+            past=args.past,
+            fix=not args.no_fix,
+            progress=lambda line: print(line, flush=True),
+        )
+    except (DiagnoseError, ConfigError) as e:
+        print(f"sweep.diagnose: {e}", file=sys.stderr)
+        return 2
+    print()
+    print(render(d))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,172 @@
+"""One diagnosis, end to end: mechanism, counterfactual table, agreement, bisection, fix; diagnosis.json."""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+from typing import Callable
+
+from sweep.diagnose.counterfactual import PAST, Table, reproduced, run_table
+from sweep.diagnose.fix import KNOWN, candidates, confirm
+from sweep.diagnose.mechanism import Mechanism, decide
+from sweep.diagnose.record import RunRecord, load
+
+DIAGNOSIS_FILE = "diagnosis.json"
+SCRATCH = "diagnosis"
+"""The folder in the run dir that holds the diagnosis's own runs (replay, counterfactuals, bisection, fix)."""
+
+CONFIRMING = {
+    "bad_input": ("without extreme samples",),
+    "kernel": ("reference kernels",),
+    "activation_overflow": ("fp32",),
+    "update_underflow": ("fp32",),
+    "gradient_underflow": ("fp32",),
+    "loss_scale_collapse": ("fp32",),
+    "attention_logit_growth": ("lr/10", "update clipping"),
+    "adam_second_moment_lag": ("update clipping", "lr/10"),
+    "lr_too_high": ("lr/10",),
+}
+"""Rows of the counterfactual table that keep the bad steps healthy when the mechanism is right."""
+
+
+def settle(record: RunRecord, mechanism: Mechanism, table: Table) -> tuple[Mechanism, bool, str]:
+    """The mechanism in the light of the table: (mechanism, whether the table agrees, a sentence why)."""
+    if not reproduced(record, table):
+        same = table.row("same config").outcome or {}
+        got = (
+            f"{same.get('verdict')}@{same.get('first_bad_step')}"
+            if same.get("status") == "diverged"
+            else same.get("status")
+        )
+        m = Mechanism(
+            "nondeterministic",
+            f"an identical replay did not reproduce the run ({record.result['verdict']}@{record.first_bad}): "
+            f"{table.prefix.get('detail')}; the same config again gave {got}",
+            {"prefix": table.prefix, "same_config": same, "was": mechanism.name},
+        )
+        return m, True, "the same config did not reproduce the run"
+    if mechanism.name == "unexplained" and table.row("lr/10").healthy:
+        mechanism = Mechanism(
+            "lr_too_high",
+            f"no specific signal, and lr/10 from step {table.from_step} keeps the bad steps healthy",
+            mechanism.evidence,
+        )
+    healthy = [r.name for r in table.rows if r.healthy and r.name != "same config"]
+    if mechanism.name == "corrupt_checkpoint":
+        agrees = not healthy
+        why = (
+            "no change at the bad steps helps: the weights were bad before them"
+            if agrees
+            else (f"but {', '.join(healthy)} kept the bad steps healthy")
+        )
+        return mechanism, agrees, why
+    want = CONFIRMING.get(mechanism.name, ())
+    hits = [n for n in want if n in healthy]
+    if hits:
+        return mechanism, True, f"{' and '.join(hits)} kept the bad steps healthy, as {mechanism.name} predicts"
+    if mechanism.name == "unexplained":
+        return (
+            mechanism,
+            True,
+            "no single change kept the bad steps healthy"
+            if not healthy
+            else (f"{', '.join(healthy)} kept the bad steps healthy, which no recorded signal explains"),
+        )
+    ran = [n for n in want if table.row(n).outcome is not None]
+    return (
+        mechanism,
+        False,
+        (
+            f"the table does not confirm {mechanism.name}: "
+            + (f"{', '.join(ran)} did not keep the bad steps healthy" if ran else f"{', '.join(want)} could not run")
+            + (f"; {', '.join(healthy)} did" if healthy else "")
+        ),
+    )
+
+
+def diagnose(
+    run_dir: Path,
+    bisect: bool = False,
+    past: int = PAST,
+    fix: bool = True,
+    progress: Callable[[str], None] = print,
+) -> dict:
+    """Diagnose the diverged run in `run_dir` and write diagnosis.json there; returns what it holds."""
+    start = time.perf_counter()
+    record = load(run_dir)
+    scratch = Path(run_dir) / SCRATCH
+    mechanism = decide(record)
+    progress(f"mechanism from the recorded signals: {mechanism.name}")
+    table, bad = run_table(record, scratch, past, progress)
+    mechanism, agrees, why = settle(record, mechanism, table)
+    bisection = None
+    if bisect:
+        from sweep.diagnose.bisect import bisect_fp32
+
+        bisection = bisect_fp32(record, scratch / "bisect", progress)
+    fp32_set = (bisection or {}).get("minimal")
+    tries = candidates(record, mechanism.name, mechanism.evidence, table, bad, fp32_set)
+    confirmed = confirm(record, tries, scratch, progress) if fix and tries else None
+    out = {
+        "format": "dit-sweep-diagnosis/1",
+        "run_dir": str(run_dir),
+        "verdict": record.result["verdict"],
+        "first_bad_step": record.first_bad,
+        "mechanism": mechanism.name,
+        "summary": mechanism.summary,
+        "evidence": mechanism.evidence,
+        "agrees": agrees,
+        "agreement": why,
+        "counterfactuals": table.to_dict(),
+        "bisection": bisection,
+        "fix": confirmed
+        or {
+            "overrides": tries[0] if tries else [],
+            "confirmed": False,
+            "run_dir": None,
+            "tried": [],
+            "note": "not run (--no-fix)" if tries else "no change to propose",
+        },
+        "known_fix": KNOWN.get(mechanism.name),
+        "seconds": time.perf_counter() - start,
+        "run_seconds": record.result.get("seconds"),
+    }
+    (Path(run_dir) / DIAGNOSIS_FILE).write_text(json.dumps(out, indent=2, default=str) + "\n")
+    return out
+
+
+def render(d: dict) -> str:
+    """The terminal view of a diagnosis."""
+    lines = [
+        f"{d['run_dir']}: {d['verdict']}@{d['first_bad_step']}",
+        f"mechanism: {d['mechanism']} - {d['summary']}",
+        f"counterfactuals (from the state after step {d['counterfactuals']['from_step'] - 1}, "
+        f"through step {d['counterfactuals']['through_step']}; replay: {d['counterfactuals']['prefix'].get('detail')})",
+    ]
+    width = max(len(r["name"]) for r in d["counterfactuals"]["rows"])
+    for r in d["counterfactuals"]["rows"]:
+        if r["outcome"] is None:
+            result = f"n/a ({r['not_applicable']})"
+        else:
+            o = r["outcome"]
+            result = (
+                "healthy"
+                if o["status"] == "stable"
+                else (f"{o['verdict']}@{o['first_bad_step']}" if o["status"] == "diverged" else f"{o['status']}")
+            )
+        lines.append(f"  {r['name']:<{width}}  {result:<32} {' '.join(r['overrides'])}")
+    lines.append(f"agreement: {'yes' if d['agrees'] else 'NO'} - {d['agreement']}")
+    b = d.get("bisection")
+    if b:
+        lines.append(f"bisection: {b.get('summary')}")
+    f = d["fix"]
+    if f.get("tried"):
+        lines.append(
+            f"fix: {' '.join(f['overrides'])} - {'CONFIRMED stable from step 0' if f['confirmed'] else 'not confirmed'}"
+            f" ({'; '.join(t['outcome'] + ' with ' + ' '.join(t['overrides']) for t in f['tried'])})"
+        )
+    else:
+        lines.append(f"fix: {f.get('note', 'none')}" + (f"; known fix: {d['known_fix']}" if d.get("known_fix") else ""))
+    lines.append(f"took {d['seconds']:.1f} s (the run took {d['run_seconds'] or 0:.1f} s)")
+    return "\n".join(lines)

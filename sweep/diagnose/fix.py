@@ -1,0 +1,105 @@
+"""The fix: overrides that should make the run stable, tried from step 0 as a real run.
+
+Candidates come, in order, from the counterfactuals that kept the bad steps healthy, from the bisection's
+minimal fp32 set, and from the mechanism's known fix (qk_norm, bf16, a lower lr, update clipping, the
+samples left out, fp32 modules). The first candidate whose run is stable to the end is the confirmed fix.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Callable
+
+from sweep.config import Arch
+from sweep.diagnose.counterfactual import Table
+from sweep.diagnose.record import RunRecord
+from sweep.diagnose.trials import run_trial, with_overrides
+
+TRIES = 2
+"""At most this many candidate fixes are run (each is a whole run)."""
+
+KNOWN = {
+    "attention_logit_growth": "qk-layernorm bounds the logits (Wortsman et al. 2023)",
+    "adam_second_moment_lag": "update clipping (StableAdamW) or a lower beta2 re-estimates the second moment",
+    "activation_overflow": "bf16 has fp32's range; or keep the overflowing modules in fp32",
+    "update_underflow": "fp32 master weights (bf16 autocast) keep small updates",
+    "gradient_underflow": "loss scaling (or bf16) keeps small gradients",
+    "loss_scale_collapse": "bf16 needs no loss scaling",
+    "kernel": "the reference kernel",
+    "bad_input": "train without the bad samples (python -m sweep.doctor finds them in a folder)",
+    "lr_too_high": "a lower lr",
+    "nondeterministic": "deterministic=true",
+}
+
+
+def candidates(
+    record: RunRecord, mechanism: str, evidence: dict, table: Table | None, bad: list[int], fp32_set: list[str] | None
+) -> list[list[str]]:
+    """Override sets to try, most specific first, none repeated."""
+    run = record.run
+    out: list[list[str]] = []
+    lower_lr = [f"optim.lr={run.optim.lr / 10!r}"]
+    if mechanism == "bad_input":
+        if bad:
+            out.append([f"data.skip_samples={sorted(set(run.data.skip_samples) | set(bad))}"])
+        out.append(["data.drop_bad=true"])
+    elif mechanism == "kernel":
+        out.append(["modulate=eager"] if evidence.get("kind") == "modulate" else ["attention=math"])
+    elif mechanism == "attention_logit_growth":
+        if run.model.arch in (Arch.dit, Arch.video_dit) and not run.model.qk_norm:
+            out.append(["model.qk_norm=true"])
+        out.append(lower_lr)
+    elif mechanism == "adam_second_moment_lag":
+        out += [["optim.update_clip=1.0"], ["optim.betas=[0.9,0.95]"]]
+    elif mechanism in ("activation_overflow", "loss_scale_collapse"):
+        out.append(["precision=bf16_amp"])
+        if fp32_set:
+            out.append([f"precision.fp32_modules=[{','.join(fp32_set)}]"])
+    elif mechanism == "update_underflow":
+        out += [["precision=bf16_amp"], ["precision=fp32"]]
+    elif mechanism == "gradient_underflow":
+        out.append(["precision=fp16_amp"] if run.precision.name == "fp16_amp_noscale" else ["precision=bf16_amp"])
+    elif mechanism == "lr_too_high":
+        out.append(lower_lr)
+    elif mechanism == "nondeterministic" and not run.deterministic:
+        out.append(["deterministic=true"])
+    if mechanism in ("corrupt_checkpoint", "unexplained", "nondeterministic"):
+        return [c for c in out if c]
+    # what the counterfactuals showed to work, after the mechanism's own fix
+    for row in table.rows if table else []:
+        if row.healthy and row.overrides and row.name != "same config":
+            out.append(row.overrides)
+    seen, unique = set(), []
+    for c in out:
+        key = tuple(c)
+        if key not in seen and c:
+            seen.add(key)
+            unique.append(c)
+    return unique
+
+
+def confirm(record: RunRecord, tries: list[list[str]], scratch: Path, progress: Callable[[str], None] = print) -> dict:
+    """Run the candidates from step 0, the run's whole length, until one is stable."""
+    tried = []
+    for i, overrides in enumerate(tries[:TRIES], 1):
+        run = with_overrides(record.config, overrides)
+        progress(f"fix {i}/{min(len(tries), TRIES)}: {' '.join(overrides)} from step {record.start}, {run.steps} steps")
+        outcome = run_trial(run, scratch / f"fix_{i}", quick=False)
+        tried.append(
+            {
+                "overrides": overrides,
+                "status": outcome.status,
+                "outcome": outcome.short(),
+                "run_dir": outcome.run_dir,
+                "seconds": outcome.seconds,
+            }
+        )
+        progress(f"fix {i}: {outcome.short()} ({outcome.seconds:.1f} s)")
+        if outcome.healthy:
+            return {"overrides": overrides, "confirmed": True, "run_dir": outcome.run_dir, "tried": tried}
+    return {
+        "overrides": tried[0]["overrides"] if tried else [],
+        "confirmed": False,
+        "run_dir": tried[0]["run_dir"] if tried else None,
+        "tried": tried,
+    }

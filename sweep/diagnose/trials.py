@@ -1,0 +1,117 @@
+"""Real runs for a diagnosis: the run's own config with overrides, trained in a scratch folder of the run dir.
+
+Every counterfactual, bisection trial and fix is one of these: `execute` on the config the run was made
+with (.hydra/config.yaml) plus `key=value` overrides, a group name (precision=fp32, attention=math,
+modulate=eager) taking that group's file from conf/ as a sweep would. Nothing here records a trial in
+the ledger: the diagnosis is about one run, and diagnosis.json holds every outcome.
+"""
+
+from __future__ import annotations
+
+import copy
+import dataclasses
+import json
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import yaml
+from omegaconf import DictConfig, OmegaConf
+
+from sweep.config import ConfigError, Progress, RunConfig, to_run_config
+from sweep.run.execute import execute
+from sweep.run.results import RESULT_FILE
+
+CONF = Path(__file__).resolve().parents[2] / "conf"
+GROUPS = ("precision", "attention", "modulate")
+"""Config groups a diagnosis swaps whole (the axes it changes); anything else is a dotted key."""
+
+
+def parse_value(text: str):
+    """An override's value: JSON first (1e-05, [0.9, 0.95], true), then YAML ([blocks.*.attn]), else the text."""
+    try:
+        return json.loads(text)
+    except ValueError:
+        pass
+    try:
+        return yaml.safe_load(text)
+    except yaml.YAMLError:
+        return text
+
+
+def with_overrides(config: DictConfig, overrides: list[str]) -> RunConfig:
+    """The run's composed config with `overrides` applied, validated (ConfigError on a bad one)."""
+    cfg = copy.deepcopy(config)
+    for override in overrides:
+        key, sep, value = override.partition("=")
+        if not sep:
+            raise ConfigError(f"{override!r}: an override is key=value")
+        if key in GROUPS:
+            path = CONF / key / f"{value}.yaml"
+            if not path.is_file():
+                raise ConfigError(f"{key}={value}: no such option (conf/{key}/)")
+            kept = {"fp32_modules": cfg[key].get("fp32_modules")} if key == "precision" else {}
+            cfg[key] = OmegaConf.merge(OmegaConf.load(path), {k: v for k, v in kept.items() if v is not None})
+        else:
+            OmegaConf.update(cfg, key, parse_value(value), merge=False, force_add=True)
+    return to_run_config(OmegaConf.merge(OmegaConf.structured(RunConfig), cfg))
+
+
+class StopAfter:
+    """A StepHook that ends the run (not a verdict) once `last` has run."""
+
+    window_safe = True
+
+    def __init__(self, last: int) -> None:
+        self.last = last
+
+    def after_step(self, step: int, loss: float, parts) -> bool:
+        return step >= self.last
+
+
+@dataclass
+class Outcome:
+    """How one trial ended: healthy (no verdict through its last step) or diverged with a verdict at a step."""
+
+    run_dir: str
+    status: str
+    verdict: str | None
+    first_bad_step: int | None
+    steps_run: int
+    seconds: float
+    reason: str | None = None
+
+    @property
+    def healthy(self) -> bool:
+        return self.status == "stable"
+
+    def short(self) -> str:
+        if self.healthy:
+            return "healthy"
+        if self.status == "diverged":
+            return f"{self.verdict}@{self.first_bad_step}"
+        return f"{self.status}: {self.reason}"
+
+
+def run_trial(run: RunConfig, out_dir: Path, last: int | None = None, quick: bool = True) -> Outcome:
+    """Train `run` into `out_dir`; with `last`, stop after that step. `quick` turns off what only slows a trial
+    (forensics' replay, the eval loss, progress output)."""
+    run = dataclasses.replace(run, progress=Progress.none)
+    if quick:
+        run = dataclasses.replace(
+            run,
+            monitor=dataclasses.replace(run.monitor, forensics=False),
+            eval=dataclasses.replace(run.eval, enabled=False),
+        )
+    start = time.perf_counter()
+    execute(run, out_dir, {}, hooks=[StopAfter(last)] if last is not None else [])
+    r = json.loads((Path(out_dir) / RESULT_FILE).read_text())
+    return Outcome(
+        str(out_dir),
+        r["status"],
+        r.get("verdict"),
+        r.get("first_bad_step"),
+        r.get("steps_run") or 0,
+        time.perf_counter() - start,
+        r.get("reason"),
+    )
