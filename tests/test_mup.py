@@ -192,3 +192,41 @@ def test_bad_mup_config_exits_2_with_one_line(tmp_path):
     )
     lines = [ln for ln in proc.stderr.splitlines() if ln.strip()]
     assert proc.returncode == 2 and len(lines) == 1 and "model.base_width" in lines[0], proc.stderr
+
+
+class TinyMupModel(torch.nn.Module):
+    """A user's model that does µP itself: hidden width `dim`, base `base_dim`, and declares its roles."""
+
+    def __init__(self, dim: int = 64, base_dim: int = 16):
+        super().__init__()
+        self.width_mult = dim / base_dim
+        self.inp = torch.nn.Linear(3, dim)
+        self.hidden = torch.nn.Linear(dim, dim)
+        self.out = torch.nn.Linear(dim, 3)
+
+    def mup_roles(self):
+        return {
+            "inp.weight": "input",
+            "inp.bias": "vector",
+            "hidden.weight": "hidden",
+            "hidden.bias": "vector",
+            "out.weight": "readout",
+            "out.bias": "vector",
+        }
+
+    def forward(self, x, t):
+        h = self.hidden(self.inp(x.movedim(1, -1)).relu())
+        return self.out(h / self.width_mult).movedim(-1, 1)
+
+
+def test_a_custom_model_that_declares_its_roles_gets_the_mup_lr():
+    """The cheap way in for model=custom (docs/models.md): `width_mult` and `mup_roles()` on the user's module."""
+    from models.custom import build_custom_model
+
+    shape = dict(channels=3, frames=2, height=8, width=8, patch_size=2)
+    model = build_custom_model("tests.test_mup:TinyMupModel", {"dim": 64, "base_dim": 16}, **shape)
+    groups = {g["name"]: g for g in mup_groups(model, 1e-3, 0.0)}
+    assert groups["base/hidden"]["lr_scale"] == 0.25
+    assert [id(p) for p in groups["base/hidden"]["params"]] == [id(model.model.hidden.weight)]
+    plain = build_custom_model("examples.my_dit:build", {}, **shape)
+    assert mup_groups(plain, 1e-3, 0.0) is None  # no roles declared: one group, as before
