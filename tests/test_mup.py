@@ -230,3 +230,11 @@ def test_a_custom_model_that_declares_its_roles_gets_the_mup_lr():
     assert [id(p) for p in groups["base/hidden"]["params"]] == [id(model.model.hidden.weight)]
     plain = build_custom_model("examples.my_dit:build", {}, **shape)
     assert mup_groups(plain, 1e-3, 0.0) is None  # no roles declared: one group, as before
+
+
+def test_mup_runs_are_not_packed():
+    """The packed launcher's StackedAdamW takes one lr table per run: a µP run's second group would be lost."""
+    from sweep.run.packing import refusal
+
+    assert "model.param=mup" in refusal(make_run("model.param=mup", "model.base_width=32", "model.width=64"))
+    assert refusal(make_run("model.width=64")) is None
