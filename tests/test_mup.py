@@ -238,3 +238,15 @@ def test_mup_runs_are_not_packed():
 
     assert "model.param=mup" in refusal(make_run("model.param=mup", "model.base_width=32", "model.width=64"))
     assert refusal(make_run("model.width=64")) is None
+
+
+def test_a_mup_run_builds_a_mup_model_and_its_groups():
+    from sweep.run.build import build_parts
+    from sweep.run.precision import PrecisionPolicy
+
+    run = make_run("model.param=mup", "model.base_width=32", "model.width=128")
+    parts = build_parts(run, torch.device("cpu"), PrecisionPolicy.from_config(run.precision))
+    assert parts.model.width_mult == 4 and parts.model.final_layer.readout_mult == 0.25
+    assert sorted(g["lr_scale"] for g in parts.optimizer.param_groups) == [0.25, 1.0]
+    hidden = [g for g in parts.optimizer.param_groups if g["lr_scale"] == 0.25][0]
+    assert hidden["weight_decay"] == 4 * run.optim.weight_decay
