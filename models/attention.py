@@ -114,10 +114,10 @@ def backend_unavailable_reason(backend: str, device: torch.device, dtype: torch.
     return None
 
 
-def _eager_attention(q: Tensor, k: Tensor, v: Tensor) -> Tensor:
+def _eager_attention(q: Tensor, k: Tensor, v: Tensor, scale: float | None = None) -> Tensor:
     # Deliberately no fp32 upcast: fp16 QK^T logits above 65504 become inf here, like in
     # the many research codebases that write attention this way.
-    scale = q.shape[-1] ** -0.5
+    scale = q.shape[-1] ** -0.5 if scale is None else scale
     scores = (q @ k.transpose(-2, -1)) * scale  # (B, heads, N, N)
     attn = scores.softmax(dim=-1)  # (B, heads, N, N)
     return attn @ v  # (B, heads, N, head_dim)
@@ -131,17 +131,21 @@ def _sdpa_input_dtype(q: Tensor) -> torch.dtype:
     return q.dtype
 
 
-def attend(q: Tensor, k: Tensor, v: Tensor, backend: str) -> Tensor:
-    """Attention of q/k/v (B, heads, N, head_dim) -> (B, heads, N, head_dim) with one forced kernel."""
+def attend(q: Tensor, k: Tensor, v: Tensor, backend: str, scale: float | None = None) -> Tensor:
+    """Attention of q/k/v (B, heads, N, head_dim) -> (B, heads, N, head_dim) with one forced kernel.
+
+    `scale` multiplies the logits; None is SDPA's default 1/sqrt(head_dim) (µP passes its own, models/mup.py)."""
     _check_backend(backend)
     if backend == "eager":
-        return _eager_attention(q, k, v)
+        return _eager_attention(q, k, v, scale)
     reason = backend_unavailable_reason(backend, q.device, _sdpa_input_dtype(q))
     if reason is not None:
         raise KernelUnavailable(reason)
     try:
         with sdpa_kernel([_SDPA_BACKENDS[backend]]):
-            return F.scaled_dot_product_attention(q, k, v)  # (B, heads, N, head_dim)
+            if scale is None:  # the call exactly as before µP existed
+                return F.scaled_dot_product_attention(q, k, v)  # (B, heads, N, head_dim)
+            return F.scaled_dot_product_attention(q, k, v, scale=scale)  # (B, heads, N, head_dim)
     except RuntimeError as err:
         message = str(err)
         if any(m in message for m in NO_KERNEL_MESSAGES):

@@ -39,9 +39,10 @@ class LogitStats:
         self._entropy: list[Tensor] = []
 
     @torch.no_grad()
-    def observe(self, q: Tensor, k: Tensor) -> None:
+    def observe(self, q: Tensor, k: Tensor, scale: float | None = None) -> None:
+        scale = q.shape[-1] ** -0.5 if scale is None else scale  # the softmax scale the layer runs with
         with torch.autocast(q.device.type, enabled=False):  # true fp32 logits, even inside an fp16 forward
-            logits = (q.float() @ k.float().transpose(-2, -1)) * q.shape[-1] ** -0.5  # (B, heads, N, N)
+            logits = (q.float() @ k.float().transpose(-2, -1)) * scale  # (B, heads, N, N)
             p = logits.softmax(-1)
         entropy = torch.nanmean(-(p * p.clamp_min(1e-30).log()).sum(-1))  # nats, mean over rows and heads
         # NaN-blind: once an earlier layer went non-finite, later layers' NaN must not hide this one's value.
@@ -88,7 +89,9 @@ def watching_logits(model: nn.Module, stats: LogitStats, on: bool = True):
 class Attention(nn.Module):
     """Multi-head self-attention with optional qk-LayerNorm, dispatched through `attend`."""
 
-    def __init__(self, dim: int, num_heads: int, qk_norm: bool = False, backend: str = "math"):
+    def __init__(
+        self, dim: int, num_heads: int, qk_norm: bool = False, backend: str = "math", scale: float | None = None
+    ):
         super().__init__()
         if dim % num_heads:
             raise ValueError(f"hidden size {dim} is not divisible by num_heads {num_heads}")
@@ -96,6 +99,8 @@ class Attention(nn.Module):
         self.num_heads = num_heads
         self.head_dim = dim // num_heads
         self.backend = backend
+        self.scale = scale
+        """The logits' multiplier; None = 1/sqrt(head_dim) (SP). µP: sqrt(base_head_dim) / head_dim (models/mup.py)."""
         self.qkv = nn.Linear(dim, dim * 3, bias=True)
         # qk-LayerNorm bounds the attention logits: the standard fix for attention-logit
         # growth (ViT-22B, SD3), normalising each head's q and k over head_dim.
@@ -110,8 +115,8 @@ class Attention(nn.Module):
         q, k, v = qkv.permute(2, 0, 3, 1, 4).unbind(0)  # 3 x (B, heads, N, head_dim)
         q, k = self.q_norm(q), self.k_norm(k)
         if self.logit_stats is not None:
-            self.logit_stats.observe(q, k)
-        x = attend(q, k, v, self.backend)  # (B, heads, N, head_dim)
+            self.logit_stats.observe(q, k, self.scale)
+        x = attend(q, k, v, self.backend, self.scale)  # (B, heads, N, head_dim)
         x = x.transpose(1, 2).reshape(B, N, C)  # (B, N, D)
         return self.proj(x)  # (B, N, D)
 
@@ -141,6 +146,7 @@ class DiTBlock(nn.Module):
         attention: str = "math",
         modulate: str = "eager",
         kind: str = "spatial",
+        attn_scale: float | None = None,
     ):
         super().__init__()
         check_kernel_names(attention, modulate)
@@ -150,7 +156,7 @@ class DiTBlock(nn.Module):
         self.modulate_impl = modulate
         # No affine in the norms: adaLN supplies the per-sample shift and scale.
         self.norm1 = nn.LayerNorm(hidden_size, elementwise_affine=False, eps=1e-6)
-        self.attn = Attention(hidden_size, num_heads, qk_norm=qk_norm, backend=attention)
+        self.attn = Attention(hidden_size, num_heads, qk_norm=qk_norm, backend=attention, scale=attn_scale)
         self.norm2 = nn.LayerNorm(hidden_size, elementwise_affine=False, eps=1e-6)
         self.mlp = Mlp(hidden_size, int(hidden_size * mlp_ratio))
         self.adaLN_modulation = nn.Sequential(nn.SiLU(), nn.Linear(hidden_size, 6 * hidden_size, bias=True))
@@ -171,10 +177,14 @@ class DiTBlock(nn.Module):
 class FinalLayer(nn.Module):
     """adaLN-modulated LayerNorm and linear projection from tokens to patch pixels."""
 
-    def __init__(self, hidden_size: int, patch_size: int, out_channels: int, modulate: str = "eager"):
+    def __init__(
+        self, hidden_size: int, patch_size: int, out_channels: int, modulate: str = "eager", readout_mult: float = 1.0
+    ):
         super().__init__()
         check_kernel_names(modulate_impl=modulate)
         self.modulate_impl = modulate
+        self.readout_mult = readout_mult
+        """Multiplies the projection's input: 1 (SP), 1/m under µP (mup's MuReadout, models/mup.py)."""
         self.norm_final = nn.LayerNorm(hidden_size, elementwise_affine=False, eps=1e-6)
         self.linear = nn.Linear(hidden_size, patch_size * patch_size * out_channels, bias=True)
         self.adaLN_modulation = nn.Sequential(nn.SiLU(), nn.Linear(hidden_size, 2 * hidden_size, bias=True))
@@ -182,4 +192,6 @@ class FinalLayer(nn.Module):
     def forward(self, x: Tensor, c: Tensor) -> Tensor:
         shift, scale = self.adaLN_modulation(c).chunk(2, dim=1)  # 2 x (B, D)
         x = modulate(self.norm_final(x), shift, scale, self.modulate_impl)  # (B, N, D)
+        if self.readout_mult != 1.0:
+            x = x * self.readout_mult  # (B, N, D)
         return self.linear(x)  # (B, N, p*p*C)

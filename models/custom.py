@@ -140,6 +140,18 @@ class CustomAdapter(nn.Module):
         self.forwards += 1
         return out
 
+    @property
+    def width_mult(self) -> float:
+        """µP's width multiplier of the user's model (its own `width_mult`), 1 when it has none."""
+        return float(getattr(self.model, "width_mult", 1.0))
+
+    def mup_roles(self) -> dict[str, str] | None:
+        """The user's model's µP roles (models/mup.py), when it declares them with a `mup_roles()` method, under
+        this adapter's names (`model.`): then its hidden weights train at lr / width_mult (docs/models.md)."""
+        roles_of = getattr(self.model, "mup_roles", None)
+        roles = roles_of() if callable(roles_of) else None
+        return None if roles is None else {f"model.{name}": role for name, role in roles.items()}
+
     def _check_axes_reached(self) -> None:
         """KernelUnavailable (a `skipped` run) when a requested kernel never ran in the first forward."""
         if self.route.calls_last_forward == 0 and self.attention != DEFAULT_ATTENTION:

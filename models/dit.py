@@ -7,6 +7,8 @@ implementation from the constructor, and `set_kernels` switches them on a built 
 
 from __future__ import annotations
 
+import math
+
 import torch
 import torch.nn as nn
 from torch import Tensor
@@ -15,6 +17,7 @@ from models.attention import ATTENTION_KERNELS
 from models.blocks import Attention, DiTBlock, FinalLayer, check_kernel_names
 from models.embeddings import PatchEmbed, TimestepEmbedder, sincos_1d, sincos_2d
 from models.modulate import MODULATE_KERNELS
+from models.mup import attention_scale, check_param
 
 
 class _DiTBackbone(nn.Module):
@@ -33,9 +36,23 @@ class _DiTBackbone(nn.Module):
         attention: str,
         modulate: str,
         block_kinds: list[str],
+        param: str = "sp",
+        base_width: int | None = None,
+        base_head_dim: int | None = None,
     ):
         super().__init__()
         check_kernel_names(attention, modulate)
+        # µP (models/mup.py): m = hidden_size / base_width; base_head_dim defaults to the head dim at the base
+        # width with this head count (a fixed head count: the head dim grows with the width).
+        self.param = param
+        self.width_mult = check_param(param, hidden_size, base_width)
+        self.base_width = base_width if param == "mup" else hidden_size
+        if param == "mup" and base_head_dim is None:
+            if base_width % num_heads:
+                raise ValueError(f"base_width {base_width} is not divisible by num_heads {num_heads}")
+            base_head_dim = base_width // num_heads
+        head_dim = hidden_size // num_heads
+        attn_scale = attention_scale(head_dim, base_head_dim) if param == "mup" else None
         self.in_channels = in_channels
         self.out_channels = in_channels  # noise prediction only, no learned sigma
         self.patch_size = patch_size
@@ -51,9 +68,12 @@ class _DiTBackbone(nn.Module):
         pos_embed = sincos_2d(hidden_size, self.x_embedder.grid_size).float()[None]  # (1, S, D)
         self.register_buffer("pos_embed", pos_embed, persistent=False)
         self.blocks = nn.ModuleList(
-            DiTBlock(hidden_size, num_heads, mlp_ratio, qk_norm, attention, modulate, kind=kind) for kind in block_kinds
+            DiTBlock(hidden_size, num_heads, mlp_ratio, qk_norm, attention, modulate, kind=kind, attn_scale=attn_scale)
+            for kind in block_kinds
         )
-        self.final_layer = FinalLayer(hidden_size, patch_size, self.out_channels, modulate)
+        self.final_layer = FinalLayer(
+            hidden_size, patch_size, self.out_channels, modulate, readout_mult=1.0 / self.width_mult
+        )
 
     def kernels(self) -> dict[str, str]:
         """The kernels every block runs, as result.json names them (the backend is forced: no fallback)."""
@@ -88,11 +108,19 @@ class _DiTBackbone(nn.Module):
 
         # Initialise the patch embedding like a linear layer over the flattened patch.
         w = self.x_embedder.proj.weight.data
-        nn.init.xavier_uniform_(w.view([w.shape[0], -1]))
+        if self.param == "sp":
+            nn.init.xavier_uniform_(w.view([w.shape[0], -1]))
+        else:  # µP input weight: the base width's xavier bound (torch's formula, with fan_out = base_width)
+            fan_in = w[0].numel()
+            bound = math.sqrt(3.0) * (1.0 * math.sqrt(2.0 / float(fan_in + self.base_width)))
+            with torch.no_grad():
+                w.uniform_(-bound, bound)
         nn.init.constant_(self.x_embedder.proj.bias, 0)
 
-        nn.init.normal_(self.t_embedder.mlp[0].weight, std=0.02)
-        nn.init.normal_(self.t_embedder.mlp[2].weight, std=0.02)
+        nn.init.normal_(self.t_embedder.mlp[0].weight, std=0.02)  # an input weight: the same under µP
+        # A hidden weight (width -> width): µP divides its std by sqrt(m); xavier's hidden ones already are.
+        std = 0.02 if self.param == "sp" else 0.02 / math.sqrt(self.width_mult)
+        nn.init.normal_(self.t_embedder.mlp[2].weight, std=std)
 
         # adaLN-Zero: every block starts as the identity (gates are 0) ...
         for block in self.blocks:
@@ -103,6 +131,23 @@ class _DiTBackbone(nn.Module):
         nn.init.constant_(self.final_layer.adaLN_modulation[-1].bias, 0)
         nn.init.constant_(self.final_layer.linear.weight, 0)
         nn.init.constant_(self.final_layer.linear.bias, 0)
+
+    def mup_roles(self) -> dict[str, str] | None:
+        """Each parameter's µP role (models/mup.py: input, hidden, readout, vector) by name; None under SP."""
+        if self.param != "mup":
+            return None
+        inputs = {"x_embedder.proj.weight", "t_embedder.mlp.0.weight"}
+        roles = {}
+        for name, p in self.named_parameters():
+            if name in inputs:
+                roles[name] = "input"
+            elif name == "final_layer.linear.weight":
+                roles[name] = "readout"
+            elif p.dim() >= 2:  # every other matrix maps the width to a multiple of the width
+                roles[name] = "hidden"
+            else:
+                roles[name] = "vector"
+        return roles
 
     def unpatchify(self, x: Tensor) -> Tensor:
         """Patch tokens (N, S, p*p*C) back to images (N, C, H, W)."""
@@ -129,6 +174,9 @@ class DiT(_DiTBackbone):
         qk_norm: bool = False,
         attention: str = "math",
         modulate: str = "eager",
+        param: str = "sp",
+        base_width: int | None = None,
+        base_head_dim: int | None = None,
     ):
         super().__init__(
             input_size=input_size,
@@ -141,6 +189,9 @@ class DiT(_DiTBackbone):
             attention=attention,
             modulate=modulate,
             block_kinds=["spatial"] * depth,
+            param=param,
+            base_width=base_width,
+            base_head_dim=base_head_dim,
         )
         self.depth = depth
         self.initialize_weights()
@@ -170,6 +221,9 @@ class VideoDiT(_DiTBackbone):
         qk_norm: bool = False,
         attention: str = "math",
         modulate: str = "eager",
+        param: str = "sp",
+        base_width: int | None = None,
+        base_head_dim: int | None = None,
     ):
         # depth counts (spatial, temporal) pairs: blocks[2i] mixes the S tokens of one
         # frame, blocks[2i + 1] mixes the F frames at one spatial location.
@@ -184,6 +238,9 @@ class VideoDiT(_DiTBackbone):
             attention=attention,
             modulate=modulate,
             block_kinds=["spatial", "temporal"] * depth,
+            param=param,
+            base_width=base_width,
+            base_head_dim=base_head_dim,
         )
         self.depth = depth
         self.num_frames = num_frames

@@ -34,10 +34,13 @@ def build_model(
     mlp_ratio: float = 4.0,
     width: int | None = None,
     depth: int | None = None,
+    param: str = "sp",
+    base_width: int | None = None,
 ) -> nn.Module:
     """Build a DiT ("dit") or VideoDiT ("video_dit") of a named size from MODEL_SIZES, or of that size
     with another `width` (hidden size; the head dim is kept, so heads = width / head dim) or `depth`
-    (blocks): the steps of a size ladder (docs/ladder.md)."""
+    (blocks): the steps of a size ladder (docs/ladder.md). `param="mup"` parametrizes it by µP relative to
+    `base_width` (models/mup.py); the base model has the same head dim, so the attention scale stays SP's."""
     if arch not in ARCHS:
         raise ValueError(f"unknown arch {arch!r}; choose one of {ARCHS}")
     dims = sized(size, width, depth)
@@ -51,6 +54,9 @@ def build_model(
         qk_norm=qk_norm,
         attention=attention,
         modulate=modulate,
+        param=param,
+        base_width=base_width,
+        base_head_dim=dims["hidden_size"] // dims["num_heads"] if param == "mup" else None,
     )
     if arch == "dit":
         if num_frames is not None:

@@ -53,6 +53,13 @@ class ModulateImpl(str, Enum):
     fused_buggy = "fused_buggy"
 
 
+class Param(str, Enum):
+    """How the native models scale with the width (models/mup.py)."""
+
+    sp = "sp"  # the standard parametrization: DiT's init, one lr
+    mup = "mup"  # µP relative to model.base_width
+
+
 class Arch(str, Enum):
     dit = "dit"
     video_dit = "video_dit"
@@ -190,6 +197,11 @@ class ModelConfig:
     depth: Optional[int] = None
     """Native models: the number of blocks instead of the named size's (even for video_dit: spatial +
     temporal pairs): the size axis of `+ladder=depth`. null = the size's own."""
+    param: Param = Param.sp
+    """Native models: sp (DiT's own init and one lr) or mup (µP: init, per-layer Adam lr, readout multiplier
+    and attention scale follow width / base_width, models/mup.py), so a lr found at one width carries to another."""
+    base_width: Optional[int] = None
+    """model.param=mup: the width whose lr the others inherit (m = width / base_width); ignored under sp."""
     config: Optional[str] = None
     """arch=diffusers_config only: a released model's transformer/config.json (models/diffusers_config.py)."""
     shrink: Dict[str, Any] = field(default_factory=dict)
@@ -682,6 +694,20 @@ def validate(run: RunConfig) -> RunConfig:
                 f"model.{key}",
                 f"sizes the native models only (dit, video_dit), not model.arch={m.arch.value}",
             )
+    _require(m.base_width is None or m.base_width > 0, "model.base_width", f"must be > 0, got {m.base_width}")
+    if m.param is Param.mup:
+        _require(
+            m.arch in (Arch.dit, Arch.video_dit),
+            "model.param",
+            f"mup scales a model by its width: the native models only (dit, video_dit), not model.arch={m.arch.value}",
+        )
+        _require(m.base_width is not None, "model.base_width", "model.param=mup needs a base width, e.g. 32")
+        width = sized(m.size, m.width)["hidden_size"]
+        _require(
+            m.base_width <= width,
+            "model.base_width",
+            f"must be <= the width ({width}), got {m.base_width}",
+        )
     _require(m.patch_size > 0, "model.patch_size", f"must be > 0, got {m.patch_size}")
     _require(m.qk_gain > 0, "model.qk_gain", f"must be > 0, got {m.qk_gain}")
     d = run.data

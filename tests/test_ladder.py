@@ -66,7 +66,9 @@ def test_the_summary_prints_the_ladder_and_the_report_plots_it(tmp_path):
     assert "fp32: predicted at width 512" in names and any(n.startswith("fp32: fit, exponent -0.") for n in names)
 
 
-def test_ladder_configs_compose_a_frontier_search_over_the_size():
+def test_ladder_configs_compose_a_search_over_the_size():
+    """v2 (issue #30) made the default a sqrt(2) lr grid with replicates over 4 sizes (tests/test_ladder_v2.py);
+    the v1 frontier search is one override away."""
     from hydra import compose, initialize_config_dir
     from hydra.core.global_hydra import GlobalHydra
 
@@ -74,9 +76,12 @@ def test_ladder_configs_compose_a_frontier_search_over_the_size():
     with initialize_config_dir(config_dir=CONF_DIR, version_base="1.3"):
         cfg = compose(config_name="config", overrides=["+ladder=width"], return_hydra_config=True)
         assert cfg.ladder.axis == "width" and cfg.ladder.target == 1152
-        assert cfg.hydra.sweeper.mode == "frontier" and cfg.hydra.sweeper.params["model.width"] == "32,64,128"
+        assert cfg.hydra.sweeper.params["model.width"] == "32,64,128,256"
+        frontier = ["+ladder=width", "hydra.sweeper.mode=frontier", "hydra.sweeper.frontier_factor=1.41"]
+        cfg = compose(config_name="config", overrides=frontier, return_hydra_config=True)
+        assert cfg.hydra.sweeper.mode == "frontier" and cfg.hydra.sweeper.frontier_factor == 1.41
         cfg = compose(config_name="config", overrides=["+ladder=depth"], return_hydra_config=True)
-        assert cfg.ladder.axis == "depth" and cfg.hydra.sweeper.params["model.depth"] == "2,4,8"
+        assert cfg.ladder.axis == "depth" and cfg.hydra.sweeper.params["model.depth"] == "2,4,8,16"
     GlobalHydra.instance().clear()
 
 

@@ -109,6 +109,7 @@ class GridSweeper(BasicSweeper):
     def setup(self, *, hydra_context, task_function, config) -> None:
         if self.frontier is not None:
             self.frontier.setup(hydra_context=hydra_context, task_function=task_function, config=config)
+            self.config = config  # check_ladder reads it
             return
         context = HydraContext(
             config_loader=ComposedOnce(hydra_context.config_loader), callbacks=hydra_context.callbacks
@@ -118,8 +119,33 @@ class GridSweeper(BasicSweeper):
         self.cells_seen = 0
         self.launcher = ResumingLauncher(self.launcher, self.finished)
 
+    def check_ladder(self, arguments: List[str]) -> None:
+        """A ladder sweep (`+ladder=width|depth`) over fewer than three sizes is a ConfigError (one line, exit 2):
+        the fit would give no interval (sweep/report/ladder.py)."""
+        from omegaconf import OmegaConf
+
+        from sweep.config import ConfigError
+        from sweep.report.ladder import check_ladder_sizes
+
+        axis = OmegaConf.select(self.config, "ladder.axis", default=None)
+        if axis is None:
+            return
+        axis = getattr(axis, "value", axis)
+        key, spec = f"model.{axis}", None
+        for k, v in (self.params or {}).items():
+            if k == key:
+                spec = str(v)
+        for argument in arguments:
+            k, _, v = argument.partition("=")
+            if k.lstrip("+~") == key:
+                spec = v
+        reason = check_ladder_sizes(axis, spec.split(",")) if spec is not None else None
+        if reason:
+            raise ConfigError(reason)
+
     def sweep(self, arguments: List[str]) -> Any:
         """Hydra's grid, plus the replicate seeds of `replicates=N` (sweep/search/replicates.py)."""
+        self.check_ladder(arguments)
         if self.frontier is not None:
             return self.frontier.sweep(arguments)
         from omegaconf import OmegaConf

@@ -14,6 +14,16 @@ per combination of the other axes (precision, attention, ...). Per combination:
   within its bracket: uniform in log, variance log(ratio)^2 / 12). Three sizes are the fewest that give
   an interval; with two the line is drawn and the interval is left empty.
 
+- a curvature test (v2): log lr* = a + b log size + c log(size)^2 fitted by least squares, and a two-sided
+  t-test of c = 0: t = c / se(c), se(c)^2 = s^2 [(X'X)^-1]_cc with s^2 the quadratic fit's residual variance
+  (n - 3 degrees of freedom) plus the brackets' own variance as above; `curved` when p < 0.05. It needs
+  four sizes. A curved ladder says the straight line, and its interval, should not be extrapolated far;
+- a warning when the target lies more than 4x beyond the largest measured size (TARGET_REACH).
+
+`model.param` (sp|mup) swept alongside is one more of the other axes: SP and µP get separate fits, one
+row each, side by side. A ladder sweep needs at least three sizes (`check_ladder_sizes`: one line,
+exit status 2 from the sweep).
+
 An extrapolation far past the fitted sizes is a hypothesis, not a measurement: docs/ladder.md holds
 one held-out check (fit on the smaller sizes, predict a larger one, run it).
 """
@@ -30,7 +40,41 @@ from sweep.report.runs import PARAM
 from sweep.report.tables import LR, frontier_records, sort_key
 
 SIZE_AXES = ("model.width", "model.depth")
-COLUMNS = ["sizes", "left_out", "exponent", "r2", "target", "predicted_lr", "low", "high"]
+COLUMNS = [
+    "sizes",
+    "left_out",
+    "exponent",
+    "r2",
+    "target",
+    "predicted_lr",
+    "low",
+    "high",
+    "curvature",
+    "curvature_p",
+    "curved",
+    "reach",
+]
+CURVATURE_ALPHA = 0.05
+"""The curvature test's level: `curved` when the two-sided p of c = 0 is below it."""
+TARGET_REACH = 4.0
+"""A target more than this many times the largest measured size gets a warning."""
+MIN_SIZES = 3
+"""The fewest sizes a ladder sweep may have: fewer give no interval."""
+
+
+def check_ladder_sizes(axis: str, values: list[str]) -> str | None:
+    """A one-line reason when a ladder over `axis` (width or depth) sweeps fewer than MIN_SIZES distinct
+    values, else None. `values` are the swept values as written (e.g. "32,64"); a range or interval
+    that cannot be counted here is let through."""
+    if not values or any("(" in v for v in values):
+        return None
+    distinct = {v.strip() for v in values if v.strip()}
+    if len(distinct) < MIN_SIZES:
+        return (
+            f"model.{axis}: a ladder needs at least {MIN_SIZES} sizes to give an interval, got {len(distinct)} "
+            f"({', '.join(sorted(distinct, key=sort_key))})"
+        )
+    return None
 
 
 def ladder_settings(sweep_dir) -> tuple[float | None, float]:
@@ -96,7 +140,9 @@ def fit_line(points: list[tuple], target: float | None, confidence: float) -> di
     fitted = [(s, lo, hi, lr) for s, lo, hi, lr in points if not pd.isna(lr)]
     n = len(fitted)
     row = {"sizes": n, "exponent": np.nan, "r2": np.nan, "target": target, "predicted_lr": np.nan}
-    row.update(low=np.nan, high=np.nan)
+    row.update(low=np.nan, high=np.nan, curvature=np.nan, curvature_p=np.nan, curved=None, reach=np.nan)
+    if fitted and target is not None:
+        row["reach"] = float(target) / max(s for s, *_ in fitted)
     if n < 2 or len({s for s, *_ in fitted}) < 2:
         return row
     x = np.log([s for s, *_ in fitted])
@@ -106,6 +152,7 @@ def fit_line(points: list[tuple], target: float | None, confidence: float) -> di
     sxx = float(((x - x.mean()) ** 2).sum())
     ss_tot = float(((y - y.mean()) ** 2).sum())
     row.update(exponent=float(b), r2=1 - float((resid**2).sum()) / ss_tot if ss_tot > 0 else np.nan)
+    row.update(curvature_test(fitted))
     if target is None:
         return row
     x0 = math.log(target)
@@ -118,6 +165,30 @@ def fit_line(points: list[tuple], target: float | None, confidence: float) -> di
     t = float(stats.t.ppf(0.5 + confidence / 2, n - 2))
     row.update(low=math.exp(a + b * x0 - t * se), high=math.exp(a + b * x0 + t * se))
     return row
+
+
+def curvature_test(fitted: list[tuple]) -> dict:
+    """{curvature: c, curvature_p: two-sided p of c = 0, curved: p < CURVATURE_ALPHA} of the fit
+    log lr* = a + b x + c x^2, x = log size (module docstring); NaN and None with fewer than 4 sizes."""
+    from scipy import stats
+
+    out = {"curvature": np.nan, "curvature_p": np.nan, "curved": None}
+    n = len(fitted)
+    if n < 4 or len({s for s, *_ in fitted}) < 3:
+        return out
+    x = np.log([s for s, *_ in fitted])
+    y = np.log([lr for *_, lr in fitted])
+    xc = x - x.mean()  # centred: the same c, a better-conditioned X'X
+    design = np.column_stack([np.ones(n), xc, xc**2])
+    coef, *_ = np.linalg.lstsq(design, y, rcond=None)
+    resid = y - design @ coef
+    bracket_var = float(np.mean([math.log(hi / lo) ** 2 / 12 for _, lo, hi, _ in fitted]))
+    var = float((resid**2).sum()) / (n - 3) + bracket_var
+    se = math.sqrt(var * float(np.linalg.inv(design.T @ design)[2, 2]))
+    c = float(coef[2])
+    p = float(2 * stats.t.sf(abs(c) / se, n - 3)) if se > 0 else (0.0 if c else 1.0)
+    out.update(curvature=c, curvature_p=p, curved=bool(p < CURVATURE_ALPHA))
+    return out
 
 
 def ladder_lines(table: pd.DataFrame) -> list[str]:
@@ -138,6 +209,14 @@ def ladder_lines(table: pd.DataFrame) -> list[str]:
                 f" ({conf:.0%} interval {r.low:.3g}..{r.high:.3g})"
                 if not pd.isna(r.low)
                 else " (no interval: it needs 3 sizes)"
+            )
+        if r.curved is not None and not pd.isna(r.curved):
+            verdict = "curved: do not trust the line far out" if r.curved else "no significant curvature"
+            line += f"; {verdict} (c {r.curvature:+.3g}, p {r.curvature_p:.2g})"
+        if not pd.isna(r.reach) and r.reach > TARGET_REACH:
+            line += (
+                f"; warning: {axis} {r.target:g} is {r.reach:.1f}x the largest measured {axis} "
+                f"(more than {TARGET_REACH:g}x: an extrapolation no run here has checked)"
             )
         if r.left_out:
             line += f"; {int(r.left_out)} size(s) without a bracket left out"

@@ -142,6 +142,8 @@ def build_parts(run: RunConfig, device: torch.device, policy: PrecisionPolicy, s
             modulate=run.modulate.impl.value,
             width=m.width,
             depth=m.depth,
+            param=m.param.value,
+            base_width=m.base_width,
         )
     if m.qk_gain != 1.0:
         scale_query_key(model, m.qk_gain)

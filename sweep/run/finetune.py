@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import torch
 
+from models import mup
 from sweep.config import Arch, FinetuneMethod, RunConfig
 
 LORA_TARGETS = {
@@ -61,12 +62,19 @@ def is_adapter(name: str) -> bool:
 
 
 def param_groups(run: RunConfig, model: torch.nn.Module) -> list[dict]:
-    """AdamW groups: trainable base weights at optim.lr, LoRA adapters at optim.lora_lr (default optim.lr)."""
+    """AdamW groups: trainable base weights at optim.lr, LoRA adapters at optim.lora_lr (default optim.lr).
+    Under µP (model.param=mup) the base weights split by role: the hidden ones at lr / m (models/mup.py)."""
     o = run.optim
     named = [(n, p) for n, p in model.named_parameters() if p.requires_grad]
     base = [p for n, p in named if not is_adapter(n)]
     adapters = [p for n, p in named if is_adapter(n)]
     groups = [{"params": base, "lr": o.lr, "lr_scale": 1.0, "name": "base"}] if base else []
+    mup_groups = mup.param_groups(model, o.lr, o.weight_decay)
+    if mup_groups is not None:
+        adapter_ids = {id(p) for p in adapters}
+        for g in mup_groups:
+            g["params"] = [p for p in g["params"] if id(p) not in adapter_ids]
+        groups = [g for g in mup_groups if g["params"]]
     if adapters:
         lora_lr = o.lr if o.lora_lr is None else o.lora_lr
         groups.append({"params": adapters, "lr": lora_lr, "lr_scale": lora_lr / o.lr, "name": "lora"})

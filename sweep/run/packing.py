@@ -23,7 +23,7 @@ from typing import Sequence
 
 import torch
 
-from sweep.config import Arch, FinetuneMethod, PrunerName, RunConfig
+from sweep.config import Arch, FinetuneMethod, Param, PrunerName, RunConfig
 from sweep.run.build import resolve_device
 from sweep.run.evaluate import make_evaluator
 from sweep.run.execute import conclude, execute, fail, new_metrics, new_result, prepare, write_outcome
@@ -67,6 +67,8 @@ def refusal(run: RunConfig, device: torch.device | None = None) -> str | None:
         )
     if run.finetune.method is not FinetuneMethod.none:
         return "finetune=lora freezes part of the weights: not packed"
+    if run.model.param is Param.mup:  # StackedAdamW takes one group's lr table per run
+        return "model.param=mup trains its hidden weights at their own lr (a second optimizer group): not packed"
     if run.compile:
         return "compile=true: a compiled run trains alone"
     if run.data.skip_samples:

@@ -1,0 +1,134 @@
+"""Ladder v2 (sweep/report/ladder.py, issue #30 part 3): a sqrt(2) lr grid with replicates, SP and µP fitted
+side by side, the curvature test, the reach warning, and at least three sizes. Synthetic brackets whose
+answer is known."""
+
+from __future__ import annotations
+
+import math
+import subprocess
+import sys
+
+import pytest
+
+from sweep.report.ladder import check_ladder_sizes, curvature_test, fit_line, ladder_fit, ladder_lines
+from sweep.report.runs import runs_from_dirs
+
+from .conftest import CONF_DIR, REPO
+from .test_report_tables import diverged, write_run
+
+GRID = [2 ** (-k / 2) for k in range(2, 24)]  # sqrt(2)-spaced, 0.5 .. 0.0005
+
+
+def bracket(truth: float) -> tuple[float, float]:
+    """The sqrt(2)-grid bracket [max stable, min diverging) around a true largest stable lr."""
+    lo = max(lr for lr in GRID if lr <= truth)
+    return lo, lo * math.sqrt(2)
+
+
+def points(sizes, law):
+    return [(s, *bracket(law(s)), math.sqrt(bracket(law(s))[0] * bracket(law(s))[1])) for s in sizes]
+
+
+def test_sp_and_mup_are_fitted_side_by_side_from_replicates(tmp_path):
+    """sp: lr* = 0.1 (w/32)^-0.5, mup: flat at 0.05; two seeds per cell, seed 1 diverging one grid step lower
+    at width 128 (sp): an lr counts as stable only when both seeds are."""
+    n = 0
+    for param, law in (("sp", lambda w: 0.1 * (w / 32) ** -0.5), ("mup", lambda w: 0.05)):
+        for w in (32, 64, 128, 256):
+            for seed in (0, 1):
+                for lr in GRID:
+                    limit = law(w) / (math.sqrt(2) if (param, w, seed) == ("sp", 128, 1) else 1)
+                    ok = lr <= limit
+                    result = {"status": "stable", "final_loss": 0.5} if ok else diverged("loss_spike", 3, "loss")
+                    params = {"model.param": param, "model.width": w, "optim.lr": lr, "seed": seed}
+                    write_run(tmp_path, n, params, result)
+                    n += 1
+    table = ladder_fit(runs_from_dirs(tmp_path), target=1024, confidence=0.9)
+    assert sorted(table.index) == ["mup", "sp"] and table.index.name == "model.param"
+    sp, mup = table.loc["sp"], table.loc["mup"]
+    assert sp.sizes == mup.sizes == 4
+    assert sp.exponent == pytest.approx(-0.5, abs=0.15) and mup.exponent == pytest.approx(0, abs=1e-9)
+    assert sp.low < 0.1 * 32**-0.5 < sp.high and mup.low < 0.05 < mup.high
+    w128 = [p for p in table.attrs["points"]["sp"] if p[0] == 128][0]
+    assert w128[1] == bracket(0.1 * 4**-0.5 / math.sqrt(2))[0]  # the lower replicate sets the bracket
+
+
+def test_a_straight_line_recovers_its_slope_and_its_interval_holds_the_truth():
+    law = lambda s: 0.2 * (s / 32) ** -0.7  # noqa: E731
+    row = fit_line(points([32, 64, 128, 256, 512], law), 1024, 0.9)
+    assert row["exponent"] == pytest.approx(-0.7, abs=0.1)
+    assert row["low"] < law(1024) < row["high"]
+    assert row["curved"] is False and row["curvature_p"] > 0.05
+
+
+def test_a_clearly_curved_series_is_flagged_and_a_straight_one_is_not():
+    # log lr* falls ever faster with log size: flat at 32, 25x lower at 1024.
+    curved = lambda s: 0.1 * math.exp(-0.45 * math.log(s / 32) ** 2)  # noqa: E731
+    row = curvature_test(points([32, 64, 128, 256, 512, 1024], curved))
+    assert row["curved"] is True and row["curvature"] < 0 and row["curvature_p"] < 0.01
+    straight = lambda s: 0.1 * (s / 32) ** -1.0  # noqa: E731
+    assert curvature_test(points([32, 64, 128, 256, 512, 1024], straight))["curved"] is False
+    assert curvature_test(points([32, 64, 128], straight))["curved"] is None  # 3 sizes: no test
+
+
+def test_a_target_far_beyond_the_sizes_is_warned_about(tmp_path):
+    law = lambda s: 0.1 * (s / 32) ** -0.5  # noqa: E731
+    near = fit_line(points([32, 64, 128, 256], law), 1024, 0.9)
+    far = fit_line(points([32, 64, 128, 256], law), 1152, 0.9)
+    assert near["reach"] == 4 and far["reach"] == 4.5
+    import pandas as pd
+
+    table = pd.DataFrame([{"combination": "sp", **near, "left_out": 0}, {"combination": "mup", **far, "left_out": 0}])
+    table = table.set_index("combination")
+    table.attrs.update(axis="model.width", confidence=0.9)
+    lines = ladder_lines(table)
+    assert "warning" not in lines[0] and "warning: width 1152 is 4.5x the largest measured width" in lines[1]
+    assert "no significant curvature" in lines[0]
+
+
+def test_fewer_than_three_sizes_is_refused():
+    assert check_ladder_sizes("width", ["32", "64"]).startswith("model.width: a ladder needs at least 3 sizes")
+    assert check_ladder_sizes("width", ["32", "64", "128"]) is None
+    assert check_ladder_sizes("depth", ["range(2,10,2)"]) is None  # not counted here
+
+
+def test_ladder_configs_compose_v2_defaults():
+    from hydra import compose, initialize_config_dir
+    from hydra.core.global_hydra import GlobalHydra
+
+    GlobalHydra.instance().clear()
+    with initialize_config_dir(config_dir=CONF_DIR, version_base="1.3"):
+        cfg = compose(config_name="config", overrides=["+ladder=width"], return_hydra_config=True)
+        params = cfg.hydra.sweeper.params
+        lrs = [float(v) for v in params["optim.lr"].split(",")]
+        assert len(params["model.width"].split(",")) >= 4 and params["model.param"] == "sp,mup"
+        assert cfg.replicates == 2 and cfg.model.base_width == 32
+        assert all(b / a == pytest.approx(math.sqrt(2), rel=0.01) for a, b in zip(lrs, lrs[1:]))
+        cfg = compose(config_name="config", overrides=["+ladder=depth"], return_hydra_config=True)
+        assert len(cfg.hydra.sweeper.params["model.depth"].split(",")) >= 4 and cfg.replicates == 2
+    GlobalHydra.instance().clear()
+
+
+@pytest.mark.parametrize("mode", [[], ["hydra.sweeper.mode=frontier"]], ids=["grid", "frontier"])
+def test_a_ladder_sweep_of_two_sizes_is_one_line_exit_2(tmp_path, mode):
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "sweep",
+            "-m",
+            "+ladder=width",
+            "model.width=32,64",
+            *mode,
+            f"hydra.sweep.dir={tmp_path}/s",
+        ],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env={**__import__("os").environ, "PYTHONPATH": str(REPO)},
+    )
+    lines = [ln for ln in proc.stderr.splitlines() if ln.strip()]
+    assert proc.returncode == 2 and len(lines) == 1, proc.stderr
+    assert "model.width: a ladder needs at least 3 sizes" in lines[0]
+    assert not list(tmp_path.rglob("result.json"))
