@@ -77,8 +77,9 @@ def decide(record: RunRecord) -> Mechanism:
     verdict, cause = r["verdict"], r.get("cause") or {}
     where, detail = cause.get("where"), cause.get("detail") or ""
     if verdict == "bad_input" or where == "data":
+        samples = detail.removeprefix("the batch held bad values: ")
         return Mechanism(
-            "bad_input", f"the batch at step {record.first_bad} held bad values: {detail}", {"cause": detail}
+            "bad_input", f"the batch at step {record.first_bad} held bad samples: {samples}", {"cause": detail}
         )
     if verdict == "corrupt_checkpoint" or where == "checkpoint":
         return Mechanism(

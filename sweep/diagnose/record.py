@@ -41,8 +41,9 @@ class RunRecord:
 
     @property
     def last_step(self) -> int:
-        """The step whose numbers tripped the verdict (a spike's first bad step can be earlier)."""
-        return int(self.rows[-1]["step"]) if self.rows else self.first_bad
+        """The step whose numbers tripped the verdict (a spike's first bad step can be earlier; a bad batch
+        stops its step before the forward, so metrics.csv ends a step before it)."""
+        return max(int(self.rows[-1]["step"]), self.first_bad) if self.rows else self.first_bad
 
     @property
     def start(self) -> int:

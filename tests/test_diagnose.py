@@ -1,0 +1,167 @@
+"""The diagnosis of a diverged run (sweep/diagnose): its mechanism, the counterfactual table, the confirmed fix,
+and one-line refusals of what it cannot diagnose."""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+
+import pytest
+
+from sweep.diagnose.__main__ import main
+from sweep.diagnose.counterfactual import healthy_until
+from sweep.diagnose.diagnosis import DIAGNOSIS_FILE, diagnose
+from sweep.diagnose.mechanism import MECHANISMS, decide, second_moment_lag
+from sweep.diagnose.record import RunRecord
+
+from .conftest import make_run, multirun_in_process
+
+TINY = ["ledger.enabled=false", "steps=12"]
+
+
+def sweep(tmp_path: Path, *overrides: str) -> list[dict]:
+    multirun_in_process(tmp_path, *TINY, *overrides)
+    return [json.loads(p.read_text()) | {"dir": p.parent} for p in sorted(tmp_path.glob("*/result.json"))]
+
+
+def quiet(_line: str) -> None:
+    pass
+
+
+def rows_of(d: dict) -> dict:
+    return {r["name"]: r for r in d["counterfactuals"]["rows"]}
+
+
+def test_a_bad_sample_is_named_left_out_and_the_fix_confirmed(tmp_path):
+    """With the data check on (bad_input before the forward) and off (a NaN loss): the same mechanism, the
+    row without the sample is the one that keeps the bad steps healthy, and a run without it from step 0 is
+    stable. Fails if data.skip_samples does not leave the sample out, or the replay is not bit for bit."""
+    runs = sweep(tmp_path, "optim.lr=1e-3", "+data.faults=[{index:5,kind:nan}]", "data.check=true,false")
+    assert [(r["verdict"], r["mechanism"]["name"]) for r in runs] == [
+        ("bad_input", "bad_input"),
+        ("nonfinite_loss", "bad_input"),
+    ]
+    for r in runs:
+        d = diagnose(r["dir"], progress=quiet)
+        assert json.loads((r["dir"] / DIAGNOSIS_FILE).read_text())["mechanism"] == d["mechanism"] == "bad_input"
+        rows = rows_of(d)
+        first = r["first_bad_step"]
+        assert rows["same config"]["outcome"]["verdict"] == r["verdict"]
+        assert rows["same config"]["outcome"]["first_bad_step"] == first
+        assert rows["without extreme samples"]["overrides"] == ["data.skip_samples=[5]"]
+        assert rows["without extreme samples"]["healthy"] and not rows["lr/10"]["healthy"]
+        assert rows["fp32"]["outcome"] is None and "already fp32" in rows["fp32"]["not_applicable"]
+        assert d["counterfactuals"]["from_step"] == first - 1 and d["counterfactuals"]["prefix"]["identical"]
+        assert d["agrees"] and d["fix"]["confirmed"] and d["fix"]["overrides"] == ["data.skip_samples=[5]"]
+        fixed = json.loads((Path(d["fix"]["run_dir"]) / "result.json").read_text())
+        assert fixed["status"] == "stable" and fixed["steps_run"] == 12
+
+
+def test_a_spike_nothing_specific_explains_is_lr_too_high_when_lr_over_10_holds(tmp_path):
+    """fp32 at lr 3e-2 spikes within a few steps with no logit growth, no lag, nothing in the data: the
+    recorded signals leave it unexplained, the lr/10 row keeps it healthy, so lr_too_high, and the fix lr/10
+    is confirmed from step 0."""
+    (r,) = sweep(tmp_path, "optim.lr=3e-2")
+    assert (r["verdict"], r["mechanism"]["name"]) == ("loss_spike", "unexplained")
+    d = diagnose(r["dir"], progress=quiet)
+    rows = rows_of(d)
+    assert rows["lr/10"]["healthy"] and rows["lr/10"]["overrides"] == ["optim.lr=0.003"]
+    assert rows["same config"]["outcome"]["verdict"] == "loss_spike"
+    assert d["mechanism"] == "lr_too_high" and d["agrees"]
+    assert d["fix"]["confirmed"] and d["fix"]["overrides"] == ["optim.lr=0.003"]
+    assert d["counterfactuals"]["through_step"] == 11  # the run's last step: 10 past the spike would be beyond it
+
+
+def record(verdict, cause=None, rows=(), **result) -> RunRecord:
+    r = {"status": "diverged", "verdict": verdict, "first_bad_step": 20, "cause": cause or {}, "params": {}}
+    r.update(result)
+    return RunRecord(Path("."), r, [dict(x) for x in rows], None, make_run(*result.pop("_overrides", [])))
+
+
+def logit_rows(first: float, peak: float, e0: float, low: float) -> list[dict]:
+    return [
+        {"step": 0.0, "loss": 1.0, "attn_max_logit": first, "attn_min_entropy": e0},
+        {"step": 10.0, "loss": 0.5, "attn_max_logit": peak, "attn_min_entropy": low},
+        {"step": 20.0, "loss": 50.0, "attn_max_logit": math.nan, "attn_min_entropy": math.nan},
+    ]
+
+
+def test_mechanisms_from_recorded_signals():
+    """Each rule on the signals it reads, and the edges where it must not fire."""
+    spike = {"where": "optimizer", "detail": "the loss 50 > 10 x the initial loss"}
+    grown = decide(record("loss_spike", spike, logit_rows(1.7, 168.0, 1.36, 0.09)))
+    assert grown.name == "attention_logit_growth" and grown.evidence["growth"] == pytest.approx(168 / 1.7)
+    # a healthy run's logit grows a few x while it learns: not the mechanism (qk-norm's own run: 1.7 -> 6.6)
+    assert decide(record("loss_spike", spike, logit_rows(1.7, 6.6, 1.36, 1.2))).name == "unexplained"
+    assert decide(record("loss_spike", spike, logit_rows(1.7, 168.0, 1.36, 1.0))).name == "unexplained"  # no collapse
+    lag = "; AdamW's second moment lagged: the 31 squared gradient norms before step 300 average 12.5x its sum"
+    kept = "; AdamW's second moment kept up: the 31 squared gradient norms before step 36 average 1.1x its sum"
+    assert second_moment_lag(lag) == 12.5 and second_moment_lag(kept) is None
+    assert decide(record("loss_spike", {"where": "optimizer", "detail": "x" + lag})).name == "adam_second_moment_lag"
+    fp16 = {
+        "where": "forward",
+        "module": "blocks.0.attn",
+        "detail": "blocks.0.attn output is non-finite with finite inputs in float16",
+    }
+    assert decide(record("scale_collapse", fp16, _overrides=["precision=fp16_amp"])).name == "activation_overflow"
+    bf16 = {
+        "where": "forward",
+        "module": "blocks.0.attn",
+        "detail": "output is non-finite with finite inputs in bfloat16",
+    }
+    assert decide(record("nonfinite_loss", bf16, _overrides=["precision=bf16_amp"])).name == "unexplained"
+    nan_update = {"where": "optimizer", "detail": "weight x.weight is non-finite after the update of step 0"}
+    sana = decide(record("nonfinite_loss", nan_update, _overrides=["precision=fp16_pure"]))
+    assert sana.name == "update_underflow" and sana.evidence["eps_in_fp16"] == 0.0
+    assert decide(record("nonfinite_loss", nan_update)).name == "unexplained"  # fp32 weights: eps is no culprit
+    lost = {"where": "optimizer", "detail": "updates lost: 100% of the weight mass unchanged"}
+    assert decide(record("stalled", lost, _overrides=["precision=bf16_pure"])).name == "update_underflow"
+    zeros = {"where": "backward", "detail": "gradients underflowed: 97% of gradient elements are exactly 0"}
+    assert decide(record("stalled", zeros)).name == "gradient_underflow"
+    assert decide(record("corrupt_checkpoint", {"where": "checkpoint"})).name == "corrupt_checkpoint"
+    collapse = {"where": "scaler", "detail": "overflow at the minimum scale"}
+    rows = [{"step": 0.0, "loss": 1.0, "loss_scale": 1.0}]
+    assert (
+        decide(record("scale_collapse", collapse, rows, _overrides=["precision=fp16_amp"])).name
+        == "loss_scale_collapse"
+    )
+    buggy = decide(record("loss_spike", spike, _overrides=["modulate=fused_buggy"]))
+    assert buggy.name == "kernel" and buggy.evidence["impl"] == "fused_buggy"
+    assert decide(record("loss_spike", spike, _overrides=["modulate=fused"])).name == "unexplained"
+    assert set(MECHANISMS) >= {grown.name, sana.name, buggy.name, "lr_too_high", "nondeterministic"}
+
+
+def test_counterfactuals_start_where_the_trouble_began():
+    """A spike's rows start at the lowest smoothed loss before it (the monitor's EMA, beta 0.9: 1, .98, .942,
+    .898, .853, .818, .806, then .875 as the climb reaches it); a collapse's at its first skipped step in a
+    row; a stall's at its window; a NaN's one step before it."""
+    losses = [1.0, 0.8, 0.6, 0.5, 0.45, 0.5, 0.7, 1.5, 3.0, 9.0]
+    spike = record("loss_spike", rows=[{"step": float(s), "loss": v} for s, v in enumerate(losses)])
+    spike.result["first_bad_step"] = 9
+    assert healthy_until(spike) == 6
+    skips = [{"step": float(s), "loss": 1.0, "skipped": float(s >= 5)} for s in range(12)]
+    collapse = record("scale_collapse", rows=skips)
+    collapse.result["first_bad_step"] = 11
+    assert healthy_until(collapse) == 5
+    assert healthy_until(record("stalled")) == 1  # first bad 20, stall_window 20
+    assert healthy_until(record("nonfinite_loss")) == 19
+
+
+def test_what_cannot_be_diagnosed_is_one_line_and_exit_2(tmp_path, capsys):
+    (stable,) = sweep(tmp_path / "s", "optim.lr=1e-3")
+    old = tmp_path / "old"
+    (old / ".hydra").mkdir(parents=True)
+    (old / ".hydra" / "config.yaml").write_text((stable["dir"] / ".hydra" / "config.yaml").read_text())
+    (old / "result.json").write_text(json.dumps({"status": "diverged", "verdict": "loss_spike"}))
+    cases = {
+        tmp_path / "nowhere": "no such directory",
+        tmp_path / "s": "is not a run directory",
+        stable["dir"]: "the run is stable, not diverged: there is nothing to diagnose",
+        old: "written by an older version: result.json has no first_bad_step, cause, params, steps_run",
+    }
+    for path, message in cases.items():
+        assert main([str(path)]) == 2
+        err = capsys.readouterr().err
+        assert message in err and err.count("\n") == 1, err
+    assert main([str(stable["dir"]), "--past", "-1"]) == 2
