@@ -211,6 +211,17 @@ class SweepSummary(Callback):
         from sweep.report.text import WIDTH, render_text, write_summary
 
         sweep_dir = Path(config.hydra.sweep.dir)
+        if OmegaConf.select(config, "monitor.diagnose", default="off") == "auto":
+            from sweep.diagnose.multirun import diagnose_sweep  # torch: only for sweeps that diagnose
+
+            try:
+                diagnose_sweep(
+                    sweep_dir,
+                    float(OmegaConf.select(config, "monitor.diagnose_budget", default=1.0)),
+                    progress=lambda line: print(line, flush=True),
+                )
+            except Exception:
+                log.exception("diagnosing the diverged runs of %s failed; python -m sweep.diagnose RUN_DIR", sweep_dir)
         runs = runs_from_dirs(sweep_dir, starting_s=0)  # every job of this sweep has returned
         for line in runs.attrs.get("skipped", []):
             log.warning("summary: skipped %s", line)

@@ -112,6 +112,11 @@ class Schedule(str, Enum):
     cosine = "cosine"
 
 
+class DiagnoseMode(str, Enum):
+    auto = "auto"
+    off = "off"
+
+
 class Progress(str, Enum):
     auto = "auto"  # a bar on a terminal, nothing per step in CI or a pipe
     bar = "bar"
@@ -344,6 +349,13 @@ class MonitorConfig:
     """Fetch the steps' numbers from the device every this many steps (one sync per window, not per step).
     Verdicts, first bad steps and metrics are the same for any value (sweep/run/window.py): a window with a
     step the host must decide runs again one sync per step. 1 on the CPU, where a sync costs nothing."""
+    diagnose: DiagnoseMode = DiagnoseMode.auto
+    """At the end of a multirun, auto diagnoses the diverged runs (sweep/diagnose: counterfactual runs and a fix
+    confirmed from step 0), one per distinct failure (verdict, mechanism and every swept value but the lr and
+    the seed; its smallest lr), within diagnose_budget; off leaves each run its mechanism from its recorded
+    signals only. `python -m sweep.diagnose RUN_DIR` diagnoses any run by hand."""
+    diagnose_budget: float = 1.0
+    """auto's time limit, as a multiple of the sweep's own run time (its runs' seconds added up)."""
 
 
 @dataclass
@@ -479,6 +491,8 @@ class ScenarioExpect:
     max_attn_logit_above: Optional[float] = None
     """The run's largest attention logit exceeded this (logit growth)."""
     max_attn_logit_below: Optional[float] = None
+    mechanism: Optional[str] = None
+    """Why it diverged, as the run's result.json names it from its recorded signals (sweep/diagnose/mechanism.py)."""
     modulate_parity: Optional[str] = None
     """ok | mismatch: the kernel parity check (sweep.parity, batch 1-4, fp32/bf16/fp16) of the run's swept
     `modulate` impl. A wrong kernel can train without any verdict (OpenDiT's fused_buggy): parity catches it."""
@@ -785,6 +799,11 @@ def validate(run: RunConfig) -> RunConfig:
     _require(mo.stall_window > 0, "monitor.stall_window", f"must be > 0, got {mo.stall_window}")
     _require(mo.logit_every > 0, "monitor.logit_every", f"must be > 0, got {mo.logit_every}")
     _require(mo.sync_every > 0, "monitor.sync_every", f"must be > 0, got {mo.sync_every}")
+    _require(
+        math.isfinite(mo.diagnose_budget) and mo.diagnose_budget >= 0,
+        "monitor.diagnose_budget",
+        f"must be a finite number >= 0, got {mo.diagnose_budget}",
+    )
     _require(0 < mo.stall_fraction <= 1, "monitor.stall_fraction", f"must be in (0, 1], got {mo.stall_fraction}")
     for key in flatten(run.scenario.pretrain_overrides):  # {data.batch_size: 16} or {data: {batch_size: 16}}
         _require(_has_field(RunConfig, key), "scenario.pretrain_overrides", f"no config key {key!r}")

@@ -125,6 +125,7 @@ def check(expects: list[ScenarioExpect], results: list[dict]) -> list[Outcome]:
         for r in runs:
             cause = r.get("cause") or {}
             got = (r.get("status"), r.get("verdict"), cause.get("where"), cause.get("module") or "")
+            mechanism = (r.get("mechanism") or {}).get("name")
             logit = r.get("max_attn_logit")
             impl = (r.get("params") or {}).get("modulate")
             parity = modulate_parity(str(impl)) if e.modulate_parity and impl is not None else None
@@ -133,6 +134,7 @@ def check(expects: list[ScenarioExpect], results: list[dict]) -> list[Outcome]:
                 or (e.verdict and got[1] != e.verdict)
                 or (e.cause_where and got[2] != e.cause_where)
                 or (e.cause_module and not got[3].startswith(e.cause_module))
+                or (e.mechanism and mechanism != e.mechanism)
                 or (e.max_attn_logit_above is not None and not (logit is not None and logit > e.max_attn_logit_above))
                 or (e.max_attn_logit_below is not None and not (logit is not None and logit < e.max_attn_logit_below))
                 or (e.modulate_parity and parity != e.modulate_parity)
@@ -141,7 +143,7 @@ def check(expects: list[ScenarioExpect], results: list[dict]) -> list[Outcome]:
                 label = " ".join(f"{k}={v}" for k, v in (r.get("params") or {}).items())
                 failures.append(
                     f"{label}: got {got[0]} {got[1] or ''} at step {r.get('first_bad_step')} "
-                    f"(cause {got[2]}/{got[3] or '-'}, max attention logit {logit}"
+                    f"(cause {got[2]}/{got[3] or '-'}, mechanism {mechanism}, max attention logit {logit}"
                     + (f", modulate parity {parity})" if e.modulate_parity else ")")
                 )
         steps = {r.get("first_bad_step") for r in runs}

@@ -23,7 +23,15 @@ CONF_DIR = str(REPO / "conf")
 # Small and fast: 4 frames of 8x8, a handful of steps. Tests that need the real default size say so.
 # The device stays `auto` (CUDA where there is one), so the suite runs the GPU path on a GPU machine; a test
 # of a CPU fact (a CPU profiler op name, an emulated GEMM, a refusal on CPU) pins device=cpu itself.
-FAST = ["data.frames=4", "data.height=8", "data.width=8", "data.num_samples=32", "progress=none"]
+# A multirun's diagnoses of its diverged runs (monitor.diagnose=auto) are tested in tests/test_diagnose.py.
+FAST = [
+    "data.frames=4",
+    "data.height=8",
+    "data.width=8",
+    "data.num_samples=32",
+    "progress=none",
+    "monitor.diagnose=off",
+]
 
 
 def compose_cfg(overrides: list[str] | None = None):

@@ -30,6 +30,7 @@ def run_scenario(name: str, sweep_dir, *overrides: str) -> subprocess.CompletedP
             f"hydra.sweep.dir={sweep_dir}",
             "ledger.enabled=false",
             "device=cpu",  # the recorded verdicts (tests/data/native_verdicts.json) are the CPU's
+            "monitor.diagnose=off",  # diagnoses are tested below, for the scenarios in DIAGNOSED
             *overrides,
         ],
         cwd=REPO,
@@ -41,11 +42,12 @@ def run_scenario(name: str, sweep_dir, *overrides: str) -> subprocess.CompletedP
 
 
 def cpu_cells(sweep_dir) -> dict[str, list]:
-    """cell_outcomes with the device=cpu that run_scenario adds left out: the record's cells are the scenario's."""
+    """cell_outcomes with what run_scenario adds (device=cpu, monitor.diagnose=off) left out: the record's cells
+    are the scenario's."""
     cells = {}
     for cell, outcome in cell_outcomes(sweep_dir).items():
         params = json.loads(cell)
-        assert params.pop("device") == "cpu"
+        assert params.pop("device") == "cpu" and params.pop("monitor.diagnose") == "off"
         cells[json.dumps(params, sort_keys=True)] = outcome
     return cells
 
@@ -94,10 +96,37 @@ def test_scenario_reproduces_and_its_fix_is_stable(name, tmp_path):
         proc = run_scenario(name, emulated, "precision.cpu_gemm=emulated")
         assert proc.returncode == 0, proc.stderr[-3000:]
         assert verdict_differences(here, cpu_cells(emulated)) == []  # one machine: TOLERANCE, no window
+    if name in DIAGNOSED:
+        check_diagnosis(name, tmp_path)
     if name == "adamw_beta2_loss_spike":  # the cause names the mechanism, not just the spike
         spiked = [json.loads(p.read_text()) for p in tmp_path.glob("*/result.json")]
         spiked = [r["cause"]["detail"] for r in spiked if r["status"] == "diverged"]
         assert spiked and all("AdamW's second moment lagged" in d for d in spiked)
+
+
+DIAGNOSED = {
+    # scenario: (the diverged runs' mechanism, the fix a run from step 0 must confirm, or None for none)
+    "cogvideox_bad_samples": ("bad_input", "data.skip_samples=[13, 41]"),
+    "videochat2_fp16_overflow": ("activation_overflow", "precision=bf16_amp"),
+    "sana_low_lr_pure_fp16": ("update_underflow", "precision=bf16_amp"),
+    "hallo_corrupt_checkpoint": ("corrupt_checkpoint", None),
+}
+"""Scenarios whose diagnosis runs in CI (the others, longer, in bench/diagnosis.py and docs/scenarios.md)."""
+
+
+def check_diagnosis(name: str, sweep_dir) -> None:
+    """The scenario's first diverged run at its smallest lr, diagnosed: the mechanism its post-mortem names, a
+    counterfactual table that agrees, and the fix confirmed by a run from step 0."""
+    from sweep.diagnose.diagnosis import diagnose
+
+    mechanism, fix = DIAGNOSED[name]
+    diverged = [p.parent for p in sorted(sweep_dir.glob("*/result.json")) if '"diverged"' in p.read_text()]
+    d = diagnose(diverged[0], progress=lambda line: None)
+    assert d["mechanism"] == mechanism and d["agrees"], d["agreement"]
+    if fix is None:
+        assert not d["fix"]["confirmed"] and d["fix"]["overrides"] == []
+    else:
+        assert d["fix"]["confirmed"] and " ".join(d["fix"]["overrides"]) == fix, d["fix"]
 
 
 def result(params: dict, status: str, verdict=None, step=None, where=None, module=None) -> dict:

@@ -68,6 +68,7 @@ def render_html(s: Summary, title: str, source: str) -> str:
         f"<p>{esc(s.counts_line())}; from {esc(source)}.</p>",
         "<h2>Recommendation</h2>",
         f'<p class="recommendation">{esc(s.recommendation.line)}</p>',
+        *([f'<p class="recommendation">{esc(s.confirmed_fixes())}</p>'] if s.confirmed_fixes() else []),
         f"<h2>{TITLES['divergence_map']}</h2>",
         f'<p class="note">{esc(notes["divergence_map"])}</p>',
         plot_div(heatmap(s), HEATMAP_ID),

@@ -9,6 +9,7 @@ import pandas as pd
 from sweep.report.ladder import ladder_fit
 from sweep.report.recommend import Recommendation, recommend
 from sweep.report.tables import (
+    diagnoses,
     divergence_cells,
     divergence_map,
     frontier,
@@ -37,6 +38,18 @@ class Summary:
     recommendation: Recommendation
     ladder: pd.DataFrame = field(default_factory=pd.DataFrame)
     """The frontier across sizes (sweep/report/ladder.py); empty unless model.width or model.depth is swept."""
+    diagnoses: pd.DataFrame = field(default_factory=pd.DataFrame)
+    """Diverged runs' diagnosis.json (sweep/diagnose): mechanism, agreement, fix and whether it was confirmed."""
+
+    def confirmed_fixes(self) -> str:
+        """A sentence citing the fixes that real runs confirmed ('' when there is none)."""
+        if self.diagnoses.empty:
+            return ""
+        ok = self.diagnoses[self.diagnoses.fix_confirmed == "yes"]
+        if ok.empty:
+            return ""
+        said = [f"{run} ({r.outcome}, {r.mechanism}): {r.fix}" for run, r in ok.iterrows()]
+        return "Confirmed fixes (each a run from step 0 that stayed stable): " + "; ".join(said) + "."
 
     def counts_line(self) -> str:
         counts = self.runs.status.value_counts()
@@ -75,4 +88,5 @@ def summarize(runs: pd.DataFrame, ladder_target: float | None = None, confidence
         root_causes=root_causes(runs),
         recommendation=recommend(runs, recs, toggles),
         ladder=ladder_fit(runs, ladder_target, confidence, recs),
+        diagnoses=diagnoses(runs),
     )

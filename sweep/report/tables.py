@@ -16,7 +16,9 @@ decide anything; `skipped`, `error` and `running` runs are shown but never count
 
 from __future__ import annotations
 
+import json
 from itertools import combinations
+from pathlib import Path
 
 import numpy as np
 import pandas as pd
@@ -481,3 +483,37 @@ def root_causes(runs: pd.DataFrame) -> pd.DataFrame:
     table["total"] = table.sum(axis=1)
     table.index.names, table.columns.name = ["verdict", "mechanism"], "where"
     return table
+
+
+# --- 6. diagnoses ------------------------------------------------------------------------------
+
+
+def diagnoses(runs: pd.DataFrame) -> pd.DataFrame:
+    """Diverged runs with a diagnosis.json (python -m sweep.diagnose, or monitor.diagnose=auto at the end of a
+    sweep): the run's swept values, verdict@step, mechanism, whether the counterfactual table agrees with it,
+    and the fix with whether a run from step 0 confirmed it."""
+    rows = []
+    axes = [c for c in runs.columns if c.startswith(PARAM)]
+    for r in runs[runs.status == "diverged"].itertuples(index=False):
+        path = Path(str(r.run_dir)) / "diagnosis.json"
+        try:
+            d = json.loads(path.read_text())
+        except (OSError, ValueError, TypeError):
+            continue
+        fix = d.get("fix") or {}
+        rows.append(
+            {
+                "run": " ".join(f"{a.removeprefix(PARAM)}={getattr(r, a)}" for a in axes if _varies(runs, a))
+                or Path(str(r.run_dir)).name,
+                "outcome": f"{d.get('verdict')}@{d.get('first_bad_step')}",
+                "mechanism": d.get("mechanism"),
+                "table_agrees": "yes" if d.get("agrees") else "no",
+                "fix": " ".join(fix.get("overrides") or []) or "-",
+                "fix_confirmed": "yes" if fix.get("confirmed") else ("no" if fix.get("tried") else "not run"),
+            }
+        )
+    return pd.DataFrame(rows).set_index("run") if rows else pd.DataFrame()
+
+
+def _varies(runs: pd.DataFrame, column: str) -> bool:
+    return runs[column].astype(str).nunique() > 1

@@ -29,6 +29,7 @@ TITLES = {
     "toggles": "Effect of each toggle",
     "root_causes": "Root causes",
     "ladder": "Frontier across sizes",
+    "diagnoses": "Diagnoses",
 }
 
 
@@ -54,6 +55,9 @@ def explanations(s: Summary) -> dict[str, str]:
         "sizes whose lr bracket is closed (lr* = sqrt(max stable x min diverging)); exponent = slope; the "
         "prediction at the target size with its interval (Student t, residual + bracket variance; 3+ sizes); "
         "an extrapolation, not a measurement (docs/ladder.md)",
+        "diagnoses": "diverged runs diagnosed (python -m sweep.diagnose RUN_DIR; diagnosis.json): mechanism; "
+        "table_agrees: whether the counterfactual runs (same config, fp32, reference kernels, without extreme "
+        "samples, lr/10, update clipping) bear it out; the fix, and whether a run from step 0 with it was stable",
     }
 
 
@@ -65,6 +69,7 @@ def tables(s: Summary) -> dict[str, pd.DataFrame]:
         "toggles": s.toggles,
         "root_causes": s.root_causes,
         "ladder": s.ladder,
+        "diagnoses": s.diagnoses,
     }
 
 
@@ -80,6 +85,8 @@ def render_text(s: Summary, width: int = WIDTH) -> str:
         if key == "ladder":
             parts += [textwrap.fill(line, width, subsequent_indent="  ") for line in ladder_lines(table)]
     parts += ["", "Recommendation", textwrap.fill(s.recommendation.line, width, subsequent_indent="  ")]
+    if s.confirmed_fixes():
+        parts.append(textwrap.fill(s.confirmed_fixes(), width, subsequent_indent="  "))
     return "\n".join(parts)
 
 
@@ -103,6 +110,8 @@ def render_markdown(s: Summary, title: str = "Sweep summary") -> str:
             if key == "ladder":
                 md += ["", *(f"- {md_escape(line)}" for line in ladder_lines(table))]
     md += ["", "## Recommendation", "", md_escape(s.recommendation.line)]
+    if s.confirmed_fixes():
+        md += ["", md_escape(s.confirmed_fixes())]
     return "\n".join(md) + "\n"
 
 
@@ -143,6 +152,7 @@ def write_summary(sweep_dir: Path, s: Summary) -> list[Path]:
         "toggles": s.toggles,
         "root_causes": s.root_causes,
         "ladder": s.ladder,
+        "diagnoses": s.diagnoses,
     }
     for key, table in long_forms.items():
         if not table.empty:

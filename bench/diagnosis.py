@@ -1,0 +1,146 @@
+"""How often the diagnosis names a diverged run's mechanism right, that it names none for healthy runs, and its cost.
+
+    python bench/diagnosis.py                 # every case: the run, its mechanism from the recorded signals
+    python bench/diagnosis.py --full          # + python -m sweep.diagnose on each diverged case (counterfactuals, fix)
+    python bench/diagnosis.py --only dit_fp16_pure,demo_spike --full
+
+Each case is one run, started as a user starts it (`python -m sweep <overrides> hydra.run.dir=...`), with a
+cause injected into one of several models (the native DiT and video DiT, diffusers transformers): bad
+samples, fp16 overflow, eps underflow, lost updates, flushed gradients, a too-high lr, a buggy kernel; and
+healthy runs, which must get no mechanism. It prints, per case, the expected and the named mechanism (from
+result.json, and with --full from diagnosis.json after the counterfactual runs), whether the fix was
+confirmed, and the diagnosis's time against the run's own; then the share named right.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+SMALL = [
+    "data.frames=4",
+    "data.height=8",
+    "data.width=8",
+    "data.num_samples=32",
+    "progress=none",
+    "ledger.enabled=false",
+]
+
+# name: (expected mechanism, or None for a healthy run; overrides)
+CASES: dict[str, tuple[str | None, list[str]]] = {
+    "video_nan_sample": (
+        "bad_input",
+        ["steps=16", "optim.lr=1e-3", "+data.faults=[{index:7,kind:nan}]", "data.check=false"],
+    ),
+    "dit_range_sample": (
+        "bad_input",
+        ["model=dit_tiny", "data=synthetic_image", "steps=16", "optim.lr=1e-3", "+data.faults=[{index:3,kind:range}]"],
+    ),
+    "video_fp16_overflow": (
+        "activation_overflow",
+        ["precision=fp16_amp", "attention=eager", "model.qk_gain=100", "steps=20", "optim.lr=1e-4"],
+    ),
+    "dit_fp16_pure": (
+        "update_underflow",
+        ["model=dit_tiny", "data=synthetic_image", "precision=fp16_pure", "steps=10"],
+    ),
+    "video_bf16_pure_small_lr": ("update_underflow", ["precision=bf16_pure", "optim.lr=1e-6", "steps=25"]),
+    "video_fp16_noscale_tiny_loss": (
+        "gradient_underflow",
+        ["precision=fp16_amp_noscale", "objective.loss_weight=1e-7", "steps=25", "optim.lr=1e-3"],
+    ),
+    "demo_spike": ("lr_too_high", ["optim.lr=3e-2", "steps=20"]),
+    "dit_spike": ("lr_too_high", ["model=dit_tiny", "data=synthetic_image", "optim.lr=1e-1", "steps=20"]),
+    "pixart_fp16_pure": ("update_underflow", ["model=pixart_tiny", "precision=fp16_pure", "steps=6"]),
+    "diffusers_dit_spike": ("lr_too_high", ["model=diffusers_dit_tiny", "optim.lr=3e-1", "steps=20"]),
+    "healthy_fp32": (None, ["optim.lr=1e-3", "steps=20"]),
+    "healthy_bf16_amp": (None, ["precision=bf16_amp", "optim.lr=1e-3", "steps=20"]),
+    "healthy_fp16_amp": (None, ["precision=fp16_amp", "optim.lr=1e-4", "steps=20"]),
+    "healthy_dit_fused": (None, ["model=dit_tiny", "data=synthetic_image", "modulate=fused", "steps=20"]),
+    "healthy_pixart": (None, ["model=pixart_tiny", "optim.lr=1e-4", "steps=10"]),
+}
+
+
+def run_case(overrides: list[str], run_dir: Path) -> dict:
+    env = {**os.environ, "PYTHONPATH": str(REPO), "CI": "1"}
+    cmd = [sys.executable, "-m", "sweep", *SMALL, *overrides, f"hydra.run.dir={run_dir}", "device=cpu"]
+    proc = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=1800)
+    if not (run_dir / "result.json").is_file():
+        raise RuntimeError(f"no result.json: {proc.stderr[-2000:]}")
+    return json.loads((run_dir / "result.json").read_text())
+
+
+def diagnose(run_dir: Path) -> tuple[dict, float]:
+    env = {**os.environ, "PYTHONPATH": str(REPO), "CI": "1"}
+    start = time.perf_counter()
+    proc = subprocess.run(
+        [sys.executable, "-m", "sweep.diagnose", str(run_dir)], cwd=REPO, env=env, capture_output=True, text=True
+    )
+    took = time.perf_counter() - start
+    if proc.returncode != 0:
+        raise RuntimeError(proc.stderr[-2000:])
+    return json.loads((run_dir / "diagnosis.json").read_text()), took
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--full", action="store_true", help="also run python -m sweep.diagnose on each diverged case")
+    ap.add_argument("--only", default="", help="comma-separated case names")
+    ap.add_argument("--keep", type=Path, default=None, help="keep the run dirs under this folder")
+    args = ap.parse_args()
+    names = [n for n in args.only.split(",") if n] or list(CASES)
+    unknown = [n for n in names if n not in CASES]
+    if unknown:
+        print(f"bench/diagnosis.py: unknown case {unknown[0]!r}; cases: {', '.join(CASES)}", file=sys.stderr)
+        return 2
+    root = args.keep or Path(tempfile.mkdtemp(prefix="diag-bench-"))
+    head = f"{'case':<30}{'expected':<24}{'outcome':<22}{'recorded':<24}"
+    head += f"{'diagnosed':<24}{'agrees':<8}{'fix':<10}{'cost':>8}" if args.full else ""
+    print(head, flush=True)
+    right = right_full = diverged = healthy_ok = healthy = 0
+    costs = []
+    for name in names:
+        expected, overrides = CASES[name]
+        run_dir = root / name
+        shutil.rmtree(run_dir, ignore_errors=True)
+        r = run_case(overrides, run_dir)
+        named = (r.get("mechanism") or {}).get("name")
+        outcome = r["status"] if r["status"] != "diverged" else f"{r['verdict']}@{r['first_bad_step']}"
+        line = f"{name:<30}{str(expected):<24}{outcome:<22}{str(named):<24}"
+        if expected is None:
+            healthy += 1
+            healthy_ok += r["status"] == "stable" and named is None
+        else:
+            diverged += 1
+            right += named == expected
+        if args.full and r["status"] == "diverged":
+            d, took = diagnose(run_dir)
+            right_full += d["mechanism"] == expected
+            ratio = took / max(r["seconds"], 1e-9)
+            costs.append(ratio)
+            fix = "confirmed" if d["fix"]["confirmed"] else ("no" if d["fix"]["tried"] else "-")
+            line += f"{d['mechanism']:<24}{'yes' if d['agrees'] else 'NO':<8}{fix:<10}{ratio:>7.1f}x"
+        print(line, flush=True)
+    print(
+        f"\nrecorded mechanism right: {right}/{diverged} diverged cases; "
+        f"healthy runs without one: {healthy_ok}/{healthy}"
+    )
+    if args.full and costs:
+        print(
+            f"after the counterfactuals: {right_full}/{diverged}; diagnosis time / run time: "
+            f"median {sorted(costs)[len(costs) // 2]:.1f}x, max {max(costs):.1f}x (one process each, start-up included)"
+        )
+    print(f"runs in {root}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
