@@ -272,6 +272,10 @@ class OptimConfig:
     schedule: Schedule = Schedule.constant
     grad_clip: float = 0.0
     """Max global grad norm; 0 turns clipping off."""
+    update_clip: float = 0.0
+    """StableAdamW update clipping (Wortsman et al. 2023b, arXiv 2304.13013): per weight tensor, the step size is
+    divided by max(1, RMS / update_clip), RMS = sqrt(mean(g**2 / max(v_hat, eps**2))) with this step's
+    bias-corrected second moment v_hat (sweep/run/adamw.py); 1.0 is the paper's; 0 turns it off."""
     lora_lr: Optional[float] = None
     """lr of the LoRA adapters (finetune=lora); null = optim.lr. optim.lr stays the base weights' lr."""
 
@@ -725,6 +729,7 @@ def validate(run: RunConfig) -> RunConfig:
     _require(o.weight_decay >= 0, "optim.weight_decay", f"must be >= 0, got {o.weight_decay}")
     _require(o.warmup_steps >= 0, "optim.warmup_steps", f"must be >= 0, got {o.warmup_steps}")
     _require(o.grad_clip >= 0, "optim.grad_clip", f"must be >= 0 (0 = off), got {o.grad_clip}")
+    _require(o.update_clip >= 0, "optim.update_clip", f"must be >= 0 (0 = off), got {o.update_clip}")
     _require(o.lora_lr is None or o.lora_lr > 0, "optim.lora_lr", f"must be > 0 (or null = optim.lr), got {o.lora_lr}")
     f = run.finetune
     _require(f.rank > 0, "finetune.rank", f"must be > 0, got {f.rank}")

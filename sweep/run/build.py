@@ -155,7 +155,7 @@ def build_parts(run: RunConfig, device: torch.device, policy: PrecisionPolicy, s
     # torch's single-tensor AdamW, bit for bit on the CPU, with its scalars on the device (sweep/run/adamw.py):
     # the state stays in the params' dtype (pure fp16/bf16 means exactly that) and nothing reads the host.
     optimizer = DeviceAdamW(
-        param_groups(run, model), lr_schedule(run), run.steps, o.betas, o.eps, o.weight_decay, device
+        param_groups(run, model), lr_schedule(run), run.steps, o.betas, o.eps, o.weight_decay, device, o.update_clip
     )
     if d.source is DataSource.synthetic:
         dataset = SyntheticClips(
