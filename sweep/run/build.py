@@ -20,11 +20,8 @@ from typing import Callable
 import numpy as np
 import torch
 
-from models import build_model, scale_query_key
-from models.custom import build_custom_model
-from models.diffusers_config import build_from_config
-from models.diffusers_zoo import build_diffusers_model
-from sweep.config import Arch, DataSource, RunConfig, Schedule
+from models import scale_query_key
+from sweep.config import DataSource, RunConfig, Schedule
 from sweep.data.batches import BatchOrder
 from sweep.data.checks import check_sample
 from sweep.data.folder import FolderClips
@@ -33,6 +30,7 @@ from sweep.run import checkpoint
 from sweep.run.adamw import DeviceAdamW
 from sweep.run.diffusion import DiffusionObjective
 from sweep.run.finetune import apply_finetune, param_groups
+from sweep.run.model import build_run_model
 from sweep.run.monitor import DivergenceMonitor
 from sweep.run.precision import PrecisionPolicy
 from sweep.run.scaler import DeviceLossScaler
@@ -123,26 +121,7 @@ def build_parts(run: RunConfig, device: torch.device, policy: PrecisionPolicy, s
     fault-injected copy of that file goes (checkpoint.inject).
     """
     d, m = run.data, run.model
-    if m.arch is Arch.diffusers:
-        model = build_diffusers_model(m.name, **run.model_inputs)
-    elif m.arch is Arch.diffusers_config:  # the file, its class and shrink checked before the sweep (sweep.config)
-        model = build_from_config(m.config, m.shrink, **run.model_inputs)
-    elif m.arch is Arch.custom:  # the user's factory, checked before the sweep (sweep.config.check_inputs)
-        model = build_custom_model(m.target, m.kwargs, **run.model_inputs)
-    else:
-        model = build_model(
-            m.arch.value,
-            m.size,
-            input_size=d.height,
-            in_channels=d.channels,
-            num_frames=None if m.is_image else d.frames,
-            patch_size=m.patch_size,
-            qk_norm=m.qk_norm,
-            attention=run.attention.backend.value,
-            modulate=run.modulate.impl.value,
-            width=m.width,
-            depth=m.depth,
-        )
+    model = build_run_model(run)
     if m.qk_gain != 1.0:
         scale_query_key(model, m.qk_gain)
     model = model.to(device=device, dtype=policy.param_dtype)
