@@ -21,12 +21,12 @@ import numpy as np
 import torch
 
 from models import scale_query_key
-from sweep.config import DataSource, RunConfig, Schedule
+from sweep.config import DataSource, FinetuneMethod, RunConfig, Schedule
 from sweep.data.batches import BatchOrder
 from sweep.data.checks import check_sample
 from sweep.data.folder import FolderClips
 from sweep.data.synthetic import Fault, SyntheticClips
-from sweep.run import checkpoint
+from sweep.run import checkpoint, fp32_modules
 from sweep.run.adamw import DeviceAdamW
 from sweep.run.diffusion import DiffusionObjective
 from sweep.run.finetune import apply_finetune, param_groups
@@ -125,11 +125,15 @@ def build_parts(run: RunConfig, device: torch.device, policy: PrecisionPolicy, s
     if m.qk_gain != 1.0:
         scale_query_key(model, m.qk_gain)
     model = model.to(device=device, dtype=policy.param_dtype)
+    # before init_from: a pure run loads its fp32 modules' weights at full precision
+    fp32_modules.apply(model, run.precision.fp32_modules, policy.param_dtype, policy.compute_dtype)
     init_from, resume_from = _maybe_corrupted(run, scratch)
     if init_from:
         state = checkpoint.load_weights(Path(init_from), verify=run.checkpoint.verify)
         checkpoint.load_model_weights(model, state, init_from)
     model = apply_finetune(run, model, policy.param_dtype)  # after init_from: adapters on the loaded base
+    if run.finetune.method is not FinetuneMethod.none:  # LoRA cast the whole model and swapped modules in
+        fp32_modules.apply(model, run.precision.fp32_modules, policy.param_dtype, policy.compute_dtype)
     o = run.optim
     # torch's single-tensor AdamW, bit for bit on the CPU, with its scalars on the device (sweep/run/adamw.py):
     # the state stays in the params' dtype (pure fp16/bf16 means exactly that) and nothing reads the host.
