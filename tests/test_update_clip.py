@@ -172,3 +172,12 @@ def test_update_clip_is_an_ordinary_key_and_a_packs_runs_may_differ_in_it():
 
     assert flatten(dataclasses.asdict(on))["optim.update_clip"] == 1.0
     assert pack_key(on) == pack_key(off)  # per run in StackedAdamW: they share a pack
+
+
+def test_a_swept_update_clip_is_recorded_under_its_dotted_name():
+    from sweep.job import swept_params
+
+    from .conftest import compose_cfg
+
+    cfg = compose_cfg(["optim.update_clip=1.0"])
+    assert swept_params(cfg, ["optim.update_clip=1.0"], {}) == {"optim.update_clip": 1.0}
