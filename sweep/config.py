@@ -161,6 +161,11 @@ class PrecisionConfig:
     """bf16/fp16 GEMMs on a CPU: native kernels, or emulated as fp32 GEMMs on the rounded inputs, rounded
     once (sweep/run/gemm.py: same numerics up to summation order, ~30x faster on CPUs without AVX512-BF16/FP16
     or AMX). auto emulates exactly there; GPU runs, fp32 and compile=true runs are always native."""
+    fp32_modules: List[str] = field(default_factory=list)
+    """fnmatch globs over model.named_modules() names (`blocks.*.attn`, `final_layer`): those modules compute in
+    fp32 (autocast off, inputs cast to fp32; under a pure policy their weights and AdamW state stay fp32 and their
+    outputs are cast back), outermost match only; a no-op under fp32/tf32 (sweep/run/fp32_modules.py). A glob
+    matching no module is an error before any run."""
 
 
 @dataclass
@@ -293,6 +298,10 @@ class OptimConfig:
     schedule: Schedule = Schedule.constant
     grad_clip: float = 0.0
     """Max global grad norm; 0 turns clipping off."""
+    update_clip: float = 0.0
+    """StableAdamW update clipping (Wortsman et al. 2023b, arXiv 2304.13013): per weight tensor, the step size is
+    divided by max(1, RMS / update_clip), RMS = sqrt(mean(g**2 / max(v_hat, eps**2))) with this step's
+    bias-corrected second moment v_hat (sweep/run/adamw.py); 1.0 is the paper's; 0 turns it off."""
     lora_lr: Optional[float] = None
     """lr of the LoRA adapters (finetune=lora); null = optim.lr. optim.lr stays the base weights' lr."""
 
@@ -685,6 +694,17 @@ def validate(run: RunConfig) -> RunConfig:
         "precision.cpu_gemm",
         "emulated is for eager runs; compile=true runs inductor's own kernels (use auto or native)",
     )
+    for i, glob in enumerate(run.precision.fp32_modules):
+        _require(
+            isinstance(glob, str) and glob.strip() != "",
+            f"precision.fp32_modules[{i}]",
+            f"must be a module-name glob such as blocks.*.attn, got {glob!r}",
+        )
+    _require(
+        not (run.compile and run.precision.fp32_modules),
+        "precision.fp32_modules",
+        "wraps modules in eager hooks; compile=true runs are not supported with it",
+    )
     lad = run.ladder
     _require(lad.target is None or lad.target > 0, "ladder.target", f"must be > 0, got {lad.target}")
     _require(0 < lad.confidence < 1, "ladder.confidence", f"must be in (0, 1), got {lad.confidence}")
@@ -784,6 +804,7 @@ def validate(run: RunConfig) -> RunConfig:
     _require(o.weight_decay >= 0, "optim.weight_decay", f"must be >= 0, got {o.weight_decay}")
     _require(o.warmup_steps >= 0, "optim.warmup_steps", f"must be >= 0, got {o.warmup_steps}")
     _require(o.grad_clip >= 0, "optim.grad_clip", f"must be >= 0 (0 = off), got {o.grad_clip}")
+    _require(o.update_clip >= 0, "optim.update_clip", f"must be >= 0 (0 = off), got {o.update_clip}")
     _require(o.lora_lr is None or o.lora_lr > 0, "optim.lora_lr", f"must be > 0 (or null = optim.lr), got {o.lora_lr}")
     f = run.finetune
     _require(f.rank > 0, "finetune.rank", f"must be > 0, got {f.rank}")
@@ -890,6 +911,8 @@ def check_inputs(run: RunConfig) -> RunConfig:
         _probe_custom(run)
     if run.model.arch is Arch.diffusers_config:
         _probe_diffusers_config(run)
+    if run.precision.fp32_modules:
+        _probe_fp32_modules(run)
     return run
 
 
@@ -910,6 +933,7 @@ RESUME_KEYS = (
     "data.height",
     "data.width",
     "precision.param_dtype",
+    "precision.fp32_modules",
     "finetune.method",
     "finetune.rank",
     "finetune.target_modules",
@@ -984,6 +1008,43 @@ def _probe_diffusers_config(run: RunConfig) -> None:
             raise ConfigError(f"{e.key}: {e}") from None
 
     _probe_once(repr(("diffusers_config", m.config, sorted(m.shrink.items()), sorted(inputs.items()))), check)
+
+
+def _probe_fp32_modules(run: RunConfig) -> None:
+    """Build the model on the meta device (no storage, no init cost) once per distinct model and glob list:
+    a `precision.fp32_modules` glob that matches no module is one line and exit 2 before any run, not a run
+    that silently computes everything in low precision."""
+    from sweep.run.fp32_modules import example_names, unmatched
+    from sweep.run.model import build_run_model
+
+    globs = list(run.precision.fp32_modules)
+
+    def probe() -> None:
+        import torch
+
+        try:
+            with torch.device("meta"):
+                names = [n for n, _ in build_run_model(run).named_modules()]
+        except Exception:  # noqa: BLE001  (a builder that needs real storage: build it for real, once)
+            names = [n for n, _ in build_run_model(run).named_modules()]
+        for glob in unmatched(names, globs):
+            raise ConfigError(
+                f"precision.fp32_modules: {glob!r} matches no module of {model_label(run)} "
+                f"(modules look like: {', '.join(example_names(names))}, ...)"
+            )
+
+    m = run.model
+    key = (m.arch.value, m.size, m.name, m.width, m.depth, m.patch_size, m.qk_norm, m.config, m.target)
+    shape = (sorted(m.shrink.items()), sorted(m.kwargs.items()), sorted(run.model_inputs.items()))
+    _probe_once(repr(("fp32_modules", key, shape, globs)), probe)
+
+
+def model_label(run: RunConfig) -> str:
+    """The model in words: video_dit_tiny, diffusers pixart, a config file or a factory."""
+    m = run.model
+    if m.arch in (Arch.dit, Arch.video_dit):
+        return f"{m.arch.value}_{m.size}"
+    return f"model.arch={m.arch.value} ({m.name or m.config or m.target})"
 
 
 ROOM_INSIDE = 64

@@ -9,7 +9,7 @@ import sys
 
 import torch
 
-import sweep.run.build
+import sweep.run.model
 from sweep.run.execute import execute
 
 from .conftest import FAST, REPO, make_run
@@ -17,7 +17,7 @@ from .conftest import FAST, REPO, make_run
 
 def run_with_weights(tmp_path, monkeypatch, edit, *overrides):
     """A run whose freshly built model is edited (the same edit applies to the forensic replay)."""
-    real = sweep.run.build.build_model
+    real = sweep.run.model.build_model
 
     def build(*a, **k):
         model = real(*a, **k)
@@ -25,7 +25,7 @@ def run_with_weights(tmp_path, monkeypatch, edit, *overrides):
             edit(model)
         return model
 
-    monkeypatch.setattr(sweep.run.build, "build_model", build)
+    monkeypatch.setattr(sweep.run.model, "build_model", build)
     return execute(make_run(*overrides), tmp_path, params={})
 
 

@@ -67,6 +67,7 @@ STEP_CASES = {  # every branch of the step's device work: loss scaling and its s
     "fp16_amp_overflow": ["precision=fp16_amp", "objective.loss_weight=1e5"],
     "bf16_amp_flash": ["precision=bf16_amp", "attention=flash", "modulate=fused"],
     "fp32_flow": ["precision=fp32", "objective=flow"],
+    "fp32_update_clip": ["precision=fp32", "optim.update_clip=1.0", "optim.weight_decay=0.1"],
 }
 
 

@@ -26,6 +26,15 @@ deterministic either way.
 
 `update_` takes K runs stacked along a leading dimension (sweep/run/packed.py); a lone run's weight is
 a stack of one.
+
+Update clipping (`optim.update_clip`, off at 0): StableAdamW's (Wortsman et al. 2023b, arXiv 2304.13013,
+Algorithm 2, as the authors' reference StableAdamWUnfused does it). Loss spikes there follow steps where
+AdamW's second moment under-estimates the squared gradients, so the update of a tensor whose gradients jumped
+is far larger than lr. Per weight tensor (per run and tensor in a pack), after this step's v update,
+RMS = sqrt(mean(g**2 / max(v_hat, eps**2))) with v_hat = v / (1 - beta2**n), and the step size
+lr / (1 - beta1**n) is multiplied by 1 / max(1, RMS / update_clip); the decoupled weight decay keeps the
+scheduled lr, as in the reference. The RMS is computed in fp32 on the device (nothing read back), and with
+clipping off `update_` runs exactly the ops it ran before.
 """
 
 from __future__ import annotations
@@ -56,6 +65,9 @@ class Hyper:
     (a CUDA graph keeps them as they are); a pack whose runs differ in them has (K,) fp32 tensors."""
     weight_decay: torch.Tensor
     """() float64."""
+    update_clip: float | torch.Tensor = 0.0
+    """StableAdamW's update-clipping threshold (0 = off): a Python float, or a (K,) fp32 tensor for a pack whose
+    runs differ in it (0 in a row: that run unclipped)."""
 
     @classmethod
     def of(
@@ -67,6 +79,7 @@ class Hyper:
         weight_decay: float,
         device: torch.device,
         lr_scale: float = 1.0,
+        update_clip: float = 0.0,
     ) -> "Hyper":
         """Tables for a run of `steps` steps (an update count never exceeds the steps run)."""
         b1, b2 = betas
@@ -78,6 +91,7 @@ class Hyper:
             bc2=torch.tensor([(1 - b2**k) ** 0.5 for k in n], **f64),
             consts=(1 - b1, b2, 1 - b2, eps),
             weight_decay=torch.tensor(weight_decay, **f64),
+            update_clip=float(update_clip),
         )
 
     @staticmethod
@@ -94,6 +108,7 @@ class Hyper:
             bc2=torch.stack([pad(h.bc2, width + 1) for h in hypers]),
             consts=_stacked_consts([h.consts for h in hypers], hypers[0].lr.device),
             weight_decay=torch.stack([h.weight_decay for h in hypers]),
+            update_clip=_stacked_clip([h.update_clip for h in hypers], hypers[0].lr.device),
         )
 
     def keep(self, positions: torch.Tensor) -> "Hyper":
@@ -104,6 +119,7 @@ class Hyper:
             self.bc2[positions],
             self.consts if isinstance(self.consts[0], float) else tuple(c[positions] for c in self.consts),
             self.weight_decay[positions],
+            self.update_clip if isinstance(self.update_clip, float) else self.update_clip[positions],
         )
 
 
@@ -113,6 +129,13 @@ def _stacked_consts(each: list[Consts], device: torch.device) -> Consts:
     if all(c == each[0] for c in each):
         return each[0]
     return tuple(torch.tensor(column, dtype=torch.float32, device=device) for column in zip(*each))
+
+
+def _stacked_clip(each: list[float], device: torch.device) -> float | torch.Tensor:
+    """The runs' update_clip: one float when every run has the same, else a (K,) fp32 tensor."""
+    if all(c == each[0] for c in each):
+        return each[0]
+    return torch.tensor(each, dtype=torch.float32, device=device)
 
 
 def scalars(lr: torch.Tensor, h: Hyper, counts: torch.Tensor) -> torch.Tensor:
@@ -127,7 +150,14 @@ def scalars(lr: torch.Tensor, h: Hyper, counts: torch.Tensor) -> torch.Tensor:
 
 
 def update_(
-    w: torch.Tensor, g: torch.Tensor, m: torch.Tensor, v: torch.Tensor, cols: torch.Tensor, consts: Consts, decays: bool
+    w: torch.Tensor,
+    g: torch.Tensor,
+    m: torch.Tensor,
+    v: torch.Tensor,
+    cols: torch.Tensor,
+    consts: Consts,
+    decays: bool,
+    update_clip: float | torch.Tensor = 0.0,
 ):
     """One AdamW update of K stacked weights w (K, ...) with gradients g and moments m, v, in place; run k with
     the per-step scalars cols[:, k] (fp32, from `scalars`) and the constants `consts` (Hyper.consts). Each op
@@ -135,7 +165,8 @@ def update_(
     operands, except `add`, whose kernel rounds its scalar to the tensor's dtype first (eps in bf16 is not eps
     in fp32); the operand order is theirs too (addcmul is self + (value*t1)*t2, addcdiv is
     self + (value*t1)/t2). So pure fp16 turns eps=1e-8 into 0 and divides 0 by 0 as torch does, and pure bf16
-    loses updates below its resolution."""
+    loses updates below its resolution. `update_clip` (Hyper.update_clip; 0 = off, no op added) scales each run's
+    step size by StableAdamW's 1 / max(1, RMS / update_clip) (`clip_factor`)."""
     shape = (-1, *[1] * (w.dim() - 1))
     decay, bc2, neg_step = cols.view(ROWS, *shape)
     omb1, b2, omb2, eps = (c if isinstance(c, float) else c.view(shape) for c in consts)
@@ -149,9 +180,31 @@ def update_(
         v.mul_(b2).addcmul_(g, g, value=omb2)
     else:
         v.mul_(b2).addcmul_(g * omb2, g)
+    if not isinstance(update_clip, float) or update_clip > 0:
+        neg_step = neg_step * clip_factor(g, v, bc2, eps, update_clip)
     denom = v.sqrt().div_(bc2)
     denom.add_(eps if isinstance(eps, float) else eps.to(v.dtype))  # add is the one op whose scalar torch rounds first
     w.addcdiv_(m * neg_step, denom)
+
+
+def clip_factor(
+    g: torch.Tensor, v: torch.Tensor, bc2: torch.Tensor, eps: float | torch.Tensor, update_clip: float | torch.Tensor
+) -> torch.Tensor:
+    """StableAdamW's per-run factor 1 / max(1, RMS / update_clip) of K stacked tensors, shaped (K, 1, ...) like
+    `bc2`: RMS = sqrt(mean(g**2 / max(v_hat, eps**2))) over each run's tensor, v_hat = v / bc2**2 this step's
+    bias-corrected second moment. In fp32 whatever the weights' dtype; a run whose update_clip is 0 gets 1."""
+    k, shape = g.shape[0], bc2.shape
+    v_hat = v.float() / (bc2 * bc2)
+    if isinstance(eps, float):  # a Python scalar, not a tensor made from one: a CUDA graph captures no host copy
+        floor = v_hat.clamp(min=eps * eps)
+    else:
+        floor = torch.maximum(v_hat, eps.float().view(shape).square())
+    ratio = g.float().square() / floor
+    rms = ratio.reshape(k, -1).mean(1).sqrt().view(shape)
+    if isinstance(update_clip, float):
+        return 1 / torch.clamp(rms / update_clip, min=1.0)
+    clip = update_clip.view(shape)
+    return torch.where(clip > 0, 1 / torch.clamp(rms / clip, min=1.0), torch.ones_like(rms))
 
 
 class DeviceAdamW(torch.optim.Optimizer):
@@ -170,12 +223,13 @@ class DeviceAdamW(torch.optim.Optimizer):
         eps: float,
         weight_decay: float,
         device: torch.device,
+        update_clip: float = 0.0,
     ):
         super().__init__(groups, dict(lr=lr_at(0), betas=tuple(betas), eps=eps, weight_decay=weight_decay))
         self.clock = torch.zeros(1, dtype=torch.long, device=device)
         """The step the next update belongs to (its lr), on the device: a captured step reads it there."""
         self.hyper = [
-            Hyper.of(lr_at, steps, g["betas"], g["eps"], g["weight_decay"], device, g.get("lr_scale", 1.0))
+            Hyper.of(lr_at, steps, g["betas"], g["eps"], g["weight_decay"], device, g.get("lr_scale", 1.0), update_clip)
             for g in self.param_groups
         ]
 
@@ -205,4 +259,4 @@ class DeviceAdamW(torch.optim.Optimizer):
             for i, p in enumerate(params):
                 s = self.state[p]
                 one = [t.unsqueeze(0) for t in (p, p.grad, s["exp_avg"], s["exp_avg_sq"])]  # a stack of one run
-                update_(*one, cols[:, i : i + 1], h.consts, decays)
+                update_(*one, cols[:, i : i + 1], h.consts, decays, h.update_clip)

@@ -20,19 +20,17 @@ from typing import Callable
 import numpy as np
 import torch
 
-from models import build_model, scale_query_key
-from models.custom import build_custom_model
-from models.diffusers_config import build_from_config
-from models.diffusers_zoo import build_diffusers_model
-from sweep.config import Arch, DataSource, RunConfig, Schedule
+from models import scale_query_key
+from sweep.config import DataSource, FinetuneMethod, RunConfig, Schedule
 from sweep.data.batches import BatchOrder
 from sweep.data.checks import check_sample
 from sweep.data.folder import FolderClips
 from sweep.data.synthetic import Fault, SyntheticClips
-from sweep.run import checkpoint
+from sweep.run import checkpoint, fp32_modules
 from sweep.run.adamw import DeviceAdamW
 from sweep.run.diffusion import DiffusionObjective
 from sweep.run.finetune import apply_finetune, param_groups
+from sweep.run.model import build_run_model
 from sweep.run.monitor import DivergenceMonitor
 from sweep.run.precision import PrecisionPolicy
 from sweep.run.scaler import DeviceLossScaler
@@ -123,41 +121,24 @@ def build_parts(run: RunConfig, device: torch.device, policy: PrecisionPolicy, s
     fault-injected copy of that file goes (checkpoint.inject).
     """
     d, m = run.data, run.model
-    if m.arch is Arch.diffusers:
-        model = build_diffusers_model(m.name, **run.model_inputs)
-    elif m.arch is Arch.diffusers_config:  # the file, its class and shrink checked before the sweep (sweep.config)
-        model = build_from_config(m.config, m.shrink, **run.model_inputs)
-    elif m.arch is Arch.custom:  # the user's factory, checked before the sweep (sweep.config.check_inputs)
-        model = build_custom_model(m.target, m.kwargs, **run.model_inputs)
-    else:
-        model = build_model(
-            m.arch.value,
-            m.size,
-            input_size=d.height,
-            in_channels=d.channels,
-            num_frames=None if m.is_image else d.frames,
-            patch_size=m.patch_size,
-            qk_norm=m.qk_norm,
-            attention=run.attention.backend.value,
-            modulate=run.modulate.impl.value,
-            width=m.width,
-            depth=m.depth,
-            param=m.param.value,
-            base_width=m.base_width,
-        )
+    model = build_run_model(run)
     if m.qk_gain != 1.0:
         scale_query_key(model, m.qk_gain)
     model = model.to(device=device, dtype=policy.param_dtype)
+    # before init_from: a pure run loads its fp32 modules' weights at full precision
+    fp32_modules.apply(model, run.precision.fp32_modules, policy.param_dtype, policy.compute_dtype)
     init_from, resume_from = _maybe_corrupted(run, scratch)
     if init_from:
         state = checkpoint.load_weights(Path(init_from), verify=run.checkpoint.verify)
         checkpoint.load_model_weights(model, state, init_from)
     model = apply_finetune(run, model, policy.param_dtype)  # after init_from: adapters on the loaded base
+    if run.finetune.method is not FinetuneMethod.none:  # LoRA cast the whole model and swapped modules in
+        fp32_modules.apply(model, run.precision.fp32_modules, policy.param_dtype, policy.compute_dtype)
     o = run.optim
     # torch's single-tensor AdamW, bit for bit on the CPU, with its scalars on the device (sweep/run/adamw.py):
     # the state stays in the params' dtype (pure fp16/bf16 means exactly that) and nothing reads the host.
     optimizer = DeviceAdamW(
-        param_groups(run, model), lr_schedule(run), run.steps, o.betas, o.eps, o.weight_decay, device
+        param_groups(run, model), lr_schedule(run), run.steps, o.betas, o.eps, o.weight_decay, device, o.update_clip
     )
     if d.source is DataSource.synthetic:
         dataset = SyntheticClips(

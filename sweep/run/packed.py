@@ -192,7 +192,7 @@ class StackedAdamW:
             if g is None:
                 continue
             saved = [t[keep].clone() for t in (w, m, v)] if keep else None
-            update_(w, g, m, v, cols, self.hyper.consts, self.decays)
+            update_(w, g, m, v, cols, self.hyper.consts, self.decays, self.hyper.update_clip)
             if saved:
                 for t, old in zip((w, m, v), saved):
                     t[keep] = old
