@@ -165,3 +165,66 @@ def test_what_cannot_be_diagnosed_is_one_line_and_exit_2(tmp_path, capsys):
         err = capsys.readouterr().err
         assert message in err and err.count("\n") == 1, err
     assert main([str(stable["dir"]), "--past", "-1"]) == 2
+
+
+def test_bisection_finds_the_attention_that_must_stay_fp32_in_the_videochat2_case(tmp_path):
+    """The VideoChat2 scenario's settings (conf/scenario/videochat2_fp16_overflow.yaml: fp16 AMP, eager
+    attention, query/key weights scaled 100x) shrunk to 2 blocks, 8 steps and a loss scale that collapses at
+    step 4. QK^T overflows fp16 in every block's attention, so the minimal fp32 set is both attentions, and
+    no finer set (their projections alone) will do. Every trial is a real run to the end."""
+    from sweep.diagnose.bisect import bisect_fp32
+    from sweep.diagnose.record import load
+
+    (r,) = sweep(
+        tmp_path,
+        "precision=fp16_amp",
+        "attention=eager",
+        "model.qk_gain=100",
+        "model.depth=2",
+        "steps=8",
+        "precision.scaler.init_scale=16",
+    )
+    assert (r["verdict"], r["mechanism"]["name"]) == ("scale_collapse", "activation_overflow")
+    b = bisect_fp32(load(r["dir"]), tmp_path / "bisect", quiet)
+    assert b["minimal"] == ["blocks.0.attn", "blocks.1.attn"], b["summary"]
+    assert b["trials"][0]["overrides"] == ["precision=fp32"] and b["trials"][0]["outcome"] == "healthy"
+    last_healthy = [t for t in b["trials"] if t["fp32_modules"] == b["minimal"]]
+    assert last_healthy and last_healthy[0]["outcome"] == "healthy"  # the set itself was run and was stable
+    for name in b["minimal"]:  # 1-minimal: without either attention it collapses
+        without = [t for t in b["trials"] if t["fp32_modules"] == [name]]
+        assert without and without[0]["outcome"].startswith("scale_collapse")
+    assert 0.2 < b["flop_share"] < 0.5 and b["forward_flops"] > 0
+    assert sum(b["flop_shares"].values()) == pytest.approx(b["flop_share"])
+
+
+def test_bisection_on_a_diffusers_model_finds_the_one_overflowing_attention(tmp_path):
+    """PixArt (diffusers) whose first block's query weights were scaled 1e5x (as a bad pretrained file would
+    hold them): its query projection overflows fp16. The bisection looks through the adapter to the
+    transformer's blocks and finds that block's self-attention, which no finer subset (to_q alone: SDPA casts
+    q back to fp16) replaces."""
+    import torch
+    from safetensors.torch import save_file
+
+    from sweep.diagnose.bisect import bisect_fp32
+    from sweep.diagnose.record import load
+    from sweep.run.model import build_run_model
+
+    image = ["model=pixart_tiny", "data=synthetic_image", "data.frames=1"]
+    torch.manual_seed(0)
+    state = {k: v.detach().clone().contiguous() for k, v in build_run_model(make_run(*image)).state_dict().items()}
+    state["transformer.transformer_blocks.0.attn1.to_q.weight"] *= 1e5
+    weights = tmp_path / "pixart_big_q.safetensors"
+    save_file(state, weights)
+    (r,) = sweep(
+        tmp_path / "s",
+        *image,
+        "precision=fp16_amp",
+        "steps=6",
+        "precision.scaler.init_scale=4",
+        f"model.init_from={weights}",
+        "checkpoint.verify=false",
+    )
+    assert r["mechanism"]["name"] == "activation_overflow"
+    b = bisect_fp32(load(r["dir"]), tmp_path / "bisect", quiet)
+    assert b["minimal"] == ["transformer.transformer_blocks.0.attn1"], b["summary"]
+    assert "transformer.transformer_blocks.1.attn1" in b["groups"] and 0 < b["flop_share"] < 0.3

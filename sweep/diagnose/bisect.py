@@ -17,33 +17,46 @@ from pathlib import Path
 from typing import Callable
 
 import torch
-from torch.utils.flop_counter import FlopCounterMode
 
 from sweep.diagnose.record import RunRecord
 from sweep.diagnose.trials import run_trial, with_overrides
 from sweep.run.build import build_parts
+from sweep.run.module_flops import module_flops
 from sweep.run.precision import PrecisionPolicy
 
 MAX_TRIALS = 40
 """A bisection stops after this many runs (it says so): ddmin on n groups needs O(n log n) at best."""
 
 
-def groups(model: torch.nn.Module) -> list[str]:
-    """Module names to bisect over: each top-level child, except a ModuleList, which gives each element's children."""
+LISTS = (torch.nn.ModuleList, torch.nn.ModuleDict)
+
+
+def parts(module: torch.nn.Module, name: str) -> list[str]:
+    """The groups `module` (called `name`) splits into: each child, a ModuleList's (or Dict's) elements by their
+    own children (a list has no forward of its own, so its hooks would never run)."""
     out = []
-    for name, child in model.named_children():
-        if isinstance(child, torch.nn.ModuleList):
-            for i, block in enumerate(child):
-                subs = [f"{name}.{i}.{n}" for n, _ in block.named_children()]
-                out += subs or [f"{name}.{i}"]
+    for child_name, child in module.named_children():
+        full = f"{name}.{child_name}" if name else child_name
+        if isinstance(child, LISTS):
+            for i, element in child.named_children():
+                inner = [f"{full}.{i}.{k}" for k, _ in element.named_children()]
+                out += inner or [f"{full}.{i}"]
         else:
-            out.append(name)
+            out.append(full)
     return out
 
 
+def groups(model: torch.nn.Module) -> list[str]:
+    """Module names to bisect over: the model's parts (embedders, final layer, each block's attention / MLP /
+    adaLN / norms), looking through a wrapper with a single child (a diffusers transformer in our adapter)."""
+    name, module = "", model
+    while len(kids := list(module.named_children())) == 1 and not isinstance(kids[0][1], LISTS):
+        name, module = (f"{name}.{kids[0][0]}" if name else kids[0][0]), kids[0][1]
+    return parts(module, name)
+
+
 def children(model: torch.nn.Module, name: str) -> list[str]:
-    module = model.get_submodule(name)
-    return [f"{name}.{n}" for n, _ in module.named_children()]
+    return parts(model.get_submodule(name), name)
 
 
 def ddmin(items: list[str], stable: Callable[[list[str]], bool]) -> list[str]:
@@ -76,16 +89,11 @@ def flop_shares(record: RunRecord, names: list[str]) -> tuple[dict[str, float], 
     run = record.run
     cpu = torch.device("cpu")
     parts = build_parts(run, cpu, PrecisionPolicy.from_config(run.precision, cpu))
-    model = parts.model.float()
     x0 = torch.stack([parts.dataset[i] for i in parts.order.indices(0)])
     noisy, t, _ = parts.objective.sample(x0, torch.Generator().manual_seed(0))
-    with torch.no_grad(), FlopCounterMode(display=False) as counter:
-        model(noisy.float(), t)
-    counts = {k: sum(v.values()) for k, v in counter.get_flop_counts().items()}
-    total = counts.get("Global", 0)
-    root = type(model).__name__
-    shares = {n: (counts.get(f"{root}.{n}", 0) / total if total else 0.0) for n in names}
-    return shares, total
+    flops = module_flops(parts.model.float(), (noisy.float(), t))
+    total = flops.get("", 0)
+    return {n: (flops.get(n, 0) / total if total else 0.0) for n in names}, total
 
 
 def bisect_fp32(record: RunRecord, scratch: Path, progress: Callable[[str], None] = print) -> dict:

@@ -18,10 +18,11 @@ The rows:
 - same config: the bad steps again, unchanged (reproducible or not);
 - fp32: precision=fp32 for those steps;
 - reference kernels: attention=math, modulate=eager;
-- without extreme samples: the bad steps' batches without their bad samples (non-finite, out of range,
-  constant: the data doctor's check) or outliers (largest |x| OUTLIER x the dataset's median), through
-  data.skip_samples; not applicable when no sample stands out (leaving out an ordinary sample only
-  perturbs a chaotic trajectory, which can move a spike past the table's last step);
+- without extreme samples: the rows' batches without their bad samples (non-finite, out of range,
+  constant: the data doctor's check; a second bad sample a few steps on counts too) or outliers (largest
+  |x| OUTLIER x the dataset's median), through data.skip_samples; not applicable when no sample stands
+  out (leaving out an ordinary sample only perturbs a chaotic trajectory, which can move a spike past the
+  table's last step);
 - lr/10: the lr schedule divided by 10 from the last healthy step on;
 - update clipping: StableAdamW's update clipping (optim.update_clip=1).
 
@@ -61,6 +62,9 @@ class Row:
     outcome: dict | None = None
     """Outcome as a dict (None when the row does not apply)."""
     not_applicable: str | None = None
+    cleared: bool | None = None
+    """The row got past the run's bad steps: no verdict through them, and none of the run's kind after them
+    (a spike only moved later is not cleared; a stall found later is another problem, and is shown)."""
 
     @property
     def healthy(self) -> bool | None:
@@ -74,6 +78,8 @@ class Table:
     from_step: int
     """The state after the last healthy step's update: every row starts here."""
     through_step: int
+    last_bad: int
+    """The step that tripped the run's verdict: a row clears the bad steps when it gets past it (Row.cleared)."""
     rows: list[Row] = field(default_factory=list)
     prefix: dict = field(default_factory=dict)
     """How the replay to from_step compared with the run's metrics.csv."""
@@ -87,6 +93,7 @@ class Table:
             "through_step": self.through_step,
             "prefix": self.prefix,
             "rows": [asdict(r) | {"healthy": r.healthy} for r in self.rows],
+            "last_bad_step": self.last_bad,
         }
 
 
@@ -214,8 +221,8 @@ def run_table(
     if first > record.start:
         progress(f"replaying steps {record.start}-{first - 1} to the last healthy state")
     checkpoint, prefix = replay_prefix(record, first, scratch / "replay")
-    extreme, bad_everywhere = extreme_samples(record.run, range(record.first_bad, last + 1))
-    table = Table(first, through, plan(record, extreme), prefix)
+    extreme, bad_everywhere = extreme_samples(record.run, range(first, through + 1))  # every step the rows run
+    table = Table(first, through, last, plan(record, extreme), prefix)
     resume = (
         [f"checkpoint.resume_from={checkpoint}", "checkpoint.inject=null", "checkpoint.resume_optimizer=true"]
         if checkpoint is not None
@@ -226,6 +233,11 @@ def run_table(
         run = with_overrides(record.config, resume + row.overrides)
         outcome = run_trial(run, scratch / _slug(row.name), last=through)
         row.outcome = asdict(outcome)
+        row.cleared = outcome.healthy or (
+            outcome.status == "diverged"
+            and outcome.verdict != record.result["verdict"]
+            and (outcome.first_bad_step or 0) > last
+        )
         progress(f"[{i}/{len(todo)}] {row.name}: {outcome.short()} ({outcome.seconds:.1f} s)")
     return table, bad_everywhere
 

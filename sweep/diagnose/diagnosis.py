@@ -27,7 +27,7 @@ CONFIRMING = {
     "adam_second_moment_lag": ("update clipping", "lr/10"),
     "lr_too_high": ("lr/10",),
 }
-"""Rows of the counterfactual table that keep the bad steps healthy when the mechanism is right."""
+"""Rows of the counterfactual table that get past the bad steps when the mechanism is right (Row.cleared)."""
 
 
 def settle(record: RunRecord, mechanism: Mechanism, table: Table) -> tuple[Mechanism, bool, str]:
@@ -46,32 +46,32 @@ def settle(record: RunRecord, mechanism: Mechanism, table: Table) -> tuple[Mecha
             {"prefix": table.prefix, "same_config": same, "was": mechanism.name},
         )
         return m, True, "the same config did not reproduce the run"
-    if mechanism.name == "unexplained" and table.row("lr/10").healthy:
+    if mechanism.name == "unexplained" and table.row("lr/10").cleared:
         mechanism = Mechanism(
             "lr_too_high",
-            f"no specific signal, and lr/10 from step {table.from_step} keeps the bad steps healthy",
+            f"no specific signal, and lr/10 from step {table.from_step} gets past the bad steps",
             mechanism.evidence,
         )
-    healthy = [r.name for r in table.rows if r.healthy and r.name != "same config"]
+    healthy = [r.name for r in table.rows if r.cleared and r.name != "same config"]
     if mechanism.name == "corrupt_checkpoint":
         agrees = not healthy
         why = (
             "no change at the bad steps helps: the weights were bad before them"
             if agrees
-            else (f"but {', '.join(healthy)} kept the bad steps healthy")
+            else (f"but {', '.join(healthy)} got past the bad steps")
         )
         return mechanism, agrees, why
     want = CONFIRMING.get(mechanism.name, ())
     hits = [n for n in want if n in healthy]
     if hits:
-        return mechanism, True, f"{' and '.join(hits)} kept the bad steps healthy, as {mechanism.name} predicts"
+        return mechanism, True, f"{' and '.join(hits)} got past the bad steps, as {mechanism.name} predicts"
     if mechanism.name == "unexplained":
         return (
             mechanism,
             True,
-            "no single change kept the bad steps healthy"
+            "no single change got past the bad steps"
             if not healthy
-            else (f"{', '.join(healthy)} kept the bad steps healthy, which no recorded signal explains"),
+            else (f"{', '.join(healthy)} got past the bad steps, which no recorded signal explains"),
         )
     ran = [n for n in want if table.row(n).outcome is not None]
     return (
@@ -79,7 +79,7 @@ def settle(record: RunRecord, mechanism: Mechanism, table: Table) -> tuple[Mecha
         False,
         (
             f"the table does not confirm {mechanism.name}: "
-            + (f"{', '.join(ran)} did not keep the bad steps healthy" if ran else f"{', '.join(want)} could not run")
+            + (f"{', '.join(ran)} did not get past the bad steps" if ran else f"{', '.join(want)} could not run")
             + (f"; {', '.join(healthy)} did" if healthy else "")
         ),
     )

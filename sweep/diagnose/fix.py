@@ -1,8 +1,8 @@
 """The fix: overrides that should make the run stable, tried from step 0 as a real run.
 
-Candidates come, in order, from the counterfactuals that kept the bad steps healthy, from the bisection's
-minimal fp32 set, and from the mechanism's known fix (qk_norm, bf16, a lower lr, update clipping, the
-samples left out, fp32 modules). The first candidate whose run is stable to the end is the confirmed fix.
+Candidates come, in order, from the mechanism's known fix (qk_norm, bf16, a lower lr, update clipping, the
+samples left out), from the bisection's minimal fp32 set, and from the counterfactual rows that got past the
+bad steps. The first candidate whose run is stable to the end is the confirmed fix.
 """
 
 from __future__ import annotations
@@ -67,7 +67,7 @@ def candidates(
         return [c for c in out if c]
     # what the counterfactuals showed to work, after the mechanism's own fix
     for row in table.rows if table else []:
-        if row.healthy and row.overrides and row.name != "same config":
+        if row.cleared and row.overrides and row.name != "same config":
             out.append(row.overrides)
     seen, unique = set(), []
     for c in out:
