@@ -292,6 +292,78 @@ def every_cell_once(cells: int, optuna: bool = False) -> Check:
     return check
 
 
+_AT_ONCE = """
+import os, sys, time
+from pathlib import Path
+barrier = Path(sys.argv[1])
+sys.argv = [sys.argv[2], *sys.argv[3:]]
+from sweep.__main__ import main  # the imports first: every process then reaches the claim at once
+(barrier / f"ready.{os.getpid()}").touch()
+while not (barrier / "go").exists():
+    time.sleep(0.01)
+time.sleep(max(0.0, float((barrier / "go").read_text()) - time.time()))
+main()
+"""
+
+
+def at_once(n: int) -> Callable[[Case, Path], Outcome]:
+    """Start n copies of the case's command (the last with seed=1: another sweep) held at a barrier until
+    all are ready, then released at the same moment."""
+
+    def driver(case: Case, d: Path) -> Outcome:
+        barrier = d / "barrier"
+        barrier.mkdir()
+        args = [str(a).replace("{d}", str(d)) for a in case.args[2:]]  # after "-m sweep"
+        commands = [args] * (n - 1) + [[*args, "seed=1"]]
+        procs = [
+            subprocess.Popen(
+                [PY, "-c", _AT_ONCE, str(barrier), "sweep", *c],
+                cwd=d,
+                env=ENV,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.PIPE,
+                text=True,
+            )
+            for c in commands
+        ]
+        deadline = time.time() + 120
+        while len(list(barrier.glob("ready.*"))) < n and time.time() < deadline:
+            time.sleep(0.05)
+        (barrier / "go").write_text(str(time.time() + 0.3))
+        outs = [p.communicate(timeout=case.timeout) for p in procs]
+        ran = [i for i, p in enumerate(procs) if p.returncode == 0]
+        main = ran[0] if ran else 0
+        o = Outcome(procs[main].returncode, outs[main][0], outs[main][1], d)
+        o.extra["codes"] = [p.returncode for p in procs]
+        o.extra["refused"] = [outs[i][1] for i, p in enumerate(procs) if p.returncode == 2]
+        return o
+
+    return driver
+
+
+def one_of_many_ran(o: Outcome) -> Optional[str]:
+    codes = sorted(o.extra["codes"])
+    if codes != [0] + [2] * (len(codes) - 1):
+        return f"exit statuses {o.extra['codes']}: not one run and the others refused"
+    for err in o.extra["refused"]:
+        if len([ln for ln in err.splitlines() if ln.strip()]) != 1:
+            return f"a refusal is not one line: {err.strip()[:120]}"
+    db = o.dir / "s" / "ledger.db"
+    dirs = [t for t in ledger_run_dirs(db)] if db.exists() else []
+    if len(dirs) != len(set(dirs)) or len(dirs) != 2:
+        return f"ledger trials per job dir: {dirs}"
+    return None
+
+
+def ledger_run_dirs(db: Path) -> list:
+    con = sqlite3.connect(db)
+    try:
+        rows = con.execute("select value_json from trial_user_attributes where key='run_dir'").fetchall()
+        return [json.loads(v) for (v,) in rows]
+    finally:
+        con.close()
+
+
 # -- the cases ------------------------------------------------------------------------------------------
 
 FLOAT_KEYS = [
@@ -671,6 +743,17 @@ def cases() -> list[Case]:
                 else f"exit {o.rc}, {len(list((o.dir / 's').glob('*/result.json')))} results"
             ),
             driver=two_sweeps,
+            timeout=400,
+        )
+    )
+
+    # Finding (issue 33): sweeps started at the same moment into one new sweep dir.
+    cs.append(
+        Case(
+            "three sweeps at once into one new sweep dir",
+            sweep("-m", "optim.lr=1e-3,2e-3", "hydra.sweep.dir={d}/s", "steps=2"),
+            one_of_many_ran,
+            driver=at_once(3),
             timeout=400,
         )
     )

@@ -57,6 +57,7 @@ NOT_WHAT_RUNS = ("threads", "progress", "log_every", "logger")
 may change them."""
 SWEEP_FILE = "multirun.yaml"  # Hydra's (and our Optuna sweeper's) saved config of the sweep owning the directory
 _ALIVE = ".sweep.alive"
+_CLAIM = ".sweep.claim"
 _ALIVE_HELD: dict[str, int] = {}
 
 
@@ -89,16 +90,33 @@ def claim_sweep_dir(config: DictConfig) -> None:
     other's <n>/result.json and mix their summaries. The directory belongs to the sweep whose
     multirun.yaml it holds, once that sweep has started a job there or while it is still live (it holds
     .sweep.alive); the same command again, the only way to resume (README, "Resume"), is the same sweep.
+
+    The decision and the claim are one step under an exclusive flock of .sweep.lock, and the claim names
+    its sweep in .sweep.claim before the lock is let go: a sweep started at the same moment sees a live
+    claim even though no multirun.yaml is written yet (before, both saw an empty directory and both ran).
+    While a sweep is live, a grid sweep is refused whatever its overrides (two grids number their job
+    directories alike); an Optuna sweep only joins the same sweep (several workers share one study). A
+    dead sweep's claim is free: the kernel drops its lock with the process.
     """
     sweep_dir = Path(str(config.hydra.sweep.dir))
     sweep_dir.mkdir(parents=True, exist_ok=True)
+    release_sweep_dir(sweep_dir)  # this process ran a sweep here before (in-process tests): that one is over
+    ours = sweep_identity(config)
     with open(sweep_dir / ".sweep.lock", "a") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)  # two sweeps starting at once decide one after the other
         saved = sweep_dir / SWEEP_FILE
         started = next(sweep_dir.rglob(".hydra/overrides.yaml"), None) is not None
+        if _sweep_alive(sweep_dir):
+            claim = _read_claim(sweep_dir)
+            if "optuna" not in ours[0] or claim.get("identity") != ours:
+                who = f" (pid {claim['pid']})" if isinstance(claim.get("pid"), int) else ""
+                raise ConfigError(
+                    f"hydra.sweep.dir: {sweep_dir} is in use by a sweep still running or starting{who}; wait for it"
+                    " to end (the same command then resumes it), or give this one its own hydra.sweep.dir"
+                )
         if saved.is_file() or started:
             theirs, why = saved_identity(saved)
-            if (started or _sweep_alive(sweep_dir)) and theirs != sweep_identity(config):
+            if started and theirs != ours:
                 if theirs is None:  # runs of a sweep no one can name: this one could be any other
                     raise ConfigError(
                         f"hydra.sweep.dir: {sweep_dir} holds runs of a sweep whose {SWEEP_FILE} {why}; restore it"
@@ -111,6 +129,19 @@ def claim_sweep_dir(config: DictConfig) -> None:
         fd = os.open(sweep_dir / _ALIVE, os.O_CREAT | os.O_RDWR, 0o644)
         fcntl.flock(fd, fcntl.LOCK_SH)  # dropped at the end of the sweep, or when this process dies
         _ALIVE_HELD[str(sweep_dir)] = fd
+        tmp = sweep_dir / f"{_CLAIM}.{os.getpid()}"
+        tmp.write_text(json.dumps({"pid": os.getpid(), "identity": ours}))
+        os.replace(tmp, sweep_dir / _CLAIM)  # still under the lock: the next sweep reads whole claims only
+
+
+def _read_claim(sweep_dir: Path) -> dict:
+    """The live sweep's .sweep.claim ({pid, identity}); {} when missing or unreadable (a sweep of an older
+    version, which is then refused as any other)."""
+    try:
+        claim = json.loads((sweep_dir / _CLAIM).read_text())
+        return claim if isinstance(claim, dict) else {}
+    except (OSError, ValueError):
+        return {}
 
 
 def saved_identity(saved: Path) -> tuple[list[str] | None, str]:

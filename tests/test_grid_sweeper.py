@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import pickle
 
 import pytest
@@ -97,3 +98,90 @@ def test_a_sweep_dir_with_runs_but_no_readable_multirun_yaml_is_refused(tmp_path
     assert len(err) == 1 and "multirun.yaml" in err[0] and "Traceback" not in err[0], err
     assert not (sweep_dir / "0" / "result.json").exists()
     assert list(runs_from_dirs(sweep_dir, starting_s=0).status) == ["interrupted"]
+
+
+_AT_ONCE = """
+import os, sys, time
+from pathlib import Path
+barrier = Path(sys.argv[1])
+sys.argv = ["sweep", *sys.argv[2:]]
+from sweep.__main__ import main  # the heavy imports first, so that every process reaches the claim at once
+(barrier / f"ready.{os.getpid()}").touch()
+while not (barrier / "go").exists():
+    time.sleep(0.01)
+time.sleep(max(0.0, float((barrier / "go").read_text()) - time.time()))
+main()
+"""
+
+
+def test_sweeps_started_at_the_same_moment_into_one_new_dir_run_one(tmp_path):
+    """Two of five sweeps started at once into one new sweep dir both ran (issue 33): each saw no
+    multirun.yaml yet. Now the claim names its sweep before the directory's lock is let go: exactly one runs,
+    the others exit 2 with one line, and the ledger holds one trial per job directory."""
+    import sqlite3
+    import subprocess
+    import sys
+    import time
+
+    from .conftest import FAST, REPO
+
+    barrier = tmp_path / "barrier"
+    barrier.mkdir()
+    sweep_dir = tmp_path / "s"
+    base = ["-m", *FAST, "threads=1", "steps=2", f"hydra.sweep.dir={sweep_dir}", "optim.lr=1e-3,2e-3"]
+    commands = [base, base, [*base, "seed=1"]]  # the same grid twice, and another sweep
+    env = {**os.environ, "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1"}
+    env.pop("HYDRA_FULL_ERROR", None)
+    procs = [
+        subprocess.Popen(
+            [sys.executable, "-c", _AT_ONCE, str(barrier), *c],
+            cwd=tmp_path,
+            env=env,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        for c in commands
+    ]
+    deadline = time.time() + 120
+    while len(list(barrier.glob("ready.*"))) < len(procs) and time.time() < deadline:
+        time.sleep(0.05)
+    (barrier / "go").write_text(str(time.time() + 0.3))
+    outs = [p.communicate(timeout=300) for p in procs]
+    codes = sorted(p.returncode for p in procs)
+    assert codes == [0, 2, 2], [(p.returncode, err[-1500:]) for p, (_, err) in zip(procs, outs)]
+    for p, (_, err) in zip(procs, outs):
+        if p.returncode == 2:
+            lines = [ln for ln in err.splitlines() if ln.strip()]
+            assert len(lines) == 1 and "hydra.sweep.dir" in lines[0] and "in use" in lines[0], err
+    con = sqlite3.connect(sweep_dir / "ledger.db")
+    try:
+        dirs = [
+            json.loads(v) for (v,) in con.execute("select value_json from trial_user_attributes where key='run_dir'")
+        ]
+    finally:
+        con.close()
+    assert sorted(dirs) == sorted(set(dirs)) and len(dirs) == 2, dirs
+    assert sorted(json.loads((sweep_dir / str(i) / "result.json").read_text())["status"] for i in range(2)) == [
+        "stable",
+        "stable",
+    ]
+
+
+def test_a_live_claim_without_multirun_yaml_refuses_another_sweep(tmp_path, capsys):
+    """The race above, staged: a live sweep that has claimed the directory but written nothing else yet."""
+    import fcntl
+
+    sweep_dir = tmp_path / "s"
+    sweep_dir.mkdir()
+    fd = os.open(sweep_dir / ".sweep.alive", os.O_CREAT | os.O_RDWR)
+    fcntl.flock(fd, fcntl.LOCK_SH)
+    try:
+        with pytest.raises(SystemExit) as exit_:
+            multirun_in_process(sweep_dir, "steps=2", "optim.lr=1e-3", "ledger.enabled=false")
+    finally:
+        os.close(fd)
+    assert exit_.value.code == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "still running or starting" in err[0], err
+    assert not (sweep_dir / "0").exists()
