@@ -758,6 +758,64 @@ def cases() -> list[Case]:
         )
     )
 
+    # Finding (issue 33): a single run into a sweep's root, or into a run dir of another config.
+    def sweep_root(d: Path) -> None:
+        (d / "s" / "0" / ".hydra").mkdir(parents=True)
+        (d / "s" / "multirun.yaml").write_text("hydra:\n  overrides:\n    task: [optim.lr=1e-3]\n")
+        (d / "s" / "0" / ".hydra" / "overrides.yaml").write_text("- optim.lr=1e-3\n")
+
+    cs.append(
+        Case(
+            "single run into a sweep's root",
+            sweep("steps=2", "hydra.run.dir={d}/s"),
+            lambda o: (
+                exit2_naming("hydra.run.dir")(o)
+                or ("wrote into the sweep" if (o.dir / "s" / "result.json").exists() else None)
+            ),
+            setup=sweep_root,
+        )
+    )
+
+    def then(first: list) -> Callable[[Case, Path], Outcome]:
+        def driver(case: Case, d: Path) -> Outcome:
+            before = run(first, d, timeout=case.timeout)
+            o = run(case.args, d, timeout=case.timeout)
+            o.extra["first_rc"] = before.rc
+            o.extra["first_result"] = (d / "run" / "result.json").read_text() if before.rc == 0 else None
+            return o
+
+        return driver
+
+    def unchanged_and(rc: int) -> Check:
+        def check(o: Outcome) -> Optional[str]:
+            if o.extra["first_rc"] != 0:
+                return f"the first run exits {o.extra['first_rc']}"
+            if o.rc != rc:
+                return f"exit {o.rc}, not {rc}"
+            if rc == 2 and (o.dir / "run" / "result.json").read_text() != o.extra["first_result"]:
+                return "the first run's result.json was overwritten"
+            return None
+
+        return check
+
+    first = sweep("steps=2", "optim.lr=1e-3", "ledger.enabled=false", "hydra.run.dir={d}/run")
+    cs.append(
+        Case(
+            "single run into a run dir of another config",
+            sweep("steps=2", "optim.lr=3e-2", "ledger.enabled=false", "hydra.run.dir={d}/run"),
+            unchanged_and(2),
+            driver=then(first),
+        )
+    )
+    cs.append(
+        Case(
+            "single run again into its run dir (same config)",
+            sweep("steps=2", "optim.lr=0.001", "ledger.enabled=false", "hydra.run.dir={d}/run"),
+            unchanged_and(0),
+            driver=then(first),
+        )
+    )
+
     # Finding: kill -9 and the same command again (grid and Optuna grid).
     grid = sweep("-m", "optim.lr=1e-3,2e-3,3e-3,4e-3", "hydra.sweep.dir={d}/s", "steps=6")
     cs.append(Case("kill -9 a grid, rerun", grid, every_cell_once(4), driver=kill9_rerun, quick=True, timeout=600))

@@ -37,6 +37,8 @@ class OutputDirCheck(Callback):
 
     def on_run_start(self, config: DictConfig, **kwargs: Any) -> None:
         self._check(str(config.hydra.run.dir), "hydra.run.dir")
+        with exiting_on_config_error():
+            check_run_dir(config)
 
     def on_multirun_start(self, config: DictConfig, **kwargs: Any) -> None:
         self._check(str(config.hydra.sweep.dir), "hydra.sweep.dir")
@@ -142,6 +144,69 @@ def _read_claim(sweep_dir: Path) -> dict:
         return claim if isinstance(claim, dict) else {}
     except (OSError, ValueError):
         return {}
+
+
+SWEEP_MARKS = (SWEEP_FILE, ".sweep.lock", ".sweep.alive", ".sweep.claim")
+"""Files only a sweep writes in its own directory: a run directory holding one is a sweep's root."""
+
+
+def run_identity(config: DictConfig) -> dict:
+    """What makes two single runs the same run: the composed config less `hydra` and NOT_WHAT_RUNS, flat,
+    unresolved (an ${oc.env:...} stays itself), as Hydra saves it in .hydra/config.yaml."""
+    flat: dict = {}
+
+    def walk(node, prefix: str) -> None:
+        if isinstance(node, dict) and node:
+            for k, v in node.items():
+                walk(v, f"{prefix}{k}.")
+        else:
+            flat[prefix[:-1]] = node
+
+    tree = OmegaConf.to_container(config, resolve=False, enum_to_str=True)
+    walk({k: v for k, v in tree.items() if k != "hydra" and k not in NOT_WHAT_RUNS}, "")
+    return flat
+
+
+def check_run_dir(config: DictConfig) -> None:
+    """Refuse a hydra.run.dir (a single run, no -m) that holds a sweep or a run of another config, before
+    anything is written (raises ConfigError).
+
+    A run directory holds one run: the same config again reruns it as before (its checkpoints resume it),
+    but a run of other settings would overwrite its result.json, and a sweep's root would get a result.json
+    and a trial in that sweep's study.
+    """
+    run_dir = Path(str(config.hydra.run.dir))
+    if not run_dir.is_dir():
+        return
+    marks = [m for m in SWEEP_MARKS if (run_dir / m).exists()]
+    if marks or any(run_dir.glob("*/.hydra/overrides.yaml")):
+        why = marks[0] if marks else "job directories"
+        raise ConfigError(
+            f"hydra.run.dir: {run_dir} is the directory of a sweep (it holds {why}); give this run its own"
+            " hydra.run.dir"
+        )
+    saved = run_dir / ".hydra" / "config.yaml"
+    if not saved.is_file():
+        return
+    try:
+        loaded = OmegaConf.load(saved)
+        theirs = run_identity(loaded) if isinstance(loaded, DictConfig) else None
+    except Exception:  # noqa: BLE001  (damaged YAML: no one can say which run it was)
+        theirs = None
+    if theirs is None:
+        raise ConfigError(
+            f"hydra.run.dir: {run_dir} holds a run whose .hydra/config.yaml cannot be read; give this run its"
+            " own hydra.run.dir"
+        )
+    ours = run_identity(config)
+    differ = [k for k in sorted(set(theirs) | set(ours)) if theirs.get(k, "<unset>") != ours.get(k, "<unset>")]
+    if differ:
+        shown = ", ".join(f"{k}={theirs.get(k, '<unset>')} there, {ours.get(k, '<unset>')} here" for k in differ[:3])
+        more = f" and {len(differ) - 3} more" if len(differ) > 3 else ""
+        raise ConfigError(
+            f"hydra.run.dir: {run_dir} holds a run of another config ({shown}{more}); give this run its own"
+            " hydra.run.dir (the same config again reruns that one)"
+        )
 
 
 def saved_identity(saved: Path) -> tuple[list[str] | None, str]:
