@@ -130,6 +130,24 @@ def no_secret(o: Outcome) -> Optional[str]:
     return None
 
 
+def with_env(extra: dict) -> Callable[["Case", Path], Outcome]:
+    def driver(case: "Case", d: Path) -> Outcome:
+        return run(case.args, d, timeout=case.timeout, env={**ENV, **extra})
+
+    return driver
+
+
+def secret_nowhere(o: Outcome) -> Optional[str]:
+    if o.rc != 0:
+        return f"exit {o.rc}, not 0"
+    if "cr3t" in o.text:
+        return "the secret is printed"
+    for p in o.dir.rglob("*"):
+        if p.is_file() and b"cr3t" in p.read_bytes():
+            return f"the secret is written in {p.relative_to(o.dir)}"
+    return None
+
+
 def base_run(d: Path, name: str = "base", *extra: str) -> Path:
     """A real 2-step run (with checkpoints) to copy from: made once per bench, copied per case."""
     cache = BASE / name
@@ -573,8 +591,31 @@ def cases() -> list[Case]:
         ("/ in password", "ledger.storage=postgresql://me:s3/cr3t@db/x"),
         ("sweep of URLs", "ledger.storage=sqlite:///a.db,postgresql://me:s3cr3t@db/x"),
         ("mlflow URI", "logger.mlflow.tracking_uri=http://me:s3cr3t@mlflow:5000"),
+        # issue 33: every secret-bearing query key, libpq's and a tracking server's
+        ("?sslpassword= (libpq)", "ledger.storage=postgresql://me@db/x?sslpassword=s3cr3t"),
+        ("?SSLPassword= quoted", "ledger.storage='postgresql://me@db/x?sslmode=require&SSLPassword=s3cr3t'"),
+        ("mlflow ?token=", "logger.mlflow.tracking_uri=http://mlflow:5000?token=s3cr3t"),
+        ("mlflow ?api_key=", "logger.mlflow.tracking_uri='https://mlflow/api?x=1&api_key=s3cr3t'"),
     ]:
         cs.append(Case(f"password {name}", sweep(over, "hydra.run.dir={d}/run"), no_secret, quick=name == "?password="))
+    # issue 33: a secret in the query of a URL from the environment is masked everywhere it is written.
+    for name, over, env in [
+        (
+            "ledger",
+            "ledger.storage=${oc.env:SWEEP_LEDGER_URL}",
+            {"SWEEP_LEDGER_URL": "postgresql://me@127.0.0.1:9/x?sslpassword=s3cr3t"},
+        ),
+        ("mlflow", "logger.mlflow.tracking_uri=${oc.env:MY_URI}", {"MY_URI": "http://127.0.0.1:9/?token=s3cr3t"}),
+    ]:
+        extra = ["logger=mlflow", "logger.mlflow.retries=0"] if name == "mlflow" else ["ledger.lock_timeout_s=2"]
+        cs.append(
+            Case(
+                f"secret query key from the environment ({name})",
+                sweep(over, *extra, "hydra.run.dir={d}/run", "steps=2"),
+                secret_nowhere,
+                driver=with_env(env),
+            )
+        )
     cs.append(
         Case(
             "plain postgresql:// URL, server down",

@@ -63,6 +63,13 @@ _CLAIM = ".sweep.claim"
 _ALIVE_HELD: dict[str, int] = {}
 
 
+def task_overrides(config: DictConfig) -> list[str]:
+    """The command's overrides as typed, unresolved: iterating Hydra's list resolves an override such as
+    ledger.storage=${oc.env:SWEEP_LEDGER_URL} into the URL it names, secrets included."""
+    node = OmegaConf.select(config, "hydra.overrides.task", default=None)
+    return [str(o) for o in OmegaConf.to_container(node, resolve=False)] if node is not None else []
+
+
 def sweep_identity(config: DictConfig) -> list[str]:
     """What makes two sweeps the same sweep, as a list of strings (the sweeper first, then overrides).
 
@@ -71,7 +78,7 @@ def sweep_identity(config: DictConfig) -> list[str]:
     may change a fixed value such as steps, or n_trials, as README "Resume" says), in any order; job
     directories are numbered by trial of the study, which the same sweep shares.
     """
-    overrides = [str(o) for o in OmegaConf.select(config, "hydra.overrides.task", default=None) or []]
+    overrides = task_overrides(config)
     target = str(OmegaConf.select(config, "hydra.sweeper._target_", default="") or "")
     if "optuna" not in target:
         return [target, *(o for o in overrides if not o.split("=", 1)[0].lstrip("+~").startswith(NOT_WHAT_RUNS))]
@@ -244,9 +251,8 @@ class TrackerSweep(Callback):
             return
         from sweep.run.mlflow_sink import start_sweep_run
 
-        overrides = OmegaConf.select(config, "hydra.overrides.task", default=None) or []
         try:
-            start_sweep_run(cfg, Path(config.hydra.sweep.dir), " ".join(str(o) for o in overrides))
+            start_sweep_run(cfg, Path(config.hydra.sweep.dir), " ".join(task_overrides(config)))
         except Exception as e:  # noqa: BLE001  (the runs log without a parent, or say why they could not)
             log.warning("logger mlflow: no parent run for this sweep: %s", e)
 
