@@ -513,6 +513,23 @@ def cases() -> list[Case]:
         )
     )
 
+    # Finding (issue 33): model.target names something that cannot be a model factory; it must not be called.
+    for target, kw in [
+        ("os:system", "model.kwargs={command:'touch {d}/PWNED'}"),
+        ("builtins:eval", "model.kwargs={}"),
+        ("collections:OrderedDict", "model.kwargs={}"),
+    ]:
+        cs.append(
+            Case(
+                f"model.target={target}",
+                sweep("model=custom", f"model.target={target}", kw, "hydra.run.dir={d}/run"),
+                lambda o: (
+                    exit2_naming("model.target")(o) or ("the factory ran" if (o.dir / "PWNED").exists() else None)
+                ),
+                quick=target == "os:system",
+            )
+        )
+
     # Finding: resume from a checkpoint of another size or precision; variants: a manifest without bytes.
     ck = "{d}/sweepdir/0/checkpoints/step_000002"
     cs.append(

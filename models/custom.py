@@ -26,8 +26,11 @@ Torch only: no sweep/ or Hydra imports (tests/test_layout.py).
 
 from __future__ import annotations
 
+import functools
 import importlib
 import inspect
+import types
+import typing
 from typing import Any, Callable
 
 import torch
@@ -67,7 +70,82 @@ def load_factory(target: str) -> Callable[..., Any]:
         obj = getattr(obj, part)
     if not callable(obj):
         raise CustomModelError(f"{target} is a {type(obj).__name__}, not callable")
+    check_factory_kind(obj, target)
     return obj
+
+
+_C_CALLABLES = (
+    types.BuiltinFunctionType,
+    types.BuiltinMethodType,
+    types.WrapperDescriptorType,
+    types.MethodWrapperType,
+    types.MethodDescriptorType,
+    types.ClassMethodDescriptorType,
+)
+
+
+def check_factory_kind(obj: Any, target: str) -> None:
+    """Refuse, before it is ever called, what cannot be a model factory: validating the config must not
+    run the user's callable with the user's kwargs (`model.target=os:system model.kwargs={command:...}`
+    ran a shell command before the "not a torch.nn.Module" refusal). Refused: a builtin or any other
+    callable implemented in C (os.system, a ufunc), a class that is not an nn.Module subclass, and a
+    function whose return annotation says it returns something other than an nn.Module. A function
+    without a return annotation, or with one that cannot be resolved, is allowed: it is called, and what
+    it returns is checked then (model.target runs code, as Hydra's `_target_` does: docs/models.md)."""
+    inner = obj
+    while isinstance(inner, functools.partial):
+        inner = inner.func
+    if inspect.isclass(inner):
+        if not issubclass(inner, nn.Module):
+            raise CustomModelError(f"{target} is the class {inner.__qualname__}, not a torch.nn.Module subclass")
+        return
+    if inspect.isbuiltin(inner) or isinstance(inner, _C_CALLABLES):
+        raise CustomModelError(f"{target} is a builtin ({type(inner).__name__}), not a model factory")
+    if inspect.ismethod(inner):
+        inner = inner.__func__
+    if not inspect.isfunction(inner):  # a callable object: its class's __call__ must be Python code
+        call = inspect.getattr_static(type(inner), "__call__", None)
+        if not inspect.isfunction(call):
+            raise CustomModelError(f"{target} is a {type(inner).__name__} implemented in C, not a model factory")
+        inner = call
+    returns = _return_annotation(inner)
+    if returns is not None and not _may_be_module(returns):
+        raise CustomModelError(
+            f"{target} is annotated to return {_annotation_name(returns)}, not a torch.nn.Module: not a model factory"
+        )
+
+
+def _return_annotation(fn: Callable[..., Any]) -> Any:
+    """The function's return annotation, string annotations resolved in its module; None when it has none
+    or it cannot be resolved (then nothing is claimed)."""
+    raw = getattr(fn, "__annotations__", {}).get("return", inspect.Signature.empty)
+    if raw is inspect.Signature.empty:
+        return None
+    try:
+        return typing.get_type_hints(fn).get("return", None if raw is None else raw)
+    except Exception:  # noqa: BLE001  (a name the module does not define, a typing construct it cannot evaluate)
+        return raw if not isinstance(raw, str) else None
+
+
+def _may_be_module(annotation: Any) -> bool:
+    """Whether a value of this annotated type may be an nn.Module (Any, a TypeVar, a Union with one...)."""
+    if annotation is None or annotation is type(None):
+        return False
+    if annotation is Any or isinstance(annotation, (typing.TypeVar, str)):
+        return True
+    origin = typing.get_origin(annotation)
+    if origin in (typing.Union, types.UnionType):
+        return any(_may_be_module(a) for a in typing.get_args(annotation))
+    if origin is typing.Annotated:
+        return _may_be_module(typing.get_args(annotation)[0])
+    if inspect.isclass(origin or annotation):
+        cls = origin or annotation
+        return issubclass(cls, nn.Module) or issubclass(nn.Module, cls)  # nn.Module itself, or object
+    return True  # a typing form we do not know: do not refuse on a guess
+
+
+def _annotation_name(annotation: Any) -> str:
+    return getattr(annotation, "__qualname__", None) or repr(annotation)
 
 
 def factory_is_image(factory: Callable[..., Any]) -> bool:

@@ -79,3 +79,31 @@ def wrong_shape(channels: int) -> nn.Module:
             return x[:, :1] * self.w
 
     return Half()
+
+
+def not_a_module_unannotated():
+    return 42
+
+
+def returns_none_annotated(channels: int) -> None:
+    raise AssertionError("called: a factory annotated to return None must be refused before any call")
+
+
+def returns_str_annotation(channels: int) -> "str":
+    raise AssertionError("called: a factory annotated to return str must be refused before any call")
+
+
+def unresolvable_annotation(channels: int) -> "NoSuchType":  # noqa: F821  (unresolvable: allowed, called)
+    return tokens(channels)
+
+
+def module_or_none(channels: int) -> "nn.Module | None":
+    return tokens(channels)
+
+
+class NotAModule:
+    def __init__(self, **kwargs):
+        raise AssertionError("called: a class that is no nn.Module must be refused before any call")
+
+
+NOT_CALLABLE_C = len  # a builtin

@@ -98,7 +98,7 @@ def test_custom_keys_are_refused_on_other_models(overrides, key):
     "target,words",
     [
         ("tests.custom_factories:raises", "raised RuntimeError: no weights for this size"),
-        ("tests.custom_factories:not_a_module", "returned int 42, not a torch.nn.Module"),
+        ("tests.custom_factories:not_a_module_unannotated", "returned int 42, not a torch.nn.Module"),
         ("examples.my_dit:build", "raised ValueError: depth must be even"),
     ],
 )
@@ -107,6 +107,48 @@ def test_a_failing_factory_is_a_config_error_before_any_run(target, words):
     with pytest.raises(ConfigError) as err:
         check_inputs(run)
     assert str(err.value).startswith("model.target: ") and words in str(err.value), str(err.value)
+
+
+@pytest.mark.parametrize(
+    "target,words",
+    [
+        ("os:system", "is a builtin"),
+        ("builtins:eval", "is a builtin"),
+        ("numpy:add", "implemented in C"),
+        ("tests.custom_factories:NotAModule", "not a torch.nn.Module subclass"),
+        ("tests.custom_factories:not_a_module", "annotated to return int"),
+        ("tests.custom_factories:returns_none_annotated", "annotated to return NoneType"),
+        ("tests.custom_factories:returns_str_annotation", "annotated to return str"),
+    ],
+)
+def test_what_cannot_be_a_factory_is_refused_before_it_is_called(target, words, tmp_path):
+    """issue 33: `model.target=os:system model.kwargs={command:...}` ran the command while the config was
+    validated, before the "not a torch.nn.Module" refusal. What cannot be a model factory is never called."""
+    touched = tmp_path / "PWNED"
+    kwargs = f"model.kwargs={{command:'touch {touched}'}}" if target.startswith("os:") else "model.kwargs={}"
+    with pytest.raises(ConfigError) as err:
+        check_inputs(custom(target, kwargs))
+    assert str(err.value).startswith("model.target: ") and words in str(err.value), str(err.value)
+    assert not touched.exists()
+
+
+def test_a_factory_with_an_unresolvable_or_optional_module_annotation_is_called():
+    for target in ("tests.custom_factories:unresolvable_annotation", "tests.custom_factories:module_or_none"):
+        check_inputs(custom(target, "model.kwargs={}"))
+
+
+def test_os_system_as_model_target_is_one_line_and_runs_nothing(tmp_path):
+    touched = tmp_path / "PWNED"
+    proc = _sweep(
+        "model=custom",
+        "model.target=os:system",
+        f"model.kwargs={{command:'touch {touched}'}}",
+        f"hydra.run.dir={tmp_path}/run",
+        cwd=REPO,
+    )
+    lines = proc.stderr.strip().splitlines()
+    assert proc.returncode == 2 and len(lines) == 1 and "model.target: os:system is a builtin" in lines[0], proc.stderr
+    assert not touched.exists()
 
 
 def _sweep(*args: str, cwd) -> subprocess.CompletedProcess:
