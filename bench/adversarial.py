@@ -456,6 +456,28 @@ def cases() -> list[Case]:
                 quick=over.startswith(("threads", "data.channels")),
             )
         )
+    # Finding (issue 33): a repeated value in a sweep axis is not a replicate.
+    for axis in ("optim.lr=1e-3,1e-3,3e-2", "optim.lr=1e-3,0.001", "precision=fp32,bf16_amp,fp32"):
+        cs.append(
+            Case(
+                f"repeated grid value {axis}",
+                sweep("-m", axis, "hydra.sweep.dir={d}/s"),
+                exit2_naming(axis.split("=")[0]),
+            )
+        )
+    cs.append(
+        Case(
+            "repeated Optuna choice",
+            sweep(
+                "-m",
+                "hydra/sweeper=optuna_sweep",
+                "hydra.sweeper.sampler.name=grid",
+                "optim.lr=choice(1e-3,0.001)",
+                "hydra.sweep.dir={d}/s",
+            ),
+            exit2_naming("optim.lr"),
+        )
+    )
     cs.append(
         Case(
             "huge seed in a grid",

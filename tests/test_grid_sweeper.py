@@ -185,3 +185,51 @@ def test_a_live_claim_without_multirun_yaml_refuses_another_sweep(tmp_path, caps
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "still running or starting" in err[0], err
     assert not (sweep_dir / "0").exists()
+
+
+@pytest.mark.parametrize(
+    "axis",
+    ["optim.lr=1e-3,1e-3,3e-2", "optim.lr=1e-3,0.001", "precision=fp32,bf16_amp,fp32", "seed=1,1.0"],
+)
+def test_a_repeated_value_in_a_sweep_axis_is_refused_before_any_run(tmp_path, axis):
+    """issue 33: `optim.lr=1e-3,1e-3,3e-2` ran one cell twice with the same seed, and the tables counted it
+    as "2 replicates" with zero spread. Values are compared after parsing: 1e-3 and 0.001 are one value."""
+    from sweep.config import ConfigError
+
+    with pytest.raises(ConfigError, match=r"is listed twice in the sweep .* not a replicate"):
+        multirun_in_process(tmp_path / "s", "steps=2", "ledger.enabled=false", axis)
+    assert not list((tmp_path / "s").glob("*/result.json"))
+
+
+def test_a_repeated_choice_in_an_optuna_sweep_is_refused(tmp_path):
+    from sweep.config import ConfigError
+
+    with pytest.raises(ConfigError, match=r"optim.lr: the value .* is listed twice"):
+        multirun_in_process(
+            tmp_path / "s",
+            "hydra/sweeper=optuna_sweep",
+            "hydra.sweeper.sampler.name=grid",
+            "optim.lr=choice(1e-3,0.001)",
+            "steps=2",
+        )
+
+
+def test_a_repeated_value_is_one_line_and_exit_2(tmp_path):
+    import subprocess
+    import sys
+
+    from .conftest import FAST, REPO
+
+    proc = subprocess.run(
+        [sys.executable, "-m", "sweep", "-m", *FAST, "optim.lr=1e-3,1e-3,3e-2", f"hydra.sweep.dir={tmp_path}/s"],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env={**os.environ, "PYTHONPATH": str(REPO)},
+    )
+    lines = [ln for ln in proc.stderr.splitlines() if ln.strip()]
+    assert proc.returncode == 2 and len(lines) == 1 and "optim.lr: the value 0.001 is listed twice" in lines[0], (
+        proc.stderr
+    )
+    assert not list((tmp_path / "s").glob("*/result.json"))

@@ -120,6 +120,12 @@ class GridSweeper(BasicSweeper):
 
     def sweep(self, arguments: List[str]) -> Any:
         """Hydra's grid, plus the replicate seeds of `replicates=N` (sweep/search/replicates.py)."""
+        from sweep.config import ConfigError
+        from sweep.search.space import repeated_value
+
+        repeated = repeated_value([*self._parse_config(), *arguments])
+        if repeated:
+            raise ConfigError(repeated)
         if self.frontier is not None:
             return self.frontier.sweep(arguments)
         from omegaconf import OmegaConf

@@ -48,6 +48,39 @@ def parse(arguments: list[str]) -> tuple[dict[str, BaseDistribution], list[str]]
     return space, fixed
 
 
+def repeated_value(arguments: list[str]) -> str | None:
+    """A line naming the first sweep axis that lists one value twice (compared after parsing: 1e-3 and
+    0.001 are one value), or None. A repeated value is no replicate: the same cell runs with the same seed
+    and the tables would count it twice with zero spread."""
+    for override in OverridesParser.create().parse_overrides(arguments):
+        if not override.is_sweep_override() or not isinstance(override.value(), (ChoiceSweep, RangeSweep)):
+            continue
+        seen: dict[Any, Any] = {}
+        for value in override.sweep_iterator(transformer=lambda x: x):
+            same = _comparable(value)
+            if same in seen:
+                key, listed = override.get_key_element(), override.input_line.split("=", 1)[-1]
+                return (
+                    f"{key}: the value {value!r} is listed twice in the sweep ({listed}); "
+                    "a repeated value is not a replicate (same cell, same seed): list each value once, and use "
+                    "replicates=N for several seeds"
+                )
+            seen[same] = value
+    return None
+
+
+def _comparable(value: Any) -> Any:
+    """What makes two parsed sweep values the same value: numbers by value (1e-3 == 0.001, 1 == 1.0), the
+    rest by type and text."""
+    if isinstance(value, bool):
+        return ("bool", value)
+    if isinstance(value, (int, float)):
+        return ("number", float(value))
+    if isinstance(value, str):
+        return ("str", value)
+    return (type(value).__name__, repr(value))
+
+
 def grid_cells(space: dict[str, BaseDistribution]) -> list[dict[str, Any]]:
     """Every cell of an all-categorical space, in a fixed order."""
     if any(not isinstance(d, CategoricalDistribution) for d in space.values()):

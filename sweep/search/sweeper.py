@@ -252,6 +252,9 @@ class OptunaSweeperImpl(Sweeper):
                 f"replicates={replicates}: the optuna sweeper runs replicates with hydra.sweeper.sampler.name=grid "
                 "only (a search or frontier samples one seed per trial); use the grid sweeper, or the grid sampler"
             )
+        repeated = search_space.repeated_value(args)
+        if repeated:
+            raise ConfigError(repeated)
         space, fixed = search_space.parse(args + extra)
         if not space:
             raise ConfigError(
