@@ -456,6 +456,15 @@ def cases() -> list[Case]:
                 quick=over.startswith(("threads", "data.channels")),
             )
         )
+    # Finding (issue 33): one size on a ladder was ignored (the ladder's sizes ran).
+    for ladder, single in (("width", "model.width=32"), ("depth", "model.depth=2")):
+        cs.append(
+            Case(
+                f"+ladder={ladder} {single}",
+                sweep("-m", f"+ladder={ladder}", single, "hydra.sweep.dir={d}/s", "steps=2"),
+                exit2_naming(single.split("=")[0]),
+            )
+        )
     # Finding (issue 33): a repeated value in a sweep axis is not a replicate.
     for axis in ("optim.lr=1e-3,1e-3,3e-2", "optim.lr=1e-3,0.001", "precision=fp32,bf16_amp,fp32"):
         cs.append(

@@ -114,3 +114,29 @@ def test_a_real_size_grid_gives_a_ladder_table(tmp_path):
     assert len(runs) == 9 and set(runs.status) <= {"stable", "diverged"}
     table = summarize(runs, ladder_target=256).ladder
     assert table.attrs["axis"] == "model.width" and table.loc["all"].sizes + table.loc["all"].left_out == 3
+
+
+@pytest.mark.parametrize("ladder,single", [("width", "model.width=32"), ("depth", "model.depth=2")])
+def test_a_single_size_on_a_ladder_is_refused_saying_what_to_write(tmp_path, ladder, single):
+    """issue 33: `+ladder=width model.width=32` ignored the single width and ran 32, 64 and 128 (only a comma
+    list replaced the ladder's sizes). Now one line names the list to write instead, before any run."""
+    key = single.split("=")[0]
+    with pytest.raises(ConfigError, match=rf"^{key}: this sweep already sweeps {key} over .* \({key}=a,b,\.\.\.\)"):
+        multirun_in_process(tmp_path / "s", f"+ladder={ladder}", single, "steps=2", "ledger.enabled=false")
+    assert not list((tmp_path / "s").glob("*/result.json"))
+
+
+def test_a_list_replaces_the_ladders_sizes_and_the_comments_advice_is_accepted():
+    from pathlib import Path
+
+    from sweep.search.space import shadowed_axis
+
+    params = ["model.width=32,64,128", "optim.lr=tag(log,interval(1e-4,1.0))"]
+    assert shadowed_axis(params, ["model.width=32,64,128,256", "precision=fp32"]) is None
+    assert shadowed_axis(params, ["model.width=32"]) is not None
+    for name, key in (("width", "model.width"), ("depth", "model.depth")):
+        text = (Path(__file__).parents[1] / "conf" / "ladder" / f"{name}.yaml").read_text()
+        advice = [
+            w for line in text.splitlines() if line.startswith("#") for w in line.split() if w.startswith(key + "=")
+        ]
+        assert advice and all(shadowed_axis(params, [a.rstrip(";,.")]) is None for a in advice if "," in a), advice

@@ -121,11 +121,11 @@ class GridSweeper(BasicSweeper):
     def sweep(self, arguments: List[str]) -> Any:
         """Hydra's grid, plus the replicate seeds of `replicates=N` (sweep/search/replicates.py)."""
         from sweep.config import ConfigError
-        from sweep.search.space import repeated_value
+        from sweep.search.space import repeated_value, shadowed_axis
 
-        repeated = repeated_value([*self._parse_config(), *arguments])
-        if repeated:
-            raise ConfigError(repeated)
+        problem = repeated_value([*self._parse_config(), *arguments]) or shadowed_axis(self._parse_config(), arguments)
+        if problem:
+            raise ConfigError(problem)
         if self.frontier is not None:
             return self.frontier.sweep(arguments)
         from omegaconf import OmegaConf

@@ -69,6 +69,24 @@ def repeated_value(arguments: list[str]) -> str | None:
     return None
 
 
+def shadowed_axis(params: list[str], arguments: list[str]) -> str | None:
+    """A line for the first key that `hydra.sweeper.params` (`params`, as key=value) sweeps and the command
+    line gives one plain value, or None. The sweep would run every value of the axis anyway (the single
+    value is ignored: `+ladder=width model.width=32` ran 32, 64 and 128); a comma list replaces the axis."""
+    parser = OverridesParser.create()
+    swept = {o.get_key_element(): o for o in parser.parse_overrides(params) if o.is_sweep_override()}
+    for override in parser.parse_overrides(arguments):
+        key = override.get_key_element()
+        if key in swept and not override.is_sweep_override() and not override.is_delete():
+            axis = swept[key].input_line.split("=", 1)[-1]
+            return (
+                f"{key}: this sweep already sweeps {key} over {axis} (hydra.sweeper.params, e.g. from +ladder=...), "
+                f"so one value would be ignored; give the values to sweep as a list ({key}=a,b,...), which "
+                "replaces them, or leave out the config that sweeps it to run one value"
+            )
+    return None
+
+
 def _comparable(value: Any) -> Any:
     """What makes two parsed sweep values the same value: numbers by value (1e-3 == 0.001, 1 == 1.0), the
     rest by type and text."""

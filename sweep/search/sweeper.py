@@ -252,9 +252,10 @@ class OptunaSweeperImpl(Sweeper):
                 f"replicates={replicates}: the optuna sweeper runs replicates with hydra.sweeper.sampler.name=grid "
                 "only (a search or frontier samples one seed per trial); use the grid sweeper, or the grid sampler"
             )
-        repeated = search_space.repeated_value(args)
-        if repeated:
-            raise ConfigError(repeated)
+        params = [f"{k}={v}" for k, v in self.params.items()]
+        problem = search_space.repeated_value(args) or search_space.shadowed_axis(params, list(arguments))
+        if problem:
+            raise ConfigError(problem)
         space, fixed = search_space.parse(args + extra)
         if not space:
             raise ConfigError(
