@@ -703,6 +703,16 @@ def cases() -> list[Case]:
                 quick=name == "a list",
             )
         )
+    # Finding (issue 33): a ladder target with no logarithm.
+    for target in ("0", "-3", "inf"):
+        cs.append(
+            Case(
+                f"report --ladder-target {target}",
+                ["-m", "sweep.report", "{d}/sweepdir", "--no-html", "--ladder-target", target],
+                lambda o: None if o.rc == 2 and "--ladder-target" in o.err else f"exit {o.rc}",
+                setup=lambda d: copy_run(d),
+            )
+        )
     cs.append(
         Case(
             "report: no such dir",

@@ -657,6 +657,7 @@ def validate(run: RunConfig) -> RunConfig:
     )
     lad = run.ladder
     _require(lad.target is None or lad.target > 0, "ladder.target", f"must be > 0, got {lad.target}")
+    _require(lad.target is None or math.isfinite(lad.target), "ladder.target", f"must be finite, got {lad.target}")
     _require(0 < lad.confidence < 1, "ladder.confidence", f"must be in (0, 1), got {lad.confidence}")
     m = run.model
     _require(m.size in MODEL_SIZES, "model.size", f"unknown size {m.size!r}; choose one of {', '.join(MODEL_SIZES)}")

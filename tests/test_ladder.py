@@ -140,3 +140,20 @@ def test_a_list_replaces_the_ladders_sizes_and_the_comments_advice_is_accepted()
             w for line in text.splitlines() if line.startswith("#") for w in line.split() if w.startswith(key + "=")
         ]
         assert advice and all(shadowed_axis(params, [a.rstrip(";,.")]) is None for a in advice if "," in a), advice
+
+
+@pytest.mark.parametrize("target", ["0", "-3", "inf", "nan"])
+def test_a_ladder_target_with_no_logarithm_is_one_line_and_exit_2(tmp_path, capsys, target):
+    """issue 33: `python -m sweep.report DIR --ladder-target 0` (or -3) was a traceback (math domain error);
+    inf was accepted and predicted lr 0."""
+    from sweep.report.__main__ import main
+
+    power_law_sweep(tmp_path / "s", widths=(32, 64, 128))
+    assert main([str(tmp_path / "s"), "--no-html", "--ladder-target", target]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "--ladder-target: must be a finite width or depth > 0" in err[0], err
+
+
+def test_a_ladder_target_of_inf_in_the_config_is_refused():
+    with pytest.raises(Exception, match="ladder.target"):
+        make_run("+ladder=width", "ladder.target=1e400")
