@@ -561,6 +561,38 @@ def cases() -> list[Case]:
             )
         )
 
+    # Finding (issue 33): config mistakes that surfaced as crashed runs, and a custom model with no size limit.
+    import torch
+
+    no_cuda = None if not torch.cuda.is_available() else "this machine has CUDA: device=cuda is no mistake here"
+    cs.append(
+        Case(
+            "device=cuda without CUDA",
+            sweep("device=cuda", "hydra.run.dir={d}/run"),
+            exit2_naming("device"),
+            skip=no_cuda,
+        )
+    )
+    cs.append(
+        Case(
+            "device=cuda:1 in a grid cell without CUDA",
+            sweep("-m", "device=cpu,cuda:1", "hydra.sweep.dir={d}/s", "steps=2"),
+            exit2_naming("device"),
+            skip=no_cuda,
+        )
+    )
+    for target in ("wrong_shape", "returns_a_tuple", "forward_raises", "huge"):
+        cs.append(
+            Case(
+                f"custom model {target}",
+                sweep(
+                    "model=custom", f"model.target=tests.custom_factories:{target}", "hydra.run.dir={d}/run", "steps=2"
+                ),
+                exit2_naming("model."),
+                timeout=60 if target == "huge" else 300,
+            )
+        )
+
     # Finding: resume from a checkpoint of another size or precision; variants: a manifest without bytes.
     ck = "{d}/sweepdir/0/checkpoints/step_000002"
     cs.append(

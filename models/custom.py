@@ -274,7 +274,88 @@ def build_custom_model(
     return CustomAdapter(module, target, attention, modulate, factory_is_image(load_factory(target)))
 
 
-def probe_factory(target: str, kwargs: dict, inputs: dict) -> None:
-    """Build the model once, leaving the global RNG as it was: CustomModelError when the factory fails."""
+PROBE_BATCH = 2
+"""Samples in the probe's forward: 2, so a model that mixes up the batch axis shows it (design.md, OpenDiT)."""
+
+
+class CustomModelTooBig(CustomModelError):
+    """The factory's model has more parameters than the limit (sweep/run/sizes.py PARAMS_LIMIT)."""
+
+
+def probe_factory(target: str, kwargs: dict, inputs: dict, params_limit: int | None = None) -> None:
+    """Count the model's parameters on the meta device against `params_limit`, then build it once and run one
+    forward on a tiny batch of the configured data shape, leaving the global RNG as it was: CustomModelError
+    when the factory fails, when forward(x, t) raises or does not return a tensor of x's shape (before, each
+    run ended `error` with a traceback), or CustomModelTooBig over the limit (before, a 4.3G-parameter
+    factory was built for real and SIGKILLed after 86 s).
+
+    A factory that cannot build on the meta device (it reads a tensor's values while it builds, e.g.
+    timm-style `torch.linspace(...).item()` drop-path rates, or loads weights it copies) is built for real,
+    as before this check, and counted then: that build is the one its runs would make anyway, but a huge
+    model of that kind can still exhaust memory in the probe. Such a factory should count itself small.
+    """
     with torch.random.fork_rng(devices=[]):
-        call_factory(target, dict(kwargs), inputs)
+        if params_limit is not None:
+            counted = meta_params(target, kwargs, inputs)
+            if counted is not None:
+                _check_params(target, counted, params_limit, "counted on the meta device")
+        module = call_factory(target, dict(kwargs), inputs)
+        if params_limit is not None:
+            _check_params(target, _params(module), params_limit, "built")
+        probe_forward(module, target, inputs, factory_is_image(load_factory(target)))
+
+
+def meta_params(target: str, kwargs: dict, inputs: dict) -> int | None:
+    """The factory's parameter count, built on the meta device (no memory); None when it cannot build there."""
+    factory = load_factory(target)
+    arguments = factory_arguments(factory, dict(kwargs), inputs)
+    try:
+        with torch.device("meta"):
+            module = factory(**arguments)
+    except Exception:  # noqa: BLE001  (a factory that needs real tensors: it is counted once built for real)
+        return None
+    return _params(module) if isinstance(module, nn.Module) else None
+
+
+def _params(module: nn.Module) -> int:
+    return sum(p.numel() for p in module.parameters())
+
+
+def _check_params(target: str, n: int, limit: int, how: str) -> None:
+    if n > limit:
+        raise CustomModelTooBig(
+            f"{target} would have {n / 1e6:,.1f}M parameters ({how}), over the {limit / 1e6:,.0f}M limit: "
+            "lower its size through model.kwargs"
+        )
+
+
+def probe_forward(module: nn.Module, target: str, inputs: dict, is_image: bool) -> None:
+    """One forward of `module` on CPU in float32, no gradients, on (PROBE_BATCH, C, [F,] H, W) and t (B,)."""
+    shape = (
+        PROBE_BATCH,
+        inputs["channels"],
+        *(() if is_image else (inputs["frames"],)),
+        inputs["height"],
+        inputs["width"],
+    )
+    torch.manual_seed(0)
+    x, t = torch.randn(shape), torch.tensor([10.0, 500.0])
+    was_training = module.training
+    try:
+        with torch.no_grad():
+            out = module(x, t)
+    except Exception as e:  # the user's code: one line
+        message = str(e).strip().splitlines()[0] if str(e).strip() else ""
+        raise CustomModelError(
+            f"{target}: forward(x, t) on a batch of shape {tuple(shape)} raised {type(e).__name__}: {message}"
+        ) from e
+    finally:
+        module.train(was_training)
+    if not isinstance(out, Tensor):
+        raise CustomModelError(
+            f"{target}: forward(x, t) must return a tensor of x's shape {tuple(shape)}, got {type(out).__name__}"
+        )
+    if tuple(out.shape) != tuple(shape):
+        raise CustomModelError(
+            f"{target}: forward(x, t) must return a prediction of x's shape {tuple(shape)}, got {tuple(out.shape)}"
+        )

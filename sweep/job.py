@@ -20,7 +20,7 @@ from hydra.core.hydra_config import HydraConfig
 from hydra.core.override_parser.overrides_parser import OverridesParser
 from omegaconf import DictConfig, OmegaConf
 
-from sweep.config import ConfigError, RunConfig, check_inputs, enum_choices, to_run_config
+from sweep.config import ConfigError, RunConfig, check_device, check_inputs, enum_choices, to_run_config
 from sweep.errors import exiting_on_config_error
 from sweep.run.execute import execute
 from sweep.run.interrupt import StopOnSignal, stopping_on_signals
@@ -65,7 +65,7 @@ class JobSpec:
 
 def job_spec(cfg: DictConfig) -> JobSpec:
     """The current Hydra job as a JobSpec; raises ConfigError for a bad value."""
-    run = check_inputs(to_run_config(cfg))
+    run = check_device(check_inputs(to_run_config(cfg)))
     hc = HydraConfig.get()
     if run.replicates > 1 and hc.mode.name != "MULTIRUN":
         raise ConfigError(f"replicates={run.replicates}: runs each combination of a sweep with that many seeds; add -m")

@@ -107,3 +107,39 @@ class NotAModule:
 
 
 NOT_CALLABLE_C = len  # a builtin
+
+
+def returns_a_tuple(channels: int) -> nn.Module:
+    class Pair(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.w = nn.Parameter(torch.ones(()))
+
+        def forward(self, x, t):
+            return x * self.w, t
+
+    return Pair()
+
+
+def forward_raises(channels: int) -> nn.Module:
+    class Broken(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.w = nn.Parameter(torch.ones(()))
+
+        def forward(self, x, t):
+            raise RuntimeError("mat1 and mat2 shapes cannot be multiplied")
+
+    return Broken()
+
+
+def huge(channels: int, dim: int = 66_000) -> nn.Module:
+    """4.4G parameters: must be refused on the meta device, never built for real."""
+    return nn.Sequential(nn.Linear(dim, dim, bias=False))
+
+
+def needs_real_tensors(channels: int) -> nn.Module:
+    """Reads a tensor's value while it builds (timm's drop-path rates): cannot build on the meta device."""
+    rates = [x.item() for x in torch.linspace(0, 0.1, 2)]
+    assert rates[0] == 0.0
+    return tokens(channels)

@@ -132,6 +132,45 @@ def test_what_cannot_be_a_factory_is_refused_before_it_is_called(target, words, 
     assert not touched.exists()
 
 
+@pytest.mark.parametrize(
+    "target,words",
+    [
+        (
+            "tests.custom_factories:wrong_shape",
+            "must return a prediction of x's shape (2, 3, 4, 8, 8), got (2, 1, 4, 8, 8)",
+        ),
+        ("tests.custom_factories:returns_a_tuple", "must return a tensor of x's shape (2, 3, 4, 8, 8), got tuple"),
+        ("tests.custom_factories:forward_raises", "raised RuntimeError: mat1 and mat2 shapes cannot be multiplied"),
+    ],
+)
+def test_a_forward_of_the_wrong_shape_or_kind_is_refused_before_any_run(target, words):
+    """issue 33: these were runs ending `error` with a traceback (exit 0); the probe now runs one forward on a
+    batch of 2 of the configured data shape and checks the output is a tensor of the input's shape."""
+    with pytest.raises(ConfigError) as err:
+        check_inputs(custom(target, "model.kwargs={}"))
+    assert str(err.value).startswith("model.target: ") and words in str(err.value), str(err.value)
+
+
+def test_a_custom_model_over_the_parameter_limit_is_refused_from_the_meta_device_in_seconds():
+    """issue 33: a 4.3G-parameter factory was built for real and SIGKILLed after 86 s. It is now counted on
+    the meta device against the native models' 1,000M limit (sweep/run/sizes.py) before any real build."""
+    import time
+
+    t0 = time.perf_counter()
+    with pytest.raises(
+        ConfigError, match=r"^model.kwargs: .*huge would have 4,356.0M parameters \(counted on the meta"
+    ):
+        check_inputs(custom("tests.custom_factories:huge", "model.kwargs={}"))
+    assert time.perf_counter() - t0 < 5
+
+
+def test_a_factory_that_cannot_build_on_meta_is_built_for_real_and_counted():
+    from models.custom import meta_params
+
+    assert meta_params("tests.custom_factories:needs_real_tensors", {}, {"channels": 3}) is None
+    check_inputs(custom("tests.custom_factories:needs_real_tensors", "model.kwargs={}"))
+
+
 def test_a_factory_with_an_unresolvable_or_optional_module_annotation_is_called():
     for target in ("tests.custom_factories:unresolvable_annotation", "tests.custom_factories:module_or_none"):
         check_inputs(custom(target, "model.kwargs={}"))

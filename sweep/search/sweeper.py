@@ -44,7 +44,7 @@ from hydra.types import HydraContext, TaskFunction
 from omegaconf import DictConfig, OmegaConf
 from optuna.trial import TrialState
 
-from sweep.config import ConfigError, LedgerConfig, PrunerConfig, validate_pruner
+from sweep.config import ConfigError, LedgerConfig, PrunerConfig, check_device_name, launches_here, validate_pruner
 from sweep.run.interrupt import launch_forwarding_signals, stopping_on_signals
 from sweep.search import space as search_space
 from sweep.search.conf import PrunerName, SamplerConf, SamplerName, SweepMode
@@ -257,6 +257,8 @@ class OptunaSweeperImpl(Sweeper):
         if problem:
             raise ConfigError(problem)
         space, fixed = search_space.parse(args + extra)
+        if "device" not in space and launches_here(self.config):  # a swept device: each job checks its own
+            check_device_name(str(OmegaConf.select(self.config, "device", default="auto")))
         if not space:
             raise ConfigError(
                 "the optuna sweeper needs at least one swept axis (e.g. 'optim.lr=tag(log,interval(1e-5,1e-1))')"
