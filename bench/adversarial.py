@@ -593,6 +593,31 @@ def cases() -> list[Case]:
             )
         )
 
+    # Finding (issue 33): a released config with num_layers=100000 and no shrink took 182 s to refuse.
+    def deep_config(d: Path) -> None:
+        config = json.loads((REPO / "tests" / "data" / "diffusers_configs" / "cogvideox_2b.json").read_text())
+        (d / "deep.json").write_text(json.dumps({**config, "num_layers": 100_000}))
+
+    def refused_fast(o: Outcome) -> Optional[str]:
+        return exit2_naming("model.shrink")(o) or (None if o.extra.get("s", 0) < 30 else f"took {o.extra['s']:.0f} s")
+
+    def timed(case: Case, d: Path) -> Outcome:
+        t0 = time.time()
+        o = run(case.args, d, timeout=case.timeout)
+        o.extra["s"] = time.time() - t0
+        return o
+
+    cs.append(
+        Case(
+            "diffusers_config num_layers=100000, no shrink",
+            sweep("model=diffusers_config", "model.config={d}/deep.json", "hydra.run.dir={d}/run"),
+            refused_fast,
+            setup=deep_config,
+            driver=timed,
+            timeout=120,
+        )
+    )
+
     # Finding: resume from a checkpoint of another size or precision; variants: a manifest without bytes.
     ck = "{d}/sweepdir/0/checkpoints/step_000002"
     cs.append(
