@@ -618,6 +618,17 @@ def cases() -> list[Case]:
         )
     )
 
+    # Finding (issue 33): checkpoint.every silently turned windows off.
+    cs.append(
+        Case(
+            "checkpoint.every with monitor.sync_every=4",
+            sweep("checkpoint.every=1", "monitor.sync_every=4", "steps=2", "hydra.run.dir={d}/run"),
+            lambda o: (
+                verdict("stable")(o) or (None if "windows are off" in o.text else "windows turned off in silence")
+            ),
+        )
+    )
+
     # Finding: resume from a checkpoint of another size or precision; variants: a manifest without bytes.
     ck = "{d}/sweepdir/0/checkpoints/step_000002"
     cs.append(
