@@ -629,6 +629,26 @@ def cases() -> list[Case]:
         )
     )
 
+    # Finding (issue 33): a directory or a symlink loop as model.config said "no such file".
+    def loop(d: Path) -> None:
+        os.symlink(d / "b.json", d / "a.json")
+        os.symlink(d / "a.json", d / "b.json")
+
+    for name, arg, setup, words in [
+        ("a directory", "model.config={d}/cfgdir", lambda d: (d / "cfgdir").mkdir(), "a directory"),
+        ("a symlink loop", "model.config={d}/a.json", loop, "a symlink loop"),
+    ]:
+        cs.append(
+            Case(
+                f"model.config is {name}",
+                sweep("model=diffusers_config", arg, "hydra.run.dir={d}/run"),
+                lambda o, words=words: (
+                    exit2_naming("model.config")(o) or (None if words in o.err else f"does not say {words!r}")
+                ),
+                setup=setup,
+            )
+        )
+
     # Finding: resume from a checkpoint of another size or precision; variants: a manifest without bytes.
     ck = "{d}/sweepdir/0/checkpoints/step_000002"
     cs.append(

@@ -87,7 +87,7 @@ def read_config(path: str | None) -> dict:
         )
     p = Path(path)
     if not p.is_file():
-        raise DiffusersConfigError("model.config", f"no such file: {path}")
+        raise DiffusersConfigError("model.config", f"{_not_a_file(p)}: {path}")
     try:
         config = json.loads(p.read_text(encoding="utf-8"))
     except (OSError, UnicodeDecodeError) as e:
@@ -101,6 +101,29 @@ def read_config(path: str | None) -> dict:
             "model.config", f"{path} has no _class_name: not a diffusers model config (a transformer/config.json)"
         )
     return config
+
+
+def _not_a_file(p: Path) -> str:
+    """What a path that is not a regular file is, in words (before, everything was "no such file")."""
+    import errno
+    import os
+
+    try:
+        os.stat(p)
+    except OSError as e:
+        if e.errno == errno.ELOOP:
+            return "a symlink loop (it never reaches a file)"
+        if e.errno == errno.ENOENT:
+            return "a broken symlink (its target does not exist)" if p.is_symlink() else "no such file"
+        if e.errno in (errno.EACCES, errno.EPERM):
+            return "permission denied"
+        if e.errno == errno.ENOTDIR:
+            return "no such file (a part of the path is a file, not a folder)"
+        return f"cannot be read ({os.strerror(e.errno) if e.errno else type(e).__name__})"
+    if p.is_dir():
+        hint = " (give its config.json)" if (p / "config.json").is_file() else ""
+        return f"a directory, not a config.json file{hint}"
+    return "not a regular file (a device, pipe or socket)"
 
 
 def zoo_name(config: dict, path: str) -> str:

@@ -386,3 +386,28 @@ def test_the_extrapolated_count_equals_the_built_count(stem):
 
     released = resolve(path(stem), {}, channels=4, frames=4, height=8, width=8, patch_size=2)
     assert count_parameters(released) == _meta_count(released, {})
+
+
+@pytest.mark.parametrize(
+    "kind,words",
+    [
+        ("dir", "a directory, not a config.json file (give its config.json)"),
+        ("loop", "a symlink loop (it never reaches a file)"),
+        ("broken", "a broken symlink (its target does not exist)"),
+        ("missing", "no such file"),
+    ],
+)
+def test_model_config_that_is_no_file_says_what_it_is(kind, words, tmp_path):
+    """issue 33: a directory or a symlink loop given as model.config said "no such file"."""
+    target = tmp_path / "x"
+    if kind == "dir":
+        target.mkdir()
+        (target / "config.json").write_text("{}")
+    elif kind == "loop":
+        os.symlink(tmp_path / "y", target)
+        os.symlink(target, tmp_path / "y")
+    elif kind == "broken":
+        os.symlink(tmp_path / "gone.json", target)
+    with pytest.raises(ConfigError) as err:
+        make_run("model=diffusers_config", f"model.config={target}")
+    assert str(err.value) == f"model.config: {words}: {target}", str(err.value)
