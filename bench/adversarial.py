@@ -1003,6 +1003,35 @@ def cases() -> list[Case]:
         )
     )
 
+    # Finding (issue 33): a cell re-run after its result.json was deleted left two live trials for it.
+    def delete_and_rerun(case: Case, d: Path) -> Outcome:
+        first = run(case.args, d, timeout=case.timeout)
+        (d / "s" / "0" / "result.json").unlink(missing_ok=True)
+        o = run(case.args, d, timeout=case.timeout)
+        o.extra["first_rc"] = first.rc
+        return o
+
+    def old_trial_superseded(o: Outcome) -> Optional[str]:
+        if o.extra["first_rc"] != 0 or o.rc != 0:
+            return f"exits {o.extra['first_rc']}, {o.rc}"
+        con = sqlite3.connect(o.dir / "s" / "ledger.db")
+        try:
+            marked = con.execute("select count(*) from trial_user_attributes where key='superseded_by'").fetchone()[0]
+            trials = con.execute("select count(*) from trials").fetchone()[0]
+        finally:
+            con.close()
+        return None if (trials, marked) == (3, 1) else f"{trials} trials, {marked} marked superseded"
+
+    cs.append(
+        Case(
+            "re-run a cell whose result.json was deleted",
+            sweep("-m", "optim.lr=1e-3,2e-3", "hydra.sweep.dir={d}/s", "steps=2"),
+            old_trial_superseded,
+            driver=delete_and_rerun,
+            timeout=400,
+        )
+    )
+
     # Finding: kill -9 and the same command again (grid and Optuna grid).
     grid = sweep("-m", "optim.lr=1e-3,2e-3,3e-3,4e-3", "hydra.sweep.dir={d}/s", "steps=6")
     cs.append(Case("kill -9 a grid, rerun", grid, every_cell_once(4), driver=kill9_rerun, quick=True, timeout=600))

@@ -379,3 +379,27 @@ def test_a_bare_postgresql_url_gets_the_installed_driver(monkeypatch, psycopg3):
     ]
     if not psycopg3:
         assert create_engine(handed[0]).dialect.driver == "psycopg2"
+
+
+def test_a_rerun_cell_marks_its_earlier_trial_superseded_and_the_report_counts_it_once(tmp_path):
+    """issue 33: a cell re-run after its result.json was deleted left two trials for one job directory."""
+    from sweep.report.study import runs_from_study
+    from sweep.search.ledger import SUPERSEDED_ATTR
+
+    from .conftest import multirun_in_process
+
+    sweep_dir = tmp_path / "s"
+    grid = ("steps=2", "optim.lr=1e-3,2e-3")
+    multirun_in_process(sweep_dir, *grid)
+    (sweep_dir / "0" / "result.json").unlink()
+    multirun_in_process(sweep_dir, *grid)  # the resume re-runs cell 0 only
+    url = f"sqlite:///{sweep_dir / 'ledger.db'}"
+    trials = only_study(url).trials
+    assert len(trials) == 3
+    by_number = {t.number: t for t in trials}
+    (old,) = [t for t in trials if t.user_attrs.get(SUPERSEDED_ATTR) is not None]
+    new = by_number[old.user_attrs[SUPERSEDED_ATTR]]
+    assert new.number > old.number and new.user_attrs["run_dir"] == old.user_attrs["run_dir"]
+    assert old.user_attrs["status"] == "stable" and old.state is TrialState.COMPLETE  # the contract's attrs stand
+    runs, _ = runs_from_study(url)
+    assert len(runs) == 2 and sorted(runs.run_dir) == sorted({t.user_attrs["run_dir"] for t in trials})
