@@ -171,7 +171,13 @@ def run_identity(config: DictConfig) -> dict:
 
     tree = OmegaConf.to_container(config, resolve=False, enum_to_str=True)
     walk({k: v for k, v in tree.items() if k != "hydra" and k not in NOT_WHAT_RUNS}, "")
+    for key in RESUME_OF_THE_SAME_RUN:
+        flat.pop(key, None)
     return flat
+
+
+RESUME_OF_THE_SAME_RUN = ("checkpoint.resume_from", "checkpoint.resume_optimizer")
+"""Keys that resume a run from its checkpoint rather than make another run: the same run dir takes them."""
 
 
 def check_run_dir(config: DictConfig) -> None:

@@ -53,6 +53,16 @@ def test_a_run_dir_holding_a_run_of_another_config_is_refused_and_the_same_confi
     check_run_dir(
         _hydra_cfg("steps=2", "optim.lr=0.001", "ledger.enabled=false", "threads=2", f"hydra.run.dir={run_dir}")
     )
+    # Resuming that run from its own checkpoint is the same run too.
+    check_run_dir(
+        _hydra_cfg(
+            "steps=2",
+            "optim.lr=0.001",
+            "ledger.enabled=false",
+            f"checkpoint.resume_from={run_dir}",
+            f"hydra.run.dir={run_dir}",
+        )
+    )
     with pytest.raises(ConfigError, match="optim.lr=0.001 there, 0.03 here"):
         check_run_dir(_hydra_cfg("steps=2", "optim.lr=3e-2", "ledger.enabled=false", f"hydra.run.dir={run_dir}"))
 
