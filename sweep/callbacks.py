@@ -139,8 +139,11 @@ def claim_sweep_dir(config: DictConfig) -> None:
         fcntl.flock(fd, fcntl.LOCK_SH)  # dropped at the end of the sweep, or when this process dies
         _ALIVE_HELD[str(sweep_dir)] = fd
         tmp = sweep_dir / f"{_CLAIM}.{os.getpid()}"
-        tmp.write_text(json.dumps({"pid": os.getpid(), "identity": ours}))
-        os.replace(tmp, sweep_dir / _CLAIM)  # still under the lock: the next sweep reads whole claims only
+        try:
+            tmp.write_text(json.dumps({"pid": os.getpid(), "identity": ours}))
+            os.replace(tmp, sweep_dir / _CLAIM)  # still under the lock: the next sweep reads whole claims only
+        except OSError:  # a full disk: the live lock still refuses other sweeps (and Optuna workers that would join)
+            tmp.unlink(missing_ok=True)
 
 
 def _read_claim(sweep_dir: Path) -> dict:
