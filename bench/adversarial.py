@@ -130,6 +130,24 @@ def no_secret(o: Outcome) -> Optional[str]:
     return None
 
 
+def with_env(extra: dict) -> Callable[["Case", Path], Outcome]:
+    def driver(case: "Case", d: Path) -> Outcome:
+        return run(case.args, d, timeout=case.timeout, env={**ENV, **extra})
+
+    return driver
+
+
+def secret_nowhere(o: Outcome) -> Optional[str]:
+    if o.rc != 0:
+        return f"exit {o.rc}, not 0"
+    if "cr3t" in o.text:
+        return "the secret is printed"
+    for p in o.dir.rglob("*"):
+        if p.is_file() and b"cr3t" in p.read_bytes():
+            return f"the secret is written in {p.relative_to(o.dir)}"
+    return None
+
+
 def base_run(d: Path, name: str = "base", *extra: str) -> Path:
     """A real 2-step run (with checkpoints) to copy from: made once per bench, copied per case."""
     cache = BASE / name
@@ -292,6 +310,78 @@ def every_cell_once(cells: int, optuna: bool = False) -> Check:
     return check
 
 
+_AT_ONCE = """
+import os, sys, time
+from pathlib import Path
+barrier = Path(sys.argv[1])
+sys.argv = [sys.argv[2], *sys.argv[3:]]
+from sweep.__main__ import main  # the imports first: every process then reaches the claim at once
+(barrier / f"ready.{os.getpid()}").touch()
+while not (barrier / "go").exists():
+    time.sleep(0.01)
+time.sleep(max(0.0, float((barrier / "go").read_text()) - time.time()))
+main()
+"""
+
+
+def at_once(n: int) -> Callable[[Case, Path], Outcome]:
+    """Start n copies of the case's command (the last with seed=1: another sweep) held at a barrier until
+    all are ready, then released at the same moment."""
+
+    def driver(case: Case, d: Path) -> Outcome:
+        barrier = d / "barrier"
+        barrier.mkdir()
+        args = [str(a).replace("{d}", str(d)) for a in case.args[2:]]  # after "-m sweep"
+        commands = [args] * (n - 1) + [[*args, "seed=1"]]
+        procs = [
+            subprocess.Popen(
+                [PY, "-c", _AT_ONCE, str(barrier), "sweep", *c],
+                cwd=d,
+                env=ENV,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.PIPE,
+                text=True,
+            )
+            for c in commands
+        ]
+        deadline = time.time() + 120
+        while len(list(barrier.glob("ready.*"))) < n and time.time() < deadline:
+            time.sleep(0.05)
+        (barrier / "go").write_text(str(time.time() + 0.3))
+        outs = [p.communicate(timeout=case.timeout) for p in procs]
+        ran = [i for i, p in enumerate(procs) if p.returncode == 0]
+        main = ran[0] if ran else 0
+        o = Outcome(procs[main].returncode, outs[main][0], outs[main][1], d)
+        o.extra["codes"] = [p.returncode for p in procs]
+        o.extra["refused"] = [outs[i][1] for i, p in enumerate(procs) if p.returncode == 2]
+        return o
+
+    return driver
+
+
+def one_of_many_ran(o: Outcome) -> Optional[str]:
+    codes = sorted(o.extra["codes"])
+    if codes != [0] + [2] * (len(codes) - 1):
+        return f"exit statuses {o.extra['codes']}: not one run and the others refused"
+    for err in o.extra["refused"]:
+        if len([ln for ln in err.splitlines() if ln.strip()]) != 1:
+            return f"a refusal is not one line: {err.strip()[:120]}"
+    db = o.dir / "s" / "ledger.db"
+    dirs = [t for t in ledger_run_dirs(db)] if db.exists() else []
+    if len(dirs) != len(set(dirs)) or len(dirs) != 2:
+        return f"ledger trials per job dir: {dirs}"
+    return None
+
+
+def ledger_run_dirs(db: Path) -> list:
+    con = sqlite3.connect(db)
+    try:
+        rows = con.execute("select value_json from trial_user_attributes where key='run_dir'").fetchall()
+        return [json.loads(v) for (v,) in rows]
+    finally:
+        con.close()
+
+
 # -- the cases ------------------------------------------------------------------------------------------
 
 FLOAT_KEYS = [
@@ -366,6 +456,37 @@ def cases() -> list[Case]:
                 quick=over.startswith(("threads", "data.channels")),
             )
         )
+    # Finding (issue 33): one size on a ladder was ignored (the ladder's sizes ran).
+    for ladder, single in (("width", "model.width=32"), ("depth", "model.depth=2")):
+        cs.append(
+            Case(
+                f"+ladder={ladder} {single}",
+                sweep("-m", f"+ladder={ladder}", single, "hydra.sweep.dir={d}/s", "steps=2"),
+                exit2_naming(single.split("=")[0]),
+            )
+        )
+    # Finding (issue 33): a repeated value in a sweep axis is not a replicate.
+    for axis in ("optim.lr=1e-3,1e-3,3e-2", "optim.lr=1e-3,0.001", "precision=fp32,bf16_amp,fp32"):
+        cs.append(
+            Case(
+                f"repeated grid value {axis}",
+                sweep("-m", axis, "hydra.sweep.dir={d}/s"),
+                exit2_naming(axis.split("=")[0]),
+            )
+        )
+    cs.append(
+        Case(
+            "repeated Optuna choice",
+            sweep(
+                "-m",
+                "hydra/sweeper=optuna_sweep",
+                "hydra.sweeper.sampler.name=grid",
+                "optim.lr=choice(1e-3,0.001)",
+                "hydra.sweep.dir={d}/s",
+            ),
+            exit2_naming("optim.lr"),
+        )
+    )
     cs.append(
         Case(
             "huge seed in a grid",
@@ -422,6 +543,111 @@ def cases() -> list[Case]:
             setup=lambda d: __import__("pickle").dump(_Bomb(str(d / "PWNED")), open(d / "bomb.pt", "wb")),
         )
     )
+
+    # Finding (issue 33): model.target names something that cannot be a model factory; it must not be called.
+    for target, kw in [
+        ("os:system", "model.kwargs={command:'touch {d}/PWNED'}"),
+        ("builtins:eval", "model.kwargs={}"),
+        ("collections:OrderedDict", "model.kwargs={}"),
+    ]:
+        cs.append(
+            Case(
+                f"model.target={target}",
+                sweep("model=custom", f"model.target={target}", kw, "hydra.run.dir={d}/run"),
+                lambda o: (
+                    exit2_naming("model.target")(o) or ("the factory ran" if (o.dir / "PWNED").exists() else None)
+                ),
+                quick=target == "os:system",
+            )
+        )
+
+    # Finding (issue 33): config mistakes that surfaced as crashed runs, and a custom model with no size limit.
+    import torch
+
+    no_cuda = None if not torch.cuda.is_available() else "this machine has CUDA: device=cuda is no mistake here"
+    cs.append(
+        Case(
+            "device=cuda without CUDA",
+            sweep("device=cuda", "hydra.run.dir={d}/run"),
+            exit2_naming("device"),
+            skip=no_cuda,
+        )
+    )
+    cs.append(
+        Case(
+            "device=cuda:1 in a grid cell without CUDA",
+            sweep("-m", "device=cpu,cuda:1", "hydra.sweep.dir={d}/s", "steps=2"),
+            exit2_naming("device"),
+            skip=no_cuda,
+        )
+    )
+    for target in ("wrong_shape", "returns_a_tuple", "forward_raises", "huge"):
+        cs.append(
+            Case(
+                f"custom model {target}",
+                sweep(
+                    "model=custom", f"model.target=tests.custom_factories:{target}", "hydra.run.dir={d}/run", "steps=2"
+                ),
+                exit2_naming("model."),
+                timeout=60 if target == "huge" else 300,
+            )
+        )
+
+    # Finding (issue 33): a released config with num_layers=100000 and no shrink took 182 s to refuse.
+    def deep_config(d: Path) -> None:
+        config = json.loads((REPO / "tests" / "data" / "diffusers_configs" / "cogvideox_2b.json").read_text())
+        (d / "deep.json").write_text(json.dumps({**config, "num_layers": 100_000}))
+
+    def refused_fast(o: Outcome) -> Optional[str]:
+        return exit2_naming("model.shrink")(o) or (None if o.extra.get("s", 0) < 30 else f"took {o.extra['s']:.0f} s")
+
+    def timed(case: Case, d: Path) -> Outcome:
+        t0 = time.time()
+        o = run(case.args, d, timeout=case.timeout)
+        o.extra["s"] = time.time() - t0
+        return o
+
+    cs.append(
+        Case(
+            "diffusers_config num_layers=100000, no shrink",
+            sweep("model=diffusers_config", "model.config={d}/deep.json", "hydra.run.dir={d}/run"),
+            refused_fast,
+            setup=deep_config,
+            driver=timed,
+            timeout=120,
+        )
+    )
+
+    # Finding (issue 33): checkpoint.every silently turned windows off.
+    cs.append(
+        Case(
+            "checkpoint.every with monitor.sync_every=4",
+            sweep("checkpoint.every=1", "monitor.sync_every=4", "steps=2", "hydra.run.dir={d}/run"),
+            lambda o: (
+                verdict("stable")(o) or (None if "windows are off" in o.text else "windows turned off in silence")
+            ),
+        )
+    )
+
+    # Finding (issue 33): a directory or a symlink loop as model.config said "no such file".
+    def loop(d: Path) -> None:
+        os.symlink(d / "b.json", d / "a.json")
+        os.symlink(d / "a.json", d / "b.json")
+
+    for name, arg, setup, words in [
+        ("a directory", "model.config={d}/cfgdir", lambda d: (d / "cfgdir").mkdir(), "a directory"),
+        ("a symlink loop", "model.config={d}/a.json", loop, "a symlink loop"),
+    ]:
+        cs.append(
+            Case(
+                f"model.config is {name}",
+                sweep("model=diffusers_config", arg, "hydra.run.dir={d}/run"),
+                lambda o, words=words: (
+                    exit2_naming("model.config")(o) or (None if words in o.err else f"does not say {words!r}")
+                ),
+                setup=setup,
+            )
+        )
 
     # Finding: resume from a checkpoint of another size or precision; variants: a manifest without bytes.
     ck = "{d}/sweepdir/0/checkpoints/step_000002"
@@ -501,8 +727,31 @@ def cases() -> list[Case]:
         ("/ in password", "ledger.storage=postgresql://me:s3/cr3t@db/x"),
         ("sweep of URLs", "ledger.storage=sqlite:///a.db,postgresql://me:s3cr3t@db/x"),
         ("mlflow URI", "logger.mlflow.tracking_uri=http://me:s3cr3t@mlflow:5000"),
+        # issue 33: every secret-bearing query key, libpq's and a tracking server's
+        ("?sslpassword= (libpq)", "ledger.storage=postgresql://me@db/x?sslpassword=s3cr3t"),
+        ("?SSLPassword= quoted", "ledger.storage='postgresql://me@db/x?sslmode=require&SSLPassword=s3cr3t'"),
+        ("mlflow ?token=", "logger.mlflow.tracking_uri=http://mlflow:5000?token=s3cr3t"),
+        ("mlflow ?api_key=", "logger.mlflow.tracking_uri='https://mlflow/api?x=1&api_key=s3cr3t'"),
     ]:
         cs.append(Case(f"password {name}", sweep(over, "hydra.run.dir={d}/run"), no_secret, quick=name == "?password="))
+    # issue 33: a secret in the query of a URL from the environment is masked everywhere it is written.
+    for name, over, env in [
+        (
+            "ledger",
+            "ledger.storage=${oc.env:SWEEP_LEDGER_URL}",
+            {"SWEEP_LEDGER_URL": "postgresql://me@127.0.0.1:9/x?sslpassword=s3cr3t"},
+        ),
+        ("mlflow", "logger.mlflow.tracking_uri=${oc.env:MY_URI}", {"MY_URI": "http://127.0.0.1:9/?token=s3cr3t"}),
+    ]:
+        extra = ["logger=mlflow", "logger.mlflow.retries=0"] if name == "mlflow" else ["ledger.lock_timeout_s=2"]
+        cs.append(
+            Case(
+                f"secret query key from the environment ({name})",
+                sweep(over, *extra, "hydra.run.dir={d}/run", "steps=2"),
+                secret_nowhere,
+                driver=with_env(env),
+            )
+        )
     cs.append(
         Case(
             "plain postgresql:// URL, server down",
@@ -540,6 +789,16 @@ def cases() -> list[Case]:
                 check,
                 setup=damaged_report(content),
                 quick=name == "a list",
+            )
+        )
+    # Finding (issue 33): a ladder target with no logarithm.
+    for target in ("0", "-3", "inf"):
+        cs.append(
+            Case(
+                f"report --ladder-target {target}",
+                ["-m", "sweep.report", "{d}/sweepdir", "--no-html", "--ladder-target", target],
+                lambda o: None if o.rc == 2 and "--ladder-target" in o.err else f"exit {o.rc}",
+                setup=lambda d: copy_run(d),
             )
         )
     cs.append(
@@ -671,6 +930,104 @@ def cases() -> list[Case]:
                 else f"exit {o.rc}, {len(list((o.dir / 's').glob('*/result.json')))} results"
             ),
             driver=two_sweeps,
+            timeout=400,
+        )
+    )
+
+    # Finding (issue 33): sweeps started at the same moment into one new sweep dir.
+    cs.append(
+        Case(
+            "three sweeps at once into one new sweep dir",
+            sweep("-m", "optim.lr=1e-3,2e-3", "hydra.sweep.dir={d}/s", "steps=2"),
+            one_of_many_ran,
+            driver=at_once(3),
+            timeout=400,
+        )
+    )
+
+    # Finding (issue 33): a single run into a sweep's root, or into a run dir of another config.
+    def sweep_root(d: Path) -> None:
+        (d / "s" / "0" / ".hydra").mkdir(parents=True)
+        (d / "s" / "multirun.yaml").write_text("hydra:\n  overrides:\n    task: [optim.lr=1e-3]\n")
+        (d / "s" / "0" / ".hydra" / "overrides.yaml").write_text("- optim.lr=1e-3\n")
+
+    cs.append(
+        Case(
+            "single run into a sweep's root",
+            sweep("steps=2", "hydra.run.dir={d}/s"),
+            lambda o: (
+                exit2_naming("hydra.run.dir")(o)
+                or ("wrote into the sweep" if (o.dir / "s" / "result.json").exists() else None)
+            ),
+            setup=sweep_root,
+        )
+    )
+
+    def then(first: list) -> Callable[[Case, Path], Outcome]:
+        def driver(case: Case, d: Path) -> Outcome:
+            before = run(first, d, timeout=case.timeout)
+            o = run(case.args, d, timeout=case.timeout)
+            o.extra["first_rc"] = before.rc
+            o.extra["first_result"] = (d / "run" / "result.json").read_text() if before.rc == 0 else None
+            return o
+
+        return driver
+
+    def unchanged_and(rc: int) -> Check:
+        def check(o: Outcome) -> Optional[str]:
+            if o.extra["first_rc"] != 0:
+                return f"the first run exits {o.extra['first_rc']}"
+            if o.rc != rc:
+                return f"exit {o.rc}, not {rc}"
+            if rc == 2 and (o.dir / "run" / "result.json").read_text() != o.extra["first_result"]:
+                return "the first run's result.json was overwritten"
+            return None
+
+        return check
+
+    first = sweep("steps=2", "optim.lr=1e-3", "ledger.enabled=false", "hydra.run.dir={d}/run")
+    cs.append(
+        Case(
+            "single run into a run dir of another config",
+            sweep("steps=2", "optim.lr=3e-2", "ledger.enabled=false", "hydra.run.dir={d}/run"),
+            unchanged_and(2),
+            driver=then(first),
+        )
+    )
+    cs.append(
+        Case(
+            "single run again into its run dir (same config)",
+            sweep("steps=2", "optim.lr=0.001", "ledger.enabled=false", "hydra.run.dir={d}/run"),
+            unchanged_and(0),
+            driver=then(first),
+        )
+    )
+
+    # Finding (issue 33): a cell re-run after its result.json was deleted left two live trials for it.
+    def delete_and_rerun(case: Case, d: Path) -> Outcome:
+        first = run(case.args, d, timeout=case.timeout)
+        (d / "s" / "0" / "result.json").unlink(missing_ok=True)
+        o = run(case.args, d, timeout=case.timeout)
+        o.extra["first_rc"] = first.rc
+        return o
+
+    def old_trial_superseded(o: Outcome) -> Optional[str]:
+        if o.extra["first_rc"] != 0 or o.rc != 0:
+            return f"exits {o.extra['first_rc']}, {o.rc}"
+        con = sqlite3.connect(o.dir / "s" / "ledger.db")
+        try:
+            marked = con.execute("select count(*) from trial_user_attributes where key='superseded_by'").fetchone()[0]
+            trials = con.execute("select count(*) from trials").fetchone()[0]
+        finally:
+            con.close()
+        return None if (trials, marked) == (3, 1) else f"{trials} trials, {marked} marked superseded"
+
+    cs.append(
+        Case(
+            "re-run a cell whose result.json was deleted",
+            sweep("-m", "optim.lr=1e-3,2e-3", "hydra.sweep.dir={d}/s", "steps=2"),
+            old_trial_superseded,
+            driver=delete_and_rerun,
             timeout=400,
         )
     )

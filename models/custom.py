@@ -26,8 +26,11 @@ Torch only: no sweep/ or Hydra imports (tests/test_layout.py).
 
 from __future__ import annotations
 
+import functools
 import importlib
 import inspect
+import types
+import typing
 from typing import Any, Callable
 
 import torch
@@ -67,7 +70,82 @@ def load_factory(target: str) -> Callable[..., Any]:
         obj = getattr(obj, part)
     if not callable(obj):
         raise CustomModelError(f"{target} is a {type(obj).__name__}, not callable")
+    check_factory_kind(obj, target)
     return obj
+
+
+_C_CALLABLES = (
+    types.BuiltinFunctionType,
+    types.BuiltinMethodType,
+    types.WrapperDescriptorType,
+    types.MethodWrapperType,
+    types.MethodDescriptorType,
+    types.ClassMethodDescriptorType,
+)
+
+
+def check_factory_kind(obj: Any, target: str) -> None:
+    """Refuse, before it is ever called, what cannot be a model factory: validating the config must not
+    run the user's callable with the user's kwargs (`model.target=os:system model.kwargs={command:...}`
+    ran a shell command before the "not a torch.nn.Module" refusal). Refused: a builtin or any other
+    callable implemented in C (os.system, a ufunc), a class that is not an nn.Module subclass, and a
+    function whose return annotation says it returns something other than an nn.Module. A function
+    without a return annotation, or with one that cannot be resolved, is allowed: it is called, and what
+    it returns is checked then (model.target runs code, as Hydra's `_target_` does: docs/models.md)."""
+    inner = obj
+    while isinstance(inner, functools.partial):
+        inner = inner.func
+    if inspect.isclass(inner):
+        if not issubclass(inner, nn.Module):
+            raise CustomModelError(f"{target} is the class {inner.__qualname__}, not a torch.nn.Module subclass")
+        return
+    if inspect.isbuiltin(inner) or isinstance(inner, _C_CALLABLES):
+        raise CustomModelError(f"{target} is a builtin ({type(inner).__name__}), not a model factory")
+    if inspect.ismethod(inner):
+        inner = inner.__func__
+    if not inspect.isfunction(inner):  # a callable object: its class's __call__ must be Python code
+        call = inspect.getattr_static(type(inner), "__call__", None)
+        if not inspect.isfunction(call):
+            raise CustomModelError(f"{target} is a {type(inner).__name__} implemented in C, not a model factory")
+        inner = call
+    returns = _return_annotation(inner)
+    if returns is not None and not _may_be_module(returns):
+        raise CustomModelError(
+            f"{target} is annotated to return {_annotation_name(returns)}, not a torch.nn.Module: not a model factory"
+        )
+
+
+def _return_annotation(fn: Callable[..., Any]) -> Any:
+    """The function's return annotation, string annotations resolved in its module; None when it has none
+    or it cannot be resolved (then nothing is claimed)."""
+    raw = getattr(fn, "__annotations__", {}).get("return", inspect.Signature.empty)
+    if raw is inspect.Signature.empty:
+        return None
+    try:
+        return typing.get_type_hints(fn).get("return", None if raw is None else raw)
+    except Exception:  # noqa: BLE001  (a name the module does not define, a typing construct it cannot evaluate)
+        return raw if not isinstance(raw, str) else None
+
+
+def _may_be_module(annotation: Any) -> bool:
+    """Whether a value of this annotated type may be an nn.Module (Any, a TypeVar, a Union with one...)."""
+    if annotation is None or annotation is type(None):
+        return False
+    if annotation is Any or isinstance(annotation, (typing.TypeVar, str)):
+        return True
+    origin = typing.get_origin(annotation)
+    if origin in (typing.Union, types.UnionType):
+        return any(_may_be_module(a) for a in typing.get_args(annotation))
+    if origin is typing.Annotated:
+        return _may_be_module(typing.get_args(annotation)[0])
+    if inspect.isclass(origin or annotation):
+        cls = origin or annotation
+        return issubclass(cls, nn.Module) or issubclass(nn.Module, cls)  # nn.Module itself, or object
+    return True  # a typing form we do not know: do not refuse on a guess
+
+
+def _annotation_name(annotation: Any) -> str:
+    return getattr(annotation, "__qualname__", None) or repr(annotation)
 
 
 def factory_is_image(factory: Callable[..., Any]) -> bool:
@@ -208,7 +286,88 @@ def build_custom_model(
     return CustomAdapter(module, target, attention, modulate, factory_is_image(load_factory(target)))
 
 
-def probe_factory(target: str, kwargs: dict, inputs: dict) -> None:
-    """Build the model once, leaving the global RNG as it was: CustomModelError when the factory fails."""
+PROBE_BATCH = 2
+"""Samples in the probe's forward: 2, so a model that mixes up the batch axis shows it (design.md, OpenDiT)."""
+
+
+class CustomModelTooBig(CustomModelError):
+    """The factory's model has more parameters than the limit (sweep/run/sizes.py PARAMS_LIMIT)."""
+
+
+def probe_factory(target: str, kwargs: dict, inputs: dict, params_limit: int | None = None) -> None:
+    """Count the model's parameters on the meta device against `params_limit`, then build it once and run one
+    forward on a tiny batch of the configured data shape, leaving the global RNG as it was: CustomModelError
+    when the factory fails, when forward(x, t) raises or does not return a tensor of x's shape (before, each
+    run ended `error` with a traceback), or CustomModelTooBig over the limit (before, a 4.3G-parameter
+    factory was built for real and SIGKILLed after 86 s).
+
+    A factory that cannot build on the meta device (it reads a tensor's values while it builds, e.g.
+    timm-style `torch.linspace(...).item()` drop-path rates, or loads weights it copies) is built for real,
+    as before this check, and counted then: that build is the one its runs would make anyway, but a huge
+    model of that kind can still exhaust memory in the probe. Such a factory should count itself small.
+    """
     with torch.random.fork_rng(devices=[]):
-        call_factory(target, dict(kwargs), inputs)
+        if params_limit is not None:
+            counted = meta_params(target, kwargs, inputs)
+            if counted is not None:
+                _check_params(target, counted, params_limit, "counted on the meta device")
+        module = call_factory(target, dict(kwargs), inputs)
+        if params_limit is not None:
+            _check_params(target, _params(module), params_limit, "built")
+        probe_forward(module, target, inputs, factory_is_image(load_factory(target)))
+
+
+def meta_params(target: str, kwargs: dict, inputs: dict) -> int | None:
+    """The factory's parameter count, built on the meta device (no memory); None when it cannot build there."""
+    factory = load_factory(target)
+    arguments = factory_arguments(factory, dict(kwargs), inputs)
+    try:
+        with torch.device("meta"):
+            module = factory(**arguments)
+    except Exception:  # noqa: BLE001  (a factory that needs real tensors: it is counted once built for real)
+        return None
+    return _params(module) if isinstance(module, nn.Module) else None
+
+
+def _params(module: nn.Module) -> int:
+    return sum(p.numel() for p in module.parameters())
+
+
+def _check_params(target: str, n: int, limit: int, how: str) -> None:
+    if n > limit:
+        raise CustomModelTooBig(
+            f"{target} would have {n / 1e6:,.1f}M parameters ({how}), over the {limit / 1e6:,.0f}M limit: "
+            "lower its size through model.kwargs"
+        )
+
+
+def probe_forward(module: nn.Module, target: str, inputs: dict, is_image: bool) -> None:
+    """One forward of `module` on CPU in float32, no gradients, on (PROBE_BATCH, C, [F,] H, W) and t (B,)."""
+    shape = (
+        PROBE_BATCH,
+        inputs["channels"],
+        *(() if is_image else (inputs["frames"],)),
+        inputs["height"],
+        inputs["width"],
+    )
+    torch.manual_seed(0)
+    x, t = torch.randn(shape), torch.tensor([10.0, 500.0])
+    was_training = module.training
+    try:
+        with torch.no_grad():
+            out = module(x, t)
+    except Exception as e:  # the user's code: one line
+        message = str(e).strip().splitlines()[0] if str(e).strip() else ""
+        raise CustomModelError(
+            f"{target}: forward(x, t) on a batch of shape {tuple(shape)} raised {type(e).__name__}: {message}"
+        ) from e
+    finally:
+        module.train(was_training)
+    if not isinstance(out, Tensor):
+        raise CustomModelError(
+            f"{target}: forward(x, t) must return a tensor of x's shape {tuple(shape)}, got {type(out).__name__}"
+        )
+    if tuple(out.shape) != tuple(shape):
+        raise CustomModelError(
+            f"{target}: forward(x, t) must return a prediction of x's shape {tuple(shape)}, got {tuple(out.shape)}"
+        )

@@ -87,7 +87,7 @@ def read_config(path: str | None) -> dict:
         )
     p = Path(path)
     if not p.is_file():
-        raise DiffusersConfigError("model.config", f"no such file: {path}")
+        raise DiffusersConfigError("model.config", f"{_not_a_file(p)}: {path}")
     try:
         config = json.loads(p.read_text(encoding="utf-8"))
     except (OSError, UnicodeDecodeError) as e:
@@ -101,6 +101,29 @@ def read_config(path: str | None) -> dict:
             "model.config", f"{path} has no _class_name: not a diffusers model config (a transformer/config.json)"
         )
     return config
+
+
+def _not_a_file(p: Path) -> str:
+    """What a path that is not a regular file is, in words (before, everything was "no such file")."""
+    import errno
+    import os
+
+    try:
+        os.stat(p)
+    except OSError as e:
+        if e.errno == errno.ELOOP:
+            return "a symlink loop (it never reaches a file)"
+        if e.errno == errno.ENOENT:
+            return "a broken symlink (its target does not exist)" if p.is_symlink() else "no such file"
+        if e.errno in (errno.EACCES, errno.EPERM):
+            return "permission denied"
+        if e.errno == errno.ENOTDIR:
+            return "no such file (a part of the path is a file, not a folder)"
+        return f"cannot be read ({os.strerror(e.errno) if e.errno else type(e).__name__})"
+    if p.is_dir():
+        hint = " (give its config.json)" if (p / "config.json").is_file() else ""
+        return f"a directory, not a config.json file{hint}"
+    return "not a regular file (a device, pipe or socket)"
 
 
 def zoo_name(config: dict, path: str) -> str:
@@ -198,13 +221,40 @@ def resolve(
     return Released(str(path), name, spec.cls_name, kwargs, dict(shrink), ignored)
 
 
+DEPTH_KEYS = ("num_layers", "num_single_layers", "num_refiner_layers")
+"""Block counts: a model's parameters grow linearly in each (its blocks of a kind are alike)."""
+
+COUNT_DIRECTLY_UP_TO = 16
+"""Total blocks up to which the model is built on the meta device as it is; above, it is counted at two small
+depths per block kind and extrapolated (num_layers=100000 built 100000 meta blocks: 182 s to refuse)."""
+
+
 def count_parameters(released: Released) -> int:
-    """Parameters of the model `released` describes, built on the meta device (no memory, ~0.2 s)."""
+    """Parameters of the model `released` describes, built on the meta device (no memory, ~0.2 s). A deep one
+    (over COUNT_DIRECTLY_UP_TO blocks) is counted as the native models are (sweep/run/sizes.py): at depths 2
+    and 4 of each block kind, extrapolated linearly; if the class cannot be built that small, it is built as it is."""
+    kw = released.kwargs
+    depths = {k: kw[k] for k in DEPTH_KEYS if isinstance(kw.get(k), int) and not isinstance(kw.get(k), bool)}
+    if sum(max(v, 0) for v in depths.values()) > COUNT_DIRECTLY_UP_TO:
+        try:
+            base = {k: 2 for k in depths}
+            at_base = _meta_count(released, base)
+            total = at_base
+            for k, n in depths.items():
+                per_two = _meta_count(released, {**base, k: 4}) - at_base
+                total += per_two * (n - 2) // 2
+            return total
+        except DiffusersConfigError:
+            pass  # a class that needs its real depths (a depth tied to another key): build it as it is
+    return _meta_count(released, {})
+
+
+def _meta_count(released: Released, depths: dict) -> int:
     import diffusers
 
     try:
         with torch.device("meta"):
-            model = getattr(diffusers, released.cls_name)(**released.kwargs)
+            model = getattr(diffusers, released.cls_name)(**{**released.kwargs, **depths})
     except Exception as e:  # the class's own checks of its arguments: one line naming the class
         raise DiffusersConfigError("model.shrink", f"{_what(released)} cannot be built: {_one_line(e)}") from e
     return sum(p.numel() for p in model.parameters())

@@ -40,7 +40,8 @@ def literal_password_arg(argv: list[str]) -> str | None:
     Hydra writes every override into .hydra/overrides.yaml, multirun.yaml and its log before any of
     our code runs, so a password must come in through the environment instead. Every URL in an
     override's value counts, however it is written (ledger.storage=URL, ledger={storage:URL}, a sweep
-    of URLs), and a password counts wherever the URL carries it (user:secret@, ?password=).
+    of URLs), and a password counts wherever the URL carries it (user:secret@, ?password=, and any query key
+    that names a secret: ?sslpassword=, ?token=, ?api_key=, sweep.run.urls.is_secret_key).
     """
     from sweep.search.ledger import url_has_password
 
@@ -84,7 +85,8 @@ def main() -> None:
             else "use ledger.storage='${oc.env:SWEEP_LEDGER_URL}' and export SWEEP_LEDGER_URL"
         )
         exit_config_error(
-            f"{key.lstrip('+~')}: do not put a password on the command line (Hydra saves it in its output files); {how}"
+            f"{key.lstrip('+~')}: do not put a password or other secret (a token, a key) on the command line"
+            f" (Hydra saves it in its output files); {how}"
         )
     user_wants_traceback = bool(os.environ.get("HYDRA_FULL_ERROR"))
     os.environ["HYDRA_FULL_ERROR"] = "1"  # let errors reach us so a user mistake can be one line

@@ -37,6 +37,8 @@ class OutputDirCheck(Callback):
 
     def on_run_start(self, config: DictConfig, **kwargs: Any) -> None:
         self._check(str(config.hydra.run.dir), "hydra.run.dir")
+        with exiting_on_config_error():
+            check_run_dir(config)
 
     def on_multirun_start(self, config: DictConfig, **kwargs: Any) -> None:
         self._check(str(config.hydra.sweep.dir), "hydra.sweep.dir")
@@ -57,7 +59,15 @@ NOT_WHAT_RUNS = ("threads", "progress", "log_every", "logger")
 may change them."""
 SWEEP_FILE = "multirun.yaml"  # Hydra's (and our Optuna sweeper's) saved config of the sweep owning the directory
 _ALIVE = ".sweep.alive"
+_CLAIM = ".sweep.claim"
 _ALIVE_HELD: dict[str, int] = {}
+
+
+def task_overrides(config: DictConfig) -> list[str]:
+    """The command's overrides as typed, unresolved: iterating Hydra's list resolves an override such as
+    ledger.storage=${oc.env:SWEEP_LEDGER_URL} into the URL it names, secrets included."""
+    node = OmegaConf.select(config, "hydra.overrides.task", default=None)
+    return [str(o) for o in OmegaConf.to_container(node, resolve=False)] if node is not None else []
 
 
 def sweep_identity(config: DictConfig) -> list[str]:
@@ -68,7 +78,7 @@ def sweep_identity(config: DictConfig) -> list[str]:
     may change a fixed value such as steps, or n_trials, as README "Resume" says), in any order; job
     directories are numbered by trial of the study, which the same sweep shares.
     """
-    overrides = [str(o) for o in OmegaConf.select(config, "hydra.overrides.task", default=None) or []]
+    overrides = task_overrides(config)
     target = str(OmegaConf.select(config, "hydra.sweeper._target_", default="") or "")
     if "optuna" not in target:
         return [target, *(o for o in overrides if not o.split("=", 1)[0].lstrip("+~").startswith(NOT_WHAT_RUNS))]
@@ -89,16 +99,33 @@ def claim_sweep_dir(config: DictConfig) -> None:
     other's <n>/result.json and mix their summaries. The directory belongs to the sweep whose
     multirun.yaml it holds, once that sweep has started a job there or while it is still live (it holds
     .sweep.alive); the same command again, the only way to resume (README, "Resume"), is the same sweep.
+
+    The decision and the claim are one step under an exclusive flock of .sweep.lock, and the claim names
+    its sweep in .sweep.claim before the lock is let go: a sweep started at the same moment sees a live
+    claim even though no multirun.yaml is written yet (before, both saw an empty directory and both ran).
+    While a sweep is live, a grid sweep is refused whatever its overrides (two grids number their job
+    directories alike); an Optuna sweep only joins the same sweep (several workers share one study). A
+    dead sweep's claim is free: the kernel drops its lock with the process.
     """
     sweep_dir = Path(str(config.hydra.sweep.dir))
     sweep_dir.mkdir(parents=True, exist_ok=True)
+    release_sweep_dir(sweep_dir)  # this process ran a sweep here before (in-process tests): that one is over
+    ours = sweep_identity(config)
     with open(sweep_dir / ".sweep.lock", "a") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)  # two sweeps starting at once decide one after the other
         saved = sweep_dir / SWEEP_FILE
         started = next(sweep_dir.rglob(".hydra/overrides.yaml"), None) is not None
+        if _sweep_alive(sweep_dir):
+            claim = _read_claim(sweep_dir)
+            if "optuna" not in ours[0] or claim.get("identity") != ours:
+                who = f" (pid {claim['pid']})" if isinstance(claim.get("pid"), int) else ""
+                raise ConfigError(
+                    f"hydra.sweep.dir: {sweep_dir} is in use by a sweep still running or starting{who}; wait for it"
+                    " to end (the same command then resumes it), or give this one its own hydra.sweep.dir"
+                )
         if saved.is_file() or started:
             theirs, why = saved_identity(saved)
-            if (started or _sweep_alive(sweep_dir)) and theirs != sweep_identity(config):
+            if started and theirs != ours:
                 if theirs is None:  # runs of a sweep no one can name: this one could be any other
                     raise ConfigError(
                         f"hydra.sweep.dir: {sweep_dir} holds runs of a sweep whose {SWEEP_FILE} {why}; restore it"
@@ -111,6 +138,91 @@ def claim_sweep_dir(config: DictConfig) -> None:
         fd = os.open(sweep_dir / _ALIVE, os.O_CREAT | os.O_RDWR, 0o644)
         fcntl.flock(fd, fcntl.LOCK_SH)  # dropped at the end of the sweep, or when this process dies
         _ALIVE_HELD[str(sweep_dir)] = fd
+        tmp = sweep_dir / f"{_CLAIM}.{os.getpid()}"
+        try:
+            tmp.write_text(json.dumps({"pid": os.getpid(), "identity": ours}))
+            os.replace(tmp, sweep_dir / _CLAIM)  # still under the lock: the next sweep reads whole claims only
+        except OSError:  # a full disk: the live lock still refuses other sweeps (and Optuna workers that would join)
+            tmp.unlink(missing_ok=True)
+
+
+def _read_claim(sweep_dir: Path) -> dict:
+    """The live sweep's .sweep.claim ({pid, identity}); {} when missing or unreadable (a sweep of an older
+    version, which is then refused as any other)."""
+    try:
+        claim = json.loads((sweep_dir / _CLAIM).read_text())
+        return claim if isinstance(claim, dict) else {}
+    except (OSError, ValueError):
+        return {}
+
+
+SWEEP_MARKS = (SWEEP_FILE, ".sweep.lock", ".sweep.alive", ".sweep.claim")
+"""Files only a sweep writes in its own directory: a run directory holding one is a sweep's root."""
+
+
+def run_identity(config: DictConfig) -> dict:
+    """What makes two single runs the same run: the composed config less `hydra` and NOT_WHAT_RUNS, flat,
+    unresolved (an ${oc.env:...} stays itself), as Hydra saves it in .hydra/config.yaml."""
+    flat: dict = {}
+
+    def walk(node, prefix: str) -> None:
+        if isinstance(node, dict) and node:
+            for k, v in node.items():
+                walk(v, f"{prefix}{k}.")
+        else:
+            flat[prefix[:-1]] = node
+
+    tree = OmegaConf.to_container(config, resolve=False, enum_to_str=True)
+    walk({k: v for k, v in tree.items() if k != "hydra" and k not in NOT_WHAT_RUNS}, "")
+    for key in RESUME_OF_THE_SAME_RUN:
+        flat.pop(key, None)
+    return flat
+
+
+RESUME_OF_THE_SAME_RUN = ("checkpoint.resume_from", "checkpoint.resume_optimizer")
+"""Keys that resume a run from its checkpoint rather than make another run: the same run dir takes them."""
+
+
+def check_run_dir(config: DictConfig) -> None:
+    """Refuse a hydra.run.dir (a single run, no -m) that holds a sweep or a run of another config, before
+    anything is written (raises ConfigError).
+
+    A run directory holds one run: the same config again reruns it as before (its checkpoints resume it),
+    but a run of other settings would overwrite its result.json, and a sweep's root would get a result.json
+    and a trial in that sweep's study.
+    """
+    run_dir = Path(str(config.hydra.run.dir))
+    if not run_dir.is_dir():
+        return
+    marks = [m for m in SWEEP_MARKS if (run_dir / m).exists()]
+    if marks or any(run_dir.glob("*/.hydra/overrides.yaml")):
+        why = marks[0] if marks else "job directories"
+        raise ConfigError(
+            f"hydra.run.dir: {run_dir} is the directory of a sweep (it holds {why}); give this run its own"
+            " hydra.run.dir"
+        )
+    saved = run_dir / ".hydra" / "config.yaml"
+    if not saved.is_file():
+        return
+    try:
+        loaded = OmegaConf.load(saved)
+        theirs = run_identity(loaded) if isinstance(loaded, DictConfig) else None
+    except Exception:  # noqa: BLE001  (damaged YAML: no one can say which run it was)
+        theirs = None
+    if theirs is None:
+        raise ConfigError(
+            f"hydra.run.dir: {run_dir} holds a run whose .hydra/config.yaml cannot be read; give this run its"
+            " own hydra.run.dir"
+        )
+    ours = run_identity(config)
+    differ = [k for k in sorted(set(theirs) | set(ours)) if theirs.get(k, "<unset>") != ours.get(k, "<unset>")]
+    if differ:
+        shown = ", ".join(f"{k}={theirs.get(k, '<unset>')} there, {ours.get(k, '<unset>')} here" for k in differ[:3])
+        more = f" and {len(differ) - 3} more" if len(differ) > 3 else ""
+        raise ConfigError(
+            f"hydra.run.dir: {run_dir} holds a run of another config ({shown}{more}); give this run its own"
+            " hydra.run.dir (the same config again reruns that one)"
+        )
 
 
 def saved_identity(saved: Path) -> tuple[list[str] | None, str]:
@@ -148,9 +260,8 @@ class TrackerSweep(Callback):
             return
         from sweep.run.mlflow_sink import start_sweep_run
 
-        overrides = OmegaConf.select(config, "hydra.overrides.task", default=None) or []
         try:
-            start_sweep_run(cfg, Path(config.hydra.sweep.dir), " ".join(str(o) for o in overrides))
+            start_sweep_run(cfg, Path(config.hydra.sweep.dir), " ".join(task_overrides(config)))
         except Exception as e:  # noqa: BLE001  (the runs log without a parent, or say why they could not)
             log.warning("logger mlflow: no parent run for this sweep: %s", e)
 

@@ -707,6 +707,7 @@ def validate(run: RunConfig) -> RunConfig:
     )
     lad = run.ladder
     _require(lad.target is None or lad.target > 0, "ladder.target", f"must be > 0, got {lad.target}")
+    _require(lad.target is None or math.isfinite(lad.target), "ladder.target", f"must be finite, got {lad.target}")
     _require(0 < lad.confidence < 1, "ladder.confidence", f"must be in (0, 1), got {lad.confidence}")
     m = run.model
     _require(m.size in MODEL_SIZES, "model.size", f"unknown size {m.size!r}; choose one of {', '.join(MODEL_SIZES)}")
@@ -916,6 +917,49 @@ def check_inputs(run: RunConfig) -> RunConfig:
     return run
 
 
+REMOTE_LAUNCHERS = ("slurm", "ray")
+"""Launchers whose jobs run on other machines (hydra.launcher._target_ holds one of these): the sweep's own
+process (a login node) cannot tell whether the device a run asks for is there, so only the job checks it."""
+
+
+def launches_here(config: Any) -> bool:
+    """Whether the Hydra config's launcher runs jobs on this machine (basic, joblib, submitit_local, packed)."""
+    target = str(OmegaConf.select(config, "hydra.launcher._target_", default="") or "").lower()
+    return not any(name in target for name in REMOTE_LAUNCHERS) or "local" in target
+
+
+def check_device(run: RunConfig) -> RunConfig:
+    """device=cuda (or cuda:N) where torch sees no such device is one line and exit 2 before any run (before,
+    each run ended `error` with a traceback). Call it where the run will run: in the job, and in the sweep's
+    process when its launcher runs the jobs there (launches_here)."""
+    check_device_name(run.device)
+    return run
+
+
+def check_device_name(device: str) -> None:
+    """check_device for a device name (raises ConfigError)."""
+    if not str(device).startswith("cuda"):
+        return
+    import torch
+
+    built = f"torch {torch.__version__}" + ("" if torch.version.cuda else ", built without CUDA")
+    _require(
+        torch.cuda.is_available(),
+        "device",
+        f"{device} asked for, but torch sees no CUDA device on this machine ({built}); use device=auto or cpu",
+    )
+    try:
+        index = torch.device(device).index
+    except RuntimeError:
+        raise ConfigError(f"device: must be auto, cpu, cuda or cuda:N, got {device!r}") from None
+    count = torch.cuda.device_count()
+    _require(
+        index is None or index < count,
+        "device",
+        f"{device} asked for, but torch sees {count} CUDA device(s) here (cuda:0..cuda:{count - 1})",
+    )
+
+
 RESUME_KEYS = (
     "model.arch",
     "model.size",
@@ -978,15 +1022,20 @@ def _probe_once(key: str, probe: Callable[[], None]) -> None:
 
 
 def _probe_custom(run: RunConfig) -> None:
-    """Build the custom model once (per distinct call): a factory that raises or returns no nn.Module is one
-    line and exit 2 before any run, not a crash in the middle of a sweep. Costs one model construction."""
-    from models.custom import CustomModelError, probe_factory
+    """Build the custom model once (per distinct call): a factory that raises or returns no nn.Module, a model
+    over the 1,000M-parameter limit (counted on the meta device first), or a forward that does not return a
+    tensor of x's shape is one line and exit 2 before any run, not a crash in the middle of a sweep. Costs one
+    model construction and one forward on a batch of 2."""
+    from models.custom import CustomModelError, CustomModelTooBig, probe_factory
+    from sweep.run.sizes import PARAMS_LIMIT
 
     m, inputs = run.model, run.model_inputs
 
     def probe() -> None:
         try:
-            probe_factory(m.target, m.kwargs, inputs)
+            probe_factory(m.target, m.kwargs, inputs, params_limit=PARAMS_LIMIT)
+        except CustomModelTooBig as e:
+            raise ConfigError(f"model.kwargs: {e}") from None
         except CustomModelError as e:
             raise ConfigError(f"model.target: {e}") from None
 

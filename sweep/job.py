@@ -20,12 +20,13 @@ from hydra.core.hydra_config import HydraConfig
 from hydra.core.override_parser.overrides_parser import OverridesParser
 from omegaconf import DictConfig, OmegaConf
 
-from sweep.config import ConfigError, RunConfig, check_inputs, enum_choices, to_run_config
+from sweep.config import ConfigError, RunConfig, check_device, check_inputs, enum_choices, to_run_config
 from sweep.errors import exiting_on_config_error
 from sweep.run.execute import execute
 from sweep.run.interrupt import StopOnSignal, stopping_on_signals
 from sweep.run.results import hold_run_dir, release_run_dir
 from sweep.run.trackers import open_sinks
+from sweep.run.urls import scrub
 from sweep.search.ledger import is_locked, mask_url, record_run, storage_error_line, storage_url
 from sweep.search.pending import mark_pending
 from sweep.search.pruning import pruning_hooks
@@ -64,13 +65,14 @@ class JobSpec:
 
 def job_spec(cfg: DictConfig) -> JobSpec:
     """The current Hydra job as a JobSpec; raises ConfigError for a bad value."""
-    run = check_inputs(to_run_config(cfg))
+    run = check_device(check_inputs(to_run_config(cfg)))
     hc = HydraConfig.get()
     if run.replicates > 1 and hc.mode.name != "MULTIRUN":
         raise ConfigError(f"replicates={run.replicates}: runs each combination of a sweep with that many seeds; add -m")
     if run.threads == 0:
         run = dataclasses.replace(run, threads=parallel_threads(hc))
-    params = swept_params(cfg, list(hc.overrides.task), dict(hc.runtime.choices))
+    # unresolved: a resolved ${oc.env:...} URL with ?key=value is no override grammar, and holds its secrets
+    params = swept_params(cfg, OmegaConf.to_container(hc.overrides.task, resolve=False), dict(hc.runtime.choices))
     run_dir = Path(hc.runtime.output_dir)
     hold_run_dir(run_dir)  # a report tells this job (running) from a killed one (interrupted); finish_job releases
     multirun = hc.mode.name == "MULTIRUN"
@@ -164,7 +166,7 @@ def record(run: RunConfig, sweep_dir: Path, run_dir: Path, result: dict) -> None
         return
     except Exception as e:  # noqa: BLE001
         url = mask_url(storage_url(run.ledger, sweep_dir))
-        error = storage_error_line(e).replace(run.ledger.storage or "\0", url)
+        error = scrub(storage_error_line(e).replace(run.ledger.storage or "\0", url), run.ledger.storage or "")
         locked = is_locked(e)
     later = f"it will be recorded at the end of the sweep, or by: python -m sweep.sync_ledger {sweep_dir}"
     if not mark_pending(run.ledger, sweep_dir, run_dir, run.monitor.spike_factor, error):

@@ -79,3 +79,67 @@ def wrong_shape(channels: int) -> nn.Module:
             return x[:, :1] * self.w
 
     return Half()
+
+
+def not_a_module_unannotated():
+    return 42
+
+
+def returns_none_annotated(channels: int) -> None:
+    raise AssertionError("called: a factory annotated to return None must be refused before any call")
+
+
+def returns_str_annotation(channels: int) -> "str":
+    raise AssertionError("called: a factory annotated to return str must be refused before any call")
+
+
+def unresolvable_annotation(channels: int) -> "NoSuchType":  # noqa: F821  (unresolvable: allowed, called)
+    return tokens(channels)
+
+
+def module_or_none(channels: int) -> "nn.Module | None":
+    return tokens(channels)
+
+
+class NotAModule:
+    def __init__(self, **kwargs):
+        raise AssertionError("called: a class that is no nn.Module must be refused before any call")
+
+
+NOT_CALLABLE_C = len  # a builtin
+
+
+def returns_a_tuple(channels: int) -> nn.Module:
+    class Pair(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.w = nn.Parameter(torch.ones(()))
+
+        def forward(self, x, t):
+            return x * self.w, t
+
+    return Pair()
+
+
+def forward_raises(channels: int) -> nn.Module:
+    class Broken(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.w = nn.Parameter(torch.ones(()))
+
+        def forward(self, x, t):
+            raise RuntimeError("mat1 and mat2 shapes cannot be multiplied")
+
+    return Broken()
+
+
+def huge(channels: int, dim: int = 66_000) -> nn.Module:
+    """4.4G parameters: must be refused on the meta device, never built for real."""
+    return nn.Sequential(nn.Linear(dim, dim, bias=False))
+
+
+def needs_real_tensors(channels: int) -> nn.Module:
+    """Reads a tensor's value while it builds (timm's drop-path rates): cannot build on the meta device."""
+    rates = [x.item() for x in torch.linspace(0, 0.1, 2)]
+    assert rates[0] == 0.0
+    return tokens(channels)

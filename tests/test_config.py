@@ -11,7 +11,7 @@ import pytest
 
 from sweep.config import ConfigError, RunConfig
 
-from .conftest import CONF_DIR, REPO, make_run
+from .conftest import CONF_DIR, FAST, REPO, make_run
 
 GROUPS = ["precision", "attention", "modulate", "model", "data", "optim", "objective", "monitor", "logger"]
 
@@ -267,3 +267,35 @@ def test_a_checkpoint_of_another_shape_or_dtype_is_refused_before_any_run(tmp_pa
         check_inputs(make_run(ckpt, "model.width=64"))
     with pytest.raises(ConfigError, match=r"precision.param_dtype=float32 there, float16 here"):
         check_inputs(make_run(ckpt, "precision=fp16_pure"))
+
+
+@pytest.mark.skipif(__import__("torch").cuda.is_available(), reason="needs a machine without CUDA")
+def test_device_cuda_without_cuda_is_one_line_before_any_run(tmp_path):
+    """issue 33: device=cuda on a machine without CUDA was a run ending `error` with a traceback, exit 0."""
+    proc = _sweep("device=cuda", "steps=2", *FAST, f"hydra.run.dir={tmp_path}/run", cwd=tmp_path)
+    lines = proc.stderr.strip().splitlines()
+    assert proc.returncode == 2 and len(lines) == 1, proc.stderr[-2000:]
+    assert lines[0].startswith("sweep: config error: device: cuda asked for, but torch sees no CUDA device")
+    assert not (tmp_path / "run" / "result.json").exists()
+
+
+@pytest.mark.skipif(__import__("torch").cuda.is_available(), reason="needs a machine without CUDA")
+def test_device_cuda_in_a_grid_cell_is_refused_before_the_first_run(tmp_path):
+    from .conftest import multirun_in_process
+
+    with pytest.raises(ConfigError, match=r"^device: cuda:1 asked for.* \(in the sweep cell"):
+        multirun_in_process(tmp_path / "s", "device=cpu,cuda:1", "steps=2", "ledger.enabled=false")
+    assert not list((tmp_path / "s").glob("*/result.json"))
+
+
+def test_a_remote_launcher_leaves_the_device_to_the_job():
+    from omegaconf import OmegaConf
+
+    from sweep.config import launches_here
+
+    def cfg(target):
+        return OmegaConf.create({"hydra": {"launcher": {"_target_": target}}})
+
+    assert not launches_here(cfg("hydra_plugins.hydra_submitit_launcher.submitit_launcher.SlurmLauncher"))
+    assert launches_here(cfg("hydra_plugins.hydra_submitit_launcher.submitit_launcher.LocalLauncher"))
+    assert launches_here(cfg("hydra._internal.core_plugins.basic_launcher.BasicLauncher"))

@@ -98,7 +98,7 @@ def test_custom_keys_are_refused_on_other_models(overrides, key):
     "target,words",
     [
         ("tests.custom_factories:raises", "raised RuntimeError: no weights for this size"),
-        ("tests.custom_factories:not_a_module", "returned int 42, not a torch.nn.Module"),
+        ("tests.custom_factories:not_a_module_unannotated", "returned int 42, not a torch.nn.Module"),
         ("examples.my_dit:build", "raised ValueError: depth must be even"),
     ],
 )
@@ -107,6 +107,87 @@ def test_a_failing_factory_is_a_config_error_before_any_run(target, words):
     with pytest.raises(ConfigError) as err:
         check_inputs(run)
     assert str(err.value).startswith("model.target: ") and words in str(err.value), str(err.value)
+
+
+@pytest.mark.parametrize(
+    "target,words",
+    [
+        ("os:system", "is a builtin"),
+        ("builtins:eval", "is a builtin"),
+        ("numpy:add", "implemented in C"),
+        ("tests.custom_factories:NotAModule", "not a torch.nn.Module subclass"),
+        ("tests.custom_factories:not_a_module", "annotated to return int"),
+        ("tests.custom_factories:returns_none_annotated", "annotated to return NoneType"),
+        ("tests.custom_factories:returns_str_annotation", "annotated to return str"),
+    ],
+)
+def test_what_cannot_be_a_factory_is_refused_before_it_is_called(target, words, tmp_path):
+    """issue 33: `model.target=os:system model.kwargs={command:...}` ran the command while the config was
+    validated, before the "not a torch.nn.Module" refusal. What cannot be a model factory is never called."""
+    touched = tmp_path / "PWNED"
+    kwargs = f"model.kwargs={{command:'touch {touched}'}}" if target.startswith("os:") else "model.kwargs={}"
+    with pytest.raises(ConfigError) as err:
+        check_inputs(custom(target, kwargs))
+    assert str(err.value).startswith("model.target: ") and words in str(err.value), str(err.value)
+    assert not touched.exists()
+
+
+@pytest.mark.parametrize(
+    "target,words",
+    [
+        (
+            "tests.custom_factories:wrong_shape",
+            "must return a prediction of x's shape (2, 3, 4, 8, 8), got (2, 1, 4, 8, 8)",
+        ),
+        ("tests.custom_factories:returns_a_tuple", "must return a tensor of x's shape (2, 3, 4, 8, 8), got tuple"),
+        ("tests.custom_factories:forward_raises", "raised RuntimeError: mat1 and mat2 shapes cannot be multiplied"),
+    ],
+)
+def test_a_forward_of_the_wrong_shape_or_kind_is_refused_before_any_run(target, words):
+    """issue 33: these were runs ending `error` with a traceback (exit 0); the probe now runs one forward on a
+    batch of 2 of the configured data shape and checks the output is a tensor of the input's shape."""
+    with pytest.raises(ConfigError) as err:
+        check_inputs(custom(target, "model.kwargs={}"))
+    assert str(err.value).startswith("model.target: ") and words in str(err.value), str(err.value)
+
+
+def test_a_custom_model_over_the_parameter_limit_is_refused_from_the_meta_device_in_seconds():
+    """issue 33: a 4.3G-parameter factory was built for real and SIGKILLed after 86 s. It is now counted on
+    the meta device against the native models' 1,000M limit (sweep/run/sizes.py) before any real build."""
+    import time
+
+    t0 = time.perf_counter()
+    with pytest.raises(
+        ConfigError, match=r"^model.kwargs: .*huge would have 4,356.0M parameters \(counted on the meta"
+    ):
+        check_inputs(custom("tests.custom_factories:huge", "model.kwargs={}"))
+    assert time.perf_counter() - t0 < 5
+
+
+def test_a_factory_that_cannot_build_on_meta_is_built_for_real_and_counted():
+    from models.custom import meta_params
+
+    assert meta_params("tests.custom_factories:needs_real_tensors", {}, {"channels": 3}) is None
+    check_inputs(custom("tests.custom_factories:needs_real_tensors", "model.kwargs={}"))
+
+
+def test_a_factory_with_an_unresolvable_or_optional_module_annotation_is_called():
+    for target in ("tests.custom_factories:unresolvable_annotation", "tests.custom_factories:module_or_none"):
+        check_inputs(custom(target, "model.kwargs={}"))
+
+
+def test_os_system_as_model_target_is_one_line_and_runs_nothing(tmp_path):
+    touched = tmp_path / "PWNED"
+    proc = _sweep(
+        "model=custom",
+        "model.target=os:system",
+        f"model.kwargs={{command:'touch {touched}'}}",
+        f"hydra.run.dir={tmp_path}/run",
+        cwd=REPO,
+    )
+    lines = proc.stderr.strip().splitlines()
+    assert proc.returncode == 2 and len(lines) == 1 and "model.target: os:system is a builtin" in lines[0], proc.stderr
+    assert not touched.exists()
 
 
 def _sweep(*args: str, cwd) -> subprocess.CompletedProcess:

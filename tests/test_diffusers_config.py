@@ -356,3 +356,58 @@ def test_lora_compile_and_packing_treat_it_as_a_diffusers_model(tmp_path):
     assert "cogvideox_2b.json is a diffusers model" in refusal(released_run("cogvideox_2b"))
     compiled = released_run("cogvideox_2b", "compile=true")
     assert "model.arch=diffusers_config" in compile_unsupported_reason(compiled, torch.device("cpu"))
+
+
+@pytest.mark.parametrize("stem", ["cogvideox_2b", "hunyuanvideo"])
+def test_a_very_deep_released_config_is_refused_in_seconds(stem, tmp_path):
+    """issue 33: `num_layers=100000` in the file, no shrink, built 100000 blocks on the meta device (182 s) to
+    refuse. A deep model is counted at depths 2 and 4 of each block kind and extrapolated."""
+    import time
+
+    config = json.loads(open(path(stem)).read())
+    config["num_layers"] = 100_000
+    deep = tmp_path / "config.json"
+    deep.write_text(json.dumps(config))
+    run = make_run(
+        *[
+            o if not o.startswith("model.config=") else f"model.config={deep}"
+            for o in released_run_overrides(stem, shrink={})
+        ]
+    )
+    t0 = time.perf_counter()
+    with pytest.raises(ConfigError, match=r"^model.shrink: .* would have [\d,]+M parameters, over the 100M"):
+        check_inputs(run)
+    assert time.perf_counter() - t0 < 10
+
+
+@pytest.mark.parametrize("stem", sorted(RELEASED))
+def test_the_extrapolated_count_equals_the_built_count(stem):
+    from models.diffusers_config import _meta_count, count_parameters, resolve
+
+    released = resolve(path(stem), {}, channels=4, frames=4, height=8, width=8, patch_size=2)
+    assert count_parameters(released) == _meta_count(released, {})
+
+
+@pytest.mark.parametrize(
+    "kind,words",
+    [
+        ("dir", "a directory, not a config.json file (give its config.json)"),
+        ("loop", "a symlink loop (it never reaches a file)"),
+        ("broken", "a broken symlink (its target does not exist)"),
+        ("missing", "no such file"),
+    ],
+)
+def test_model_config_that_is_no_file_says_what_it_is(kind, words, tmp_path):
+    """issue 33: a directory or a symlink loop given as model.config said "no such file"."""
+    target = tmp_path / "x"
+    if kind == "dir":
+        target.mkdir()
+        (target / "config.json").write_text("{}")
+    elif kind == "loop":
+        os.symlink(tmp_path / "y", target)
+        os.symlink(target, tmp_path / "y")
+    elif kind == "broken":
+        os.symlink(tmp_path / "gone.json", target)
+    with pytest.raises(ConfigError) as err:
+        make_run("model=diffusers_config", f"model.config={target}")
+    assert str(err.value) == f"model.config: {words}: {target}", str(err.value)

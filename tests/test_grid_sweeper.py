@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import pickle
 
 import pytest
@@ -97,3 +98,138 @@ def test_a_sweep_dir_with_runs_but_no_readable_multirun_yaml_is_refused(tmp_path
     assert len(err) == 1 and "multirun.yaml" in err[0] and "Traceback" not in err[0], err
     assert not (sweep_dir / "0" / "result.json").exists()
     assert list(runs_from_dirs(sweep_dir, starting_s=0).status) == ["interrupted"]
+
+
+_AT_ONCE = """
+import os, sys, time
+from pathlib import Path
+barrier = Path(sys.argv[1])
+sys.argv = ["sweep", *sys.argv[2:]]
+from sweep.__main__ import main  # the heavy imports first, so that every process reaches the claim at once
+(barrier / f"ready.{os.getpid()}").touch()
+while not (barrier / "go").exists():
+    time.sleep(0.01)
+time.sleep(max(0.0, float((barrier / "go").read_text()) - time.time()))
+main()
+"""
+
+
+def test_sweeps_started_at_the_same_moment_into_one_new_dir_run_one(tmp_path):
+    """Two of five sweeps started at once into one new sweep dir both ran (issue 33): each saw no
+    multirun.yaml yet. Now the claim names its sweep before the directory's lock is let go: exactly one runs,
+    the others exit 2 with one line, and the ledger holds one trial per job directory."""
+    import sqlite3
+    import subprocess
+    import sys
+    import time
+
+    from .conftest import FAST, REPO
+
+    barrier = tmp_path / "barrier"
+    barrier.mkdir()
+    sweep_dir = tmp_path / "s"
+    base = ["-m", *FAST, "threads=1", "steps=2", f"hydra.sweep.dir={sweep_dir}", "optim.lr=1e-3,2e-3"]
+    commands = [base, base, [*base, "seed=1"]]  # the same grid twice, and another sweep
+    env = {**os.environ, "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1"}
+    env.pop("HYDRA_FULL_ERROR", None)
+    procs = [
+        subprocess.Popen(
+            [sys.executable, "-c", _AT_ONCE, str(barrier), *c],
+            cwd=tmp_path,
+            env=env,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        for c in commands
+    ]
+    deadline = time.time() + 120
+    while len(list(barrier.glob("ready.*"))) < len(procs) and time.time() < deadline:
+        time.sleep(0.05)
+    (barrier / "go").write_text(str(time.time() + 0.3))
+    outs = [p.communicate(timeout=300) for p in procs]
+    codes = sorted(p.returncode for p in procs)
+    assert codes == [0, 2, 2], [(p.returncode, err[-1500:]) for p, (_, err) in zip(procs, outs)]
+    for p, (_, err) in zip(procs, outs):
+        if p.returncode == 2:
+            lines = [ln for ln in err.splitlines() if ln.strip()]
+            assert len(lines) == 1 and "hydra.sweep.dir" in lines[0] and "in use" in lines[0], err
+    con = sqlite3.connect(sweep_dir / "ledger.db")
+    try:
+        dirs = [
+            json.loads(v) for (v,) in con.execute("select value_json from trial_user_attributes where key='run_dir'")
+        ]
+    finally:
+        con.close()
+    assert sorted(dirs) == sorted(set(dirs)) and len(dirs) == 2, dirs
+    assert sorted(json.loads((sweep_dir / str(i) / "result.json").read_text())["status"] for i in range(2)) == [
+        "stable",
+        "stable",
+    ]
+
+
+def test_a_live_claim_without_multirun_yaml_refuses_another_sweep(tmp_path, capsys):
+    """The race above, staged: a live sweep that has claimed the directory but written nothing else yet."""
+    import fcntl
+
+    sweep_dir = tmp_path / "s"
+    sweep_dir.mkdir()
+    fd = os.open(sweep_dir / ".sweep.alive", os.O_CREAT | os.O_RDWR)
+    fcntl.flock(fd, fcntl.LOCK_SH)
+    try:
+        with pytest.raises(SystemExit) as exit_:
+            multirun_in_process(sweep_dir, "steps=2", "optim.lr=1e-3", "ledger.enabled=false")
+    finally:
+        os.close(fd)
+    assert exit_.value.code == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "still running or starting" in err[0], err
+    assert not (sweep_dir / "0").exists()
+
+
+@pytest.mark.parametrize(
+    "axis",
+    ["optim.lr=1e-3,1e-3,3e-2", "optim.lr=1e-3,0.001", "precision=fp32,bf16_amp,fp32", "seed=1,1.0"],
+)
+def test_a_repeated_value_in_a_sweep_axis_is_refused_before_any_run(tmp_path, axis):
+    """issue 33: `optim.lr=1e-3,1e-3,3e-2` ran one cell twice with the same seed, and the tables counted it
+    as "2 replicates" with zero spread. Values are compared after parsing: 1e-3 and 0.001 are one value."""
+    from sweep.config import ConfigError
+
+    with pytest.raises(ConfigError, match=r"is listed twice in the sweep .* not a replicate"):
+        multirun_in_process(tmp_path / "s", "steps=2", "ledger.enabled=false", axis)
+    assert not list((tmp_path / "s").glob("*/result.json"))
+
+
+def test_a_repeated_choice_in_an_optuna_sweep_is_refused(tmp_path):
+    from sweep.config import ConfigError
+
+    with pytest.raises(ConfigError, match=r"optim.lr: the value .* is listed twice"):
+        multirun_in_process(
+            tmp_path / "s",
+            "hydra/sweeper=optuna_sweep",
+            "hydra.sweeper.sampler.name=grid",
+            "optim.lr=choice(1e-3,0.001)",
+            "steps=2",
+        )
+
+
+def test_a_repeated_value_is_one_line_and_exit_2(tmp_path):
+    import subprocess
+    import sys
+
+    from .conftest import FAST, REPO
+
+    proc = subprocess.run(
+        [sys.executable, "-m", "sweep", "-m", *FAST, "optim.lr=1e-3,1e-3,3e-2", f"hydra.sweep.dir={tmp_path}/s"],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env={**os.environ, "PYTHONPATH": str(REPO)},
+    )
+    lines = [ln for ln in proc.stderr.splitlines() if ln.strip()]
+    assert proc.returncode == 2 and len(lines) == 1 and "optim.lr: the value 0.001 is listed twice" in lines[0], (
+        proc.stderr
+    )
+    assert not list((tmp_path / "s").glob("*/result.json"))

@@ -119,3 +119,46 @@ def test_a_real_size_grid_gives_a_ladder_table(tmp_path):
     assert len(runs) == 9 and set(runs.status) <= {"stable", "diverged"}
     table = summarize(runs, ladder_target=256).ladder
     assert table.attrs["axis"] == "model.width" and table.loc["all"].sizes + table.loc["all"].left_out == 3
+
+
+@pytest.mark.parametrize("ladder,single", [("width", "model.width=32"), ("depth", "model.depth=2")])
+def test_a_single_size_on_a_ladder_is_refused_saying_what_to_write(tmp_path, ladder, single):
+    """issue 33: `+ladder=width model.width=32` ignored the single width and ran 32, 64 and 128 (only a comma
+    list replaced the ladder's sizes). Now one line names the list to write instead, before any run."""
+    key = single.split("=")[0]
+    with pytest.raises(ConfigError, match=rf"^{key}: this sweep already sweeps {key} over .* \({key}=a,b,\.\.\.\)"):
+        multirun_in_process(tmp_path / "s", f"+ladder={ladder}", single, "steps=2", "ledger.enabled=false")
+    assert not list((tmp_path / "s").glob("*/result.json"))
+
+
+def test_a_list_replaces_the_ladders_sizes_and_the_comments_advice_is_accepted():
+    from pathlib import Path
+
+    from sweep.search.space import shadowed_axis
+
+    params = ["model.width=32,64,128", "optim.lr=tag(log,interval(1e-4,1.0))"]
+    assert shadowed_axis(params, ["model.width=32,64,128,256", "precision=fp32"]) is None
+    assert shadowed_axis(params, ["model.width=32"]) is not None
+    for name, key in (("width", "model.width"), ("depth", "model.depth")):
+        text = (Path(__file__).parents[1] / "conf" / "ladder" / f"{name}.yaml").read_text()
+        advice = [
+            w for line in text.splitlines() if line.startswith("#") for w in line.split() if w.startswith(key + "=")
+        ]
+        assert advice and all(shadowed_axis(params, [a.rstrip(";,.")]) is None for a in advice if "," in a), advice
+
+
+@pytest.mark.parametrize("target", ["0", "-3", "inf", "nan"])
+def test_a_ladder_target_with_no_logarithm_is_one_line_and_exit_2(tmp_path, capsys, target):
+    """issue 33: `python -m sweep.report DIR --ladder-target 0` (or -3) was a traceback (math domain error);
+    inf was accepted and predicted lr 0."""
+    from sweep.report.__main__ import main
+
+    power_law_sweep(tmp_path / "s", widths=(32, 64, 128))
+    assert main([str(tmp_path / "s"), "--no-html", "--ladder-target", target]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "--ladder-target: must be a finite width or depth > 0" in err[0], err
+
+
+def test_a_ladder_target_of_inf_in_the_config_is_refused():
+    with pytest.raises(Exception, match="ladder.target"):
+        make_run("+ladder=width", "ladder.target=1e400")

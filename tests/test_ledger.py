@@ -13,7 +13,7 @@ import pytest
 from optuna.trial import TrialState
 
 from sweep.config import LedgerConfig
-from sweep.search.ledger import CONSTRAINTS_KEY, mask_url, record_run, storage_url
+from sweep.search.ledger import CONSTRAINTS_KEY, mask_url, record_run, storage_url, url_has_password
 
 from .conftest import FAST, REPO
 
@@ -112,6 +112,31 @@ def test_mask_url_hides_the_password():
     assert mask_url("sqlite:///tmp/ledger.db") == "sqlite:///tmp/ledger.db"
 
 
+@pytest.mark.parametrize(
+    "url",
+    [
+        "postgresql://ann@db/sweeps?sslpassword=s3cret",
+        "postgresql://ann@db/sweeps?sslmode=require&SSLPASSWORD=s3cret",
+        "http://mlflow:5000?token=s3cret",
+        "https://mlflow/api/2.0?x=1&access_token=s3cret",
+        "http://mlflow:5000/?API_KEY=s3cret",
+        "mysql+pymysql://bob@h/db?passwd=s3cret",
+        "postgresql://ann@db/x?credentials=s3cret",
+        "https://store/path?sig=s3cret",
+    ],
+)
+def test_a_secret_query_key_is_a_password_and_is_masked(url):
+    """issue 33: ?sslpassword= (libpq) and ?token= were neither refused nor masked."""
+    assert url_has_password(url)
+    masked = mask_url(url)
+    assert "s3cret" not in masked and "***" in masked
+
+
+def test_a_url_without_a_secret_is_left_alone():
+    for url in ("postgresql://u@h/db?sslmode=require&application_name=x", "http://127.0.0.1:5000"):
+        assert not url_has_password(url) and mask_url(url).split("?")[0] == url.split("?")[0]
+
+
 def test_mask_url_hides_a_password_in_the_query_or_with_a_slash():
     assert mask_url("postgresql://ann@db/sweeps?password=s3cret") == "postgresql://ann@db/sweeps?password=***"
     assert mask_url("postgresql://ann:s3/cret@db/sweeps") == "postgresql://ann:***@db/sweeps"
@@ -130,6 +155,14 @@ def test_mask_url_hides_a_password_in_the_query_or_with_a_slash():
         ('ledger={storage:"postgresql://u:s3cret@localhost/db"}', "ledger"),
         ("ledger.storage=postgresql://u:s3/cret@localhost/db", "ledger.storage"),
         ("+ledger.storage=sqlite:///a.db,postgresql://u:s3cret@h/db", "+ledger.storage"),
+        # issue 33: libpq's sslpassword, a token, any secret-bearing query key, in any case
+        ("ledger.storage=postgresql://u@localhost/db?sslpassword=s3cret", "ledger.storage"),
+        ("ledger.storage='postgresql://u@h/db?sslmode=require&SSLPassword=s3cret'", "ledger.storage"),
+        ("logger.mlflow.tracking_uri=http://mlflow:5000?token=s3cret", "logger.mlflow.tracking_uri"),
+        ("logger.mlflow.tracking_uri='https://h/api?Access_Token=s3cret'", "logger.mlflow.tracking_uri"),
+        ("logger.mlflow.tracking_uri=http://h:5000/?api_key=s3cret", "logger.mlflow.tracking_uri"),
+        ("ledger.storage=mysql://u@h/db?client_secret=s3cret", "ledger.storage"),
+        ("ledger.storage=postgresql://u@h/db?auth_token=s3cret", "ledger.storage"),
     ],
 )
 def test_every_spelling_of_a_password_on_the_command_line_is_found(arg, key):
@@ -159,6 +192,8 @@ def test_a_storage_without_a_password_is_not_refused(arg):
     [
         "ledger.storage=postgresql://u:s3cret@localhost/db",
         "ledger.storage='postgresql://u@localhost/db?password=s3cret'",
+        "ledger.storage=postgresql://u@localhost/db?sslpassword=s3cret",
+        "logger.mlflow.tracking_uri=http://mlflow:5000?token=s3cret",
     ],
 )
 def test_password_on_the_command_line_is_refused_before_hydra_writes_it(tmp_path, arg):
@@ -170,8 +205,9 @@ def test_password_on_the_command_line_is_refused_before_hydra_writes_it(tmp_path
         env={**os.environ, "PYTHONPATH": str(REPO)},
         timeout=120,
     )
-    assert proc.returncode == 2 and "oc.env" in proc.stderr and "s3cret" not in proc.stderr
-    assert not (tmp_path / "run").exists()
+    assert proc.returncode == 2 and "s3cret" not in proc.stderr
+    assert ("MLFLOW_TRACKING_URI" if "logger" in arg else "oc.env") in proc.stderr
+    assert len(proc.stderr.strip().splitlines()) == 1 and not (tmp_path / "run").exists()
 
 
 @pytest.mark.slow
@@ -205,6 +241,40 @@ def test_multirun_fills_the_ledger_in_the_sweep_dir(tmp_path):
         assert t.params["optim.lr"] == on_disk["params"]["optim.lr"]
         assert t.state is TrialState.COMPLETE
         assert t.system_attrs[CONSTRAINTS_KEY] == ([1.0] if on_disk["status"] == "diverged" else [-1.0])
+
+
+@pytest.mark.parametrize(
+    "args,env",
+    [
+        (
+            ["ledger.storage=${oc.env:SWEEP_LEDGER_URL}", "ledger.lock_timeout_s=2"],
+            {"SWEEP_LEDGER_URL": "postgresql://alice@127.0.0.1:9/sweeps?sslpassword=s3cret"},
+        ),
+        (
+            ["logger=mlflow", "logger.mlflow.tracking_uri=${oc.env:MY_URI}", "logger.mlflow.retries=0"],
+            {"MY_URI": "http://127.0.0.1:9/?token=s3cret"},
+        ),
+    ],
+    ids=["ledger-sslpassword", "mlflow-token"],
+)
+def test_a_secret_query_key_from_the_environment_appears_in_no_output_file(tmp_path, args, env):
+    """issue 33: a ?sslpassword= or ?token= URL reached .ledger_pending.json, .hydra/, the log, stderr and
+    result.json; every place that writes a URL masks it through sweep.run.urls."""
+    run_dir = tmp_path / "run"
+    proc = subprocess.run(
+        [sys.executable, "-m", "sweep", *args, "steps=2", "threads=1", *FAST, f"hydra.run.dir={run_dir}"],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env={**os.environ, "PYTHONPATH": str(REPO), "CI": "1", "OMP_NUM_THREADS": "1", **env},
+    )
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert "127.0.0.1" in proc.stdout + proc.stderr  # the unreachable server is reported, masked
+    assert "s3cret" not in proc.stdout + proc.stderr
+    leaked = [p for p in tmp_path.rglob("*") if p.is_file() and b"s3cret" in p.read_bytes()]
+    assert not leaked, leaked
+    assert json.loads((run_dir / "result.json").read_text())["status"] == "stable"
 
 
 @pytest.mark.slow
@@ -309,3 +379,27 @@ def test_a_bare_postgresql_url_gets_the_installed_driver(monkeypatch, psycopg3):
     ]
     if not psycopg3:
         assert create_engine(handed[0]).dialect.driver == "psycopg2"
+
+
+def test_a_rerun_cell_marks_its_earlier_trial_superseded_and_the_report_counts_it_once(tmp_path):
+    """issue 33: a cell re-run after its result.json was deleted left two trials for one job directory."""
+    from sweep.report.study import runs_from_study
+    from sweep.search.ledger import SUPERSEDED_ATTR
+
+    from .conftest import multirun_in_process
+
+    sweep_dir = tmp_path / "s"
+    grid = ("steps=2", "optim.lr=1e-3,2e-3")
+    multirun_in_process(sweep_dir, *grid)
+    (sweep_dir / "0" / "result.json").unlink()
+    multirun_in_process(sweep_dir, *grid)  # the resume re-runs cell 0 only
+    url = f"sqlite:///{sweep_dir / 'ledger.db'}"
+    trials = only_study(url).trials
+    assert len(trials) == 3
+    by_number = {t.number: t for t in trials}
+    (old,) = [t for t in trials if t.user_attrs.get(SUPERSEDED_ATTR) is not None]
+    new = by_number[old.user_attrs[SUPERSEDED_ATTR]]
+    assert new.number > old.number and new.user_attrs["run_dir"] == old.user_attrs["run_dir"]
+    assert old.user_attrs["status"] == "stable" and old.state is TrialState.COMPLETE  # the contract's attrs stand
+    runs, _ = runs_from_study(url)
+    assert len(runs) == 2 and sorted(runs.run_dir) == sorted({t.user_attrs["run_dir"] for t in trials})

@@ -173,3 +173,20 @@ def test_a_packs_window_sees_a_bad_batch_only_the_data_check_sees(tmp_path):
             assert results[1].sync["taken_back"] == 1 and results[1].sync["ran_past_first_bad"] == 2
     assert got[3] == got[1]
     assert got[1][1][1:3] == ("bad_input", 6) and got[1][0][0] == "stable"
+
+
+def test_checkpoints_turning_windows_off_is_said_in_the_log(tmp_path, caplog):
+    """issue 33: checkpoint.every silently turned monitor.sync_every>1 windows off."""
+    import json
+    import logging
+
+    with caplog.at_level(logging.WARNING, logger="sweep"):
+        r = execute(make_run("steps=2", "checkpoint.every=1", "monitor.sync_every=4"), tmp_path, {})
+    assert r.status == "stable"
+    said = [m for m in caplog.messages if "windows are off" in m]
+    assert len(said) == 1 and "monitor.sync_every=4" in said[0] and "checkpoint.every=1" in said[0], caplog.messages
+    assert json.loads((tmp_path / "result.json").read_text())["sync"]["every"] == 1
+    caplog.clear()
+    with caplog.at_level(logging.WARNING, logger="sweep"):
+        execute(make_run("steps=2", "monitor.sync_every=4"), tmp_path / "plain", {})
+    assert not [m for m in caplog.messages if "windows are off" in m]

@@ -145,6 +145,12 @@ class GridSweeper(BasicSweeper):
 
     def sweep(self, arguments: List[str]) -> Any:
         """Hydra's grid, plus the replicate seeds of `replicates=N` (sweep/search/replicates.py)."""
+        from sweep.config import ConfigError
+        from sweep.search.space import repeated_value, shadowed_axis
+
+        problem = repeated_value([*self._parse_config(), *arguments]) or shadowed_axis(self._parse_config(), arguments)
+        if problem:
+            raise ConfigError(problem)
         self.check_ladder(arguments)
         if self.frontier is not None:
             return self.frontier.sweep(arguments)
@@ -160,7 +166,14 @@ class GridSweeper(BasicSweeper):
     def validate_batch_is_legal(self, batch: Sequence[Sequence[str]]) -> None:
         from omegaconf import OmegaConf
 
-        from sweep.config import ConfigError, RunConfig, check_inputs, to_run_config  # late: discovery stays cheap
+        from sweep.config import (  # late: discovery stays cheap
+            ConfigError,
+            RunConfig,
+            check_device,
+            check_inputs,
+            launches_here,
+            to_run_config,
+        )
 
         loader = self.hydra_context.config_loader
         compose = getattr(loader, "compose_and_keep", loader.load_sweep_config)
@@ -170,7 +183,9 @@ class GridSweeper(BasicSweeper):
             if OmegaConf.get_type(cfg) is not RunConfig:  # another app's config: Hydra's checks only
                 continue
             try:
-                check_inputs(to_run_config(cfg))  # after a scenario's pretraining: its checkpoint exists now
+                run = check_inputs(to_run_config(cfg))  # after a scenario's pretraining: its checkpoint exists now
+                if launches_here(self.config):
+                    check_device(run)
                 job_dir = check_job_dir(cfg, num)
             except ConfigError as e:
                 raise ConfigError(f"{e} (in the sweep cell {' '.join(overrides)})") from None

@@ -25,7 +25,7 @@ from optuna.trial import TrialState
 
 from sweep.report.runs import RESULT_KEYS, STARTING_S, outcome_row, runs_frame, younger_than
 from sweep.run.results import is_being_written
-from sweep.search.ledger import CONSTRAINTS_KEY, STALE_ATTR, driver_url, mask_url
+from sweep.search.ledger import CONSTRAINTS_KEY, STALE_ATTR, SUPERSEDED_ATTR, driver_url, mask_url
 
 """System attr that sweep.search.sweeper sets on a RUNNING trial it failed because its job died."""
 JOURNAL_SUFFIXES = (".log", ".jsonl", ".journal")
@@ -95,6 +95,8 @@ def runs_from_study(url: str, study_name: str | None = None) -> tuple[pd.DataFra
     for trial in study.get_trials(deepcopy=False):
         if trial.system_attrs.get(STALE_ATTR) and "status" not in trial.user_attrs:
             continue  # a job that died before recording anything; the sweeper asked for its cell again
+        if trial.user_attrs.get(SUPERSEDED_ATTR) is not None:
+            continue  # its job directory was re-run: a later trial holds that run (sweep/search/ledger.py)
         run_dir = trial.user_attrs.get("run_dir")
         if run_dir is None:
             anonymous.append(trial)

@@ -65,6 +65,14 @@ def execute(
             compile_run(run, parts)
         if run.checkpoint.every:
             hooks = [CheckpointHook(out_dir, run.checkpoint.every, run.checkpoint.keep), *hooks]
+            if run.monitor.sync_every > 1:  # said, not silent: the run syncs every step (README, sync_every)
+                log.warning(
+                    "monitor.sync_every=%d: windows are off for %s, as checkpoint.every=%d saves each checkpoint "
+                    "from a step the host has seen; every step syncs once (result.json sync.every is 1)",
+                    run.monitor.sync_every,
+                    label or out_dir,
+                    run.checkpoint.every,
+                )
         evaluator = make_evaluator(run, parts)
         progress = RunProgress(run.steps, run.progress, run.log_every, label)
         train_start, syncs = time.perf_counter(), Syncs()

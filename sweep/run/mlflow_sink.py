@@ -35,7 +35,7 @@ from typing import Iterator
 
 from sweep.config import MlflowConfig
 from sweep.run.results import METRIC_COLUMNS, METRICS_FILE, RESULT_FILE, RunResult, TrackerError
-from sweep.run.urls import mask_url
+from sweep.run.urls import mask_url, scrub
 
 log = logging.getLogger("sweep")
 
@@ -80,8 +80,7 @@ def requests_to(cfg: MlflowConfig, uri: str) -> Iterator[None]:
 
 def _masked(e: Exception, uri: str) -> str:
     line = (str(e).strip().splitlines() or [type(e).__name__])[0]
-    masked = mask_url(uri)
-    line = line.replace(uri, masked)
+    line = scrub(line, uri)  # the URL masked, and its secrets wherever the message repeats them
     if "@" in uri and "://" in uri:  # the user info, however a message spells the URL (no scheme, re-quoted)
         line = line.replace(uri.split("://", 1)[1].rsplit("@", 1)[0], "***")
     return f"{type(e).__name__}: {line}" if not line.startswith(type(e).__name__) else line

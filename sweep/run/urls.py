@@ -1,40 +1,107 @@
-"""URLs that may carry a password (a database, a tracking server): what may be printed or saved of them.
+"""URLs that may carry a secret (a database, a tracking server): what may be printed or saved of them.
 
-A password in a URL never reaches a log or a file: `mask_url` is what gets printed. The ledger
-(sweep/search/ledger.py) and the trackers (sweep/run/mlflow_sink.py) both mask through here.
+A secret in a URL never reaches a log or a file: `mask_url` is what gets printed. The ledger
+(sweep/search/ledger.py) and the trackers (sweep/run/mlflow_sink.py) both mask through here, and
+`python -m sweep` refuses a URL with one on the command line (`url_has_password`), before Hydra saves it.
 """
 
 from __future__ import annotations
 
 import re
+from urllib.parse import parse_qsl
 
-SECRET_QUERY_KEYS = ("password", "passwd", "pwd")
-"""Query parameters that carry a password (postgresql://ann@db/sweeps?password=...): libpq and the
-MySQL drivers accept one there as well as in the user info."""
+SECRET_QUERY_KEYS = (
+    "password",
+    "passwd",
+    "pwd",
+    "token",
+    "secret",
+    "api_key",
+    "apikey",
+    "api-key",
+    "access_key",
+    "accesskey",
+    "auth",
+    "credential",
+    "private",
+    "signature",
+)
+"""Parts of a query parameter's name that mark it as carrying a secret, matched case-insensitively as
+substrings: libpq's `password` and `sslpassword`, SQLAlchemy's and the MySQL drivers' `passwd`/`pwd`, a
+tracking server's `token`/`access_token`/`api_key`, a cloud store's `secret_access_key`/`sas` `signature`,
+`authSource`-like keys too (masking a non-secret costs nothing; saving a secret does). A key is also
+secret when it is exactly `sig` or `key` (signed URLs)."""
+_SECRET_EXACT = ("sig", "key")
+
+
+def is_secret_key(key: str) -> bool:
+    """Whether a URL query parameter of this name carries a secret (SECRET_QUERY_KEYS)."""
+    k = str(key).strip().lower()
+    return k in _SECRET_EXACT or any(part in k for part in SECRET_QUERY_KEYS)
+
+
+def _query_keys(url: str) -> list[str]:
+    """Every query parameter name of the URL, parsed leniently (any scheme, blank values kept)."""
+    query = url.split("?", 1)[1] if "?" in url else ""
+    return [k for k, _ in parse_qsl(query.split("#", 1)[0], keep_blank_values=True)] or (
+        re.findall(r"[?&;]([^=&;#]+)=", "?" + query) if query else []
+    )
 
 
 def url_has_password(url: str) -> bool:
-    """Whether a storage URL spells out a password, in its user info or as a query parameter."""
+    """Whether a URL spells out a secret: a password in its user info, or a query parameter whose name
+    marks a secret (is_secret_key)."""
+    if any(is_secret_key(k) for k in _query_keys(url)):
+        return True
     try:
         from sqlalchemy.engine import make_url
 
         parsed = make_url(url)
     except Exception:  # noqa: BLE001  (not an SQLAlchemy URL: user:secret@ anywhere after the scheme)
-        return bool(re.search(r"://[^@]*:[^@]*@", url))
-    return parsed.password is not None or any(k.lower() in SECRET_QUERY_KEYS for k in parsed.query)
+        return bool(re.search(r"://[^@/?#]*:[^@]*@", url))
+    return parsed.password is not None or any(is_secret_key(k) for k in parsed.query)
 
 
 def mask_url(url: str) -> str:
-    """The storage URL with its password (user info or query) replaced by ***, for anything printed or saved."""
+    """The URL with its secrets (user info password, secret query parameters) replaced by ***, for
+    anything printed or saved."""
     if "://" not in url:
         return url
     try:
         from sqlalchemy.engine import make_url
 
         parsed = make_url(url)
-        parsed = parsed.update_query_dict({k: "***" for k in parsed.query if k.lower() in SECRET_QUERY_KEYS})
+        parsed = parsed.update_query_dict({k: "***" for k in parsed.query if is_secret_key(k)})
         return parsed.render_as_string(hide_password=True).replace("%2A%2A%2A", "***")
     except Exception:  # noqa: BLE001  (not an SQLAlchemy URL: hide everything between scheme and host, and any query)
         scheme, rest = url.split("://", 1)
         rest = rest.split("?", 1)[0] + ("?***" if "?" in rest else "")
         return f"{scheme}://***@{rest.rsplit('@', 1)[1]}" if "@" in rest else f"{scheme}://{rest}"
+
+
+def url_secrets(url: str) -> list[str]:
+    """The secret values a URL spells out (its user info password, its secret query parameters' values), as
+    written and percent-decoded, longest first: what must not appear in a message about it."""
+    from urllib.parse import unquote
+
+    found = (
+        [v for k, v in parse_qsl(url.split("?", 1)[1], keep_blank_values=True) if is_secret_key(k)]
+        if "?" in url
+        else []
+    )
+    userinfo = re.match(r"[^:/?#]+://([^@/?#]*(?:/[^@?#]*)?)@", url)
+    if userinfo and ":" in userinfo.group(1):
+        found.append(userinfo.group(1).split(":", 1)[1])
+    values = {s for v in found if v for s in (v, unquote(v))}
+    return sorted((v for v in values if len(v) >= 3), key=len, reverse=True)
+
+
+def scrub(text: str, url: str) -> str:
+    """`text` (an error message about `url`) with the URL masked and each of its secrets replaced by ***,
+    however the message spells the URL (a path appended to it, a query re-quoted, no scheme)."""
+    if not url:
+        return text
+    text = text.replace(url, mask_url(url))
+    for secret in url_secrets(url):
+        text = text.replace(secret, "***")
+    return text

@@ -26,6 +26,7 @@ A storage URL's password never reaches a log or a file: `mask_url` is what gets 
 
 from __future__ import annotations
 
+import json
 import logging
 import math
 import os
@@ -296,13 +297,67 @@ def record_run(
         system_attrs={CONSTRAINTS_KEY: constraints} if constraints else {},
     )
     try:
-        return _add_trial(study, trial, deadline)
+        number = _add_trial(study, trial, deadline)
     except ValueError as e:  # a param recorded with another distribution kind earlier in this study
         log.warning("ledger: %s; recording this run's params in user_attrs only", e)
         trial = optuna.trial.create_trial(
             state=state, value=trial.value, user_attrs=attrs, system_attrs=trial.system_attrs
         )
-        return _add_trial(study, trial, deadline)
+        number = _add_trial(study, trial, deadline)
+    try:
+        supersede(study, number, attrs["run_dir"])
+    except Exception as e:  # noqa: BLE001  (the run is recorded; the report still takes the latest trial per run dir)
+        log.warning("ledger: could not mark the earlier trials of %s superseded: %s", run_dir, storage_error_line(e))
+    return number
+
+
+SUPERSEDED_ATTR = "superseded_by"
+"""User attribute of a trial whose job directory a later trial re-ran (a grid cell re-run after its result.json
+was deleted, or after it was interrupted): the number of that later trial. The report leaves such a trial out
+(sweep/report/study.py); its other attributes keep their meaning (what that run did)."""
+
+
+def supersede(study: optuna.Study, number: int, run_dir: str) -> list[int]:
+    """Mark every earlier trial of the study recorded for `run_dir` with SUPERSEDED_ATTR = `number`; returns
+    their numbers. Optuna's API cannot set an attribute of a finished trial, so in an RDB storage (SQLite,
+    PostgreSQL, MySQL) the row is written through Optuna's own models; in another storage (a journal file)
+    nothing is marked, and the report still keeps only the latest trial per run directory."""
+    from optuna.storages import RDBStorage
+    from optuna.storages._rdb import models
+    from optuna.storages._rdb.storage import _create_scoped_session
+
+    backend = getattr(study._storage, "_backend", study._storage)
+    if not isinstance(backend, RDBStorage):
+        return []
+    marked = []
+    with _create_scoped_session(backend.scoped_session, True) as session:
+        rows = (
+            session.query(models.TrialModel)
+            .join(models.TrialUserAttributeModel, models.TrialUserAttributeModel.trial_id == models.TrialModel.trial_id)
+            .filter(
+                models.TrialModel.study_id == study._study_id,
+                models.TrialModel.number < number,
+                models.TrialUserAttributeModel.key == "run_dir",
+                models.TrialUserAttributeModel.value_json == json.dumps(run_dir),
+            )
+            .all()
+        )
+        for old in rows:
+            if not old.state.is_finished():
+                continue  # a RUNNING trial is its sweeper's to close
+            exists = (
+                session.query(models.TrialUserAttributeModel)
+                .filter_by(trial_id=old.trial_id, key=SUPERSEDED_ATTR)
+                .one_or_none()
+            )
+            if exists is None:
+                session.add(
+                    models.TrialUserAttributeModel(
+                        trial_id=old.trial_id, key=SUPERSEDED_ATTR, value_json=json.dumps(number)
+                    )
+                )
+                marked.append(old.number)
+    return marked
 
 
 def _add_trial(study: optuna.Study, trial: optuna.trial.FrozenTrial, deadline: Optional[float] = None) -> int:

@@ -44,7 +44,7 @@ from hydra.types import HydraContext, TaskFunction
 from omegaconf import DictConfig, OmegaConf
 from optuna.trial import TrialState
 
-from sweep.config import ConfigError, LedgerConfig, PrunerConfig, validate_pruner
+from sweep.config import ConfigError, LedgerConfig, PrunerConfig, check_device_name, launches_here, validate_pruner
 from sweep.run.interrupt import launch_forwarding_signals, stopping_on_signals
 from sweep.search import space as search_space
 from sweep.search.conf import PrunerName, SamplerConf, SamplerName, SweepMode
@@ -252,7 +252,13 @@ class OptunaSweeperImpl(Sweeper):
                 f"replicates={replicates}: the optuna sweeper runs replicates with hydra.sweeper.sampler.name=grid "
                 "only (a search or frontier samples one seed per trial); use the grid sweeper, or the grid sampler"
             )
+        params = [f"{k}={v}" for k, v in self.params.items()]
+        problem = search_space.repeated_value(args) or search_space.shadowed_axis(params, list(arguments))
+        if problem:
+            raise ConfigError(problem)
         space, fixed = search_space.parse(args + extra)
+        if "device" not in space and launches_here(self.config):  # a swept device: each job checks its own
+            check_device_name(str(OmegaConf.select(self.config, "device", default="auto")))
         if not space:
             raise ConfigError(
                 "the optuna sweeper needs at least one swept axis (e.g. 'optim.lr=tag(log,interval(1e-5,1e-1))')"
