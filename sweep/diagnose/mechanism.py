@@ -35,7 +35,7 @@ from pathlib import Path
 import torch
 
 from sweep.config import RunConfig
-from sweep.diagnose.record import RunRecord, as_number
+from sweep.diagnose.signals import RunRecord, as_number
 from sweep.run.adam_lag import LAGGED
 
 MECHANISMS = (

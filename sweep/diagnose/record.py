@@ -4,14 +4,13 @@ from __future__ import annotations
 
 import csv
 import json
-import math
 import re
-from dataclasses import dataclass
 from pathlib import Path
 
 from omegaconf import DictConfig, OmegaConf
 
 from sweep.config import ConfigError, RunConfig, to_run_config
+from sweep.diagnose.signals import RunRecord, as_number
 from sweep.run.results import RESULT_FILE
 
 CONFIG_FILE = Path(".hydra") / "config.yaml"
@@ -22,42 +21,6 @@ NEEDED = ("status", "verdict", "first_bad_step", "cause", "params", "steps_run")
 
 class DiagnoseError(ValueError):
     """Input a diagnosis cannot take: one line for the user, exit status 2."""
-
-
-@dataclass
-class RunRecord:
-    """One finished run as its directory holds it."""
-
-    run_dir: Path
-    result: dict
-    rows: list[dict]
-    """metrics.csv, one dict per step, numbers as floats (an empty cell is NaN)."""
-    config: DictConfig
-    """The composed config the run was made with (.hydra/config.yaml), for counterfactual overrides."""
-    run: RunConfig
-
-    @property
-    def first_bad(self) -> int:
-        return int(self.result["first_bad_step"])
-
-    @property
-    def last_step(self) -> int:
-        """The step whose numbers tripped the verdict (a spike's first bad step can be earlier; a bad batch
-        stops its step before the forward, so metrics.csv ends a step before it)."""
-        return max(int(self.rows[-1]["step"]), self.first_bad) if self.rows else self.first_bad
-
-    @property
-    def start(self) -> int:
-        return int(self.result.get("start_step") or 0)
-
-    def column(self, name: str, before: int | None = None) -> list[tuple[int, float]]:
-        """(step, value) of a metrics column where it is a finite number, steps < `before` only if given."""
-        out = []
-        for r in self.rows:
-            v = r.get(name, math.nan)
-            if math.isfinite(v) and (before is None or r["step"] < before):
-                out.append((int(r["step"]), v))
-        return out
 
 
 def load(run_dir: Path, diverged_only: bool = True) -> RunRecord:
@@ -135,11 +98,3 @@ def read_metrics(path: Path) -> list[dict]:
         return []
     with open(path, newline="") as f:
         return [{k: as_number(v) for k, v in row.items()} for row in csv.DictReader(f)]
-
-
-def as_number(v) -> float:
-    """A metrics cell as a float: an empty cell (a step without that statistic) is NaN."""
-    try:
-        return float(v) if v not in (None, "") else math.nan
-    except (TypeError, ValueError):
-        return math.nan
