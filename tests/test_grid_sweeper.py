@@ -233,3 +233,13 @@ def test_a_repeated_value_is_one_line_and_exit_2(tmp_path):
         proc.stderr
     )
     assert not list((tmp_path / "s").glob("*/result.json"))
+
+
+def test_a_single_value_replaces_a_params_axis_in_the_grid(tmp_path):
+    """Hydra's grid replaces an axis of hydra.sweeper.params by a single value on the command line (the frontier
+    search, which ignored it, refuses it instead: test_ladder.py)."""
+    one = ("precision=fp32", "optim.lr=5e-4", "attention=math")  # each replaces a demo axis (4, 3 and 2 values)
+    multirun_in_process(tmp_path / "s", "+experiment=demo", *one, "steps=1", "ledger.enabled=false")
+    results = [json.loads(p.read_text()) for p in (tmp_path / "s").glob("*/result.json")]
+    assert len(results) == 2 and sorted(r["seed"] for r in results) == [0, 1]  # the demo's 2 replicates of one cell
+    assert all((r["params"]["precision"], r["params"]["optim.lr"]) == ("fp32", 5e-4) for r in results)

@@ -146,9 +146,11 @@ class GridSweeper(BasicSweeper):
     def sweep(self, arguments: List[str]) -> Any:
         """Hydra's grid, plus the replicate seeds of `replicates=N` (sweep/search/replicates.py)."""
         from sweep.config import ConfigError
-        from sweep.search.space import repeated_value, shadowed_axis
+        from sweep.search.space import repeated_value
 
-        problem = repeated_value([*self._parse_config(), *arguments]) or shadowed_axis(self._parse_config(), arguments)
+        # (A single value for a key hydra.sweeper.params sweeps replaces that axis in Hydra's grid; the frontier
+        # search, which would ignore it, refuses it: sweep/search/space.py shadowed_axis.)
+        problem = repeated_value([*self._parse_config(), *arguments])
         if problem:
             raise ConfigError(problem)
         self.check_ladder(arguments)
