@@ -126,7 +126,11 @@ def test_a_single_size_on_a_ladder_is_refused_saying_what_to_write(tmp_path, lad
     """issue 33: `+ladder=width model.width=32` ignored the single width and ran 32, 64 and 128 (only a comma
     list replaced the ladder's sizes). Now one line names the list to write instead, before any run."""
     key = single.split("=")[0]
-    with pytest.raises(ConfigError, match=rf"^{key}: this sweep already sweeps {key} over .* \({key}=a,b,\.\.\.\)"):
+    says = (  # the Optuna/frontier ladder names the axis it sweeps; the grid ladder (v2's default) the list to write
+        rf"^{key}: (this sweep already sweeps {key} over .* \({key}=a,b,\.\.\.\)"
+        rf"|a ladder needs at least 3 sizes to give an interval, got 1 .*: write a list \({key}=a,b,c,\.\.\.\))"
+    )
+    with pytest.raises(ConfigError, match=says):
         multirun_in_process(tmp_path / "s", f"+ladder={ladder}", single, "steps=2", "ledger.enabled=false")
     assert not list((tmp_path / "s").glob("*/result.json"))
 

@@ -72,7 +72,8 @@ def check_ladder_sizes(axis: str, values: list[str]) -> str | None:
     if len(distinct) < MIN_SIZES:
         return (
             f"model.{axis}: a ladder needs at least {MIN_SIZES} sizes to give an interval, got {len(distinct)} "
-            f"({', '.join(sorted(distinct, key=sort_key))})"
+            f"({', '.join(sorted(distinct, key=sort_key))}): write a list (model.{axis}=a,b,c,...), or drop "
+            f"+ladder={axis} to run one size"
         )
     return None
 
