@@ -364,7 +364,8 @@ class MonitorConfig:
     the seed; its smallest lr), within diagnose_budget; off leaves each run its mechanism from its recorded
     signals only. `python -m sweep.diagnose RUN_DIR` diagnoses any run by hand."""
     diagnose_budget: float = 1.0
-    """auto's time limit, as a multiple of the sweep's own run time (its runs' seconds added up)."""
+    """auto's time limit, as a multiple of the sweep's own run time (its runs' seconds added up); the largest
+    failure is diagnosed whatever its cost, 0 diagnoses none."""
 
 
 @dataclass

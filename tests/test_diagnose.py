@@ -228,3 +228,20 @@ def test_bisection_on_a_diffusers_model_finds_the_one_overflowing_attention(tmp_
     b = bisect_fp32(load(r["dir"]), tmp_path / "bisect", quiet)
     assert b["minimal"] == ["transformer.transformer_blocks.0.attn1"], b["summary"]
     assert "transformer.transformer_blocks.1.attn1" in b["groups"] and 0 < b["flop_share"] < 0.3
+
+
+def test_a_sweep_diagnoses_its_distinct_failures_and_its_summary_cites_the_confirmed_fix(tmp_path, capsys):
+    """monitor.diagnose=auto at the end of a multirun: the spike at lr 3e-2 is diagnosed (progress printed),
+    the summary counts the sweep's 2 runs, not the diagnosis's own, the root causes take the diagnosed
+    mechanism, and the recommendation cites the confirmed fix."""
+    runs = sweep(tmp_path, "optim.lr=1e-3,3e-2", "monitor.diagnose=auto")
+    assert [r["status"] for r in runs] == ["stable", "diverged"]
+    out = capsys.readouterr().out
+    assert "Diagnosing 1 distinct failure(s) of 1 diverged run(s)" in out
+    assert (runs[1]["dir"] / DIAGNOSIS_FILE).is_file() and not (runs[0]["dir"] / DIAGNOSIS_FILE).exists()
+    summary = (tmp_path / "summary.md").read_text()
+    assert "2 runs: 1 stable, 1 diverged" in summary
+    assert "## Diagnoses" in summary and "| lr_too_high |" in summary
+    assert "Confirmed fixes (runs from step 0 that stayed stable): optim.lr=0.003 for lr_too_high" in summary
+    causes = (tmp_path / "summary_root_causes.csv").read_text()
+    assert "lr_too_high" in causes and "unexplained" not in causes

@@ -1,9 +1,10 @@
 """monitor.diagnose=auto: at the end of a multirun, diagnose one diverged run per distinct failure, within a budget.
 
 A distinct failure is a verdict and mechanism with every swept value but the lr and the seed; of its runs the
-one at the smallest lr is diagnosed (the lr the user would try first). Failures are taken largest first while
-the estimated cost fits the budget (monitor.diagnose_budget x the sweep's own run time); the rest are named with
-the command that diagnoses them. Every diagnosis writes its run's diagnosis.json, which the summary reads.
+one at the smallest lr is diagnosed (the lr the user would try first). Failures are taken largest first: the
+first always (a small sweep's run time would not pay for any), the others while the estimated cost fits the
+budget (monitor.diagnose_budget x the sweep's own run time; 0 diagnoses none); the rest are named with the
+command that diagnoses them. Every diagnosis writes its run's diagnosis.json, which the summary reads.
 """
 
 from __future__ import annotations
@@ -64,7 +65,7 @@ def diagnose_sweep(sweep_dir: Path, budget: float, progress: Callable[[str], Non
             done.append(run["_dir"])
             continue
         estimate = COST * (run.get("seconds") or 0.0)
-        if spent + estimate > limit:
+        if budget == 0 or (done and spent + estimate > limit):  # the largest failure is always diagnosed
             left.append(run["_dir"])
             continue
         start = time.perf_counter()

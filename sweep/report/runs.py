@@ -88,6 +88,23 @@ def outcome_row(status: str, run_dir: str | None, params: dict, **outcome) -> di
     return row
 
 
+def _mechanism(result: dict, run_dir: Path) -> str | None:
+    """The run's mechanism: its diagnosis's (diagnosis.json, after the counterfactual runs) where it has one,
+    else the one result.json names from the recorded signals."""
+    try:
+        return json.loads((run_dir / "diagnosis.json").read_text())["mechanism"]
+    except (OSError, ValueError, KeyError, TypeError):
+        return (result.get("mechanism") or {}).get("name")
+
+
+def _diagnosis_run(path: Path, sweep_dir: Path) -> bool:
+    """Whether `path` lies in a run dir's `diagnosis/` folder (its replay, counterfactual, bisection and fix runs)."""
+    for folder in path.relative_to(sweep_dir).parents:
+        if folder.name == "diagnosis" and (sweep_dir / folder.parent / RESULT_FILE).is_file():
+            return True
+    return False
+
+
 def runs_from_dirs(sweep_dir: Path, starting_s: float = STARTING_S) -> pd.DataFrame:
     """Every run under `sweep_dir`: finished ones from result.json, started ones as `running` or
     `interrupted` (see the module docstring; the end-of-sweep summary passes starting_s=0: every job of
@@ -98,6 +115,8 @@ def runs_from_dirs(sweep_dir: Path, starting_s: float = STARTING_S) -> pd.DataFr
     sweep_dir = Path(sweep_dir)
     rows, finished, skipped = [], set(), []
     for path in sorted(sweep_dir.rglob(RESULT_FILE)):
+        if _diagnosis_run(path, sweep_dir):  # a diagnosis's own runs (sweep/diagnose) are not the sweep's
+            continue
         finished.add(path.parent.resolve())  # a damaged result.json still means the job ended: not running
         try:
             r = json.loads(path.read_text())
@@ -116,7 +135,7 @@ def runs_from_dirs(sweep_dir: Path, starting_s: float = STARTING_S) -> pd.DataFr
                 r.get("params") or {},
                 cause_where=cause.get("where"),
                 cause_module=cause.get("module"),
-                mechanism=(r.get("mechanism") or {}).get("name"),
+                mechanism=_mechanism(r, path.parent),
                 **{k: r.get(k) for k in RESULT_KEYS if k in r},
             )
         )

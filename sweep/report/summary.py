@@ -42,14 +42,18 @@ class Summary:
     """Diverged runs' diagnosis.json (sweep/diagnose): mechanism, agreement, fix and whether it was confirmed."""
 
     def confirmed_fixes(self) -> str:
-        """A sentence citing the fixes that real runs confirmed ('' when there is none)."""
+        """A sentence citing the fixes that real runs confirmed, one per mechanism and fix ('' when none)."""
         if self.diagnoses.empty:
             return ""
         ok = self.diagnoses[self.diagnoses.fix_confirmed == "yes"]
         if ok.empty:
             return ""
-        said = [f"{run} ({r.outcome}, {r.mechanism}): {r.fix}" for run, r in ok.iterrows()]
-        return "Confirmed fixes (each a run from step 0 that stayed stable): " + "; ".join(said) + "."
+        said = [
+            f"{fix} for {mechanism} ({len(g)} failure{'s' if len(g) > 1 else ''}, "
+            f"e.g. {g.index[0]}: {g.outcome.iloc[0]})"
+            for (mechanism, fix), g in ok.groupby(["mechanism", "fix"], sort=False)
+        ]
+        return "Confirmed fixes (runs from step 0 that stayed stable): " + "; ".join(said) + "."
 
     def counts_line(self) -> str:
         counts = self.runs.status.value_counts()

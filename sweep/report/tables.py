@@ -493,9 +493,9 @@ def diagnoses(runs: pd.DataFrame) -> pd.DataFrame:
     sweep): the run's swept values, verdict@step, mechanism, whether the counterfactual table agrees with it,
     and the fix with whether a run from step 0 confirmed it."""
     rows = []
-    axes = [c for c in runs.columns if c.startswith(PARAM)]
-    for r in runs[runs.status == "diverged"].itertuples(index=False):
-        path = Path(str(r.run_dir)) / "diagnosis.json"
+    axes = [c for c in runs.columns if c.startswith(PARAM) and _varies(runs, c)]
+    for r in runs[runs.status == "diverged"].to_dict("records"):  # records: "param:x" is no attribute name
+        path = Path(str(r["run_dir"])) / "diagnosis.json"
         try:
             d = json.loads(path.read_text())
         except (OSError, ValueError, TypeError):
@@ -503,8 +503,7 @@ def diagnoses(runs: pd.DataFrame) -> pd.DataFrame:
         fix = d.get("fix") or {}
         rows.append(
             {
-                "run": " ".join(f"{a.removeprefix(PARAM)}={getattr(r, a)}" for a in axes if _varies(runs, a))
-                or Path(str(r.run_dir)).name,
+                "run": " ".join(f"{a.removeprefix(PARAM)}={r[a]}" for a in axes) or Path(str(r["run_dir"])).name,
                 "outcome": f"{d.get('verdict')}@{d.get('first_bad_step')}",
                 "mechanism": d.get("mechanism"),
                 "table_agrees": "yes" if d.get("agrees") else "no",
