@@ -19,6 +19,7 @@ from typing import Callable
 import torch
 
 from sweep.diagnose.record import RunRecord
+from sweep.diagnose.signals import computes_in_fp32
 from sweep.diagnose.trials import run_trial, with_overrides
 from sweep.run.build import build_parts
 from sweep.run.module_flops import module_flops
@@ -99,7 +100,7 @@ def flop_shares(record: RunRecord, names: list[str]) -> tuple[dict[str, float], 
 def bisect_fp32(record: RunRecord, scratch: Path, progress: Callable[[str], None] = print) -> dict:
     """The minimal fp32 set of a low-precision run, or why there is none; each trial a run from step 0."""
     run = record.run
-    if run.precision.param_dtype.value == "float32" and run.precision.autocast_dtype is None:
+    if computes_in_fp32(run):
         return {"minimal": None, "summary": "not bisected: the run is fp32 already", "trials": []}
     trials: list[dict] = []
     cache: dict[tuple[str, ...], bool] = {}

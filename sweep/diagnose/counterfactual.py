@@ -42,6 +42,7 @@ import torch
 from sweep.config import RunConfig
 from sweep.data.checks import check_sample
 from sweep.diagnose.record import RunRecord, read_metrics
+from sweep.diagnose.signals import computes_in_fp32
 from sweep.diagnose.trials import Outcome, run_trial, with_overrides
 from sweep.run.build import build_parts
 from sweep.run.precision import PrecisionPolicy
@@ -101,7 +102,7 @@ def plan(record: RunRecord, extreme: list[int]) -> list[Row]:
     """The rows for this run; a row whose change is already the run's config says so instead of running."""
     run = record.run
     rows = [Row("same config", [])]
-    if run.precision.param_dtype.value == "float32" and run.precision.autocast_dtype is None:
+    if computes_in_fp32(run):
         rows.append(Row("fp32", [], not_applicable=f"the run is already fp32 ({run.precision.name})"))
     else:
         rows.append(Row("fp32", ["precision=fp32"]))

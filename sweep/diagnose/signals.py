@@ -53,3 +53,8 @@ def as_number(v) -> float:
         return float(v) if v not in (None, "") else math.nan
     except (TypeError, ValueError):
         return math.nan
+
+
+def computes_in_fp32(run: RunConfig) -> bool:
+    """fp32 weights and no autocast: the run has no lower precision to take away (no fp32 row, no bisection)."""
+    return run.precision.param_dtype.value == "float32" and run.precision.autocast_dtype is None
