@@ -1,0 +1,110 @@
+"""The allowed values of the config's categorical keys (precision.param_dtype, attention.backend, model.arch, ...).
+
+str Enums, so OmegaConf checks a value against them while Hydra composes and the YAML keeps plain words.
+"""
+
+from __future__ import annotations
+
+from enum import Enum
+
+
+class Dtype(str, Enum):
+    float32 = "float32"
+    bfloat16 = "bfloat16"
+    float16 = "float16"
+
+
+class AttentionBackend(str, Enum):
+    flash = "flash"
+    math = "math"
+    eager = "eager"
+    efficient = "efficient"
+    cudnn = "cudnn"
+
+
+class ModulateImpl(str, Enum):
+    eager = "eager"
+    fused = "fused"
+    fused_buggy = "fused_buggy"
+
+
+class Param(str, Enum):
+    """How the native models scale with the width (models/mup.py)."""
+
+    sp = "sp"  # the standard parametrization: DiT's init, one lr
+    mup = "mup"  # µP relative to model.base_width
+
+
+class Arch(str, Enum):
+    dit = "dit"
+    video_dit = "video_dit"
+    diffusers = "diffusers"  # a tiny diffusers transformer, named by model.name (models/diffusers_zoo.py)
+    custom = "custom"  # the user's own nn.Module, built by model.target (models/custom.py, docs/models.md)
+    diffusers_config = "diffusers_config"  # a released diffusers transformer, shrunk, from model.config (config.json)
+
+
+class FaultKind(str, Enum):
+    nan = "nan"
+    inf = "inf"
+    range = "range"
+
+
+class ObjectiveKind(str, Enum):
+    ddpm = "ddpm"
+    flow = "flow"
+
+
+class CpuGemm(str, Enum):
+    auto = "auto"  # emulated where the CPU lacks matrix instructions for the compute dtype (sweep/run/gemm.py)
+    native = "native"
+    emulated = "emulated"
+
+
+class OptimName(str, Enum):
+    adamw = "adamw"
+
+
+class FinetuneMethod(str, Enum):
+    none = "none"  # every weight trains
+    lora = "lora"  # LoRA adapters on a frozen base (sweep/run/finetune.py)
+
+
+class BetaSchedule(str, Enum):
+    """DDPM beta schedules (diffusers' names)."""
+
+    linear = "linear"
+    scaled_linear = "scaled_linear"
+    squaredcos_cap_v2 = "squaredcos_cap_v2"
+
+
+class Prediction(str, Enum):
+    epsilon = "epsilon"
+    v_prediction = "v_prediction"
+
+
+class Schedule(str, Enum):
+    constant = "constant"
+    cosine = "cosine"
+
+
+class DiagnoseMode(str, Enum):
+    auto = "auto"
+    off = "off"
+
+
+class Progress(str, Enum):
+    auto = "auto"  # a bar on a terminal, nothing per step in CI or a pipe
+    bar = "bar"
+    log = "log"  # a line every `log_every` steps
+    none = "none"
+
+
+class DataSource(str, Enum):
+    synthetic = "synthetic"
+    video_folder = "video_folder"
+    latent_folder = "latent_folder"
+
+
+class LadderAxis(str, Enum):
+    width = "width"
+    depth = "depth"

@@ -1,0 +1,221 @@
+"""The checks made just before runs start, not in validate(): the files a run will load exist and fit
+(model.init_from, checkpoint.resume_from), a custom or released model and the precision.fp32_modules globs
+build (probed once per distinct model), the device is there, and the output directory can be created.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any, Callable
+
+from omegaconf import OmegaConf
+
+from sweep.config.enums import Arch
+from sweep.config.recorded import resume_mismatches
+from sweep.config.schema import ConfigError, RunConfig, require
+
+WEIGHT_SUFFIXES = (".safetensors", ".pt", ".pth", ".bin")
+"""The weights files model.init_from takes besides a checkpoint directory (sweep/run/checkpoint.py)."""
+
+
+def check_inputs(run: RunConfig) -> RunConfig:
+    """Files a run will load must be there: checked just before the runs start, not in validate().
+
+    The grid sweeper calls this for every cell before the first run, and sweep.job for each run, so a
+    missing or wrong-kind path is one line and exit status 2, not a run error found at load time. It
+    is not part of validate() because a config names files that do not exist yet when it is composed:
+    a scenario's `${hydra:sweep.dir}/pretrained/...` checkpoint is written by its pretraining, after
+    composition and before the sweep (sweep/scenario.py). What is inside the files is the checkpoint
+    verifier's business (a bad one is verdict `corrupt_checkpoint`).
+    """
+    init = run.model.init_from
+    if init is not None:
+        path = Path(init)
+        require(path.exists(), "model.init_from", f"no such file or directory: {init}")
+        require(
+            path.is_dir() or path.suffix in WEIGHT_SUFFIXES,
+            "model.init_from",
+            f"{init} is not a checkpoint directory or a {'/'.join(WEIGHT_SUFFIXES)} weights file",
+        )
+    resume = run.checkpoint.resume_from
+    if resume is not None:
+        require(Path(resume).is_dir(), "checkpoint.resume_from", f"no such checkpoint directory: {resume}")
+        differ = resume_mismatches(run, Path(resume))
+        require(
+            not differ,
+            "checkpoint.resume_from",
+            f"{resume} was saved by a run with other shapes or dtypes: "
+            + ", ".join(f"{k}={saved} there, {now} here" for k, saved, now in differ),
+        )
+    if run.model.arch is Arch.custom:
+        _probe_custom(run)
+    if run.model.arch is Arch.diffusers_config:
+        _probe_diffusers_config(run)
+    if run.precision.fp32_modules:
+        _probe_fp32_modules(run)
+    return run
+
+
+REMOTE_LAUNCHERS = ("slurm", "ray")
+"""Launchers whose jobs run on other machines (hydra.launcher._target_ holds one of these): the sweep's own
+process (a login node) cannot tell whether the device a run asks for is there, so only the job checks it."""
+
+
+def launches_here(config: Any) -> bool:
+    """Whether the Hydra config's launcher runs jobs on this machine (basic, joblib, submitit_local, packed)."""
+    target = str(OmegaConf.select(config, "hydra.launcher._target_", default="") or "").lower()
+    return not any(name in target for name in REMOTE_LAUNCHERS) or "local" in target
+
+
+def check_device(run: RunConfig) -> RunConfig:
+    """device=cuda (or cuda:N) where torch sees no such device is one line and exit 2 before any run (before,
+    each run ended `error` with a traceback). Call it where the run will run: in the job, and in the sweep's
+    process when its launcher runs the jobs there (launches_here)."""
+    check_device_name(run.device)
+    return run
+
+
+def check_device_name(device: str) -> None:
+    """check_device for a device name (raises ConfigError)."""
+    if not str(device).startswith("cuda"):
+        return
+    import torch
+
+    built = f"torch {torch.__version__}" + ("" if torch.version.cuda else ", built without CUDA")
+    require(
+        torch.cuda.is_available(),
+        "device",
+        f"{device} asked for, but torch sees no CUDA device on this machine ({built}); use device=auto or cpu",
+    )
+    try:
+        index = torch.device(device).index
+    except RuntimeError:
+        raise ConfigError(f"device: must be auto, cpu, cuda or cuda:N, got {device!r}") from None
+    count = torch.cuda.device_count()
+    require(
+        index is None or index < count,
+        "device",
+        f"{device} asked for, but torch sees {count} CUDA device(s) here (cuda:0..cuda:{count - 1})",
+    )
+
+
+_PROBED: dict[str, None] = {}
+"""Custom-model factory calls already probed in this process (key: target, kwargs and config inputs)."""
+
+
+def _probe_once(key: str, probe: Callable[[], None]) -> None:
+    """Run `probe` (it raises ConfigError for a model that cannot be built) once per distinct key in this process."""
+    if key not in _PROBED:
+        probe()
+        _PROBED[key] = None
+
+
+def _probe_custom(run: RunConfig) -> None:
+    """Build the custom model once (per distinct call): a factory that raises or returns no nn.Module, a model
+    over the 1,000M-parameter limit (counted on the meta device first), or a forward that does not return a
+    tensor of x's shape is one line and exit 2 before any run, not a crash in the middle of a sweep. Costs one
+    model construction and one forward on a batch of 2."""
+    from models.custom import CustomModelError, CustomModelTooBig, probe_factory
+    from sweep.run.sizes import PARAMS_LIMIT
+
+    m, inputs = run.model, run.model_inputs
+
+    def probe() -> None:
+        try:
+            probe_factory(m.target, m.kwargs, inputs, params_limit=PARAMS_LIMIT)
+        except CustomModelTooBig as e:
+            raise ConfigError(f"model.kwargs: {e}") from None
+        except CustomModelError as e:
+            raise ConfigError(f"model.target: {e}") from None
+
+    _probe_once(repr((m.target, sorted(m.kwargs.items()), sorted(inputs.items()))), probe)
+
+
+def _probe_diffusers_config(run: RunConfig) -> None:
+    """Count the released model's parameters (meta device) against the budget, then build it and run one
+    forward at the data's shape (per distinct file, shrink and data shape): over budget, or a shrink the class
+    cannot run, is one line and exit 2 before any run."""
+    from models.diffusers_config import DiffusersConfigError, probe
+
+    m, inputs = run.model, run.model_inputs
+
+    def check() -> None:
+        try:
+            probe(m.config, m.shrink, inputs)
+        except DiffusersConfigError as e:
+            raise ConfigError(f"{e.key}: {e}") from None
+
+    _probe_once(repr(("diffusers_config", m.config, sorted(m.shrink.items()), sorted(inputs.items()))), check)
+
+
+def _probe_fp32_modules(run: RunConfig) -> None:
+    """Build the model on the meta device (no storage, no init cost) once per distinct model and glob list:
+    a `precision.fp32_modules` glob that matches no module is one line and exit 2 before any run, not a run
+    that silently computes everything in low precision."""
+    from sweep.run.fp32_modules import example_names, unmatched
+    from sweep.run.model import build_run_model
+
+    globs = list(run.precision.fp32_modules)
+
+    def probe() -> None:
+        import torch
+
+        try:
+            with torch.device("meta"):
+                names = [n for n, _ in build_run_model(run).named_modules()]
+        except Exception:  # noqa: BLE001  (a builder that needs real storage: build it for real, once)
+            names = [n for n, _ in build_run_model(run).named_modules()]
+        for glob in unmatched(names, globs):
+            raise ConfigError(
+                f"precision.fp32_modules: {glob!r} matches no module of {model_label(run)} "
+                f"(modules look like: {', '.join(example_names(names))}, ...)"
+            )
+
+    m = run.model
+    key = (m.arch.value, m.size, m.name, m.width, m.depth, m.patch_size, m.qk_norm, m.config, m.target)
+    shape = (sorted(m.shrink.items()), sorted(m.kwargs.items()), sorted(run.model_inputs.items()))
+    _probe_once(repr(("fp32_modules", key, shape, globs)), probe)
+
+
+def model_label(run: RunConfig) -> str:
+    """The model in words: video_dit_tiny, diffusers pixart, a config file or a factory."""
+    m = run.model
+    if m.arch in (Arch.dit, Arch.video_dit):
+        return f"{m.arch.value}_{m.size}"
+    return f"model.arch={m.arch.value} ({m.name or m.config or m.target})"
+
+
+ROOM_INSIDE = 64
+"""Bytes kept free under PATH_MAX for what a run writes inside its directory
+(checkpoints/step_000010.tmp/optimizer.safetensors)."""
+
+
+def check_output_dir(path: str, key: str) -> None:
+    """A run or sweep directory the file system can create: Hydra makes it before any of our code runs,
+    so a 300-character name would end in `OSError: File name too long` (a traceback, or a run error)."""
+    name_max, path_max = _path_limits(path)
+    for part in Path(path).parts:
+        size = len(os.fsencode(part))
+        require(
+            size <= name_max,
+            key,
+            f"a path component of {size} bytes is longer than the file system's limit of {name_max}: {part[:24]}...",
+        )
+    size = len(os.fsencode(os.path.abspath(path)))
+    require(
+        size + ROOM_INSIDE <= path_max,
+        key,
+        f"the path is {size} bytes; the file system allows {path_max} with the files a run writes inside",
+    )
+
+
+def _path_limits(path: str) -> tuple[int, int]:
+    """(NAME_MAX, PATH_MAX) of the file system the path would be created on (its nearest existing parent)."""
+    probe = Path(os.path.abspath(path))
+    while not os.path.exists(probe) and probe != probe.parent:  # os.path: False, not a raise, on a too-long name
+        probe = probe.parent
+    try:
+        return os.pathconf(probe, "PC_NAME_MAX"), os.pathconf(probe, "PC_PATH_MAX")
+    except (OSError, ValueError, AttributeError):  # no pathconf (Windows) or no answer: the common limits
+        return 255, 4096
