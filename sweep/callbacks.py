@@ -19,7 +19,7 @@ from hydra.core.hydra_config import HydraConfig
 from hydra.experimental.callback import Callback
 from omegaconf import DictConfig, OmegaConf
 
-from sweep.config import ConfigError, check_output_dir, to_run_config
+from sweep.config import RETIRED_KEYS, ConfigError, check_output_dir, to_run_config
 from sweep.errors import exiting_on_config_error
 from sweep.run.results import lock_held
 from sweep.search.space import parse
@@ -162,7 +162,8 @@ SWEEP_MARKS = (SWEEP_FILE, ".sweep.lock", ".sweep.alive", ".sweep.claim")
 
 def run_identity(config: DictConfig) -> dict:
     """What makes two single runs the same run: the composed config less `hydra` and NOT_WHAT_RUNS, flat,
-    unresolved (an ${oc.env:...} stays itself), as Hydra saves it in .hydra/config.yaml."""
+    unresolved (an ${oc.env:...} stays itself), as Hydra saves it in .hydra/config.yaml; less RETIRED_KEYS
+    too, which a run recorded before they were dropped still has."""
     flat: dict = {}
 
     def walk(node, prefix: str) -> None:
@@ -174,7 +175,7 @@ def run_identity(config: DictConfig) -> dict:
 
     tree = OmegaConf.to_container(config, resolve=False, enum_to_str=True)
     walk({k: v for k, v in tree.items() if k != "hydra" and k not in NOT_WHAT_RUNS}, "")
-    for key in RESUME_OF_THE_SAME_RUN:
+    for key in (*RESUME_OF_THE_SAME_RUN, *RETIRED_KEYS):
         flat.pop(key, None)
     return flat
 

@@ -13,7 +13,7 @@ first run cheaply. Its modules:
 - `schema.py`: the dataclasses, RunConfig, `register_schemas`, ConfigError and `enum_choices`;
 - `validate.py`: `to_run_config` and `validate`, one check per section (`model_checks.py`: the model's);
 - `inputs.py`: `check_inputs` (files, model probes), `check_device`, `check_output_dir`;
-- `recorded.py`: a recorded run's config read back (what a checkpoint resume must match).
+- `recorded.py`: a recorded run's config read back (what a checkpoint resume must match, retired keys).
 Every name is re-exported here: import from `sweep.config`.
 """
 
@@ -30,7 +30,6 @@ from sweep.config.enums import (
     LadderAxis,
     ModulateImpl,
     ObjectiveKind,
-    OptimName,
     Param,
     Prediction,
     Progress,
@@ -47,7 +46,7 @@ from sweep.config.inputs import (
     launches_here,
     model_label,
 )
-from sweep.config.recorded import RESUME_KEYS, resume_mismatches
+from sweep.config.recorded import RESUME_KEYS, RETIRED_KEYS, resume_mismatches, without_retired
 from sweep.config.schema import (
     AttentionConfig,
     CheckpointConfig,
@@ -96,6 +95,7 @@ __all__ = [
     "PRUNERS",
     "REMOTE_LAUNCHERS",
     "RESUME_KEYS",
+    "RETIRED_KEYS",
     "ROOM_INSIDE",
     "WEIGHT_SUFFIXES",
     "Arch",
@@ -127,7 +127,6 @@ __all__ = [
     "ObjectiveConfig",
     "ObjectiveKind",
     "OptimConfig",
-    "OptimName",
     "Param",
     "PrecisionConfig",
     "Prediction",
@@ -154,4 +153,5 @@ __all__ = [
     "to_run_config",
     "validate",
     "validate_pruner",
+    "without_retired",
 ]

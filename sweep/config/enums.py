@@ -60,10 +60,6 @@ class CpuGemm(str, Enum):
     emulated = "emulated"
 
 
-class OptimName(str, Enum):
-    adamw = "adamw"
-
-
 class FinetuneMethod(str, Enum):
     none = "none"  # every weight trains
     lora = "lora"  # LoRA adapters on a frozen base (sweep/run/finetune.py)

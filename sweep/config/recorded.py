@@ -1,16 +1,39 @@
-"""A recorded run's config (<run dir>/.hydra/config.yaml) read back: a checkpoint is resumed only into a
-run whose RESUME_KEYS equal those of the run that saved it (resume_mismatches, called by check_inputs).
+"""A recorded run's config (<run dir>/.hydra/config.yaml) read back.
+
+A checkpoint is resumed only into a run whose RESUME_KEYS equal those of the run that saved it
+(resume_mismatches, called by check_inputs). A key the schema has dropped (RETIRED_KEYS) is left out of a
+recorded config before it meets today's schema (without_retired), so runs recorded before still replay
+(sweep/replay.py), diagnose (sweep/diagnose/record.py) and rerun in their own run directory
+(sweep/callbacks.py run_identity).
 """
 
 from __future__ import annotations
 
+import copy
 from enum import Enum
 from pathlib import Path
 from typing import Any
 
-from omegaconf import OmegaConf
+from omegaconf import DictConfig, OmegaConf, open_dict
 
 from sweep.config.schema import RunConfig
+
+RETIRED_KEYS = ("optim.name",)
+"""Keys the schema had and dropped because nothing read them: `optim.name` (always adamw, the one optimizer)."""
+
+
+def without_retired(config: DictConfig) -> DictConfig:
+    """A copy of a recorded config without its RETIRED_KEYS, so that it merges onto today's RunConfig schema
+    (which refuses a key it does not know)."""
+    config = copy.deepcopy(config)
+    for key in RETIRED_KEYS:
+        parent, _, leaf = key.rpartition(".")
+        node = OmegaConf.select(config, parent, default=None, throw_on_resolution_failure=False)
+        if isinstance(node, DictConfig) and leaf in node:
+            with open_dict(node):
+                node.pop(leaf)
+    return config
+
 
 RESUME_KEYS = (
     "model.arch",

@@ -29,7 +29,6 @@ from sweep.config.enums import (
     LadderAxis,
     ModulateImpl,
     ObjectiveKind,
-    OptimName,
     Param,
     Prediction,
     Progress,
@@ -207,7 +206,6 @@ class DataConfig:
 
 @dataclass
 class OptimConfig:
-    name: OptimName = OptimName.adamw
     lr: float = 1e-4
     betas: List[float] = field(default_factory=lambda: [0.9, 0.999])
     eps: float = 1e-8

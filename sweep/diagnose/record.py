@@ -9,7 +9,7 @@ from pathlib import Path
 
 from omegaconf import DictConfig, OmegaConf
 
-from sweep.config import ConfigError, RunConfig, to_run_config
+from sweep.config import ConfigError, RunConfig, to_run_config, without_retired
 from sweep.diagnose.signals import RunRecord, as_number
 from sweep.run.results import RESULT_FILE
 
@@ -46,7 +46,7 @@ def load(run_dir: Path, diverged_only: bool = True) -> RunRecord:
     if result["status"] == "diverged" and not rows and result.get("verdict") != "corrupt_checkpoint":
         raise DiagnoseError(f"{run_dir}: no {METRICS_FILE}, which every run that trained writes; run it again")
     try:
-        config = resolve_hydra(OmegaConf.load(run_dir / CONFIG_FILE), run_dir)
+        config = without_retired(resolve_hydra(OmegaConf.load(run_dir / CONFIG_FILE), run_dir))
         run = to_run_config(OmegaConf.merge(OmegaConf.structured(RunConfig), config))
     except ConfigError as e:
         raise DiagnoseError(f"{run_dir}: its config no longer composes: {e}") from e

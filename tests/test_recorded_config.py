@@ -1,0 +1,92 @@
+"""A run recorded before a config key was dropped still reads back (issue #32: `optim.name`, which nothing
+read, left the schema): replay, diagnosis and a rerun in its own run directory leave the retired key out
+instead of refusing the run's config. `precision.name` stays: the diagnosis reads it."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from hydra import compose, initialize_config_dir
+from hydra.core.global_hydra import GlobalHydra
+from omegaconf import OmegaConf
+
+from sweep.callbacks import check_run_dir
+from sweep.config import RETIRED_KEYS, ConfigError, to_run_config, without_retired
+
+from .conftest import CONF_DIR, FAST, make_run
+
+
+def _hydra_cfg(*overrides: str):
+    GlobalHydra.instance().clear()
+    try:
+        with initialize_config_dir(config_dir=CONF_DIR, version_base="1.3"):
+            return compose(config_name="config", overrides=[*FAST, *overrides], return_hydra_config=True)
+    finally:
+        GlobalHydra.instance().clear()
+
+
+def recorded_before(run_dir: Path, *overrides: str) -> None:
+    """<run dir>/.hydra/config.yaml as Hydra saved it before optim.name was dropped (conf/optim/adamw.yaml
+    said `name: adamw`, the first key of the optim section)."""
+    saved = OmegaConf.to_container(_hydra_cfg(*overrides, f"hydra.run.dir={run_dir}"), resolve=False)
+    del saved["hydra"]
+    saved["optim"] = {"name": "adamw", **saved["optim"]}
+    (run_dir / ".hydra").mkdir(parents=True)
+    OmegaConf.save(OmegaConf.create(saved), run_dir / ".hydra" / "config.yaml")
+
+
+def test_the_retired_keys_are_out_of_the_schema_and_precision_name_stays():
+    assert RETIRED_KEYS == ("optim.name",)
+    cfg = _hydra_cfg()
+    assert "name" not in cfg.optim
+    with pytest.raises(Exception, match="name"):  # an unknown key again: Hydra refuses it while composing
+        _hydra_cfg("optim.name=adamw")
+    # read by sweep/diagnose/fix.py (gradient_underflow's fix) and counterfactual.py (the fp32 row)
+    assert make_run("precision=fp16_amp_noscale").precision.name == "fp16_amp_noscale"
+
+
+def test_without_retired_drops_only_the_retired_keys_and_leaves_its_input_alone():
+    old = OmegaConf.create({"optim": {"name": "adamw", "lr": 0.01}, "precision": {"name": "fp16_amp"}})
+    new = without_retired(old)
+    assert OmegaConf.to_container(new) == {"optim": {"lr": 0.01}, "precision": {"name": "fp16_amp"}}
+    assert old.optim.name == "adamw"
+    assert OmegaConf.to_container(without_retired(new)) == OmegaConf.to_container(new)  # nothing to drop
+    assert OmegaConf.to_container(without_retired(OmegaConf.create({"steps": 2}))) == {"steps": 2}  # no section
+
+
+def test_a_run_recorded_with_optim_name_replays_and_diagnoses_as_the_same_run(tmp_path):
+    from sweep.diagnose.record import load
+    from sweep.replay import load_run
+
+    run_dir = tmp_path / "run"
+    recorded_before(run_dir, "steps=3", "optim.lr=0.03")
+    want = make_run("steps=3", "optim.lr=0.03")
+    assert load_run(run_dir) == want
+
+    result = {"status": "diverged", "verdict": "loss_spike", "first_bad_step": 2, "cause": None, "params": {}}
+    (run_dir / "result.json").write_text(json.dumps({**result, "steps_run": 3}))
+    (run_dir / "metrics.csv").write_text("step,loss\n0,1.0\n1,1.1\n2,50.0\n")
+    record = load(run_dir)
+    assert record.run == want
+    assert "name" not in record.config.optim  # the counterfactuals' overrides apply to this config
+
+
+def test_a_run_recorded_with_optim_name_reruns_in_its_own_run_dir(tmp_path):
+    run_dir = tmp_path / "run"
+    recorded_before(run_dir, "steps=2", "optim.lr=0.001")
+    check_run_dir(_hydra_cfg("steps=2", "optim.lr=0.001", f"hydra.run.dir={run_dir}"))  # the same run: no error
+    with pytest.raises(ConfigError, match="optim.lr=0.001 there, 0.03 here"):  # another config is still refused
+        check_run_dir(_hydra_cfg("steps=2", "optim.lr=0.03", f"hydra.run.dir={run_dir}"))
+
+
+def test_without_it_the_old_config_would_not_merge_onto_the_schema(tmp_path):
+    """What without_retired is for: today's schema refuses the retired key."""
+    from sweep.config import RunConfig
+
+    run_dir = tmp_path / "run"
+    recorded_before(run_dir, "steps=2")
+    saved = OmegaConf.load(run_dir / ".hydra" / "config.yaml")
+    with pytest.raises(Exception, match="name"):
+        to_run_config(OmegaConf.merge(OmegaConf.structured(RunConfig), saved))
