@@ -1,5 +1,6 @@
-"""The plots of report.html that belong to a summary table: the divergence map's heatmap and the ladder's
-log-log fit. Plotly is imported inside each function, so that importing this module costs no plotly import.
+"""The plots of report.html that belong to a summary table (registered with it, sweep/report/registry.py):
+the divergence map's heatmap and the ladder's log-log fit. Plotly is imported inside each function, so
+that reading the registry costs no plotly import.
 
 Every label that comes from a config or a result goes through `plot_text`: plotly renders a subset of
 HTML in labels, and the escaped entities decode back to the text.

@@ -2,10 +2,11 @@
 
     python -m sweep.report outputs/sweeps/<date>/<time>     # writes report.html there
 
-It holds the recommendation, every summary table, a heatmap of the divergence map (share of decided
-runs that diverged; the cell text is the map's label), and per combination the loss, eval-loss,
-grad-norm and loss-scale curves of its runs, a diverged run marked with an x at its first bad step, and
-with replicate seeds a band of mean ± sd around each lr's eval losses.
+It holds the recommendation, every summary table of the registry (registry.py) with its plot (the
+divergence map's heatmap: share of decided runs that diverged, the cell text the map's label; the
+ladder's fit; figures.py), and per combination the loss, eval-loss, grad-norm and loss-scale curves of
+its runs, a diverged run marked with an x at its first bad step, and with replicate seeds a band of
+mean ± sd around each lr's eval losses.
 
 Every string that comes from a config or a result is escaped: `html.escape` for the page, and the
 same for plotly labels, which plotly renders as a subset of HTML (entities decode back to the text).
@@ -19,11 +20,10 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from sweep.report.figures import HEATMAP_ID, LINE_COLORS, heatmap, ladder_figure, plot_text
+from sweep.report.figures import LINE_COLORS, plot_text
+from sweep.report.registry import Summary, shown
 from sweep.report.runs import PARAM, load_metrics
-from sweep.report.summary import Summary
 from sweep.report.tables import LR, combo_axes, combo_labels, sort_key
-from sweep.report.text import TITLES, explanations, tables
 
 PLOT_CONFIG = {"displaylogo": False, "responsive": True}
 STYLE = """
@@ -49,25 +49,20 @@ def write_report(path: Path, s: Summary, title: str, source: str) -> Path:
 def render_html(s: Summary, title: str, source: str) -> str:
     from plotly.offline import get_plotlyjs
 
-    notes = explanations(s)
     body = [
         f"<h1>{esc(title)}</h1>",
         f"<p>{esc(s.counts_line())}; from {esc(source)}.</p>",
         "<h2>Recommendation</h2>",
         f'<p class="recommendation">{esc(s.recommendation.line)}</p>',
         *([f'<p class="recommendation">{esc(s.confirmed_fixes())}</p>'] if s.confirmed_fixes() else []),
-        f"<h2>{TITLES['divergence_map']}</h2>",
-        f'<p class="note">{esc(notes["divergence_map"])}</p>',
-        plot_div(heatmap(s.cells, s.divergence_map), HEATMAP_ID),
     ]
-    for key, table in tables(s).items():
-        if table.empty:
-            continue
-        if key != "divergence_map":
-            body += [f"<h2>{TITLES[key]}</h2>", f'<p class="note">{esc(notes[key])}</p>']
-        body.append(table_html(table, index=key != "toggles"))
-    if not s.ladder.empty:
-        body.append(plot_div(ladder_figure(s.ladder), "ladder"))
+    tables = [(spec, table) for spec, table in shown(s) if spec.in_html]
+    for spec, table in tables:
+        body += [f"<h2>{esc(spec.title)}</h2>", f'<p class="note">{esc(spec.explain(s))}</p>']
+        if spec.plot and spec.plot.above:
+            body.append(plot_div(spec.plot.make(s), spec.plot.div_id))
+        body.append(table_html(table, index=spec.index))
+    body += [plot_div(spec.plot.make(s), spec.plot.div_id) for spec, _ in tables if spec.plot and not spec.plot.above]
     body += [
         "<h2>Curves per combination</h2>",
         '<p class="note">training loss, held-out eval loss, gradient norm and loss scale per step (log '
