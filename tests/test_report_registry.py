@@ -1,12 +1,13 @@
 """The summary-table registry (sweep/report/registry.py): a table registered once, by one function and one
-`register` call, shows in the terminal text, summary.md, summary_<name>.csv and report.html, with no
-other edit. A renderer that kept its own list fails here."""
+`register` call, shows in the terminal text, summary.md, summary_<name>.csv, report.html and the choices
+of `python -m sweep.report --table`, with no other edit. A renderer that kept its own list fails here."""
 
 from __future__ import annotations
 
 import pandas as pd
 import pytest
 
+from sweep.report.__main__ import main, parser
 from sweep.report.html import render_html
 from sweep.report.registry import TABLES, SummaryTable, TableInputs, register
 from sweep.report.runs import runs_from_dirs
@@ -72,6 +73,18 @@ def test_a_registered_table_shows_in_every_renderer(extra_table, sweep_dir, tmp_
     assert "<h2>Runs per precision</h2>" in page and "18 runs counted by precision and status" in page
 
 
+def test_a_registered_table_is_a_choice_of_the_cli(extra_table, sweep_dir, capsys):
+    assert NAME in parser()._option_string_actions["--table"].choices
+    with pytest.raises(SystemExit):
+        main(["--help"])
+    assert f"{NAME}  runs counted by precision and status" in capsys.readouterr().out
+
+    assert main([str(sweep_dir), "--table", NAME, "--no-html"]) == 0
+    out = capsys.readouterr().out
+    assert out.startswith("18 runs: ") and "Runs per precision" in out
+    assert "Divergence map" not in out and "Recommendation" not in out  # --table: that table alone
+
+
 def test_a_table_can_stay_out_of_the_html_page(sweep_dir, monkeypatch):
     monkeypatch.setitem(
         TABLES,
@@ -82,9 +95,12 @@ def test_a_table_can_stay_out_of_the_html_page(sweep_dir, monkeypatch):
     assert "Runs per precision" in render_text(s) and "Runs per precision" not in render_html(s, "t", "t")
 
 
-def test_a_name_is_registered_once():
+def test_a_name_is_registered_once_and_an_unregistered_one_is_no_choice(sweep_dir, capsys):
     with pytest.raises(ValueError, match="already registered"):
         register(SummaryTable("frontier", "Again", runs_per_precision, lambda s: "", ""))
+    with pytest.raises(SystemExit) as exit_:
+        main([str(sweep_dir), "--table", NAME, "--no-html"])
+    assert exit_.value.code == 2 and "invalid choice" in capsys.readouterr().err
 
 
 def test_the_built_in_tables_in_their_order():

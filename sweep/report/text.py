@@ -13,6 +13,7 @@ from __future__ import annotations
 import logging
 import re
 import textwrap
+from collections.abc import Iterable
 from pathlib import Path
 
 import pandas as pd
@@ -24,15 +25,18 @@ log = logging.getLogger("sweep")
 WIDTH = 100
 
 
-def render_text(s: Summary, width: int = WIDTH) -> str:
+def render_text(s: Summary, width: int = WIDTH, only: Iterable[str] | None = None) -> str:
     """The text printed at the end of a multirun and by `python -m sweep.report`: the run counts, every
-    registered table (sweep/report/registry.py) that is not empty, the recommendation."""
+    registered table (sweep/report/registry.py) that is not empty, the recommendation. `only`: the counts
+    and these tables alone (`--table`)."""
     parts = [s.counts_line()]
-    for spec, table in shown(s):
+    for spec, table in shown(s, only):
         head = textwrap.fill(f"{spec.title} ({spec.explain(s)})", width, subsequent_indent="  ")
         parts += ["", head, table_text(table, index=spec.index, width=width)]
         if spec.lines:
             parts += [textwrap.fill(line, width, subsequent_indent="  ") for line in spec.lines(table)]
+    if only is not None:
+        return "\n".join(parts)
     parts += ["", "Recommendation", textwrap.fill(s.recommendation.line, width, subsequent_indent="  ")]
     if s.confirmed_fixes():
         parts.append(textwrap.fill(s.confirmed_fixes(), width, subsequent_indent="  "))
