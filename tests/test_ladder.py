@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from sweep.config import ConfigError
-from sweep.report.html import ladder_figure
+from sweep.report.figures import ladder_figure
 from sweep.report.ladder import fit_line, ladder_fit, ladder_lines
 from sweep.report.runs import runs_from_dirs
 from sweep.report.summary import summarize

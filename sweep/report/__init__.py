@@ -5,9 +5,10 @@
 One module per job:
 - runs.py       the runs table (one row per run) from run directories; metrics.csv for curves
 - study.py      the same runs table from the ledger (an Optuna study)
-- tables.py     divergence map, frontier, lr sensitivity, toggle effects, root causes
+- tables.py     divergence map, frontier, lr sensitivity, toggle effects, root causes, diagnoses
+- registry.py   every summary table registered once: its builder, title, note, CSV and HTML needs
 - recommend.py  the one-line recommendation, backed by table rows
-- summary.py    every table of a sweep, computed once
+- summary.py    every registered table of a sweep, computed once
 - text.py       terminal text, Markdown, and the summary files of a sweep directory
-- html.py       report.html (plotly, self-contained)
+- html.py       report.html (plotly, self-contained); figures.py its plots that go with a table
 """

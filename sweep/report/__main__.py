@@ -22,6 +22,7 @@ import sys
 from pathlib import Path
 
 from sweep.report.ladder import ladder_settings
+from sweep.report.registry import TABLES
 from sweep.report.runs import runs_from_dirs
 from sweep.report.study import SourceError, is_storage, runs_from_study, storage_url
 from sweep.report.summary import summarize
@@ -41,7 +42,7 @@ def parser(prog: str = "python -m sweep.report") -> argparse.ArgumentParser:
         "its cell); an unreadable or malformed result.json is skipped and named).\n"
         "A storage is a URL (sqlite:///, postgresql://, mysql://), a SQLite\n"
         "file (.db, .sqlite) or an Optuna journal file (.log, .jsonl); the tables come from its\n"
-        "trials, the curves from the run directories the trials name, where they exist.",
+        "trials, the curves from the run directories the trials name, where they exist.\n\n" + table_list(),
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     p.add_argument(
@@ -69,6 +70,14 @@ def parser(prog: str = "python -m sweep.report") -> argparse.ArgumentParser:
         help="also write summary.md, summary.csv, summary.parquet and summary_<table>.csv next to the report",
     )
     p.add_argument(
+        "--table",
+        action="append",
+        choices=list(TABLES),
+        metavar="NAME",
+        help="print only this table (repeatable), after the run counts and without the recommendation; "
+        "the files written keep every table (the tables are listed below)",
+    )
+    p.add_argument(
         "--ladder-target",
         type=float,
         metavar="SIZE",
@@ -83,6 +92,14 @@ def parser(prog: str = "python -m sweep.report") -> argparse.ArgumentParser:
         help=f"wrap the tables at this many columns (default: {WIDTH})",
     )
     return p
+
+
+def table_list() -> str:
+    """The registered tables (sweep/report/registry.py), one line each, for --help."""
+    width = max(len(name) for name in TABLES)
+    return "tables (--table NAME; with --write each is also summary_NAME.csv):\n" + "\n".join(
+        f"  {name:<{width}}  {spec.help}" for name, spec in TABLES.items()
+    )
 
 
 def load(source: str, study: str | None):
@@ -130,7 +147,7 @@ def main(argv: list[str] | None = None, prog: str = "python -m sweep.report") ->
         print(f"{name}: {where}: must be a finite width or depth > 0, got {target:g}", file=sys.stderr)
         return 2
     summary = summarize(runs, target, confidence)
-    print(render_text(summary, args.width), flush=True)
+    print(render_text(summary, args.width, args.table), flush=True)
     written = []
     if args.write:
         written += write_summary(Path(args.html).parent if args.html else out_dir, summary)

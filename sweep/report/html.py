@@ -2,10 +2,11 @@
 
     python -m sweep.report outputs/sweeps/<date>/<time>     # writes report.html there
 
-It holds the recommendation, every summary table, a heatmap of the divergence map (share of decided
-runs that diverged; the cell text is the map's label), and per combination the loss, eval-loss,
-grad-norm and loss-scale curves of its runs, a diverged run marked with an x at its first bad step, and
-with replicate seeds a band of mean ± sd around each lr's eval losses.
+It holds the recommendation, every summary table of the registry (registry.py) with its plot (the
+divergence map's heatmap: share of decided runs that diverged, the cell text the map's label; the
+ladder's fit; figures.py), and per combination the loss, eval-loss, grad-norm and loss-scale curves of
+its runs, a diverged run marked with an x at its first bad step, and with replicate seeds a band of
+mean ± sd around each lr's eval losses.
 
 Every string that comes from a config or a result is escaped: `html.escape` for the page, and the
 same for plotly labels, which plotly renders as a subset of HTML (entities decode back to the text).
@@ -19,12 +20,11 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
+from sweep.report.figures import LINE_COLORS, plot_text
+from sweep.report.registry import Summary, shown
 from sweep.report.runs import PARAM, load_metrics
-from sweep.report.summary import Summary
 from sweep.report.tables import LR, combo_axes, combo_labels, sort_key
-from sweep.report.text import TITLES, explanations, tables
 
-HEATMAP_ID = "divergence-heatmap"
 PLOT_CONFIG = {"displaylogo": False, "responsive": True}
 STYLE = """
 body { font-family: system-ui, sans-serif; margin: 1.5em auto; max-width: 1200px; color: #222; }
@@ -37,19 +37,6 @@ table.tbl th { background: #f3f3f3; }
 .curves { display: grid; grid-template-columns: repeat(auto-fill, minmax(540px, 1fr)); gap: 1em; }
 code { background: #f3f3f3; padding: 0 3px; }
 """
-STATUS_COLORS = [[0.0, "#2e9e44"], [0.5, "#f2c94c"], [1.0, "#d64541"]]
-LINE_COLORS = [
-    "#1f77b4",
-    "#ff7f0e",
-    "#2ca02c",
-    "#d62728",
-    "#9467bd",
-    "#8c564b",
-    "#e377c2",
-    "#7f7f7f",
-    "#bcbd22",
-    "#17becf",
-]
 
 
 def write_report(path: Path, s: Summary, title: str, source: str) -> Path:
@@ -62,25 +49,20 @@ def write_report(path: Path, s: Summary, title: str, source: str) -> Path:
 def render_html(s: Summary, title: str, source: str) -> str:
     from plotly.offline import get_plotlyjs
 
-    notes = explanations(s)
     body = [
         f"<h1>{esc(title)}</h1>",
         f"<p>{esc(s.counts_line())}; from {esc(source)}.</p>",
         "<h2>Recommendation</h2>",
         f'<p class="recommendation">{esc(s.recommendation.line)}</p>',
         *([f'<p class="recommendation">{esc(s.confirmed_fixes())}</p>'] if s.confirmed_fixes() else []),
-        f"<h2>{TITLES['divergence_map']}</h2>",
-        f'<p class="note">{esc(notes["divergence_map"])}</p>',
-        plot_div(heatmap(s), HEATMAP_ID),
     ]
-    for key, table in tables(s).items():
-        if table.empty:
-            continue
-        if key != "divergence_map":
-            body += [f"<h2>{TITLES[key]}</h2>", f'<p class="note">{esc(notes[key])}</p>']
-        body.append(table_html(table, index=key != "toggles"))
-    if not s.ladder.empty:
-        body.append(plot_div(ladder_figure(s.ladder), "ladder"))
+    tables = [(spec, table) for spec, table in shown(s) if spec.in_html]
+    for spec, table in tables:
+        body += [f"<h2>{esc(spec.title)}</h2>", f'<p class="note">{esc(spec.explain(s))}</p>']
+        if spec.plot and spec.plot.above:
+            body.append(plot_div(spec.plot.make(s), spec.plot.div_id))
+        body.append(table_html(table, index=spec.index))
+    body += [plot_div(spec.plot.make(s), spec.plot.div_id) for spec, _ in tables if spec.plot and not spec.plot.above]
     body += [
         "<h2>Curves per combination</h2>",
         '<p class="note">training loss, held-out eval loss, gradient norm and loss scale per step (log '
@@ -109,12 +91,6 @@ def esc(text) -> str:
     return html.escape(str(text), quote=True)
 
 
-def plot_text(text) -> str:
-    """A string for a plotly label: plotly renders <b>, <a href>, ... tags, and decodes &lt; &gt; &amp;
-    (but not &quot;), so escaping the three makes any string plain text."""
-    return html.escape(str(text), quote=False)
-
-
 def table_html(table: pd.DataFrame, index: bool = True) -> str:
     """A summary table as HTML; every cell and header escaped."""
     return table.to_html(
@@ -126,130 +102,6 @@ def plot_div(fig, div_id: str) -> str:
     import plotly.io as pio
 
     return pio.to_html(fig, include_plotlyjs=False, full_html=False, div_id=div_id, config=PLOT_CONFIG)
-
-
-def heatmap(s: Summary):
-    """The divergence map as a heatmap: colour = share of decided runs that diverged, text = cell label."""
-    import plotly.graph_objects as go
-
-    cells = s.cells
-    row_axis, col_axes = cells.attrs["row_axis"], cells.attrs["col_axes"]
-    rows = sorted(cells.row_key.unique(), key=lambda k: sort_key(cells.loc[cells.row_key == k, "row"].iloc[0]))
-    cols = list(
-        dict.fromkeys(["/".join(map(str, c)) if isinstance(c, tuple) else str(c) for c in s.divergence_map.columns])
-    )
-    by_cell = {(r.row_key, r.combo): r for r in cells.itertuples()}
-    z, text, hover = [], [], []
-    for rk in rows:
-        zr, tr, hr = [], [], []
-        for c in cols:
-            cell = by_cell.get((rk, c))
-            zr.append(None if cell is None or pd.isna(cell.frac) else float(cell.frac))
-            tr.append(plot_text(cell.label) if cell is not None else "")
-            hr.append(
-                "no run" if cell is None else f"{cell.diverged}/{cell.decided} decided runs diverged, {cell.runs} runs"
-            )
-        z.append(zr), text.append(tr), hover.append(hr)
-    fig = go.Figure(
-        go.Heatmap(
-            z=z,
-            x=[plot_text(c) for c in cols],
-            y=[plot_text(k) for k in rows],
-            text=text,
-            customdata=hover,
-            texttemplate="%{text}",
-            zmin=0,
-            zmax=1,
-            colorscale=STATUS_COLORS,
-            xgap=2,
-            ygap=2,
-            colorbar={"title": {"text": "diverged"}, "tickformat": ".0%"},
-            hovertemplate="%{y} | %{x}<br>%{text}<br>%{customdata}<extra></extra>",
-        )
-    )
-    fig.update_layout(
-        height=150 + 40 * len(rows),
-        margin={"l": 80, "r": 20, "t": 30, "b": 40},
-        xaxis={
-            "title": {"text": plot_text("/".join(col_axes) or ""), "standoff": 8},
-            "type": "category",
-            "automargin": True,
-        },
-        yaxis={"title": {"text": plot_text(row_axis or "")}, "type": "category", "autorange": "reversed"},
-        plot_bgcolor="#dddddd",
-        title={"text": "grey: no decided run (running, skipped, error or missing)", "font": {"size": 12}},
-    )
-    return fig
-
-
-def ladder_figure(table: pd.DataFrame):
-    """Largest stable lr against size, log-log: each size's bracket as an error bar around lr*, the fitted
-    line extended to the target, and the prediction there with its interval."""
-    import plotly.graph_objects as go
-
-    axis = table.attrs["axis"].split(".")[-1]
-    fig = go.Figure()
-    for i, (combo, r) in enumerate(table.iterrows()):
-        color = LINE_COLORS[i % len(LINE_COLORS)]
-        pts = [p for p in table.attrs["points"][combo] if not pd.isna(p[3])]
-        if pts:
-            sizes, lo, hi, mid = (list(c) for c in zip(*pts))
-            fig.add_trace(
-                go.Scatter(
-                    x=sizes,
-                    y=mid,
-                    mode="markers",
-                    name=plot_text(f"{combo}: measured"),
-                    marker={"color": color, "size": 8},
-                    error_y=_error_bars(mid, lo, hi),
-                )
-            )
-        if pd.isna(r.exponent) or not pts:
-            continue
-        x_end = r.target if not pd.isna(r.predicted_lr) else max(sizes)
-        xs = np.geomspace(min(sizes), x_end, 30)
-        # least squares passes through the centroid of the fitted points (log-log)
-        ys_fit = np.exp(np.mean(np.log(mid)) + r.exponent * (np.log(xs) - np.mean(np.log(sizes))))
-        fig.add_trace(
-            go.Scatter(
-                x=xs,
-                y=ys_fit,
-                mode="lines",
-                name=plot_text(f"{combo}: fit, exponent {r.exponent:.2f}"),
-                line={"color": color, "dash": "dash"},
-            )
-        )
-        if not pd.isna(r.predicted_lr):
-            err = {} if pd.isna(r.low) else {"error_y": _error_bars([r.predicted_lr], [r.low], [r.high])}
-            fig.add_trace(
-                go.Scatter(
-                    x=[r.target],
-                    y=[r.predicted_lr],
-                    mode="markers",
-                    name=plot_text(f"{combo}: predicted at {axis} {r.target:g}"),
-                    marker={"color": color, "size": 11, "symbol": "diamond-open"},
-                    **err,
-                )
-            )
-    fig.update_xaxes(type="log", title_text=axis)
-    fig.update_yaxes(type="log", title_text="largest stable lr", tickformat=".1e")
-    fig.update_layout(
-        title={"text": "Frontier across sizes", "font": {"size": 14}},
-        height=480,
-        margin={"l": 70, "r": 10, "t": 50, "b": 50},
-        legend={"font": {"size": 10}},
-    )
-    return fig
-
-
-def _error_bars(centres: list, lows: list, highs: list) -> dict:
-    """Plotly's asymmetric error bars spanning [low, high] around each centre."""
-    return {
-        "type": "data",
-        "symmetric": False,
-        "array": [h - c for h, c in zip(highs, centres)],
-        "arrayminus": [c - lo for c, lo in zip(centres, lows)],
-    }
 
 
 def curve_figures(runs: pd.DataFrame) -> list:

@@ -12,6 +12,9 @@ decide anything; `skipped`, `error` and `running` runs are shown but never count
 4. toggle_effects   per axis and pair of values: runs equal in everything else, diverged with each
                     value, and the change in largest stable lr in lr-grid steps
 5. root_causes      verdict and mechanism x where the run first went wrong
+6. diagnoses        diverged runs with a diagnosis.json: mechanism, fix, whether a run confirmed it
+
+Each is registered, with its title and what the renderers need, in registry.py.
 """
 
 from __future__ import annotations
@@ -198,7 +201,12 @@ def divergence_map(runs: pd.DataFrame, cells: pd.DataFrame | None = None) -> tup
         columns = pd.MultiIndex.from_tuples([tuple(_key(v) for v in combos[c]) for c in order], names=col_axes)
     else:
         columns = pd.Index(order, name=col_axes[0] if col_axes else None)
-    return pd.DataFrame(data, index=index, columns=columns), "/".join(col_axes) or "(no other swept axis)"
+    return pd.DataFrame(data, index=index, columns=columns), map_legend(cells)
+
+
+def map_legend(cells: pd.DataFrame) -> str:
+    """The axes of the divergence map's columns, "precision/attention"."""
+    return "/".join(cells.attrs["col_axes"]) or "(no other swept axis)"
 
 
 def _mode(values: list):

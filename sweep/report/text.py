@@ -4,6 +4,8 @@ Files written next to the runs (`write_summary`):
 - summary.md              every table and the recommendation
 - summary.csv / .parquet  the runs table, one row per run (what every table is computed from)
 - summary_<table>.csv     each table on its own; the divergence map in long form, one row per cell
+
+Which tables, their titles and their notes come from the registry (sweep/report/registry.py).
 """
 
 from __future__ import annotations
@@ -11,79 +13,30 @@ from __future__ import annotations
 import logging
 import re
 import textwrap
+from collections.abc import Iterable
 from pathlib import Path
 
 import pandas as pd
 
-from sweep.report.ladder import ladder_lines
-from sweep.report.noise import quality_column, quality_name
-from sweep.report.summary import Summary
+from sweep.report.registry import TABLES, Summary, shown
 
 log = logging.getLogger("sweep")
 
 WIDTH = 100
-TITLES = {
-    "divergence_map": "Divergence map",
-    "frontier": "Stability frontier",
-    "lr_sensitivity": "LR sensitivity",
-    "toggles": "Effect of each toggle",
-    "root_causes": "Root causes",
-    "ladder": "Frontier across sizes",
-    "diagnoses": "Diagnoses",
-}
 
 
-def explanations(s: Summary) -> dict[str, str]:
-    """One sentence under each table's title, saying how to read it."""
-    q = quality_name(quality_column(s.runs))
-    return {
-        "divergence_map": f"columns: {s.map_columns}; rows: {s.divergence_map.index.name or '-'}; cell: stable, "
-        "verdict@first_bad_step, or k/n div (diverged of the decided seeds); "
-        "* = more runs still running, - = no run",
-        "frontier": "per combination: the largest lr stable in every replicate and the smallest lr that "
-        f"diverged; at the former the {q}: mean, spread (sd over replicates, - with one) and replicates; "
-        f"best_lr, the stable lr of the lowest mean {q}; mean steps/s of its stable runs",
-        "lr_sensitivity": f"Wortsman et al. 2023: mean over the lr grid of min({q}, initial loss) - best_loss, "
-        "diverged runs at the initial loss; lower is more robust, 0 = every lr reached the best loss, - = no "
-        "stable run; spread: sd of the same number per seed; vs_best: tie = within noise (2 standard errors)",
-        "toggles": "runs equal in everything else but this axis (a vs b): pairs, diverged with a and with b; "
-        "combos: matched combinations; lr_steps: change of the largest stable lr from a to b, in "
-        f"lr-grid steps; eval_change: mean relative change of the {q} from a to b over pairs stable on both "
-        "sides, eval_noise: 2 standard errors of it; quality: tie when within noise (or under 0.1%)",
-        "root_causes": "diverged runs: verdict and mechanism (why: sweep/diagnose) x where it first went wrong",
-        "ladder": "per combination of the other axes: log(largest stable lr) fitted against log(size) over the "
-        "sizes whose lr bracket is closed (lr* = sqrt(max stable x min diverging)); exponent = slope; the "
-        "prediction at the target size with its interval (Student t, residual + bracket variance; 3+ sizes); "
-        "an extrapolation, not a measurement (docs/ladder.md)",
-        "diagnoses": "diverged runs diagnosed (python -m sweep.diagnose RUN_DIR; diagnosis.json): mechanism; "
-        "table_agrees: whether the counterfactual runs (same config, fp32, reference kernels, without extreme "
-        "samples, lr/10, update clipping) bear it out; the fix, and whether a run from step 0 with it was stable",
-    }
-
-
-def tables(s: Summary) -> dict[str, pd.DataFrame]:
-    return {
-        "divergence_map": s.divergence_map,
-        "frontier": s.frontier,
-        "lr_sensitivity": s.lr_sensitivity,
-        "toggles": s.toggles,
-        "root_causes": s.root_causes,
-        "ladder": s.ladder,
-        "diagnoses": s.diagnoses,
-    }
-
-
-def render_text(s: Summary, width: int = WIDTH) -> str:
-    """The text printed at the end of a multirun and by `python -m sweep.report`."""
+def render_text(s: Summary, width: int = WIDTH, only: Iterable[str] | None = None) -> str:
+    """The text printed at the end of a multirun and by `python -m sweep.report`: the run counts, every
+    registered table (sweep/report/registry.py) that is not empty, the recommendation. `only`: the counts
+    and these tables alone (`--table`)."""
     parts = [s.counts_line()]
-    notes = explanations(s)
-    for key, table in tables(s).items():
-        if table.empty:
-            continue
-        head = textwrap.fill(f"{TITLES[key]} ({notes[key]})", width, subsequent_indent="  ")
-        parts += ["", head, table_text(table, index=key != "toggles", width=width)]
-        if key == "ladder":
-            parts += [textwrap.fill(line, width, subsequent_indent="  ") for line in ladder_lines(table)]
+    for spec, table in shown(s, only):
+        head = textwrap.fill(f"{spec.title} ({spec.explain(s)})", width, subsequent_indent="  ")
+        parts += ["", head, table_text(table, index=spec.index, width=width)]
+        if spec.lines:
+            parts += [textwrap.fill(line, width, subsequent_indent="  ") for line in spec.lines(table)]
+    if only is not None:
+        return "\n".join(parts)
     parts += ["", "Recommendation", textwrap.fill(s.recommendation.line, width, subsequent_indent="  ")]
     if s.confirmed_fixes():
         parts.append(textwrap.fill(s.confirmed_fixes(), width, subsequent_indent="  "))
@@ -95,20 +48,18 @@ def table_text(table: pd.DataFrame, index: bool = True, width: int = WIDTH) -> s
 
 
 def render_markdown(s: Summary, title: str = "Sweep summary") -> str:
-    notes = explanations(s)
     md = [f"# {md_escape(title)}", "", md_escape(s.counts_line()) + "."]  # statuses come from result.json files
-    for key, table in tables(s).items():
-        if not table.empty:
-            md += [
-                "",
-                f"## {TITLES[key]}",
-                "",
-                md_escape(notes[key]) + ".",
-                "",
-                to_markdown(table, index=key != "toggles"),
-            ]
-            if key == "ladder":
-                md += ["", *(f"- {md_escape(line)}" for line in ladder_lines(table))]
+    for spec, table in shown(s):
+        md += [
+            "",
+            f"## {md_escape(spec.title)}",
+            "",
+            md_escape(spec.explain(s)) + ".",
+            "",
+            to_markdown(table, index=spec.index),
+        ]
+        if spec.lines:
+            md += ["", *(f"- {md_escape(line)}" for line in spec.lines(table))]
     md += ["", "## Recommendation", "", md_escape(s.recommendation.line)]
     if s.confirmed_fixes():
         md += ["", md_escape(s.confirmed_fixes())]
@@ -145,19 +96,11 @@ def write_summary(sweep_dir: Path, s: Summary) -> list[Path]:
         written.append(sweep_dir / "summary.parquet")
     except ImportError:
         log.info("summary.parquet not written: pip install pyarrow")
-    long_forms = {
-        "divergence_map": s.cells.drop(columns=["row_key"], errors="ignore"),
-        "frontier": s.frontier,
-        "lr_sensitivity": s.lr_sensitivity,
-        "toggles": s.toggles,
-        "root_causes": s.root_causes,
-        "ladder": s.ladder,
-        "diagnoses": s.diagnoses,
-    }
-    for key, table in long_forms.items():
+    for name, spec in TABLES.items():
+        table = spec.long_form(s) if spec.long_form else s.tables[name]
         if not table.empty:
-            path = sweep_dir / f"summary_{key}.csv"
-            table.to_csv(path, index=key not in ("divergence_map", "toggles"))
+            path = sweep_dir / f"summary_{name}.csv"
+            table.to_csv(path, index=spec.index and spec.long_form is None)
             written.append(path)
     return written
 
