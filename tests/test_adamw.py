@@ -14,8 +14,7 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from sweep.run.adamw import DeviceAdamW, Hyper, scalars
-from sweep.run.packed import StackedAdamW
+from sweep.run.adamw import DeviceAdamW, Hyper, StackedAdamW, scalars
 
 
 def schedule(step: int) -> float:

@@ -134,7 +134,7 @@ def test_folder_data_in_windows_is_one_sync_per_step_packed_and_alone(tmp_path):
         ]
         assert all(r.sync["windows"] == (0 if sync == 1 else 2) and r.sync["taken_back"] == 0 for r in results)
     assert got[4] == got[1] and {s for s, *_ in got[1]} == {"stable"}
-    alone = {}  # and a lone run the same way (sweep.run.train._Loop.device_step with x0 from the host)
+    alone = {}  # and a lone run the same way (sweep.run.train.Lone.device_step with x0 from the host)
     for sync in (1, 4):
         r = execute(make_run(*common, f"monitor.sync_every={sync}", fast=False), tmp_path / f"alone{sync}", params={})
         alone[sync] = (r.status, (tmp_path / f"alone{sync}" / "metrics.csv").read_bytes(), r.sync["windows"])

@@ -17,12 +17,11 @@ from torch.utils._python_dispatch import TorchDispatchMode
 
 from sweep.data.batches import load_batch
 from sweep.run.execute import prepare
-from sweep.run.packed import _Pack
+from sweep.run.packed import Pack
 from sweep.run.progress import RunProgress
 from sweep.run.results import MetricsLog, RunResult
 from sweep.run.scaler import DeviceLossScaler
-from sweep.run.train import _Loop
-from sweep.run.window import Snapshot
+from sweep.run.train import Lone
 
 from .conftest import make_run
 
@@ -76,7 +75,7 @@ def test_a_window_step_reads_nothing_back_to_the_host(tmp_path, name):
     """Batch gather and check, noise, forward, scaled backward, unscale, norm, scaler decision, clipping, AdamW."""
     run = make_run("device=cpu", "threads=1", "steps=4", "monitor.sync_every=4", *STEP_CASES[name])
     parts = prepare(run, tmp_path, RunResult(status="error"))
-    loop = _Loop(run, parts, MetricsLog(), RunProgress(4, run.progress, 1), (), None)
+    loop = Lone(run, parts, MetricsLog(), RunProgress(4, run.progress, 1))
     assert loop.batches is not None  # synthetic data on the device
     parts.optimizer.at(0)  # the clock, set once: the step reads it on the device and moves it on
     for step in range(3):  # step 0 moves the DDPM schedule to the device once (not a sync)
@@ -105,7 +104,7 @@ def test_a_pack_step_reads_nothing_back_to_the_host(tmp_path):
         for i, c in enumerate([0.0, 0.05])
     ]
     parts = [prepare(r, tmp_path / str(i), RunResult(status="error")) for i, r in enumerate(runs)]
-    pack = _Pack(runs, parts, [MetricsLog(), MetricsLog()], RunProgress(3, runs[0].progress, 1), [None, None])
+    pack = Pack(runs, parts, [MetricsLog(), MetricsLog()], RunProgress(3, runs[0].progress, 1), [None, None])
     live = [0, 1]
     assert pack.device_batches is not None  # synthetic data on the device
     pack.opt.at(0)  # the clock, set once
@@ -135,16 +134,17 @@ def test_adamw_updates_its_state_in_place(tmp_path):
     """The weights, moments and update counts a captured update writes are the ones the next replay reads."""
     run = make_run("device=cpu", "threads=1", "steps=3")
     parts = prepare(run, tmp_path, RunResult(status="error"))
-    loop = _Loop(run, parts, MetricsLog(), RunProgress(3, run.progress, 1), (), None)
+    loop = Lone(run, parts, MetricsLog(), RunProgress(3, run.progress, 1))
     seen = None
     for step in range(3):
-        loop.forward_backward(step, load_batch(parts.dataset, parts.order.indices(step)))
+        parts.optimizer.at(step)
+        loop.forward_backward(load_batch(parts.dataset, parts.order.indices(step)), logits=False)
         parts.optimizer.step()
         state = [(p, *parts.optimizer.state[p].values()) for p in loop.params]
         assert seen is None or all(a is b for old, new in zip(seen, state) for a, b in zip(old, new))
         seen = state
         if step == 1:
-            snapshot = Snapshot(parts, loop.params)
+            snapshot = loop.snapshot()
         parts.optimizer.zero_grad(set_to_none=True)
     assert float(parts.optimizer.state[loop.params[0]]["step"]) == 3
     snapshot.restore()  # a window taken back: its state is put back into the same tensors
@@ -248,7 +248,7 @@ def test_a_failed_capture_takes_its_warm_up_back_and_the_run_goes_on(tmp_path, c
     from sweep.run.graph import WARMUP
 
     calls = {"n": 0}
-    device_step = _Loop.device_step
+    device_step = Lone.device_step
 
     def counted(self, *args, **kwargs):
         calls["n"] += 1
@@ -258,7 +258,7 @@ def test_a_failed_capture_takes_its_warm_up_back_and_the_run_goes_on(tmp_path, c
     for mode in ("false", "true"):
         calls["n"] = 0
         with pytest.MonkeyPatch.context() as mp:
-            mp.setattr(_Loop, "device_step", counted)
+            mp.setattr(Lone, "device_step", counted)
             r = execute(make_run(*CAPTURED, f"graph={mode}"), tmp_path / mode, params={})
         got[mode] = (r.status, r.verdict, (tmp_path / mode / "metrics.csv").read_bytes(), r.sync, calls["n"])
     assert got["false"][3]["taken_back"] == 0  # every window stands: nothing but the restore undoes the warm-up

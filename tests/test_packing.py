@@ -138,7 +138,7 @@ def test_packed_autocast_gives_every_module_the_dtype_it_has_alone(precision):
     fp32 bias would lift the packed activations to fp32 (pytorch#192617): a packed fp16 run that never
     overflows where the lone one does. Every module must output what it outputs alone."""
     from sweep.run.build import build_parts, reset_process_state
-    from sweep.run.packed import PackedModel
+    from sweep.run.packed_model import PackedModel
     from sweep.run.precision import PrecisionPolicy
 
     run = make_run(f"precision={precision}", "threads=1")
@@ -177,7 +177,7 @@ def softmax_dtypes(forward_and_backward) -> set[tuple[str, tuple]]:
 @pytest.mark.parametrize("precision", ["bf16_amp", "fp16_amp"])
 def test_packed_math_attention_runs_its_softmax_in_the_dtype_it_has_alone(precision):
     from sweep.run.build import build_parts, reset_process_state
-    from sweep.run.packed import PackedModel
+    from sweep.run.packed_model import PackedModel
     from sweep.run.precision import PrecisionPolicy
 
     run = make_run(f"precision={precision}", "attention=math", "device=cpu", "threads=1")

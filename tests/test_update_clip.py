@@ -17,8 +17,7 @@ import pytest
 import torch
 
 from sweep.config import ConfigError, flatten
-from sweep.run.adamw import DeviceAdamW, update_
-from sweep.run.packed import StackedAdamW
+from sweep.run.adamw import DeviceAdamW, StackedAdamW, update_
 
 from .conftest import make_run
 from .test_adamw import same_bits, schedule, weights

@@ -63,13 +63,9 @@ def test_a_window_gives_every_verdict_and_row_of_one_sync_per_step(tmp_path, nam
     alone, alone_rows = outcome(tmp_path, overrides, 1)
     assert alone.verdict == verdict and (bad_step is None or alone.first_bad_step == bad_step), alone
     host_steps, loops = [], []  # steps run alone, by any loop (forensics replays too) / the loops, as made
-    one, init = train_module._Loop.one, train_module._Loop.__init__
-    monkeypatch.setattr(
-        train_module._Loop,
-        "one",
-        lambda self, step, probe=None: host_steps.append((self, step)) or one(self, step, probe),
-    )
-    monkeypatch.setattr(train_module._Loop, "__init__", lambda self, *a: loops.append(self) or init(self, *a))
+    one, init = train_module.Lone.one, train_module.Lone.__init__
+    monkeypatch.setattr(train_module.Lone, "one", lambda self, step: host_steps.append((self, step)) or one(self, step))
+    monkeypatch.setattr(train_module.Lone, "__init__", lambda self, *a: loops.append(self) or init(self, *a))
     windowed, windowed_rows = outcome(tmp_path, overrides, sync_every)
     alone_in_run = [s for loop, s in host_steps if loop is loops[0]]  # the run's own loop, not a replay's
     host_steps = [s for _, s in host_steps]
@@ -112,15 +108,17 @@ def test_a_pack_in_windows_gives_every_run_what_one_sync_per_step_gives(tmp_path
     sizes, 3 and 5): each run's verdict, first bad step, cause and metrics rows equal the pack's with one
     sync per step, byte for byte."""
     from sweep.run import packed
+    from sweep.run import window as window_module
     from sweep.run.packing import execute_pack
 
-    outcomes, window = [], packed._Pack.window
+    outcomes, window = [], window_module._window
 
-    def recorded(self, *args):
-        outcomes.append(window(self, *args))
-        return outcomes[-1]
+    def recorded(stepper, *args):
+        result, *rest = window(stepper, *args)
+        outcomes.append((result.taken_back_at is None, isinstance(stepper, packed.Pack)))
+        return result, *rest
 
-    monkeypatch.setattr(packed._Pack, "window", recorded)
+    monkeypatch.setattr(window_module, "_window", recorded)
 
     common = ["precision=fp16_amp", "steps=24", "threads=1", "data.batch_size=2", "monitor.forensics=false"]
     per_run = [
@@ -146,6 +144,7 @@ def test_a_pack_in_windows_gives_every_run_what_one_sync_per_step_gives(tmp_path
         else:  # the pack's window is its smallest: 3 steps, so at most 2 ran past a first bad step
             assert all(s["windows"] > 0 and s["ran_past_first_bad"] <= 2 for s in syncs), syncs
     assert got[3] == got[1]
+    assert all(is_pack for _, is_pack in outcomes)
     assert any(stood for stood, _ in outcomes) and not all(stood for stood, _ in outcomes)  # both kinds ran
     verdicts = {v for _, v, *_ in got[1][0]}
     assert {None, "loss_spike", "bad_input"} <= verdicts, got[1][0]

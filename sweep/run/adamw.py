@@ -24,8 +24,8 @@ computes `w + value * (m / denom)`, add keeps its scalar in fp32); this module k
 roundings on both devices, so a CUDA run may differ from torch's CUDA AdamW in a last bit, and is
 deterministic either way.
 
-`update_` takes K runs stacked along a leading dimension (sweep/run/packed.py); a lone run's weight is
-a stack of one.
+`update_` takes K runs stacked along a leading dimension; a lone run's weight is a stack of one. DeviceAdamW
+is one run's optimizer (sweep/run/train.py), StackedAdamW every packed run's (sweep/run/packed.py).
 
 Update clipping (`optim.update_clip`, off at 0): StableAdamW's (Wortsman et al. 2023b, arXiv 2304.13013,
 Algorithm 2, as the authors' reference StableAdamWUnfused does it). Loss spikes there follow steps where
@@ -237,6 +237,21 @@ class DeviceAdamW(torch.optim.Optimizer):
         """The next update is step `step`'s (its lr)."""
         self.clock.fill_(step)
 
+    def saved(self) -> Callable[[], None]:
+        """A copy of the state as it is now, and the function that puts it back in place (a window's snapshot,
+        sweep/run/window.py): a captured update writes the tensors it was captured with, and state made since
+        (a window's first update creates it) goes."""
+        saved = {p: {k: v.clone() if torch.is_tensor(v) else v for k, v in s.items()} for p, s in self.state.items()}
+
+        def restore() -> None:
+            for p in [p for p in self.state if p not in saved]:
+                del self.state[p]
+            for p, tensors in saved.items():
+                for k, v in tensors.items():
+                    self.state[p][k].copy_(v)
+
+        return restore
+
     @torch.no_grad()
     def step(self, closure=None) -> None:
         """Update every weight that has a gradient (torch skips the others, count included)."""
@@ -260,3 +275,73 @@ class DeviceAdamW(torch.optim.Optimizer):
                 s = self.state[p]
                 one = [t.unsqueeze(0) for t in (p, p.grad, s["exp_avg"], s["exp_avg_sq"])]  # a stack of one run
                 update_(*one, cols[:, i : i + 1], h.consts, decays, h.update_clip)
+
+
+class StackedAdamW:
+    """Every run's AdamW as one update of the stacked weights: sweep.run.adamw.update_, run k with the scalars
+    of its own optimizer (its lr table, betas, eps and weight decay: sweep.run.adamw.DeviceAdamW) and its
+    own update count. So each run's update is the one it takes alone, bit for bit, and pure fp16 still turns
+    eps=1e-8 into 0 and divides 0 by 0. A run whose step is skipped (overflow, verdict) keeps its weights,
+    moments and count untouched."""
+
+    def __init__(self, parts: Sequence, params: dict[str, torch.Tensor]):
+        # packable runs have one group (sweep.run.packing.refusal)
+        self.hyper = Hyper.stack([p.optimizer.hyper[0] for p in parts])
+        self.beta2 = [p.optimizer.param_groups[0]["betas"][1] for p in parts]
+        self.decays = any(p.optimizer.param_groups[0]["weight_decay"] != 0 for p in parts)
+        self.moments = {n: (torch.zeros_like(w), torch.zeros_like(w)) for n, w in params.items() if w.requires_grad}
+        self.device = next(iter(params.values())).device
+        self.counts = torch.zeros(len(parts), dtype=torch.long, device=self.device)
+        """Each packed run's update count, in pack order."""
+        self.clock = torch.zeros(1, dtype=torch.long, device=self.device)
+
+    def keep(self, positions: list[int]) -> None:
+        index = torch.tensor(positions, dtype=torch.long, device=self.device)
+        self.moments = {n: (m[index], v[index]) for n, (m, v) in self.moments.items()}
+        self.hyper, self.counts = self.hyper.keep(index), self.counts[index]
+
+    def second_moment(self, position: int, run: int) -> tuple[float, int, float]:
+        """Run `run`'s (at `position` in the pack) sum of v, update count and beta2, as
+        sweep.run.adam_lag.adamw_second_moment."""
+        return (
+            sum(float(v[position].float().sum()) for _, v in self.moments.values()),
+            int(self.counts[position]),
+            self.beta2[run],
+        )
+
+    def at(self, step: int) -> None:
+        """The next update is step `step`'s (each run's lr of that step)."""
+        self.clock.fill_(step)
+
+    def saved(self) -> Callable[[], None]:
+        """A copy of the moments and counts as they are now, and the function that puts them back in place
+        (a window's snapshot, sweep/run/window.py)."""
+        moments = {n: (m.clone(), v.clone()) for n, (m, v) in self.moments.items()}
+        counts = self.counts.clone()
+
+        def restore() -> None:
+            with torch.no_grad():
+                for n, (m, v) in self.moments.items():
+                    m.copy_(moments[n][0])
+                    v.copy_(moments[n][1])
+                self.counts.copy_(counts)
+
+        return restore
+
+    @torch.no_grad()
+    def step(self, params: dict[str, torch.Tensor], stepping: list[bool] | None = None) -> None:
+        """Update the packed runs whose `stepping` is True (in pack order; None: every run, with nothing from
+        the host, as a window's step does) with their lr of the step the clock is at."""
+        keep = [i for i, go in enumerate(stepping) if not go] if stepping is not None else []
+        self.counts += torch.tensor(stepping, device=self.device) if keep else 1
+        lr = self.hyper.lr.index_select(1, self.clock).view(-1)
+        cols = scalars(lr, self.hyper, self.counts.clamp(min=1))  # (ROWS, K); a skipped run's are unused
+        for name, (m, v) in self.moments.items():
+            w, g = params[name].detach(), params[name].grad
+            if g is None:
+                continue
+            saved = [t[keep].clone() for t in (w, m, v)] if keep else None
+            update_(w, g, m, v, cols, self.hyper.consts, self.decays, self.hyper.update_clip)
+            if saved:
+                for t, old in zip((w, m, v), saved):
+                    t[keep] = old

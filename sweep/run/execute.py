@@ -35,7 +35,8 @@ from sweep.run.monitor import Divergence
 from sweep.run.precision import PrecisionPolicy
 from sweep.run.progress import RunProgress
 from sweep.run.results import MetricSink, MetricsLog, RunResult, package_versions, write_result
-from sweep.run.train import StepHook, train
+from sweep.run.step import StepHook
+from sweep.run.train import train
 from sweep.run.window import Syncs
 
 log = logging.getLogger("sweep")

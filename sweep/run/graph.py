@@ -3,7 +3,7 @@
     python -m sweep device=cuda monitor.sync_every=8 graph=true
 
 On a GPU a small run is launch-bound: thousands of kernel launches per step, each costing the host more than
-the GPU's work. A window's step (sweep.run.train._Loop.device_step) reads nothing from the host and takes
+the GPU's work. A window's step (sweep.run.train.Lone.device_step) reads nothing from the host and takes
 its step number from a device clock, so one capture of it replays as any later step: the same kernels on the
 same tensors, so the same numbers, bit for bit, as running it eagerly.
 
@@ -29,7 +29,7 @@ back to eager steps with a warning, and the run goes on.
 from __future__ import annotations
 
 import logging
-from typing import Callable
+from typing import Protocol
 
 import torch
 
@@ -52,25 +52,36 @@ def wanted(mode: str, device: torch.device) -> bool:
     return mode == "true" and device.type == "cuda"
 
 
-class StepGraph:
-    """One window step (`step()` -> (row, pred, batch), device state only) as a CUDA graph, or eager until
-    captured. The loop that owns the step says what the capture needs: its clock, weights, noise generators,
-    a snapshot of its state, how to drop its gradients, and whether its optimizer has its state yet."""
+class Capturable(Protocol):
+    """What a loop gives StepGraph: sweep.run.train.Lone (one run) or sweep.run.packed.Pack (K runs)."""
 
-    def __init__(
-        self,
-        step: Callable[[], tuple],
-        *,
-        clock: torch.Tensor,
-        params: Callable[[], list[torch.Tensor]],
-        generators: Callable[[], list[torch.Generator]],
-        snapshot: Callable[[], object],
-        zero_grad: Callable[[], None],
-        has_state: Callable[[], bool],
-        steps: int,
-    ):
-        self.step, self.clock, self.params, self.generators = step, clock, params, generators
-        self.snapshot, self.zero_grad, self.has_state, self.steps = snapshot, zero_grad, has_state, steps
+    clock: torch.Tensor
+    """The device step index the window's step reads its batch and lr from, and moves on."""
+
+    def captured_step(self) -> tuple:
+        """One window step from device state alone: (row, pred, batch)."""
+
+    params: list[torch.Tensor]
+    """The weights whose `.grad` the step writes."""
+    generators: list[torch.Generator]
+    """The noise generators the step draws from."""
+
+    def snapshot(self):
+        """The loop's state as it is now (sweep.run.window.Snapshot)."""
+
+    def zero_grad(self) -> None:
+        """Drop the gradients."""
+
+    def has_state(self) -> bool:
+        """Whether the optimizer's state exists (the first update made it)."""
+
+
+class StepGraph:
+    """A loop's window step (`captured_step()` -> (row, pred, batch), device state only) as a CUDA graph, or
+    eager until captured. The loop says what the capture needs (Capturable); `steps` is its last step + 1."""
+
+    def __init__(self, loop: Capturable, steps: int):
+        self.loop, self.steps = loop, steps
         self.graph: torch.cuda.CUDAGraph | None = None
         self.failed: str | None = None
         """Why the capture failed (the run then stays eager), or None."""
@@ -80,7 +91,7 @@ class StepGraph:
         the run has the warm-up's steps left (their batches and lrs are table rows: none past the last step)."""
         if self.graph is not None:
             return True
-        return self.failed is None and step + WARMUP < self.steps and self.has_state()
+        return self.failed is None and step + WARMUP < self.steps and self.loop.has_state()
 
     def reset(self) -> None:
         """The tensors the graph captured were replaced (a pack compacting): capture again when next asked."""
@@ -91,32 +102,33 @@ class StepGraph:
         if self.graph is None:
             self._capture()
             if self.graph is None:
-                return self.step()
+                return self.loop.captured_step()
         self.graph.replay()
-        for p, g in zip(self.params(), self.grads):
+        for p, g in zip(self.loop.params, self.grads):
             p.grad = g
         row, pred, batch = self.out
         return row.clone(), pred, batch  # the row is read after the window's later replays overwrote it
 
     def _capture(self) -> None:
-        snapshot, clock, device = self.snapshot(), self.clock.clone(), self.clock.device
+        loop = self.loop
+        snapshot, clock, device = loop.snapshot(), loop.clock.clone(), loop.clock.device
         try:
             side = torch.cuda.Stream(device)
             side.wait_stream(torch.cuda.current_stream(device))
             with torch.cuda.stream(side):
                 for _ in range(WARMUP):
-                    self.zero_grad()
-                    self.step()
+                    loop.zero_grad()
+                    loop.captured_step()
             torch.cuda.current_stream(device).wait_stream(side)
             snapshot.restore()  # in place: the warm-up steps are gone, the tensors are the same
-            self.clock.copy_(clock)
+            loop.clock.copy_(clock)
             graph = torch.cuda.CUDAGraph()
-            for generator in self.generators():  # each replay draws the next noise, as an eager step does
+            for generator in loop.generators:  # each replay draws the next noise, as an eager step does
                 graph.register_generator_state(generator)
-            self.zero_grad()  # the backward allocates the gradients in the graph's pool
+            loop.zero_grad()  # the backward allocates the gradients in the graph's pool
             with torch.cuda.graph(graph):
-                self.out = self.step()
-            self.grads = [p.grad for p in self.params()]
+                self.out = loop.captured_step()
+            self.grads = [p.grad for p in loop.params]
             self.graph = graph
         except RuntimeError as e:  # a kernel or an op that cannot be captured: eager steps, same numbers
             self.failed = f"{type(e).__name__}: {e}".splitlines()[0]
@@ -124,4 +136,4 @@ class StepGraph:
                 "graph=true: the step could not be captured as a CUDA graph (%s); running it eagerly", self.failed
             )
             snapshot.restore()
-            self.clock.copy_(clock)
+            loop.clock.copy_(clock)

@@ -19,7 +19,7 @@ and where the explanation finds a run's weights and prediction.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Callable, Protocol, Sequence
+from typing import TYPE_CHECKING, Protocol, Sequence
 
 import torch
 
@@ -28,6 +28,9 @@ from sweep.run.monitor import Divergence, DivergenceMonitor
 from sweep.run.precision import ScalerEvent
 from sweep.run.results import MetricsLog
 from sweep.run.scaler import EVENTS, DeviceLossScaler
+
+if TYPE_CHECKING:
+    from sweep.run.build import RunParts
 
 
 class Grads(Protocol):
@@ -66,6 +69,27 @@ class LoneGrads:
 
     def of(self, i: int) -> list[torch.Tensor]:
         return self.grads
+
+
+class StackedGrads:
+    """The pack's gradients: one (K, ...) tensor per parameter, run k's in row k (sweep.run.step.Grads)."""
+
+    def __init__(self, grads: list[torch.Tensor]):
+        self.grads = grads
+
+    def norms(self) -> torch.Tensor:
+        """Each run's global L2 norm (K,), accumulated in fp32 like sweep.run.step.global_grad_norm."""
+        per_tensor = [
+            torch.linalg.vector_norm(g.reshape(g.shape[0], -1), dim=1, dtype=torch.float32) for g in self.grads
+        ]
+        return torch.linalg.vector_norm(torch.stack(per_tensor), dim=0)
+
+    def scale_(self, factors: torch.Tensor) -> None:
+        for g in self.grads:  # rounded to the gradient's dtype, as sweep.run.step.Grads says
+            g.mul_(factors.to(g.dtype).view(-1, *[1] * (g.dim() - 1)))
+
+    def of(self, i: int) -> list[torch.Tensor]:
+        return [g[i] for g in self.grads]
 
 
 @dataclass
@@ -182,10 +206,11 @@ class Steps:
         )
 
 
-def first_of(
-    current: Divergence | None, verdict: Divergence | None, explain: Callable[[], Divergence]
-) -> Divergence | None:
-    """The run's first verdict: `current` when there is one, else this step's explained (None: none yet)."""
-    if current is not None or verdict is None:
-        return current
-    return explain()
+class StepHook(Protocol):
+    """Something that acts after each step: saves a checkpoint, reports to a pruner, ...
+
+    A hook whose class sets `window_safe = True` reads only what after_step is given, so it may be called
+    for a window's steps once the window ran (sweep/run/window.py); any other hook turns windows off."""
+
+    def after_step(self, step: int, loss: float, parts: RunParts) -> bool:
+        """Called once the step is logged; True stops the run after this step (not a divergence)."""

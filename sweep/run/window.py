@@ -1,15 +1,16 @@
-"""Windows of steps that run with no device sync, and how one is taken back.
+"""Windows of steps that run with no device sync, how one is taken back, and the one driver of both loops.
 
-With `monitor.sync_every` > 1 the lone loop (sweep/run/train.py) runs up to that many steps back to
-back without asking the host anything: every step's row (sweep.run.step.Steps.record) stays on the
-device, AdamW steps unconditionally, and the host fetches the window's rows in one sync at its end.
-If every step of the window is one the host would have let through (the scaler said step and the
-monitor found nothing), the window stands: its rows are judged and logged in order, exactly as they
-would have been one by one. Otherwise the window is taken back (`Snapshot.restore`: weights, AdamW's
-state, the RNGs, the scaler, the monitor) and its steps run again one sync per step up to the first
-step the host had to decide, which then decides as it always did. Every verdict, first bad step,
-cause and metrics row is therefore the same as with sync_every=1, bit for bit
-(tests/test_window.py); the price of a skipped or bad step is running its window twice.
+With `monitor.sync_every` > 1 a loop (sweep/run/train.py alone, sweep/run/packed.py packed) runs up to that
+many steps back to back without asking the host anything: every step's row (sweep.run.step.Steps.record)
+stays on the device, AdamW steps unconditionally, and the host fetches the window's rows in one sync at
+its end (`judge_window`). If every step of the window is one the host would have let through (the scaler
+said step and the monitor found nothing), the window stands: its rows are judged and logged in order,
+exactly as they would have been one by one. Otherwise the window is taken back (`Snapshot.restore`:
+weights, AdamW's state, the RNGs, the scaler, the monitors) and its steps run again one sync per step up to
+the first step the host had to decide, which then decides as it always did. Every verdict, first bad step,
+cause and metrics row is therefore the same as with sync_every=1, bit for bit (tests/test_window.py); the
+price of a skipped or bad step is running its window twice. `drive` is that policy, written once: each
+loop hands it a `Stepper` (its `one`, `window` and `snapshot`).
 
 A window ends early where the host must see a step by itself: after a stall check (it compares the
 weights of that step), after a step whose eval loss is due, and before a step that records attention
@@ -21,12 +22,16 @@ from __future__ import annotations
 
 import copy
 from dataclasses import dataclass, field
+from typing import Callable, NamedTuple, Protocol, Sequence
 
 import torch
 
 from sweep.config import RunConfig
-from sweep.run.build import RunParts
 from sweep.run.evaluate import Evaluator
+from sweep.run.graph import StepGraph
+from sweep.run.monitor import DivergenceMonitor
+from sweep.run.scaler import DeviceLossScaler
+from sweep.run.step import Decision, Steps
 
 
 def window_end(run: RunConfig, step: int, evaluator: Evaluator | None, size: int) -> int:
@@ -39,6 +44,16 @@ def window_end(run: RunConfig, step: int, evaluator: Evaluator | None, size: int
         if (s + 1) % m.stall_window == 0 or (evaluator is not None and evaluator.due(s)):
             return s + 1
     return end
+
+
+class WindowResult(NamedTuple):
+    """How a window of steps ended."""
+
+    taken_back_at: int | None = None
+    """The step the host must decide by itself (an overflow skip, a verdict, a bad batch): the window is taken
+    back and runs again one sync per step up to it. None: every step stood and is logged."""
+    stopped_at: int | None = None
+    """The step of a window that stood whose verdict or hook stopped the run; None: the run goes on."""
 
 
 @dataclass
@@ -67,12 +82,12 @@ class Syncs:
         """A step run alone: its own sync."""
         self.syncs += 1
 
-    def window(self, ran_to: int, stood: bool, at: int | None) -> None:
-        """A window that ran the steps before `ran_to`: it stood, or step `at` took it back."""
-        self.syncs, self.windows = self.syncs + 1, self.windows + 1
-        if not stood:
+    def window(self, ran_to: int, result: WindowResult, replayed: int) -> None:
+        """A window that ran the steps before `ran_to`, `replayed` of them from a CUDA graph."""
+        self.syncs, self.windows, self.replayed = self.syncs + 1, self.windows + 1, self.replayed + replayed
+        if result.taken_back_at is not None:
             self.taken_back += 1
-            self.taken_back_at[at] = ran_to
+            self.taken_back_at[result.taken_back_at] = ran_to
 
     def close(self, first_bad_step: int | None) -> "Syncs":
         """Count the steps run past the first bad one, now that the run knows it."""
@@ -85,40 +100,150 @@ class Syncs:
         return {k: getattr(self, k) for k in keys}
 
 
-class Snapshot:
-    """Everything a window changes, as it was at the window's start."""
+class Stepper(Protocol):
+    """A loop's steps, as `drive` runs them: sweep.run.train.Lone (one run) or sweep.run.packed.Pack (K runs)."""
 
-    def __init__(self, parts: RunParts, params: list[torch.Tensor]):
-        self.parts, self.params = parts, params
-        self.weights = [p.detach().clone() for p in params]
-        self.optim = {
-            p: {k: v.clone() if torch.is_tensor(v) else v for k, v in s.items()}
-            for p, s in parts.optimizer.state.items()
-        }
-        self.noise = parts.noise_gen.get_state()
+    steps: Steps
+    """The runs' scaler, monitors and after-backward sequence (sweep/run/step.py)."""
+    clock: torch.Tensor
+    """The device step index a window's step reads its batch and lr from, and moves on."""
+    flagged: bool
+    """Whether a window step's row carries the per-run bad-batch flags (batches drawn and checked on the device)."""
+    graph: StepGraph | None
+    """The window step as a CUDA graph (graph=true on CUDA), or None."""
+
+    def live(self, step: int) -> list[Syncs]:
+        """The Syncs of the runs that train at `step` (none: the loop is done)."""
+
+    def window_end(self, step: int) -> int:
+        """The first step after the window that would start at `step` (step + 1: no window)."""
+
+    def snapshot(self) -> "Snapshot":
+        """Everything a window changes, as it is now."""
+
+    def one(self, step: int) -> bool:
+        """Step `step` by itself, with its own sync; True stops the loop."""
+
+    def replayable(self, step: int) -> bool:
+        """Whether window step `step` may be a graph replay (a lone run's attention-logit step runs eagerly)."""
+
+    def eager_step(self, step: int) -> tuple | None:
+        """Window step `step`, run eagerly: (row, pred, batch); None when a batch read from files is bad."""
+
+    def stand(self, start: int, decisions: list, pred: torch.Tensor, batch) -> WindowResult:
+        """A window whose steps all stood: each step's stall check, metrics row, hooks, in order (`pred` and
+        `batch` are its last step's)."""
+
+    def drop(self) -> None:
+        """Forget what a window taken back left besides its state (the lone run's attention statistics)."""
+
+    def zero_grad(self) -> None:
+        """Drop the gradients."""
+
+
+def drive(stepper: Stepper, step: int) -> None:
+    """Run the loop's steps from `step`: windows where they may stand, one sync per step up to the step that
+    took a window back, and a step by itself wherever the host must see it."""
+    host_until = -1  # steps up to host_until run one sync each (a window taken back)
+    while syncs := stepper.live(step):
+        end = stepper.window_end(step) if step > host_until else step + 1
+        if end - step == 1:
+            for s in syncs:
+                s.one()
+            if stepper.one(step):
+                return
+            step += 1
+            continue
+        snapshot = stepper.snapshot()
+        result, ran_to, replayed = _window(stepper, step, end)
+        for s in syncs:
+            s.window(ran_to, result, replayed)
+        if result.taken_back_at is not None:
+            snapshot.restore()
+            stepper.drop()
+            host_until = result.taken_back_at
+        elif result.stopped_at is not None:
+            return
+        else:
+            step = end
+
+
+def _window(stepper: Stepper, start: int, end: int) -> tuple[WindowResult, int, int]:
+    """Steps start..end-1 with one sync: (how it ended, the first step it did not run, the steps replayed from
+    the graph). AdamW steps unconditionally: a step the scaler or monitor would have stopped takes it back."""
+    rows, replayed, graph = [], 0, stepper.graph
+    stepper.clock.fill_(start)  # the optimizer's clock: each step moves it on
+    for step in range(start, end):
+        if step > start:  # the last step's gradients stay for the stall check
+            stepper.zero_grad()
+        if graph is not None and stepper.replayable(step) and graph.ready(step):
+            out = graph()
+            replayed += graph.graph is not None  # not when the capture failed
+        else:
+            out = stepper.eager_step(step)
+        if out is None:  # a bad batch read from files: the host's check decides it
+            return WindowResult(taken_back_at=step), step, replayed
+        rows.append(out[0])
+    decisions, bad = judge_window(stepper.steps, start, rows, stepper.flagged)
+    if bad is not None:
+        return WindowResult(taken_back_at=bad), end, replayed
+    return stepper.stand(start, decisions, *out[1:]), end, replayed
+
+
+def judge_window(steps: Steps, start: int, rows: list[torch.Tensor], flagged: bool):
+    """The window's one sync, and the host's reading of it: (each step's decisions, in pack order; the first
+    step the host must decide by itself, or None). `rows` are the steps' `Steps.record` rows, each with one
+    more row of per-run bad-batch flags when `flagged` (batches drawn and checked on the device): a flagged
+    batch is decided by the host's check, with the steps before it one by one, before any step is judged."""
+    fetched = torch.stack(rows).tolist()  # (steps, ROWS [+ the flags], K): the window's one sync
+    bad = next((s for s, row in enumerate(fetched, start) if flagged and any(row[-1])), None)
+    if bad is not None:
+        return [], bad
+    decisions: list[list[Decision]] = [steps.judge(s, row[: Steps.ROWS]) for s, row in enumerate(fetched, start)]
+    bad = next((s for s, ds in enumerate(decisions, start) if not all(d.stepping for d in ds)), None)
+    return decisions, bad
+
+
+class Snapshot:
+    """Everything a window changes, as it was at the window's start: the weights, the optimizer's state (its
+    `saved()`), the runs' noise generators, the global RNGs (the CUDA one too on a CUDA device), the loss
+    scaler and the monitors. `restore` puts it all back in place (a captured step writes the tensors it was
+    captured with), then calls `after` (the loop drops its gradients and whatever the steps left)."""
+
+    def __init__(
+        self,
+        params: Sequence[torch.Tensor],
+        optimizer,
+        generators: Sequence[torch.Generator],
+        scaler: DeviceLossScaler,
+        monitors: Sequence[DivergenceMonitor],
+        after: Callable[[], None],
+    ):
+        self.params, self.generators, self.scaler, self.after = list(params), list(generators), scaler, after
+        self.weights = [p.detach().clone() for p in self.params]
+        self.optimizer = optimizer.saved()
+        self.noise = [g.get_state() for g in self.generators]
+        self.device = self.params[0].device if self.params else torch.device("cpu")
         self.rng = torch.get_rng_state()
-        self.cuda_rng = torch.cuda.get_rng_state(parts.device) if parts.device.type == "cuda" else None
-        self.scaler = parts.scaler.state()
-        numbers, tensors = parts.monitor.state_dict()
-        self.monitor = (copy.deepcopy(numbers), dict(tensors), parts.monitor.updates)
+        self.cuda_rng = torch.cuda.get_rng_state(self.device) if self.device.type == "cuda" else None
+        self.scaler_state = scaler.state()
+        self.monitors = []
+        for m in monitors:
+            numbers, tensors = m.state_dict()
+            self.monitors.append((m, copy.deepcopy(numbers), dict(tensors), m.updates))
 
     def restore(self) -> None:
-        parts = self.parts
         with torch.no_grad():
             for p, w in zip(self.params, self.weights):
                 p.copy_(w)
-        state = parts.optimizer.state  # in place: a captured update writes the tensors it was captured with
-        for p in [p for p in state if p not in self.optim]:
-            del state[p]  # a window's first update creates AdamW's state: that goes
-        for p, saved in self.optim.items():
-            for k, v in saved.items():
-                state[p][k].copy_(v)
-        parts.noise_gen.set_state(self.noise)
+        self.optimizer()
+        for g, state in zip(self.generators, self.noise):
+            g.set_state(state)
         torch.set_rng_state(self.rng)
         if self.cuda_rng is not None:
-            torch.cuda.set_rng_state(self.cuda_rng, parts.device)
-        parts.scaler.restore(self.scaler)
-        numbers, tensors, updates = self.monitor
-        parts.monitor.load_state_dict(numbers, tensors)
-        parts.monitor.updates = updates
-        parts.optimizer.zero_grad(set_to_none=True)
+            torch.cuda.set_rng_state(self.cuda_rng, self.device)
+        self.scaler.restore(self.scaler_state)
+        for m, numbers, tensors, updates in self.monitors:
+            m.load_state_dict(numbers, tensors)
+            m.updates = updates
+        self.after()
