@@ -1,6 +1,6 @@
 """AdamW with every per-step scalar on the device: torch's single-tensor AdamW, op for op, alone or packed.
 
-torch's single-tensor AdamW (`torch.optim.AdamW(foreach=False)`, what runs trained with until now)
+torch's single-tensor AdamW (`torch.optim.AdamW(foreach=False)`, what runs trained with before this module)
 computes its scalars on the host each step: the bias corrections from a step count it reads back with
 `.item()`, the step size from the group's lr, a Python float the loop sets. A CUDA graph of the step
 would freeze both at the captured step. torch's graph-safe forms change the numbers instead: the

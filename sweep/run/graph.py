@@ -20,10 +20,10 @@ same tensors, so the same numbers, bit for bit, as running it eagerly.
   a window's first step when it records attention logits (their hooks run on the host), batches read from
   files (`x0` comes from the host), and everything on the CPU.
 
-graph=auto stays eager for now: this module was written without a GPU to run it on, and `auto` turns it on
-for CUDA only once a GPU run has checked graph == eager (tests/test_graph_ready.py's `cuda` test) and
-measured the gain (bench/throughput.py). graph=true asks for it on CUDA today; a capture that fails falls
-back to eager steps with a warning, and the run goes on.
+graph=auto stays eager: this module was written without a GPU to run it on, and `auto` turns it on for CUDA
+only once a GPU run has checked graph == eager (tests/test_graph_ready.py's `cuda` test) and measured the
+gain (bench/throughput.py; issue #31). graph=true asks for it on CUDA; a capture that fails falls back to
+eager steps with a warning, and the run goes on.
 """
 
 from __future__ import annotations
