@@ -18,18 +18,16 @@ import json
 import sys
 from pathlib import Path
 
-from omegaconf import OmegaConf
-
-from sweep.config import ConfigError, RunConfig, to_run_config, without_retired
+from sweep.config import ConfigError, RunConfig
+from sweep.config.recorded import load_recorded
 from sweep.run.build import resolve_device
 from sweep.run.forensics import locate
 from sweep.run.results import RESULT_FILE
 
 
 def load_run(run_dir: Path) -> RunConfig:
-    """The RunConfig a run directory was made with (less any key the schema has dropped since)."""
-    saved = without_retired(OmegaConf.load(run_dir / ".hydra" / "config.yaml"))
-    return to_run_config(OmegaConf.merge(OmegaConf.structured(RunConfig), saved))
+    """The RunConfig a run directory was made with (sweep.config.recorded.load_recorded)."""
+    return load_recorded(run_dir)[1]
 
 
 def main(argv: list[str] | None = None) -> int:

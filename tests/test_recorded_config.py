@@ -90,3 +90,31 @@ def test_without_it_the_old_config_would_not_merge_onto_the_schema(tmp_path):
     saved = OmegaConf.load(run_dir / ".hydra" / "config.yaml")
     with pytest.raises(Exception, match="name"):
         to_run_config(OmegaConf.merge(OmegaConf.structured(RunConfig), saved))
+
+
+def test_replay_and_diagnosis_read_a_recorded_config_the_same_way_hydra_references_resolved(tmp_path):
+    """A scenario's run records `${hydra:sweep.dir}/pretrained/...` (its init weights): outside Hydra nothing
+    resolves it. Replay used to read the config without resolving it, so only the diagnosis could load such a
+    run; both now read it through sweep.config.recorded.load_recorded."""
+    from sweep.config.recorded import UnresolvedReference, load_recorded
+    from sweep.diagnose.record import DiagnoseError, load
+    from sweep.replay import load_run
+
+    run_dir = tmp_path / "sweep" / "0"
+    recorded_before(run_dir, "steps=3")
+    saved = OmegaConf.load(run_dir / ".hydra" / "config.yaml")
+    saved.model.init_from = "${hydra:sweep.dir}/pretrained/weights.safetensors"
+    OmegaConf.save(saved, run_dir / ".hydra" / "config.yaml")
+    weights = str((tmp_path / "sweep").resolve() / "pretrained" / "weights.safetensors")
+    assert load_run(run_dir).model.init_from == weights  # no hydra.yaml: a job dir sits in its sweep dir
+    assert load_recorded(run_dir)[1] == load_run(run_dir)
+
+    saved.model.init_from = "${hydra:job.name}/w.safetensors"  # a key the run's hydra.yaml does not hold
+    OmegaConf.save(saved, run_dir / ".hydra" / "config.yaml")
+    with pytest.raises(UnresolvedReference, match=r"refers to \$\{hydra:job.name\}"):
+        load_run(run_dir)
+    result = {"status": "diverged", "verdict": "loss_spike", "first_bad_step": 2, "cause": None, "params": {}}
+    (run_dir / "result.json").write_text(json.dumps({**result, "steps_run": 3}))
+    (run_dir / "metrics.csv").write_text("step,loss\n0,1.0\n1,1.1\n2,50.0\n")
+    with pytest.raises(DiagnoseError, match=r"refers to \$\{hydra:job.name\}"):
+        load(run_dir)

@@ -4,19 +4,22 @@ A checkpoint is resumed only into a run whose RESUME_KEYS equal those of the run
 (resume_mismatches, called by check_inputs). A key the schema has dropped (RETIRED_KEYS) is left out of a
 recorded config before it meets today's schema (without_retired), so runs recorded before still replay
 (sweep/replay.py), diagnose (sweep/diagnose/record.py) and rerun in their own run directory
-(sweep/callbacks.py run_identity).
+(sweep/callbacks.py run_identity). `load_recorded` is how both read a run directory's config: its
+`${hydra:...}` references resolved (`resolve_hydra`), its retired keys dropped, validated as today's RunConfig.
 """
 
 from __future__ import annotations
 
 import copy
+import re
 from enum import Enum
 from pathlib import Path
 from typing import Any
 
 from omegaconf import DictConfig, OmegaConf, open_dict
 
-from sweep.config.schema import RunConfig
+from sweep.config.schema import ConfigError, RunConfig
+from sweep.config.validate import to_run_config
 
 RETIRED_KEYS = ("optim.name",)
 """Keys the schema had and dropped because nothing read them: `optim.name` (always adamw, the one optimizer)."""
@@ -83,3 +86,53 @@ def resume_mismatches(run: RunConfig, checkpoint: Path) -> list[tuple[str, Any, 
 
 def _plain(value: Any) -> str:
     return "null" if value is None else str(value)
+
+
+class UnresolvedReference(ConfigError):
+    """A recorded config refers to a `${hydra:...}` key its run's .hydra/hydra.yaml does not hold."""
+
+
+def load_recorded(run_dir: Path) -> tuple[DictConfig, RunConfig]:
+    """The config a run directory was made with (<run dir>/.hydra/config.yaml): as saved, its `${hydra:...}`
+    references resolved and its retired keys dropped, and as today's validated RunConfig (ConfigError when it no
+    longer composes)."""
+    config = without_retired(resolve_hydra(OmegaConf.load(Path(run_dir) / ".hydra" / "config.yaml"), Path(run_dir)))
+    return config, to_run_config(OmegaConf.merge(OmegaConf.structured(RunConfig), config))
+
+
+_HYDRA_REF = re.compile(r"\$\{hydra:([^}]+)\}")
+
+
+def resolve_hydra(config: DictConfig, run_dir: Path) -> DictConfig:
+    """The saved config with its `${hydra:...}` references (a scenario's `${hydra:sweep.dir}/pretrained/...`)
+    replaced by what they were for this run: outside Hydra nothing resolves them. Keys come from the run's
+    .hydra/hydra.yaml (a relative folder made absolute against the directory the run was started in); the
+    run's own folder is where the run dir is, and its sweep's the folder above it when hydra.yaml has it
+    unresolved (`outputs/sweeps/${now:...}`)."""
+    hydra_file = run_dir / ".hydra" / "hydra.yaml"
+    node = OmegaConf.load(hydra_file).hydra if hydra_file.is_file() else OmegaConf.create({})
+    started_in = Path(str(OmegaConf.select(node, "runtime.cwd", default=None) or "."))
+    known = {"runtime.output_dir": run_dir, "run.dir": run_dir}
+
+    def value(key: str) -> str:
+        if key in known:
+            return str(Path(known[key]).resolve())
+        found = OmegaConf.select(node, key, default=None, throw_on_resolution_failure=False)
+        if key == "sweep.dir" and (found is None or "${" in str(found)):  # a job dir sits in its sweep dir
+            return str(run_dir.resolve().parent)
+        if found is None or "${" in str(found):
+            raise UnresolvedReference(
+                f"{run_dir}: its config refers to ${{hydra:{key}}}, which its .hydra/hydra.yaml does not say"
+            )
+        return str(found) if not key.endswith("dir") or Path(str(found)).is_absolute() else str(started_in / str(found))
+
+    def fix(v):
+        if isinstance(v, str):
+            return _HYDRA_REF.sub(lambda m: value(m.group(1)), v)
+        if isinstance(v, dict):
+            return {k: fix(x) for k, x in v.items()}
+        if isinstance(v, list):
+            return [fix(x) for x in v]
+        return v
+
+    return OmegaConf.create(fix(OmegaConf.to_container(config, resolve=False)))

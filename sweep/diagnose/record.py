@@ -4,12 +4,10 @@ from __future__ import annotations
 
 import csv
 import json
-import re
 from pathlib import Path
 
-from omegaconf import DictConfig, OmegaConf
-
-from sweep.config import ConfigError, RunConfig, to_run_config, without_retired
+from sweep.config import ConfigError
+from sweep.config.recorded import UnresolvedReference, load_recorded
 from sweep.diagnose.signals import RunRecord, as_number
 from sweep.run.results import RESULT_FILE
 
@@ -46,51 +44,14 @@ def load(run_dir: Path, diverged_only: bool = True) -> RunRecord:
     if result["status"] == "diverged" and not rows and result.get("verdict") != "corrupt_checkpoint":
         raise DiagnoseError(f"{run_dir}: no {METRICS_FILE}, which every run that trained writes; run it again")
     try:
-        config = without_retired(resolve_hydra(OmegaConf.load(run_dir / CONFIG_FILE), run_dir))
-        run = to_run_config(OmegaConf.merge(OmegaConf.structured(RunConfig), config))
+        config, run = load_recorded(run_dir)
+    except UnresolvedReference as e:
+        raise DiagnoseError(str(e)) from e
     except ConfigError as e:
         raise DiagnoseError(f"{run_dir}: its config no longer composes: {e}") from e
     except Exception as e:
         raise DiagnoseError(f"{run_dir}: its config cannot be read ({type(e).__name__}: {e})") from e
     return RunRecord(run_dir, result, rows, config, run)
-
-
-_HYDRA_REF = re.compile(r"\$\{hydra:([^}]+)\}")
-
-
-def resolve_hydra(config: DictConfig, run_dir: Path) -> DictConfig:
-    """The saved config with its `${hydra:...}` references (a scenario's `${hydra:sweep.dir}/pretrained/...`)
-    replaced by what they were for this run: outside Hydra nothing resolves them. Keys come from the run's
-    .hydra/hydra.yaml (a relative folder made absolute against the directory the run was started in); the
-    run's own folder is where the run dir is, and its sweep's the folder above it when hydra.yaml has it
-    unresolved (`outputs/sweeps/${now:...}`)."""
-    hydra_file = run_dir / ".hydra" / "hydra.yaml"
-    node = OmegaConf.load(hydra_file).hydra if hydra_file.is_file() else OmegaConf.create({})
-    started_in = Path(str(OmegaConf.select(node, "runtime.cwd", default=None) or "."))
-    known = {"runtime.output_dir": run_dir, "run.dir": run_dir}
-
-    def value(key: str) -> str:
-        if key in known:
-            return str(Path(known[key]).resolve())
-        found = OmegaConf.select(node, key, default=None, throw_on_resolution_failure=False)
-        if key == "sweep.dir" and (found is None or "${" in str(found)):  # a job dir sits in its sweep dir
-            return str(run_dir.resolve().parent)
-        if found is None or "${" in str(found):
-            raise DiagnoseError(
-                f"{run_dir}: its config refers to ${{hydra:{key}}}, which its .hydra/hydra.yaml does not say"
-            )
-        return str(found) if not key.endswith("dir") or Path(str(found)).is_absolute() else str(started_in / str(found))
-
-    def fix(v):
-        if isinstance(v, str):
-            return _HYDRA_REF.sub(lambda m: value(m.group(1)), v)
-        if isinstance(v, dict):
-            return {k: fix(x) for k, x in v.items()}
-        if isinstance(v, list):
-            return [fix(x) for x in v]
-        return v
-
-    return OmegaConf.create(fix(OmegaConf.to_container(config, resolve=False)))
 
 
 def read_metrics(path: Path) -> list[dict]:
