@@ -118,3 +118,22 @@ def test_replay_and_diagnosis_read_a_recorded_config_the_same_way_hydra_referenc
     (run_dir / "metrics.csv").write_text("step,loss\n0,1.0\n1,1.1\n2,50.0\n")
     with pytest.raises(DiagnoseError, match=r"refers to \$\{hydra:job.name\}"):
         load(run_dir)
+
+
+def test_a_checkpoint_resumes_only_into_the_same_parametrization_and_older_ones_read_as_sp(tmp_path):
+    """µP (model.param=mup) changes the init, the attention scale and every layer's lr: weights and AdamW state
+    saved under SP do not mean the same under µP. A run recorded before model.param existed was SP."""
+    from sweep.config import resume_mismatches
+
+    checkpoint = tmp_path / "checkpoints" / "step_000006"
+    checkpoint.mkdir(parents=True)
+    (tmp_path / ".hydra").mkdir()
+    saved = OmegaConf.create(OmegaConf.to_container(OmegaConf.structured(make_run("model.width=64"))))
+    OmegaConf.save(saved, tmp_path / ".hydra" / "config.yaml")
+    assert resume_mismatches(make_run("model.width=64"), checkpoint) == []
+    mup = make_run("model.width=64", "model.param=mup", "model.base_width=32")
+    assert [k for k, *_ in resume_mismatches(mup, checkpoint)] == ["model.param", "model.base_width"]
+    del saved.model["param"], saved.model["base_width"]  # saved before the keys existed
+    OmegaConf.save(saved, tmp_path / ".hydra" / "config.yaml")
+    assert resume_mismatches(make_run("model.width=64"), checkpoint) == []
+    assert [k for k, *_ in resume_mismatches(mup, checkpoint)] == ["model.param", "model.base_width"]

@@ -46,6 +46,8 @@ RESUME_KEYS = (
     "model.depth",
     "model.patch_size",
     "model.qk_norm",
+    "model.param",
+    "model.base_width",
     "model.config",
     "model.target",
     "model.kwargs",
@@ -72,10 +74,11 @@ def resume_mismatches(run: RunConfig, checkpoint: Path) -> list[tuple[str, Any, 
         saved = OmegaConf.load(saved_path)
     except Exception:  # noqa: BLE001  (missing or unreadable: nothing to compare with)
         return []
-    now = OmegaConf.structured(run)
+    now, schema = OmegaConf.structured(run), OmegaConf.structured(RunConfig)
     differ = []
-    for key in RESUME_KEYS:
-        was = OmegaConf.select(saved, key, default=None, throw_on_missing=False)
+    for key in RESUME_KEYS:  # a key the saving run's schema did not have yet had its default there
+        default = OmegaConf.select(schema, key, default=None, throw_on_missing=False)
+        was = OmegaConf.select(saved, key, default=default, throw_on_missing=False)
         is_ = OmegaConf.select(now, key, default=None, throw_on_missing=False)
         was, is_ = (OmegaConf.to_container(v) if OmegaConf.is_config(v) else v for v in (was, is_))
         was, is_ = (v.value if isinstance(v, Enum) else v for v in (was, is_))
