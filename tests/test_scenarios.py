@@ -177,6 +177,21 @@ def test_a_list_param_matches_however_it_is_spaced():
     assert ok.ok and ok.matched == 1
 
 
+def test_a_number_param_matches_however_it_is_written():
+    # Hydra records optim.update_clip=0 as 0.0; a YAML `when` says 0, or 1e-3 (a string to YAML) for 0.001.
+    plain = ScenarioExpect(when={"optim.update_clip": 0}, status="diverged", verdict="loss_spike")
+    lr = ScenarioExpect(when={"optim.lr": "1e-3"}, status="stable")
+    on = ScenarioExpect(when={"checkpoint.resume_optimizer": True}, status="stable")
+    runs = [
+        result({"optim.update_clip": 0.0, "optim.lr": 0.001}, "diverged", "loss_spike", 313, "optimizer"),
+        result({"optim.update_clip": 1.0, "optim.lr": 0.001, "checkpoint.resume_optimizer": 1}, "stable"),
+    ]
+    first, second, third = check([plain, lr, on], runs)
+    assert first.ok and first.matched == 1
+    assert second.matched == 2 and not second.ok  # both runs are at lr 0.001; the first diverged
+    assert third.matched == 0  # a boolean is not the number 1
+
+
 def test_the_pretraining_run_gets_the_scenario_pretrain_overrides(tmp_path):
     from hydra import compose, initialize_config_dir
     from hydra.core.global_hydra import GlobalHydra
