@@ -102,6 +102,12 @@ class Outcome:
 
 
 def _same(a, b) -> bool:
+    """A swept value against a `when` value: numbers by value (0 is 0.0, 1e-3 is 0.001), the rest as text."""
+    if not isinstance(a, bool) and not isinstance(b, bool):
+        try:
+            return float(a) == float(b)
+        except (TypeError, ValueError):
+            pass
     return str(a).lower().replace(" ", "") == str(b).lower().replace(" ", "")  # [0.9, 0.95] is [0.9,0.95]
 
 

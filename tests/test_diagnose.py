@@ -132,6 +132,19 @@ def test_mechanisms_from_recorded_signals():
     assert set(MECHANISMS) >= {grown.name, sana.name, buggy.name, "lr_too_high", "nondeterministic"}
 
 
+def test_a_resumed_run_is_not_offered_qk_norm_which_its_checkpoint_cannot_load():
+    """A logit-growth spike after a resume (the beta2 scenario at another seed): model.qk_norm=true adds weights
+    the checkpoint lacks, so its fix run would stop at the load ('does not fit this model')."""
+    from sweep.diagnose.fix import candidates
+
+    grown = record("loss_spike", {"where": "optimizer"}, logit_rows(1.7, 168.0, 1.36, 0.09))
+    assert candidates(grown, "attention_logit_growth", {}, None, [], None)[0] == ["model.qk_norm=true"]
+    for loads in ("checkpoint.resume_from=/ckpt/step_000300", "model.init_from=/ckpt/step_000300"):
+        resumed = record("loss_spike", {"where": "optimizer"}, logit_rows(1.7, 168.0, 1.36, 0.09), _overrides=[loads])
+        tries = candidates(resumed, "attention_logit_growth", {}, None, [], None)
+        assert tries and ["model.qk_norm=true"] not in tries and tries[0][0].startswith("optim.lr="), tries
+
+
 def test_counterfactuals_start_where_the_trouble_began():
     """A spike's rows start at the lowest smoothed loss before it (the monitor's EMA, beta 0.9: 1, .98, .942,
     .898, .853, .818, .806, then .875 as the climb reaches it); a collapse's at its first skipped step in a

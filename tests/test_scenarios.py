@@ -177,36 +177,83 @@ def test_a_list_param_matches_however_it_is_spaced():
     assert ok.ok and ok.matched == 1
 
 
-def test_the_pretraining_run_gets_the_scenario_pretrain_overrides(tmp_path):
+def test_a_number_param_matches_however_it_is_written():
+    # Hydra records optim.update_clip=0 as 0.0; a YAML `when` says 0, or 1e-3 (a string to YAML) for 0.001.
+    plain = ScenarioExpect(when={"optim.update_clip": 0}, status="diverged", verdict="loss_spike")
+    lr = ScenarioExpect(when={"optim.lr": "1e-3"}, status="stable")
+    on = ScenarioExpect(when={"checkpoint.resume_optimizer": True}, status="stable")
+    runs = [
+        result({"optim.update_clip": 0.0, "optim.lr": 0.001}, "diverged", "loss_spike", 313, "optimizer"),
+        result({"optim.update_clip": 1.0, "optim.lr": 0.001, "checkpoint.resume_optimizer": 1}, "stable"),
+    ]
+    first, second, third = check([plain, lr, on], runs)
+    assert first.ok and first.matched == 1
+    assert second.matched == 2 and not second.ok  # both runs are at lr 0.001; the first diverged
+    assert third.matched == 0  # a boolean is not the number 1
+
+
+def composed(sweep_dir, *overrides):
+    """The config `python -m sweep -m OVERRIDES hydra.sweep.dir=SWEEP_DIR` runs, with ${hydra:...} resolvable."""
     from hydra import compose, initialize_config_dir
     from hydra.core.global_hydra import GlobalHydra
     from hydra.core.hydra_config import HydraConfig
 
+    GlobalHydra.instance().clear()
+    with initialize_config_dir(config_dir=str(REPO / "conf"), version_base="1.3"):
+        cfg = compose("config", [f"hydra.sweep.dir={sweep_dir}", *overrides], return_hydra_config=True)
+    HydraConfig.instance().set_config(cfg)
+    return cfg
+
+
+def test_the_pretraining_run_gets_the_scenario_pretrain_overrides(tmp_path):
+    from hydra.core.global_hydra import GlobalHydra
+
     from sweep.config import ConfigError, to_run_config
     from sweep.scenario import pretrain_config
 
-    def composed(*overrides):
-        GlobalHydra.instance().clear()
-        with initialize_config_dir(config_dir=str(REPO / "conf"), version_base="1.3"):
-            cfg = compose(
-                "config",
-                ["+scenario=adamw_beta2_loss_spike", f"hydra.sweep.dir={tmp_path}", *overrides],
-                return_hydra_config=True,
-            )
-        HydraConfig.instance().set_config(cfg)
-        return cfg
+    def beta2(*overrides):
+        return composed(tmp_path, "+scenario=adamw_beta2_loss_spike", *overrides)
 
-    cfg = composed()
+    cfg = beta2()
     run, pre = to_run_config(cfg), pretrain_config(cfg)
     assert (run.data.batch_size, pre.data.batch_size) == (1, 16)  # the earlier stage had the larger batch
     assert pre.optim == run.optim and pre.checkpoint.resume_from == f"{tmp_path}/pretrained/checkpoints/step_000300"
     with pytest.raises(ConfigError, match="scenario.pretrain_overrides: no config key 'data.batch'"):
-        to_run_config(composed("+scenario.pretrain_overrides.data.batch=16"))
+        to_run_config(beta2("+scenario.pretrain_overrides.data.batch=16"))
     from sweep.callbacks import ScenarioCheck
 
     with pytest.raises(SystemExit, match="adamw_beta2_loss_spike: data.batch_size: must be > 0"):
-        ScenarioCheck().on_multirun_start(composed("scenario.pretrain_overrides={data.batch_size: 0}"))  # not a warning
+        ScenarioCheck().on_multirun_start(beta2("scenario.pretrain_overrides={data.batch_size: 0}"))  # not a warning
     assert not (tmp_path / "pretrained").exists()
+    GlobalHydra.instance().clear()
+
+
+def test_the_stable_adamw_experiment_resumes_the_beta2_scenario_pretraining(tmp_path):
+    """conf/experiment/stable_adamw.yaml is the adamw_beta2_loss_spike scenario with update clipping swept: the same
+    pretraining (unclipped, beta2 0.999, batch 16) and the same resume, every run with AdamW's saved state."""
+    import dataclasses
+
+    from hydra.core.global_hydra import GlobalHydra
+    from omegaconf import OmegaConf
+
+    from sweep.config import to_run_config
+    from sweep.scenario import pretrain_config
+
+    def comparable(run):  # what the experiment changes on purpose: its check, the monitor's stop, replicates
+        return dataclasses.replace(run, scenario=None, monitor=None, replicates=1)
+
+    scenario = composed(tmp_path, "+scenario=adamw_beta2_loss_spike")
+    want_run, want_pre = to_run_config(scenario), pretrain_config(scenario)
+    cfg = composed(tmp_path, "+experiment=stable_adamw")
+    run, pre = to_run_config(cfg), pretrain_config(cfg)
+    assert comparable(pre) == comparable(want_pre) and comparable(run) == comparable(want_run)
+    assert (pre.optim.update_clip, pre.optim.betas, pre.data.batch_size) == (0.0, [0.9, 0.999], 16)
+    assert run.checkpoint.resume_from == f"{tmp_path}/pretrained/checkpoints/step_000300"
+    assert run.scenario.pretrain_steps == 300 and run.monitor.stop_on_divergence is False
+    axes = OmegaConf.to_container(cfg.hydra.sweeper.params)
+    assert axes["checkpoint.resume_optimizer"] == "true"  # not the scenario's reset arm
+    assert {"0", "1.0"} <= set(axes["optim.update_clip"].split(",")) and "[0.9,0.95]" in axes["optim.betas"]
+    assert all(set(e.when) <= set(axes) for e in run.scenario.expect)  # every expectation can match a run
     GlobalHydra.instance().clear()
 
 

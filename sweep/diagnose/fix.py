@@ -2,7 +2,9 @@
 
 Candidates come, in order, from the mechanism's known fix (qk_norm, bf16, a lower lr, update clipping, the
 samples left out), from the bisection's minimal fp32 set, and from the counterfactual rows that got past the
-bad steps. The first candidate whose run is stable to the end is the confirmed fix.
+bad steps. The first candidate whose run is stable to the end is the confirmed fix. qk_norm is no candidate
+for a run that loads its weights (checkpoint.resume_from, model.init_from): the file has no q/k norms, and the
+run would stop at the load.
 """
 
 from __future__ import annotations
@@ -46,7 +48,9 @@ def candidates(
     elif mechanism == "kernel":
         out.append(["modulate=eager"] if evidence.get("kind") == "modulate" else ["attention=math"])
     elif mechanism == "attention_logit_growth":
-        if run.model.arch in (Arch.dit, Arch.video_dit) and not run.model.qk_norm:
+        # q/k norms are new weights: a run that loads its weights (a resume, a fine-tune) cannot start with them
+        loads_weights = run.checkpoint.resume_from or run.model.init_from
+        if run.model.arch in (Arch.dit, Arch.video_dit) and not run.model.qk_norm and not loads_weights:
             out.append(["model.qk_norm=true"])
         out.append(lower_lr)
     elif mechanism == "adam_second_moment_lag":
