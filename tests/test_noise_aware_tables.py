@@ -100,6 +100,49 @@ def test_speeds_compare_lone_runs_with_lone_runs_not_with_a_packs_share(tmp_path
     assert "fastest of those, bf16_amp at 8 steps/s (lone runs)" in rec.line  # the combination is the precision
 
 
+def stable_adamw_sweep(root: Path, lr: float | None = None) -> pd.DataFrame:
+    """optim.update_clip {0.5, 2} x optim.betas {[0.9, 0.95], [0.9, 0.999]} x 3 seeds, no lr axis (as
+    conf/experiment/stable_adamw.yaml). beta2 0.999 with clip 2 has the lowest eval loss in its one stable
+    seed (0.15) but diverged in the other two; every other combination is stable in every seed, the best
+    of them clip 0.5 with beta2 0.95 (0.20). `lr` writes one fixed optim.lr into every run."""
+    cells = []
+    for clip in (0.5, 2.0):
+        for beta2 in (0.95, 0.999):
+            for seed in range(3):
+                if (clip, beta2) == (2.0, 0.999):
+                    result = stable(0.15) if seed == 0 else diverged("loss_spike", 5, "optimizer")
+                else:
+                    result = stable(
+                        {(0.5, 0.95): 0.20, (0.5, 0.999): 0.30, (2.0, 0.95): 0.25}[clip, beta2] + 0.001 * seed
+                    )
+                params = {"optim.update_clip": clip, "optim.betas": [0.9, beta2], "seed": seed}
+                cells.append(({**params, "optim.lr": lr} if lr else params, result))
+    return write_sweep(root, cells)
+
+
+def test_without_an_lr_axis_a_combination_must_be_stable_in_every_replicate_too(tmp_path):
+    """The stable_adamw sweep recommended beta2 0.999 with clip 2 (2 of 3 seeds diverged) because without an
+    lr axis any combination with one stable run was a candidate. The rule is the one an lr axis applies:
+    the same sweep with one fixed lr in every run recommends the same combination."""
+    rec = recommend(stable_adamw_sweep(tmp_path / "no_lr"))
+    assert rec.settings == {"optim.update_clip": 0.5, "optim.betas": "[0.9, 0.95]"}  # a list param reads as its text
+    assert "eval loss 0.201 ± 0.001 (3 replicates), the best" in rec.line
+    with_lr = recommend(stable_adamw_sweep(tmp_path / "lr", lr=1e-3))
+    assert with_lr.settings == {**rec.settings, "optim.lr": 1e-3}
+    assert with_lr.quality == rec.quality
+
+
+def test_without_an_lr_axis_no_combination_stable_in_every_replicate_is_said(tmp_path):
+    cells = [
+        ({"modulate": m, "seed": s}, stable(0.2) if s else diverged("loss_spike", 5, "optimizer"))
+        for m in ("fused", "eager")
+        for s in (0, 1)
+    ]
+    rec = recommend(write_sweep(tmp_path / "s", cells))
+    assert rec.combination is None
+    assert rec.line == "No combination was stable in every replicate: nothing to recommend; see the divergence map."
+
+
 # --- tables that say when a difference is noise --------------------------------------------------
 
 

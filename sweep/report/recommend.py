@@ -1,6 +1,7 @@
 """The one-line recommendation at the end of the summary, each claim backed by the table row it comes from.
 
-Candidates are the (combination, lr) settings stable in every replicate. Their quality is the eval loss
+Candidates are the (combination, lr) settings stable in every replicate (no decided run diverged), or
+the combinations so stable when the sweep has no lr. Their quality is the eval loss
 (sweep/report/noise.py; the final loss when no run has one), a mean over the replicates with its spread.
 - Quality first: the setting with the lowest mean eval loss, and every setting within noise of it
   (noise.within_noise: two standard errors of the difference; with one replicate nothing ties but
@@ -107,10 +108,12 @@ def recommend(
     advice = toggle_advice(toggle_effects(runs, recs) if toggles is None else toggles)
     axes = combo_axes(runs)
     quality = quality_column(runs)
-    cands = _candidates(stable, recs, axes, quality)
+    cands = _candidates(runs, recs, axes, quality)
     if cands.empty:
+        what = "combination" if recs.empty else "lr"
+        where = "" if recs.empty else " of any combination"
         return Recommendation(
-            "No lr was stable in every replicate of any combination: nothing to recommend; see the divergence map."
+            f"No {what} was stable in every replicate{where}: nothing to recommend; see the divergence map."
         )
     precision_of = _precision_by_combo(runs, axes)
     speed, basis = like_with_like_speed(stable, combo_labels(stable, axes))
@@ -131,12 +134,18 @@ def recommend(
     return _line(best, rec, axes, precision_of.get(best.combination), speed, basis, advice, quality, len(tied), top)
 
 
-def _candidates(stable: pd.DataFrame, recs: pd.DataFrame, axes: list[str], quality: str) -> pd.DataFrame:
-    """One row per (combination, stable lr): quality Spread `_q`, its mean, and the margin in grid steps."""
+def _candidates(runs: pd.DataFrame, recs: pd.DataFrame, axes: list[str], quality: str) -> pd.DataFrame:
+    """One row per (combination, lr stable in every replicate): quality Spread `_q` over its stable runs, its
+    mean, and the margin in grid steps. Without an lr in the params, one row per combination stable in every
+    replicate, by the rule tables.lr_stability applies per lr: no decided run diverged."""
     rows = []
     if recs.empty:  # no lr in the params: the combinations themselves
-        labels = combo_labels(stable, axes)
-        for combo, group in stable.groupby(labels, sort=False):
+        labels = combo_labels(runs, axes)
+        diverged = set(labels[runs.status == "diverged"])
+        ok = runs.status == "stable"
+        for combo, group in runs[ok].groupby(labels[ok], sort=False):
+            if combo in diverged:
+                continue
             q = Spread.of(group[quality])
             rows.append(
                 {
