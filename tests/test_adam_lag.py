@@ -7,6 +7,7 @@ import json
 import pytest
 import torch
 
+from sweep.diagnose.mechanism import second_moment_lag
 from sweep.run.adam_lag import adamw_second_moment, lag_note, lag_ratio
 
 
@@ -52,6 +53,23 @@ def test_a_jump_in_gradient_noise_lags_with_beta2_0999_and_not_with_095():
         notes[beta2] = lag_note(v_sum, steps, beta2, list(enumerate(sq))[-32:], first_bad=315, verdict_step=319)
     assert "second moment lagged" in notes[0.999] and "beta2=0.999 averages ~1000 steps" in notes[0.999]
     assert "second moment kept up" in notes[0.95]
+
+
+def test_a_clipped_run_is_told_the_unclipped_factor_and_the_clip_not_the_steps_taken():
+    """StableAdamW's clip scales the steps down by a per-tensor factor no one kept: the note must not say the
+    steps taken were ~Nx too large, only what they would have been unclipped, and name the clip."""
+    after, sq = adamw_run([1.0] * 300 + [4.0] * 20, beta2=0.999)
+    v_sum, steps, beta2 = after[318]
+    args = (v_sum, steps, beta2, list(enumerate(sq))[-32:], 315, 319)
+    ratio, _ = lag_ratio(*args)
+    factor = f"~{ratio**0.5:.2g}x too large"
+    plain, clipped = lag_note(*args), lag_note(*args, update_clip=1.0)
+    assert f"so the steps were {factor};" in plain and "update_clip" not in plain
+    assert "so the steps were" not in clipped
+    assert f"so unclipped the steps would have been {factor}; update_clip=1 divided each tensor's step" in clipped
+    assert "the size of the steps taken is not measured" in clipped
+    assert clipped.startswith(plain.split(", so the steps")[0])  # the measured part, which diagnose parses, as before
+    assert second_moment_lag(clipped) == second_moment_lag(plain) == pytest.approx(ratio, rel=1e-2)
 
 
 def test_steady_gradients_keep_up_and_missing_history_says_nothing():

@@ -10,6 +10,10 @@ sum(v_t-1) + (1 - beta2) * |g_t|^2. So from the optimizer state at the verdict a
 monitor kept, the sum is rolled back to where the spike began, bias-corrected, and compared with the
 mean squared norm of the steps before it (what a short-memory v would hold): ~1 or below when v kept
 up, >> 1 when it lagged. Read on the bad path only, from what is already at hand.
+
+StableAdamW's update clipping (`optim.update_clip`, sweep/run/adamw.py) leaves v as it is and only scales
+each tensor's step down by its own RMS of g / sqrt(v_hat) over the threshold, a number not kept; so the
+ratio is measured the same with the clip on, and says how large the steps would have been without it.
 """
 
 from __future__ import annotations
@@ -70,17 +74,30 @@ def lag_note(
     first_bad: int,
     verdict_step: int,
     grad_clip: float = 0.0,
+    update_clip: float = 0.0,
 ) -> str:
-    """lag_ratio as a clause for a loss_spike's cause ('' when there is nothing to compare)."""
+    """lag_ratio as a clause for a loss_spike's cause ('' when there is nothing to compare).
+
+    With `update_clip` > 0 the steps taken were scaled down by a per-tensor factor that is not kept: the
+    clause says how large the unclipped steps would have been and the clip's threshold, not the steps taken.
+    """
     found = lag_ratio(v_sum, steps, beta2, recent, first_bad, verdict_step, grad_clip)
     if found is None:
         return ""
     ratio, n = found
     if ratio >= LAGGED:
+        too_large = f"~{math.sqrt(ratio):.2g}x too large"
+        steps_were = f"so the steps were {too_large}"
+        if update_clip > 0:
+            steps_were = (
+                f"so unclipped the steps would have been {too_large}; update_clip={update_clip:g} divided each "
+                f"tensor's step by max(1, RMS(g/sqrt(v))/{update_clip:g}), a factor not recorded, so the size of "
+                "the steps taken is not measured"
+            )
         return (
             f"; AdamW's second moment lagged: the {n} squared gradient norms before step {first_bad} "
-            f"average {ratio:.3g}x its sum (beta2={beta2:g} averages ~{1 / (1 - beta2):.0f} steps), so the "
-            f"steps were ~{math.sqrt(ratio):.2g}x too large; a lower beta2 or a reset optimizer state re-estimates it"
+            f"average {ratio:.3g}x its sum (beta2={beta2:g} averages ~{1 / (1 - beta2):.0f} steps), "
+            f"{steps_were}; a lower beta2 or a reset optimizer state re-estimates it"
         )
     return (
         f"; AdamW's second moment kept up: the {n} squared gradient norms before step {first_bad} "

@@ -42,7 +42,9 @@ def first_of(
         pred,
         batch_issue=lambda: check_batch(x0, run.data.range_limit, labels()),
         updated=monitor.updates > 0,
-        second_moment=lambda: lag_note(*second_moment(), monitor.recent_sq, verdict.step, step, run.optim.grad_clip),
+        second_moment=lambda: lag_note(
+            *second_moment(), monitor.recent_sq, verdict.step, step, run.optim.grad_clip, run.optim.update_clip
+        ),
     )
 
 
