@@ -24,12 +24,12 @@ demo: setup
 
 test: setup lint
 	bash scripts/install_chromium.sh  # the HTML report's browser test drives Debian's chromium
-	$(PY) -m pytest -q -n $(TEST_WORKERS) --dist loadgroup --durations=15
+	$(PY) -m pytest -q -n $(TEST_WORKERS) --dist loadgroup --durations=40
 
 test-gpu: setup lint  # refuses to start where torch sees no CUDA device: the `cuda` tests would only be skipped
 	$(PY) -c "import sys, torch; sys.exit(0 if torch.cuda.is_available() else 'make test-gpu: torch sees no CUDA device; install the CUDA build (see the top of this Makefile)')"
 	bash scripts/install_chromium.sh
-	$(PY) -m pytest -q -n $(TEST_WORKERS) --dist loadgroup --durations=15
+	$(PY) -m pytest -q -n $(TEST_WORKERS) --dist loadgroup --durations=40
 
 lint: setup  # ruff's settings are in pyproject.toml
 	$(PY) -m ruff format --check .
