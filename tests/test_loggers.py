@@ -20,10 +20,10 @@ import pytest
 import sweep.job
 from sweep.config import ConfigError
 from sweep.run.execute import execute
-from sweep.run.results import METRIC_COLUMNS, METRICS_FILE, MetricsLog, RunResult, read_result
+from sweep.run.results import METRIC_COLUMNS, METRICS_FILE, MetricsLog, RunResult
 from sweep.run.trackers import open_sinks
 
-from .conftest import compose_cfg, make_run, multirun_in_process
+from .conftest import compose_cfg, make_run, multirun_in_process, read_result
 from .mlflow_server import MlflowServer, stop_early, take_early
 
 pytestmark = pytest.mark.xdist_group("mlflow")  # with pytest -n: one worker, one server, the kill test last
