@@ -240,17 +240,6 @@ def test_summary_md_escapes_strings_from_result_json(tmp_path, capsys):
         assert "<script>alert" not in path.read_text(), path
 
 
-def test_sweep_summary_is_still_the_same_command(sweep, tmp_path, capsys):
-    from sweep.summary import main as summary_main
-
-    assert main([str(sweep), "--no-html"]) == 0
-    tables = capsys.readouterr().out
-    assert summary_main([str(sweep), "--write"]) == 0
-    assert capsys.readouterr().out == tables
-    assert (sweep / "summary.md").exists() and not (sweep / "report.html").exists()
-    assert summary_main([str(tmp_path / "nope")]) == 2
-
-
 def test_a_storage_password_never_reaches_the_report_files(sweep, tmp_path, capsys, monkeypatch):
     import sweep.report.__main__ as cli
 
