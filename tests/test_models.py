@@ -3,9 +3,6 @@
 from __future__ import annotations
 
 import contextlib
-import subprocess
-import sys
-from pathlib import Path
 
 import numpy as np
 import pytest
@@ -15,6 +12,8 @@ import torch.nn as nn
 from models import MODEL_SIZES, DiT, VideoDiT, build_model, count_params
 from models.blocks import Attention, DiTBlock, FinalLayer, check_kernel_names
 from models.embeddings import sincos_2d
+
+from .conftest import run_cli
 
 FRAMES = 8
 SIZE = 16
@@ -418,6 +417,5 @@ def test_models_package_does_not_pull_in_hydra_or_omegaconf():
     # models/ must stay importable without the config stack (fresh interpreter: the test
     # session itself may already have hydra loaded for other tests).
     code = "import sys, models; print(sorted(m for m in sys.modules if m.split('.')[0] in ('hydra', 'omegaconf')))"
-    repo_root = Path(__file__).resolve().parents[1]
-    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, cwd=repo_root)
+    result = run_cli("-c", code, check=True)
     assert result.stdout.strip() == "[]"
