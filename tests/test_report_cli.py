@@ -16,6 +16,7 @@ from sweep.report.__main__ import main
 from sweep.report.runs import runs_from_dirs
 from sweep.report.study import runs_from_study
 
+from .conftest import read_result
 from .test_report_tables import ATTENTIONS, PRECISIONS, diverged, make_grid, write_run
 
 DISTRIBUTIONS = {
@@ -33,7 +34,7 @@ def record_study(url: str, name: str, sweep_dir: Path) -> optuna.Study:
     constraint, or PRUNED as a study written by another tool may have it (both kinds used here); error FAIL."""
     study = optuna.create_study(storage=url, study_name=name, direction="minimize")
     for i, path in enumerate(sorted(sweep_dir.glob("*/result.json"), key=lambda p: int(p.parent.name))):
-        r = json.loads(path.read_text())
+        r = read_result(path.parent)
         cause = r["cause"] or {}
         attrs = {
             "status": r["status"],
