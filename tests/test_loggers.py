@@ -214,7 +214,9 @@ def test_mlflow_holds_every_run_of_the_grid_under_the_sweep_run(grid, uri):
 
 @pytest.mark.slow
 def test_tensorboard_event_files_hold_metrics_csv_and_the_verdict(grid):
-    for run_dir in sorted(p.parent for p in grid.glob("*/result.json")):
+    run_dirs = sorted(p.parent for p in grid.glob("*/result.json"))
+    assert len(run_dirs) == 4, run_dirs  # every run of the grid: a glob that found nothing would check nothing
+    for run_dir in run_dirs:
         scalars, tags = tensorboard_columns(run_dir / "tensorboard")
         expected = csv_columns(run_dir)
         for column in COLUMNS:
