@@ -2,7 +2,7 @@
 
 Both predict noise only (no learned sigma) and are unconditional: the adaLN conditioning
 is the timestep embedding alone. Every block takes its attention kernel and modulate
-implementation from the constructor, and `set_kernels` switches them on a built model.
+implementation from the constructor.
 """
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ import torch.nn as nn
 from torch import Tensor
 
 from models.attention import ATTENTION_KERNELS
-from models.blocks import Attention, DiTBlock, FinalLayer, check_kernel_names
+from models.blocks import DiTBlock, FinalLayer, check_kernel_names
 from models.embeddings import PatchEmbed, TimestepEmbedder, sincos_1d, sincos_2d
 from models.modulate import MODULATE_KERNELS
 from models.mup import attention_scale, check_param
@@ -81,19 +81,6 @@ class _DiTBackbone(nn.Module):
             "attention": ATTENTION_KERNELS[self.attention_backend],
             "modulate": MODULATE_KERNELS[self.modulate_impl],
         }
-
-    def set_kernels(self, attention: str | None = None, modulate: str | None = None) -> None:
-        """Switch the attention backend and/or modulate impl of every submodule; None keeps the current one."""
-        check_kernel_names(attention, modulate)
-        for module in self.modules():
-            if attention is not None and isinstance(module, Attention):
-                module.backend = attention
-            if modulate is not None and isinstance(module, (DiTBlock, FinalLayer)):
-                module.modulate_impl = modulate
-        if attention is not None:
-            self.attention_backend = attention
-        if modulate is not None:
-            self.modulate_impl = modulate
 
     def initialize_weights(self) -> None:
         """DiT init: xavier linears, zeroed adaLN and output layer, so the model outputs 0 at init."""

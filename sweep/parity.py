@@ -22,8 +22,11 @@ from typing import Callable
 import torch
 
 from models import ATTENTION_BACKENDS, MODULATE_IMPLS, attend, backend_unavailable_reason, modulate
+from sweep.run.precision import DTYPES
 
-DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
+SHORT_NAMES = {"fp32": "float32", "bf16": "bfloat16", "fp16": "float16"}
+"""The dtypes the check runs in, by the names --dtypes and TOLERANCE use, and the config's name of each (the
+key of its torch dtype in sweep.run.precision.DTYPES)."""
 # max |candidate - reference| <= atol + rtol * |reference|, per dtype (about a few ulps of the dtype)
 TOLERANCE = {
     "modulate": {"fp32": 1e-5, "bf16": 2e-2, "fp16": 3e-3},
@@ -70,7 +73,7 @@ def check(kind: str, fn: Callable, dtype_name: str, batch: int, seed: int = 0) -
     base = _inputs(kind, batch, gen)
     grad_out = None
     results = []
-    for impl, dtype in ((_reference(kind), torch.float32), (fn, DTYPES[dtype_name])):
+    for impl, dtype in ((_reference(kind), torch.float32), (fn, DTYPES[SHORT_NAMES[dtype_name]])):
         xs = [t.detach().to(dtype).clone().requires_grad_() for t in base]
         out = impl(*xs)
         grad_out = torch.randn(out.shape, generator=gen) if grad_out is None else grad_out
@@ -103,9 +106,9 @@ def main(argv: list[str] | None = None) -> int:
     dtypes = args.dtypes.split(",")
     try:
         fns = {(k, s): resolve(k, s) for k, s in candidates}
-        bad = [d for d in dtypes if d not in DTYPES]
+        bad = [d for d in dtypes if d not in SHORT_NAMES]
         if bad:
-            raise ValueError(f"unknown dtype {bad[0]!r}; choose from {', '.join(DTYPES)}")
+            raise ValueError(f"unknown dtype {bad[0]!r}; choose from {', '.join(SHORT_NAMES)}")
         batches = [int(b) for b in args.batches.split(",")]
     except (ValueError, ImportError, AttributeError) as e:
         print(f"sweep.parity: {e}", file=sys.stderr)
@@ -117,7 +120,7 @@ def main(argv: list[str] | None = None) -> int:
             if (
                 kind == "attention"
                 and ":" not in spec
-                and backend_unavailable_reason(spec, torch.device("cpu"), DTYPES[dtype])
+                and backend_unavailable_reason(spec, torch.device("cpu"), DTYPES[SHORT_NAMES[dtype]])
             ):
                 print(f"{kind:<10}{spec:<24}{dtype:<6}{'':>6}{'':>13}{'':>13}  skipped (not available on CPU)")
                 continue

@@ -114,11 +114,11 @@ def _same(a, b) -> bool:
 @lru_cache(maxsize=None)
 def modulate_parity(impl: str) -> str:
     """ok | mismatch: `python -m sweep.parity --modulate IMPL` (forward and backward, batch 1-4, every dtype)."""
-    from sweep.parity import DTYPES, resolve
+    from sweep.parity import SHORT_NAMES, resolve
     from sweep.parity import check as parity_check
 
     fn = resolve("modulate", impl)
-    worst = max(max(parity_check("modulate", fn, dtype, batch)) for dtype in DTYPES for batch in (1, 2, 3, 4))
+    worst = max(max(parity_check("modulate", fn, dtype, batch)) for dtype in SHORT_NAMES for batch in (1, 2, 3, 4))
     return "ok" if worst <= 1 else "mismatch"
 
 

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import os
 import subprocess
-import sys
 
 import pytest
 
@@ -31,9 +30,8 @@ def postgres_url() -> str:
 
 
 def sweep_cmd(sweep_dir, *args) -> list[str]:
-    """`python -m sweep -m` with our Optuna sweeper, small fast runs, one thread per run."""
+    """run_cli's arguments for `python -m sweep -m` with our Optuna sweeper, small fast runs, one thread per run."""
     return [
-        sys.executable,
         "-m",
         "sweep",
         "-m",
@@ -45,12 +43,6 @@ def sweep_cmd(sweep_dir, *args) -> list[str]:
     ]
 
 
-def sweep_env(ledger_url: str | None = None) -> dict:
-    """The environment of a sweep subprocess; the ledger URL travels in SWEEP_LEDGER_URL, never on the command line."""
-    env = {**os.environ, "PYTHONPATH": str(REPO), "CI": "1", "OMP_NUM_THREADS": "1"}
-    if ledger_url is not None:
-        env["SWEEP_LEDGER_URL"] = ledger_url
-    return env
-
-
 LEDGER_FROM_ENV = "ledger.storage=${oc.env:SWEEP_LEDGER_URL}"
+"""The ledger URL travels in SWEEP_LEDGER_URL (run_cli(..., env={"SWEEP_LEDGER_URL": url})), never on the command
+line."""

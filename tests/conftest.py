@@ -1,8 +1,12 @@
-"""Shared test helpers: compose a RunConfig from the real conf/ tree, exactly as `python -m sweep` does."""
+"""Shared test helpers: compose a RunConfig from the real conf/ tree, exactly as `python -m sweep` does; run a
+command line in a subprocess (run_cli); read what a run wrote (read_result, read_results)."""
 
 from __future__ import annotations
 
+import json
 import os
+import subprocess
+import sys
 from pathlib import Path
 
 if os.environ.get("PYTEST_XDIST_WORKER"):
@@ -61,6 +65,51 @@ def multirun_in_process(sweep_dir: Path, *overrides: str) -> list:
             )
     finally:
         GlobalHydra.instance().clear()
+
+
+def cli_env(**changes: str | None) -> dict[str, str]:
+    """The environment of a command-line subprocess: this process's, with the repository importable, CI=1 (no
+    progress bar) and one OpenMP thread per process unless OMP_NUM_THREADS says otherwise; then `changes` (a value
+    of None removes that variable)."""
+    env = {**os.environ, "PYTHONPATH": str(REPO), "CI": "1"}
+    env.setdefault("OMP_NUM_THREADS", "1")
+    for key, value in changes.items():
+        if value is None:
+            env.pop(key, None)
+        else:
+            env[key] = value
+    return env
+
+
+def run_cli(
+    *argv: str,
+    cwd: Path | str = REPO,
+    env: dict[str, str | None] | None = None,
+    timeout: float = 600,
+    background: bool = False,
+    **popen,
+) -> subprocess.CompletedProcess | subprocess.Popen:
+    """`python *argv` (e.g. run_cli("-m", "sweep", "-m", ...)) in a subprocess with cli_env(**env), from `cwd`.
+
+    Waits for it and returns the CompletedProcess, stdout and stderr captured as text. With background=True it
+    returns the running Popen instead (stdout and stderr text pipes unless `popen` says otherwise), for a test
+    that signals, kills or races the process. Other keywords go to subprocess.run / Popen as they are."""
+    cmd, environ = [sys.executable, *argv], cli_env(**(env or {}))
+    if background:
+        return subprocess.Popen(
+            cmd, cwd=cwd, env=environ, **{"stdout": subprocess.PIPE, "stderr": subprocess.PIPE, "text": True, **popen}
+        )
+    return subprocess.run(cmd, cwd=cwd, env=environ, capture_output=True, text=True, timeout=timeout, **popen)
+
+
+def read_result(run_dir: Path | str) -> dict:
+    """The result.json a run wrote into `run_dir`."""
+    return json.loads((Path(run_dir) / "result.json").read_text())
+
+
+def read_results(sweep_dir: Path | str) -> list[dict]:
+    """Every result.json of a sweep directory's jobs, in the order of their paths."""
+    return [read_result(p.parent) for p in sorted(Path(sweep_dir).glob("*/result.json"))]
 
 
 @pytest.fixture(autouse=True)

@@ -8,20 +8,28 @@ lr_scale, and a weight that gets no gradient at some steps.
 
 from __future__ import annotations
 
-import math
+import functools
 from types import SimpleNamespace
+from typing import Callable
 
 import pytest
 import torch
 
 from sweep.run.adamw import DeviceAdamW, Hyper, StackedAdamW, scalars
+from sweep.run.build import lr_schedule
+
+from .conftest import make_run
+
+
+@functools.cache
+def run_schedule() -> Callable[[int], float]:
+    """The lr schedule a run builds (sweep.run.build.lr_schedule), composed once, on first use."""
+    return lr_schedule(make_run("optim.lr=3e-3", "optim.warmup_steps=3", "optim.schedule=cosine", "steps=20"))
 
 
 def schedule(step: int) -> float:
     """Warmup for 3 steps, then cosine to 0 at step 20: a different lr every step."""
-    if step < 3:
-        return 3e-3 * (step + 1) / 3
-    return 3e-3 * 0.5 * (1 + math.cos(math.pi * (step - 3) / 17))
+    return run_schedule()(step)
 
 
 def weights(dtype: torch.dtype, seed: int = 0) -> list[torch.Tensor]:

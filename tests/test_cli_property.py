@@ -8,12 +8,11 @@ runs a few valid draws; `python bench/fuzz_cli.py --examples 10000` runs many mo
 
 from __future__ import annotations
 
-import json
-
 import pytest
 from hypothesis import HealthCheck, example, given, seed, settings
 
 from .cli_fuzz import COMMAND, Composer, outcome, run_job_in_process, runnable_command
+from .conftest import read_result
 
 CI = settings(deadline=None, database=None, derandomize=True, suppress_health_check=list(HealthCheck))
 
@@ -45,6 +44,6 @@ def test_every_command_line_runs_or_is_one_line_and_exit_2(composer, overrides):
 def test_valid_draws_run_to_a_verdict(tmp_path_factory, overrides):
     run_dir = tmp_path_factory.mktemp("run")
     assert run_job_in_process(run_dir, ["steps=2", "eval.enabled=false", *overrides]) == 0
-    result = json.loads((run_dir / "result.json").read_text())
+    result = read_result(run_dir)
     assert result["status"] in ("stable", "diverged", "skipped"), (overrides, result.get("reason"))
     assert (result["verdict"] is None) == (result["status"] != "diverged")

@@ -7,8 +7,6 @@ profiler on the training loop's own compiled steps.
 
 from __future__ import annotations
 
-import json
-
 import pytest
 import torch
 import torch.nn.functional as F
@@ -18,7 +16,7 @@ from torch._dynamo.utils import counters
 from sweep.run import compiled
 from sweep.run.execute import execute
 
-from .conftest import make_run
+from .conftest import make_run, read_result
 
 # compile=true proves its kernels by profiler op names (sweep/run/compiled.py): these tests pin device=cpu, but the
 # `cuda` one.
@@ -68,7 +66,7 @@ def test_diffusers_models_are_skipped_compiled_with_a_reason(tmp_path):
     result = execute(run, tmp_path, {})
     assert result.status == "skipped"
     assert "compile=true" in result.reason and "model.arch=diffusers" in result.reason
-    assert json.loads((tmp_path / "result.json").read_text())["status"] == "skipped"
+    assert read_result(tmp_path)["status"] == "skipped"
 
 
 @pytest.mark.parametrize("attention", ["math", "eager"])
@@ -172,7 +170,7 @@ def test_compiled_run_records_the_kernels_that_ran(tmp_path, attention, modulate
     profile = ProfileSteps(start=0, stop=2)  # steps 1 and 2: compiled (step 0 watches logits, eager)
     result = execute(run, tmp_path, {}, hooks=[profile])
     assert result.status == "stable", result.reason
-    assert json.loads((tmp_path / "result.json").read_text())["kernels"] == claim
+    assert read_result(tmp_path)["kernels"] == claim
     ran = profile.ops
     if attention == "flash":
         assert {FLASH, FLASH_BACKWARD} <= ran

@@ -3,15 +3,13 @@
 from __future__ import annotations
 
 import re
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
 from sweep.config import ConfigError, RunConfig
 
-from .conftest import CONF_DIR, FAST, REPO, make_run
+from .conftest import CONF_DIR, FAST, REPO, make_run, run_cli
 
 GROUPS = ["precision", "attention", "modulate", "model", "data", "optim", "objective", "monitor", "logger"]
 
@@ -99,17 +97,6 @@ def test_fault_kinds_parse_from_the_command_line():
     assert [(f.index, f.kind) for f in run.data.faults] == [(3, "nan"), (4, "inf"), (5, "range")]
 
 
-def _sweep(*args: str, cwd: Path) -> subprocess.CompletedProcess:
-    return subprocess.run(
-        [sys.executable, "-m", "sweep", *args],
-        cwd=cwd,
-        capture_output=True,
-        text=True,
-        timeout=120,
-        env={**__import__("os").environ, "PYTHONPATH": str(REPO)},
-    )
-
-
 @pytest.mark.parametrize(
     "args,key",
     [
@@ -125,7 +112,9 @@ def _sweep(*args: str, cwd: Path) -> subprocess.CompletedProcess:
     ],
 )
 def test_user_mistake_is_one_line_without_traceback(args, key, tmp_path):
-    proc = _sweep(*args, f"hydra.run.dir={tmp_path}/run", f"hydra.sweep.dir={tmp_path}/sweep", cwd=tmp_path)
+    proc = run_cli(
+        "-m", "sweep", *args, f"hydra.run.dir={tmp_path}/run", f"hydra.sweep.dir={tmp_path}/sweep", cwd=tmp_path
+    )
     assert proc.returncode == 2, proc.stderr
     lines = [ln for ln in proc.stderr.splitlines() if ln.strip()]
     assert len(lines) == 1, proc.stderr
@@ -168,7 +157,9 @@ def test_files_a_run_loads_are_checked_before_it_starts(tmp_path):
 )
 def test_a_missing_or_wrong_init_from_is_one_line_before_any_run(args, tmp_path):
     (tmp_path / "notes.txt").write_text("not weights")
-    proc = _sweep(*args, f"hydra.run.dir={tmp_path}/run", f"hydra.sweep.dir={tmp_path}/sweep", cwd=tmp_path)
+    proc = run_cli(
+        "-m", "sweep", *args, f"hydra.run.dir={tmp_path}/run", f"hydra.sweep.dir={tmp_path}/sweep", cwd=tmp_path
+    )
     lines = [ln for ln in proc.stderr.splitlines() if ln.strip()]
     assert proc.returncode == 2 and len(lines) == 1, proc.stderr
     assert lines[0].startswith("sweep: config error: model.init_from: "), lines[0]
@@ -203,7 +194,7 @@ def test_an_output_dir_the_file_system_cannot_create_is_a_config_error(tmp_path)
 )
 def test_a_too_long_output_dir_is_one_line_before_any_run(args, key, tmp_path):
     args = [a.replace("RUN", f"{tmp_path}/run").replace("SWEEP", f"{tmp_path}/sweep") for a in args]
-    proc = _sweep(*args, cwd=tmp_path)
+    proc = run_cli("-m", "sweep", *args, cwd=tmp_path)
     lines = [ln for ln in proc.stderr.splitlines() if ln.strip()]
     assert proc.returncode == 2 and len(lines) == 1, proc.stderr
     assert lines[0].startswith(f"sweep: config error: {key}: a path component of 30"), lines[0]
@@ -239,7 +230,7 @@ def test_the_size_limits_leave_real_configs_alone():
 
 
 def test_an_absurd_size_is_one_line_before_any_run(tmp_path):
-    proc = _sweep("data.channels=2147483648", f"hydra.run.dir={tmp_path}/run", cwd=tmp_path)
+    proc = run_cli("-m", "sweep", "data.channels=2147483648", f"hydra.run.dir={tmp_path}/run", cwd=tmp_path)
     lines = [ln for ln in proc.stderr.splitlines() if ln.strip()]
     assert proc.returncode == 2 and len(lines) == 1, proc.stderr
     assert lines[0].startswith("sweep: config error: data: one training batch is 4 x 2147483648 x 8 x 16 x 16"), lines[
@@ -272,7 +263,7 @@ def test_a_checkpoint_of_another_shape_or_dtype_is_refused_before_any_run(tmp_pa
 @pytest.mark.skipif(__import__("torch").cuda.is_available(), reason="needs a machine without CUDA")
 def test_device_cuda_without_cuda_is_one_line_before_any_run(tmp_path):
     """issue 33: device=cuda on a machine without CUDA was a run ending `error` with a traceback, exit 0."""
-    proc = _sweep("device=cuda", "steps=2", *FAST, f"hydra.run.dir={tmp_path}/run", cwd=tmp_path)
+    proc = run_cli("-m", "sweep", "device=cuda", "steps=2", *FAST, f"hydra.run.dir={tmp_path}/run", cwd=tmp_path)
     lines = proc.stderr.strip().splitlines()
     assert proc.returncode == 2 and len(lines) == 1, proc.stderr[-2000:]
     assert lines[0].startswith("sweep: config error: device: cuda asked for, but torch sees no CUDA device")

@@ -11,14 +11,11 @@ Thresholds, set from what the check measured (video_dit, 2 blocks, 4 steps at lr
 
 from __future__ import annotations
 
-import subprocess
-import sys
-
 import pytest
 
 from sweep.coord_check import Setup, main, run, slopes, spread
 
-from .conftest import REPO
+from .conftest import run_cli
 
 
 @pytest.fixture(scope="module")
@@ -80,11 +77,5 @@ def test_cli_writes_table_and_html(tmp_path, capsys):
 
 
 def test_help_shows_the_command():
-    proc = subprocess.run(
-        [sys.executable, "-m", "sweep.coord_check", "--help"],
-        capture_output=True,
-        text=True,
-        timeout=120,
-        env={**__import__("os").environ, "PYTHONPATH": str(REPO)},
-    )
+    proc = run_cli("-m", "sweep.coord_check", "--help")
     assert proc.returncode == 0 and "python -m sweep.coord_check --add-512" in proc.stdout

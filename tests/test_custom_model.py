@@ -2,10 +2,6 @@
 
 from __future__ import annotations
 
-import json
-import subprocess
-import sys
-
 import pytest
 import torch
 from torch.profiler import ProfilerActivity, profile
@@ -17,7 +13,7 @@ from sweep.config import ConfigError, check_inputs
 from sweep.run.compiled import compile_unsupported_reason
 from sweep.run.execute import execute
 from sweep.run.packing import refusal
-from tests.conftest import REPO, make_run
+from tests.conftest import make_run, read_result, run_cli
 
 FLASH_OP = FLASH_OPS["cpu"]
 EXAMPLE = "model.target=examples.my_dit:build"
@@ -178,27 +174,17 @@ def test_a_factory_with_an_unresolvable_or_optional_module_annotation_is_called(
 
 def test_os_system_as_model_target_is_one_line_and_runs_nothing(tmp_path):
     touched = tmp_path / "PWNED"
-    proc = _sweep(
+    proc = run_cli(
+        "-m",
+        "sweep",
         "model=custom",
         "model.target=os:system",
         f"model.kwargs={{command:'touch {touched}'}}",
         f"hydra.run.dir={tmp_path}/run",
-        cwd=REPO,
     )
     lines = proc.stderr.strip().splitlines()
     assert proc.returncode == 2 and len(lines) == 1 and "model.target: os:system is a builtin" in lines[0], proc.stderr
     assert not touched.exists()
-
-
-def _sweep(*args: str, cwd) -> subprocess.CompletedProcess:
-    return subprocess.run(
-        [sys.executable, "-m", "sweep", *args],
-        cwd=cwd,
-        capture_output=True,
-        text=True,
-        timeout=180,
-        env={**__import__("os").environ, "PYTHONPATH": str(REPO)},
-    )
 
 
 @pytest.mark.parametrize(
@@ -213,7 +199,7 @@ def _sweep(*args: str, cwd) -> subprocess.CompletedProcess:
 )
 def test_cli_mistake_is_one_line_and_exit_2(args, words, tmp_path):
     base = ["model=custom", "model.target=examples.my_dit:build"] if "nope" not in args[0] else ["model=custom"]
-    proc = _sweep(*args, *base, f"hydra.run.dir={tmp_path}/run", f"hydra.sweep.dir={tmp_path}/sweep", cwd=REPO)
+    proc = run_cli("-m", "sweep", *args, *base, f"hydra.run.dir={tmp_path}/run", f"hydra.sweep.dir={tmp_path}/sweep")
     assert proc.returncode == 2, proc.stderr
     lines = proc.stderr.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith("sweep: config error: ") and words in lines[0], proc.stderr
@@ -249,7 +235,7 @@ def test_a_run_records_the_kernels_that_ran(tmp_path):
     assert r.kernels["attention"] == "sdpa:FLASH_ATTENTION" and r.kernels["sdpa_calls_per_forward"] == 2
     assert r.kernels["modulate"] == "eager" and r.kernels["modulate_calls_per_forward"] == {"eager": 5}
     assert r.kernels["model"] == "examples.my_dit:build"
-    assert json.loads((tmp_path / "result.json").read_text())["kernels"] == r.kernels
+    assert read_result(tmp_path)["kernels"] == r.kernels
 
 
 def test_a_model_without_sdpa_is_skipped_for_a_forced_attention(tmp_path):

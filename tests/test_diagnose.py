@@ -15,14 +15,14 @@ from sweep.diagnose.diagnosis import DIAGNOSIS_FILE, diagnose
 from sweep.diagnose.mechanism import MECHANISMS, decide, second_moment_lag
 from sweep.diagnose.record import RunRecord
 
-from .conftest import make_run, multirun_in_process
+from .conftest import make_run, multirun_in_process, read_result
 
 TINY = ["ledger.enabled=false", "steps=12"]
 
 
 def sweep(tmp_path: Path, *overrides: str) -> list[dict]:
     multirun_in_process(tmp_path, *TINY, *overrides)
-    return [json.loads(p.read_text()) | {"dir": p.parent} for p in sorted(tmp_path.glob("*/result.json"))]
+    return [read_result(p.parent) | {"dir": p.parent} for p in sorted(tmp_path.glob("*/result.json"))]
 
 
 def quiet(_line: str) -> None:
@@ -54,7 +54,7 @@ def test_a_bad_sample_is_named_left_out_and_the_fix_confirmed(tmp_path):
         assert rows["fp32"]["outcome"] is None and "already fp32" in rows["fp32"]["not_applicable"]
         assert d["counterfactuals"]["from_step"] == first - 1 and d["counterfactuals"]["prefix"]["identical"]
         assert d["agrees"] and d["fix"]["confirmed"] and d["fix"]["overrides"] == ["data.skip_samples=[5]"]
-        fixed = json.loads((Path(d["fix"]["run_dir"]) / "result.json").read_text())
+        fixed = read_result(d["fix"]["run_dir"])
         assert fixed["status"] == "stable" and fixed["steps_run"] == 12
 
 

@@ -13,8 +13,6 @@ import json
 import math
 import os
 import re
-import subprocess
-import sys
 
 import pytest
 import torch
@@ -35,7 +33,7 @@ from models.modulate import MODULATE_OP
 from sweep.config import ConfigError, check_inputs
 from sweep.run.execute import execute
 
-from .conftest import FAST, REPO, make_run
+from .conftest import FAST, REPO, make_run, run_cli
 
 DIR = f"{REPO}/tests/data/diffusers_configs"
 SHRINK = {"num_layers": 2, "num_attention_heads": 2, "attention_head_dim": 32}
@@ -278,24 +276,16 @@ def test_the_probe_leaves_the_global_rng_as_it_was():
 @pytest.mark.slow
 def test_cli_unknown_class_in_a_grid_is_one_line_and_exit_2_before_any_run(tmp_path):
     (tmp_path / "foo.json").write_text('{"_class_name": "FooTransformer3DModel"}')
-    proc = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "sweep",
-            "-m",
-            "model=diffusers_config",
-            f"model.config={DIR}/cogvideox_2b.json,{tmp_path}/foo.json",
-            shrink_override(SHRINK),
-            *FAST,
-            "steps=1",
-            f"hydra.sweep.dir={tmp_path}/sweep",
-        ],
-        cwd=REPO,
-        capture_output=True,
-        text=True,
-        timeout=180,
-        env={**os.environ, "PYTHONPATH": str(REPO)},
+    proc = run_cli(
+        "-m",
+        "sweep",
+        "-m",
+        "model=diffusers_config",
+        f"model.config={DIR}/cogvideox_2b.json,{tmp_path}/foo.json",
+        shrink_override(SHRINK),
+        *FAST,
+        "steps=1",
+        f"hydra.sweep.dir={tmp_path}/sweep",
     )
     assert proc.returncode == 2, proc.stderr
     lines = proc.stderr.strip().splitlines()

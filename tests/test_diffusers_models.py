@@ -6,11 +6,7 @@ Shapes are the smallest real ones: batch 2, 3 channels, 8x8 pixels, 1 frame (ima
 
 from __future__ import annotations
 
-import json
 import math
-import os
-import subprocess
-import sys
 
 import optuna
 import pytest
@@ -20,7 +16,7 @@ from torch.profiler import ProfilerActivity, profile
 from models.diffusers_zoo import DIFFUSERS_MODELS, ZOO, build_diffusers_model
 from sweep.run.execute import execute
 
-from .conftest import FAST, REPO, make_run
+from .conftest import FAST, make_run, read_result, read_results, run_cli
 
 CONF = {name: ("diffusers_dit_tiny" if name == "dit" else f"{name}_tiny") for name in DIFFUSERS_MODELS}
 FLASH_OP, MATH_OP = "aten::_scaled_dot_product_flash_attention_for_cpu", "aten::_scaled_dot_product_attention_math"
@@ -131,7 +127,7 @@ def test_fused_modulate_is_routed_and_matches_diffusers_own_code(name):
 def test_fused_modulate_on_inline_modulation_is_skipped_with_the_reason(name, tmp_path):
     r = execute(make_run(*overrides(name, "modulate=fused", "steps=1")), tmp_path, {})
     assert r.status == "skipped" and "inline" in r.reason and ZOO[name].cls_name in r.reason
-    assert json.loads((tmp_path / "result.json").read_text())["status"] == "skipped"
+    assert read_result(tmp_path)["status"] == "skipped"
 
 
 def test_config_errors_name_the_key():
@@ -148,8 +144,7 @@ def test_config_errors_name_the_key():
 @pytest.mark.slow
 def test_a_2x2_grid_on_a_video_model_fills_the_ledger(tmp_path):
     sweep_dir = tmp_path / "sweep"
-    cmd = [
-        sys.executable,
+    proc = run_cli(
         "-m",
         "sweep",
         "-m",
@@ -162,17 +157,10 @@ def test_a_2x2_grid_on_a_video_model_fills_the_ledger(tmp_path):
         "data.batch_size=2",
         *FAST,
         f"hydra.sweep.dir={sweep_dir}",
-    ]
-    proc = subprocess.run(
-        cmd,
         cwd=tmp_path,
-        capture_output=True,
-        text=True,
-        timeout=300,
-        env={**os.environ, "PYTHONPATH": str(REPO), "CI": "1", "OMP_NUM_THREADS": "1"},
     )
     assert proc.returncode == 0, proc.stderr[-3000:]
-    results = [json.loads(p.read_text()) for p in sorted(sweep_dir.glob("*/result.json"))]
+    results = read_results(sweep_dir)
     assert len(results) == 4 and all(r["status"] == "stable" for r in results)
     assert {r["kernels"]["attention"] for r in results} == {"sdpa:FLASH_ATTENTION", "eager:softmax(QK^T)"}
     url = f"sqlite:///{sweep_dir / 'ledger.db'}"

@@ -3,16 +3,14 @@ parity of our DDPM schedule with diffusers' DDPMScheduler (diffusers is the refe
 
 from __future__ import annotations
 
-import subprocess
-import sys
-from pathlib import Path
-
 import pytest
 import torch
 from diffusers import DDPMScheduler, FlowMatchEulerDiscreteScheduler
 
 from sweep.config import BetaSchedule, Prediction
 from sweep.run.diffusion import BETA_SCHEDULES, PREDICTIONS, DiffusionObjective, ddpm_betas, shift_sigmas
+
+from .conftest import run_cli
 
 T = 1000
 VIDEO = (6, 3, 4, 8, 8)  # (B, C, F, H, W)
@@ -183,8 +181,7 @@ def test_the_run_path_does_not_import_diffusers() -> None:
         "[D(k).sample(torch.zeros(2, 3, 4, 4), torch.Generator()) for k in ('ddpm', 'flow')]; "
         "print(sorted({m.split('.')[0] for m in sys.modules} & {'diffusers', 'scipy'}))"
     )
-    repo_root = Path(__file__).resolve().parents[1]
-    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, cwd=repo_root)
+    result = run_cli("-c", code, check=True)
     assert result.stdout.strip() == "[]"
 
 

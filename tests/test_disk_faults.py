@@ -6,17 +6,14 @@ as in CI's container); elsewhere the tests are skipped, saying why."""
 from __future__ import annotations
 
 import errno
-import json
 import subprocess
-import sys
 
 import optuna
 import pytest
 
 import sweep.job
 
-from .cluster_servers import sweep_env
-from .conftest import FAST, REPO, multirun_in_process
+from .conftest import FAST, multirun_in_process, read_result, run_cli
 
 
 @pytest.fixture
@@ -76,7 +73,7 @@ def test_a_disk_that_fills_mid_sweep_keeps_every_written_result_and_names_the_ca
     assert raised is None  # the summary cannot be saved either: logged, the sweep ends as usual
 
     sweep_dir = mount / "sweep"
-    first = json.loads((sweep_dir / "0" / "result.json").read_text())  # written before the fault: intact
+    first = read_result(sweep_dir / "0")  # written before the fault: intact
     assert first["status"] == "stable" and first["steps_run"] == 3
     assert not (sweep_dir / "1" / "result.json").exists() and not (sweep_dir / "1" / "result.tmp").exists()
     by_dir = {t.user_attrs["run_dir"]: t for t in trials}
@@ -94,20 +91,13 @@ def test_a_run_dir_that_turns_read_only_mid_sweep_is_an_error_and_the_sweep_goes
     by_dir = {t.user_attrs["run_dir"]: t.user_attrs for t in trials}
     assert [by_dir[str((sweep_dir / n).resolve())]["status"] for n in "01"] == ["error", "stable"]
     assert "Read-only file system" in by_dir[str((sweep_dir / "0").resolve())]["reason"]
-    assert json.loads((sweep_dir / "1" / "result.json").read_text())["status"] == "stable"
+    assert read_result(sweep_dir / "1")["status"] == "stable"
 
 
 @pytest.mark.slow
 def test_a_read_only_sweep_dir_is_one_line_not_a_traceback(tmp_path, mount):
     subprocess.run(["mount", "-o", "remount,ro", str(mount)], check=True)
-    proc = subprocess.run(
-        [sys.executable, "-m", "sweep", "-m", *FAST, "steps=2", "optim.lr=1e-3,2e-3", f"hydra.sweep.dir={mount}/sweep"],
-        cwd=REPO,
-        env=sweep_env(),
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
+    proc = run_cli("-m", "sweep", "-m", *FAST, "steps=2", "optim.lr=1e-3,2e-3", f"hydra.sweep.dir={mount}/sweep")
     assert proc.returncode == 1, proc.stderr[-2000:]
     assert "Traceback" not in proc.stderr
     assert f"sweep: stopped: Read-only file system: {mount}/sweep" in proc.stderr

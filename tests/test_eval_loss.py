@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 import math
 
 import optuna
@@ -21,7 +20,7 @@ from sweep.run.precision import PrecisionPolicy
 from sweep.run.results import METRIC_COLUMNS, MetricsLog
 from sweep.search.ledger import record_run, storage_url
 
-from .conftest import make_run
+from .conftest import make_run, read_result
 
 
 def built(run):
@@ -86,7 +85,7 @@ def test_the_training_curve_is_bit_identical_with_eval_on_and_off(tmp_path, prec
 def test_eval_loss_reaches_result_json_metrics_csv_and_the_ledger(tmp_path):
     run = make_run("steps=5", "threads=1", "eval.every=2", "eval.samples=4")
     result = execute(run, tmp_path / "r", {"optim.lr": 1e-4})
-    stored = json.loads((tmp_path / "r" / "result.json").read_text())  # strict JSON (no NaN)
+    stored = read_result(tmp_path / "r")  # strict JSON (no NaN)
     m = metrics(tmp_path / "r")
     assert list(m.step[m.eval_loss != ""]) == ["1", "3", "4"]  # every 2 steps, and after the last one
     assert stored["eval_loss"] == result.eval_loss == float(m.eval_loss.iloc[-1])

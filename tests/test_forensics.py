@@ -3,16 +3,13 @@
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
 
 import torch
 
 import sweep.run.model
 from sweep.run.execute import execute
 
-from .conftest import FAST, REPO, make_run
+from .conftest import FAST, make_run, read_result, run_cli
 
 
 def run_with_weights(tmp_path, monkeypatch, edit, *overrides):
@@ -71,41 +68,26 @@ def test_nan_sample_is_blamed_on_the_data(tmp_path):
 
 def test_replay_command_on_a_finished_run(tmp_path):
     run_dir = tmp_path / "run"
-    env = {**os.environ, "PYTHONPATH": str(REPO), "CI": "1", "OMP_NUM_THREADS": "1"}
-    subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "sweep",
-            "precision=fp16_amp_noscale",
-            "optim.lr=0.3",
-            "steps=40",
-            "monitor.spike_factor=1e9",
-            *FAST,
-            f"hydra.run.dir={run_dir}",
-        ],
+    run_cli(
+        "-m",
+        "sweep",
+        "precision=fp16_amp_noscale",
+        "optim.lr=0.3",
+        "steps=40",
+        "monitor.spike_factor=1e9",
+        *FAST,
+        f"hydra.run.dir={run_dir}",
         check=True,
-        env=env,
-        capture_output=True,
-        timeout=300,
     )
-    result = json.loads((run_dir / "result.json").read_text())
+    result = read_result(run_dir)
     assert result["verdict"] == "nonfinite_loss" and result["cause"]["where"] == "forward"
-    proc = subprocess.run(
-        [sys.executable, "-m", "sweep.replay", str(run_dir)], env=env, capture_output=True, text=True, timeout=300
-    )
+    proc = run_cli("-m", "sweep.replay", str(run_dir))
     assert proc.returncode == 0, proc.stderr
     forensics = json.loads((run_dir / "forensics.json").read_text())
     assert forensics["step"] == result["first_bad_step"]
     assert forensics["cause"] == result["cause"]  # the replay is deterministic: the same place again
     assert "closest to overflow" in proc.stdout
-    bad = subprocess.run(
-        [sys.executable, "-m", "sweep.replay", str(tmp_path / "nope")],
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=60,
-    )
+    bad = run_cli("-m", "sweep.replay", str(tmp_path / "nope"))
     assert bad.returncode == 2 and len(bad.stderr.strip().splitlines()) == 1
 
 
@@ -126,15 +108,8 @@ def test_replay_is_honest_about_a_stable_run_and_bad_steps(tmp_path, capsys):
     from sweep import replay
 
     run_dir = tmp_path / "run"
-    env = {**os.environ, "PYTHONPATH": str(REPO), "CI": "1", "OMP_NUM_THREADS": "1"}
-    subprocess.run(
-        [sys.executable, "-m", "sweep", "steps=3", "threads=1", *FAST, f"hydra.run.dir={run_dir}"],
-        check=True,
-        env=env,
-        capture_output=True,
-        timeout=300,
-    )
-    assert json.loads((run_dir / "result.json").read_text())["status"] == "stable"
+    run_cli("-m", "sweep", "steps=3", "threads=1", *FAST, f"hydra.run.dir={run_dir}", check=True)
+    assert read_result(run_dir)["status"] == "stable"
 
     assert replay.main([str(run_dir)]) == 0
     out = capsys.readouterr().out

@@ -8,8 +8,6 @@ line and exit 2 before any run; the key sweeps like any other and packs only wit
 
 from __future__ import annotations
 
-import json
-
 import pandas as pd
 import pytest
 import torch
@@ -22,8 +20,7 @@ from sweep.run.fp32_modules import matching, unmatched
 from sweep.run.packing import execute_pack, pack_key, refusal
 from sweep.run.precision import PrecisionPolicy
 
-from .conftest import make_run, multirun_in_process
-from .test_config import _sweep
+from .conftest import make_run, multirun_in_process, read_results, run_cli
 
 CPU = torch.device("cpu")
 ATTN = "precision.fp32_modules=[blocks.*.attn]"
@@ -161,8 +158,8 @@ def test_compile_is_refused_with_it():
 
 
 def test_a_glob_matching_nothing_is_one_line_and_exit_2_before_any_run(tmp_path):
-    proc = _sweep(
-        "-m", "steps=1", "precision=bf16_amp", "precision.fp32_modules=[],[blocks.*.atn]",
+    proc = run_cli(
+        "-m", "sweep", "-m", "steps=1", "precision=bf16_amp", "precision.fp32_modules=[],[blocks.*.atn]",
         f"hydra.run.dir={tmp_path}/run", f"hydra.sweep.dir={tmp_path}/sweep", cwd=tmp_path,
     )  # fmt: skip
     lines = [ln for ln in proc.stderr.splitlines() if ln.strip()]
@@ -177,7 +174,7 @@ def test_it_sweeps_as_a_list_valued_axis_and_is_recorded_in_params(tmp_path):
     values = list(OverridesParser.create().parse_overrides([override])[0].sweep_iterator())
     assert values == [[], ["blocks.*.attn"]]
     multirun_in_process(tmp_path, "steps=2", "device=cpu", "precision=bf16_amp", override)
-    params = [json.loads(p.read_text())["params"] for p in sorted(tmp_path.glob("*/result.json"))]
+    params = [r["params"] for r in read_results(tmp_path)]
     assert sorted(p["precision.fp32_modules"] for p in params) == [[], ["blocks.*.attn"]]
 
 

@@ -9,7 +9,7 @@ import pickle
 import pytest
 from hydra._internal.config_loader_impl import ConfigLoaderImpl
 
-from .conftest import multirun_in_process
+from .conftest import FAST, multirun_in_process, read_result, read_results, run_cli
 
 
 def test_each_cell_is_composed_once_and_runs_its_own_overrides(tmp_path, monkeypatch):
@@ -27,9 +27,9 @@ def test_each_cell_is_composed_once_and_runs_its_own_overrides(tmp_path, monkeyp
         "optim.lr=0.0001",
         "optim.lr=0.001",
     ]
-    params = sorted(json.loads((tmp_path / str(i) / "result.json").read_text())["params"]["optim.lr"] for i in range(2))
+    params = sorted(read_result(tmp_path / str(i))["params"]["optim.lr"] for i in range(2))
     assert params == [1e-4, 1e-3]
-    assert [json.loads((tmp_path / str(i) / "result.json").read_text())["seed"] for i in range(2)] == [3, 3]
+    assert [read_result(tmp_path / str(i))["seed"] for i in range(2)] == [3, 3]
 
 
 def test_the_loader_ships_to_workers_without_its_kept_configs():
@@ -47,8 +47,6 @@ def test_a_sweep_dir_holding_another_sweep_is_refused_before_any_run(tmp_path, c
     started a run there or is still starting (live)."""
     import fcntl
     import os
-
-    from .conftest import multirun_in_process
 
     sweep_dir = tmp_path / "s"
     multirun_in_process(sweep_dir, "steps=2", "optim.lr=1e-4")
@@ -84,8 +82,6 @@ def test_a_sweep_dir_with_runs_but_no_readable_multirun_yaml_is_refused(tmp_path
     before any run overwrites them (the report reads run directories only and does not need the file)."""
     from sweep.report.runs import runs_from_dirs
 
-    from .conftest import multirun_in_process
-
     sweep_dir = tmp_path / "s"
     (sweep_dir / "0" / ".hydra").mkdir(parents=True)
     (sweep_dir / "0" / ".hydra" / "overrides.yaml").write_text("- optim.lr=0.01\n")
@@ -119,28 +115,15 @@ def test_sweeps_started_at_the_same_moment_into_one_new_dir_run_one(tmp_path):
     multirun.yaml yet. Now the claim names its sweep before the directory's lock is let go: exactly one runs,
     the others exit 2 with one line, and the ledger holds one trial per job directory."""
     import sqlite3
-    import subprocess
-    import sys
     import time
-
-    from .conftest import FAST, REPO
 
     barrier = tmp_path / "barrier"
     barrier.mkdir()
     sweep_dir = tmp_path / "s"
     base = ["-m", *FAST, "threads=1", "steps=2", f"hydra.sweep.dir={sweep_dir}", "optim.lr=1e-3,2e-3"]
     commands = [base, base, [*base, "seed=1"]]  # the same grid twice, and another sweep
-    env = {**os.environ, "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1"}
-    env.pop("HYDRA_FULL_ERROR", None)
     procs = [
-        subprocess.Popen(
-            [sys.executable, "-c", _AT_ONCE, str(barrier), *c],
-            cwd=tmp_path,
-            env=env,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
-            text=True,
-        )
+        run_cli("-c", _AT_ONCE, str(barrier), *c, cwd=tmp_path, env={"HYDRA_FULL_ERROR": None}, background=True)
         for c in commands
     ]
     deadline = time.time() + 120
@@ -162,10 +145,7 @@ def test_sweeps_started_at_the_same_moment_into_one_new_dir_run_one(tmp_path):
     finally:
         con.close()
     assert sorted(dirs) == sorted(set(dirs)) and len(dirs) == 2, dirs
-    assert sorted(json.loads((sweep_dir / str(i) / "result.json").read_text())["status"] for i in range(2)) == [
-        "stable",
-        "stable",
-    ]
+    assert sorted(read_result(sweep_dir / str(i))["status"] for i in range(2)) == ["stable", "stable"]
 
 
 def test_a_live_claim_without_multirun_yaml_refuses_another_sweep(tmp_path, capsys):
@@ -215,19 +195,7 @@ def test_a_repeated_choice_in_an_optuna_sweep_is_refused(tmp_path):
 
 
 def test_a_repeated_value_is_one_line_and_exit_2(tmp_path):
-    import subprocess
-    import sys
-
-    from .conftest import FAST, REPO
-
-    proc = subprocess.run(
-        [sys.executable, "-m", "sweep", "-m", *FAST, "optim.lr=1e-3,1e-3,3e-2", f"hydra.sweep.dir={tmp_path}/s"],
-        cwd=tmp_path,
-        capture_output=True,
-        text=True,
-        timeout=120,
-        env={**os.environ, "PYTHONPATH": str(REPO)},
-    )
+    proc = run_cli("-m", "sweep", "-m", *FAST, "optim.lr=1e-3,1e-3,3e-2", f"hydra.sweep.dir={tmp_path}/s", cwd=tmp_path)
     lines = [ln for ln in proc.stderr.splitlines() if ln.strip()]
     assert proc.returncode == 2 and len(lines) == 1 and "optim.lr: the value 0.001 is listed twice" in lines[0], (
         proc.stderr
@@ -240,6 +208,6 @@ def test_a_single_value_replaces_a_params_axis_in_the_grid(tmp_path):
     search, which ignored it, refuses it instead: test_ladder.py)."""
     one = ("precision=fp32", "optim.lr=5e-4", "attention=math")  # each replaces a demo axis (4, 3 and 2 values)
     multirun_in_process(tmp_path / "s", "+experiment=demo", *one, "steps=1", "ledger.enabled=false")
-    results = [json.loads(p.read_text()) for p in (tmp_path / "s").glob("*/result.json")]
+    results = read_results(tmp_path / "s")
     assert len(results) == 2 and sorted(r["seed"] for r in results) == [0, 1]  # the demo's 2 replicates of one cell
     assert all((r["params"]["precision"], r["params"]["optim.lr"]) == ("fp32", 5e-4) for r in results)

@@ -4,11 +4,9 @@
 from __future__ import annotations
 
 import csv
-import json
 import os
 import signal
 import subprocess
-import sys
 import threading
 import time
 
@@ -21,9 +19,9 @@ from sweep.run.execute import execute
 from sweep.run.interrupt import StopOnSignal, stopping_on_signals
 from sweep.search.ledger import record_run
 
-from .cluster_servers import sweep_cmd, sweep_env
+from .cluster_servers import sweep_cmd
 from .conftest import FAST as FAST_ARGS
-from .conftest import REPO, make_run, multirun_in_process
+from .conftest import make_run, multirun_in_process, read_result, read_results, run_cli
 
 
 class SignalAt:
@@ -52,7 +50,7 @@ def test_a_signal_stops_the_run_after_its_step_with_files_valid_up_to_it(tmp_pat
     assert signal.getsignal(signum) is before  # put back after the job
     assert request.signum == signum
 
-    saved = json.loads((tmp_path / "result.json").read_text())
+    saved = read_result(tmp_path)
     name = signal.Signals(signum).name
     assert saved["status"] == "interrupted" and saved["interrupted_at_step"] == 2
     assert saved["reason"] == f"{name} after step 2 of 40" and saved["verdict"] is None
@@ -87,14 +85,7 @@ print("finished the step", flush=True)
 
 
 def test_a_second_ctrl_c_exits_at_once():
-    proc = subprocess.Popen(
-        [sys.executable, "-c", SECOND_SIGNAL],
-        cwd=REPO,
-        env=sweep_env(),
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-    )
+    proc = run_cli("-c", SECOND_SIGNAL, background=True)
     assert proc.stdout.readline().strip() == "ready"
     proc.send_signal(signal.SIGINT)
     # Wait for the handler to have seen it: two signals still pending at once count as one.
@@ -127,14 +118,7 @@ def _lines_until(proc, needle: str, seen: list[str], timeout: float = 120) -> No
 def test_sigterm_stops_a_sweep_process_and_closes_its_trial(tmp_path):
     sweep_dir = tmp_path / "sweep"
     axes = ["hydra.sweeper.sampler.name=grid", "optim.lr=choice(1e-3,2e-3)", "progress=log", "log_every=1"]
-    proc = subprocess.Popen(
-        sweep_cmd(sweep_dir, *axes, "steps=400"),
-        cwd=REPO,
-        env=sweep_env(),
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        text=True,
-    )
+    proc = run_cli(*sweep_cmd(sweep_dir, *axes, "steps=400"), background=True, stderr=subprocess.STDOUT)
     seen: list[str] = []
     try:
         _lines_until(proc, "step 3/400", seen)
@@ -146,7 +130,7 @@ def test_sigterm_stops_a_sweep_process_and_closes_its_trial(tmp_path):
     assert proc.returncode == 128 + signal.SIGTERM, out
     assert "run the same command again to resume the unfinished cells" in out
 
-    result = json.loads((sweep_dir / "0" / "result.json").read_text())
+    result = read_result(sweep_dir / "0")
     step = result["interrupted_at_step"]
     assert result["status"] == "interrupted" and 2 <= step < 399
     rows = metrics_rows(sweep_dir / "0")
@@ -177,7 +161,7 @@ def test_ctrl_c_stops_a_grid_and_the_same_command_runs_only_the_unfinished_cells
     with pytest.raises(SystemExit) as exit_:
         multirun_in_process(tmp_path, *grid)
     assert exit_.value.code == 128 + signal.SIGINT and ran == ["0", "1"]  # no cell after the interrupted one
-    stopped = json.loads((tmp_path / "1" / "result.json").read_text())
+    stopped = read_result(tmp_path / "1")
     assert (stopped["status"], stopped["interrupted_at_step"], stopped["steps_run"]) == ("interrupted", 1, 2)
     first = (tmp_path / "0" / "result.json").read_text()
 
@@ -185,7 +169,7 @@ def test_ctrl_c_stops_a_grid_and_the_same_command_runs_only_the_unfinished_cells
     multirun_in_process(tmp_path, *grid, "threads=1")  # the same sweep (threads does not change a run)
     assert ran == ["1", "2"]  # the finished cell 0 is kept, the interrupted one and the rest run
     assert (tmp_path / "0" / "result.json").read_text() == first
-    assert [json.loads((tmp_path / n / "result.json").read_text())["status"] for n in "12"] == ["stable", "stable"]
+    assert [read_result(tmp_path / n)["status"] for n in "12"] == ["stable", "stable"]
 
 
 def test_an_interrupted_run_redone_by_a_resume_is_superseded_in_the_report(tmp_path):
@@ -285,14 +269,7 @@ def test_a_signal_while_the_optuna_sweeper_asks_fails_the_asked_trials_and_resum
     sweep_dir = tmp_path / "sweep"
     axes = ["hydra.sweeper.sampler.name=grid", "hydra.sweeper.n_jobs=2", "optim.lr=choice(1e-3,2e-3)", "steps=2"]
     cmd = sweep_cmd(sweep_dir, *axes)
-    proc = subprocess.run(
-        [sys.executable, "-c", SIGNAL_WHILE_ASKING, *cmd[3:]],
-        cwd=REPO,
-        env={**sweep_env(), "SIGNAL_AT_ASK": str(int(signum))},
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
+    proc = run_cli("-c", SIGNAL_WHILE_ASKING, *cmd[2:], env={"SIGNAL_AT_ASK": str(int(signum))})
     out = proc.stdout + proc.stderr
     assert proc.returncode == 128 + signum, out
     assert "Traceback" not in out and "stopped while asking for the next trials (0, 1 failed" in out, out
@@ -301,7 +278,7 @@ def test_a_signal_while_the_optuna_sweeper_asks_fails_the_asked_trials_and_resum
     trials = optuna.load_study(study_name=str(sweep_dir), storage=storage).trials
     assert [t.state for t in trials] == [TrialState.FAIL, TrialState.FAIL], out
 
-    proc = subprocess.run(cmd, cwd=REPO, env=sweep_env(), capture_output=True, text=True, timeout=300)
+    proc = run_cli(*cmd)
     assert proc.returncode == 0, proc.stderr
     trials = optuna.load_study(study_name=str(sweep_dir), storage=storage).trials
     assert sorted(t.params["optim.lr"] for t in trials if t.state is TrialState.COMPLETE) == [1e-3, 2e-3]
@@ -338,14 +315,11 @@ def test_a_signal_to_a_sweep_with_job_processes_stops_every_run_and_resumes(tmp_
     grid = [f"hydra/launcher={launcher}", "optim.lr=1e-3,2e-3", "threads=1", "log_every=1", "progress=log"]
     grid += ["steps=60"]
     grid += ["hydra.launcher.n_jobs=2"] if launcher == "joblib" else []
-    cmd = [sys.executable, "-m", "sweep", "-m", *FAST_ARGS, f"hydra.sweep.dir={sweep_dir}", *grid]
-    proc = subprocess.Popen(
-        cmd,
-        cwd=REPO,
-        env=sweep_env(),
-        stdout=subprocess.PIPE,
+    cmd = ["-m", "sweep", "-m", *FAST_ARGS, f"hydra.sweep.dir={sweep_dir}", *grid]
+    proc = run_cli(
+        *cmd,
+        background=True,
         stderr=subprocess.STDOUT,
-        text=True,
         start_new_session=True,  # its own process group, as a shell gives a command
     )
     out: list[str] = []
@@ -373,7 +347,7 @@ def test_a_signal_to_a_sweep_with_job_processes_stops_every_run_and_resumes(tmp_
     # Ctrl-C to the group reaches submitit's own controller process too: it used to print a KeyboardInterrupt
     # traceback and kill its job before the trial was recorded; it now ignores SIGINT. No traceback at all.
     assert "Traceback" not in text, text
-    results = {p.parent.name: json.loads(p.read_text()) for p in sweep_dir.glob("*/result.json")}
+    results = {p.parent.name: read_result(p.parent) for p in sweep_dir.glob("*/result.json")}
     assert results and all(r["status"] == "interrupted" for r in results.values()), results
     unfinished = {p.name for p in sweep_dir.iterdir() if p.name.isdigit()} - set(results)
     # A Ctrl-C to the group reaches a job that is still starting (before its run listens) too: it dies as
@@ -386,7 +360,7 @@ def test_a_signal_to_a_sweep_with_job_processes_stops_every_run_and_resumes(tmp_
     if not to_group:  # the resume of a sweep whose runs all ended interrupted is the same for either signal:
         return  # the Ctrl-C cases run it, with the job that died starting (no result.json, no trial) besides
 
-    done = subprocess.run(cmd, cwd=REPO, env=sweep_env(), capture_output=True, text=True, timeout=300)
+    done = run_cli(*cmd)
     assert done.returncode == 0, done.stderr
-    statuses = sorted(json.loads(p.read_text())["status"] for p in sweep_dir.glob("*/result.json"))
+    statuses = sorted(r["status"] for r in read_results(sweep_dir))
     assert statuses == ["stable"] * 2, statuses

@@ -5,15 +5,13 @@ answer is known."""
 from __future__ import annotations
 
 import math
-import subprocess
-import sys
 
 import pytest
 
 from sweep.report.ladder import check_ladder_sizes, curvature_test, fit_line, ladder_fit, ladder_lines
 from sweep.report.runs import runs_from_dirs
 
-from .conftest import CONF_DIR, REPO
+from .conftest import CONF_DIR, run_cli
 from .test_report_tables import diverged, write_run
 
 GRID = [2 ** (-k / 2) for k in range(2, 24)]  # sqrt(2)-spaced, 0.5 .. 0.0005
@@ -111,22 +109,8 @@ def test_ladder_configs_compose_v2_defaults():
 
 @pytest.mark.parametrize("mode", [[], ["hydra.sweeper.mode=frontier"]], ids=["grid", "frontier"])
 def test_a_ladder_sweep_of_two_sizes_is_one_line_exit_2(tmp_path, mode):
-    proc = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "sweep",
-            "-m",
-            "+ladder=width",
-            "model.width=32,64",
-            *mode,
-            f"hydra.sweep.dir={tmp_path}/s",
-        ],
-        cwd=tmp_path,
-        capture_output=True,
-        text=True,
-        timeout=120,
-        env={**__import__("os").environ, "PYTHONPATH": str(REPO)},
+    proc = run_cli(
+        "-m", "sweep", "-m", "+ladder=width", "model.width=32,64", *mode, f"hydra.sweep.dir={tmp_path}/s", cwd=tmp_path
     )
     lines = [ln for ln in proc.stderr.splitlines() if ln.strip()]
     assert proc.returncode == 2 and len(lines) == 1, proc.stderr

@@ -2,35 +2,25 @@
 
 from __future__ import annotations
 
-import json
 import os
-import subprocess
-import sys
 
 import optuna
 import pytest
 
-from .conftest import FAST, REPO
+from .conftest import FAST, read_result, run_cli
 
 GRID = ["precision=fp32,fp16_amp", "optim.lr=1e-4,3e-2", "steps=8", *FAST]
 
 
 def sweep(tmp_path, name, *args):
     out = tmp_path / name
-    proc = subprocess.run(
-        [sys.executable, "-m", "sweep", "-m", *GRID, *args, f"hydra.sweep.dir={out}"],
-        cwd=tmp_path,
-        capture_output=True,
-        text=True,
-        timeout=600,
-        env={**os.environ, "PYTHONPATH": str(REPO), "CI": "1"},
-    )
+    proc = run_cli("-m", "sweep", "-m", *GRID, *args, f"hydra.sweep.dir={out}", cwd=tmp_path)
     assert proc.returncode == 0, proc.stderr[-2000:]
     runs = {}
-    for path in out.glob("*/result.json"):
-        r = json.loads(path.read_text())
+    for run_dir in (p.parent for p in out.glob("*/result.json")):
+        r = read_result(run_dir)
         key = (r["params"]["precision"], r["params"]["optim.lr"])
-        runs[key] = (r["status"], r["verdict"], r["first_bad_step"], (path.parent / "metrics.csv").read_text())
+        runs[key] = (r["status"], r["verdict"], r["first_bad_step"], (run_dir / "metrics.csv").read_text())
     return runs, out
 
 

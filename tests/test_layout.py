@@ -142,7 +142,6 @@ def test_the_top_of_sweep_holds_only_what_a_user_runs_or_configures(top):
         "parity",
         "doctor",
         "scenario",
-        "summary",
         "sync_ledger",
         "coord_check",  # python -m sweep.coord_check (issue #30)
     }

@@ -2,11 +2,7 @@
 
 from __future__ import annotations
 
-import json
 import multiprocessing as mp
-import os
-import subprocess
-import sys
 
 import optuna
 import pytest
@@ -15,7 +11,7 @@ from optuna.trial import TrialState
 from sweep.config import LedgerConfig
 from sweep.search.ledger import CONSTRAINTS_KEY, mask_url, record_run, storage_url, url_has_password
 
-from .conftest import FAST, REPO
+from .conftest import FAST, read_result, run_cli
 
 
 def result(status, **kw):
@@ -197,14 +193,7 @@ def test_a_storage_without_a_password_is_not_refused(arg):
     ],
 )
 def test_password_on_the_command_line_is_refused_before_hydra_writes_it(tmp_path, arg):
-    proc = subprocess.run(
-        [sys.executable, "-m", "sweep", arg, f"hydra.run.dir={tmp_path}/run"],
-        cwd=tmp_path,
-        capture_output=True,
-        text=True,
-        env={**os.environ, "PYTHONPATH": str(REPO)},
-        timeout=120,
-    )
+    proc = run_cli("-m", "sweep", arg, f"hydra.run.dir={tmp_path}/run", cwd=tmp_path)
     assert proc.returncode == 2 and "s3cret" not in proc.stderr
     assert ("MLFLOW_TRACKING_URI" if "logger" in arg else "oc.env") in proc.stderr
     assert len(proc.stderr.strip().splitlines()) == 1 and not (tmp_path / "run").exists()
@@ -213,29 +202,22 @@ def test_password_on_the_command_line_is_refused_before_hydra_writes_it(tmp_path
 @pytest.mark.slow
 def test_multirun_fills_the_ledger_in_the_sweep_dir(tmp_path):
     sweep_dir = tmp_path / "sweep"
-    proc = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "sweep",
-            "-m",
-            "precision=fp32,fp16_pure",
-            "optim.lr=1e-4,1e-3",
-            "steps=3",
-            *FAST,
-            f"hydra.sweep.dir={sweep_dir}",
-        ],
+    proc = run_cli(
+        "-m",
+        "sweep",
+        "-m",
+        "precision=fp32,fp16_pure",
+        "optim.lr=1e-4,1e-3",
+        "steps=3",
+        *FAST,
+        f"hydra.sweep.dir={sweep_dir}",
         cwd=tmp_path,
-        capture_output=True,
-        text=True,
-        timeout=600,
-        env={**os.environ, "PYTHONPATH": str(REPO), "CI": "1"},
     )
     assert proc.returncode == 0, proc.stderr[-2000:]
     trials = only_study(f"sqlite:///{sweep_dir / 'ledger.db'}").trials
     assert len(trials) == 4
     for t in trials:
-        on_disk = json.loads((sweep_dir / t.user_attrs["run_dir"].rsplit("/", 1)[1] / "result.json").read_text())
+        on_disk = read_result(sweep_dir / t.user_attrs["run_dir"].rsplit("/", 1)[1])
         assert t.user_attrs["status"] == on_disk["status"]
         assert t.params["precision"] == on_disk["params"]["precision"]
         assert t.params["optim.lr"] == on_disk["params"]["optim.lr"]
@@ -261,46 +243,30 @@ def test_a_secret_query_key_from_the_environment_appears_in_no_output_file(tmp_p
     """issue 33: a ?sslpassword= or ?token= URL reached .ledger_pending.json, .hydra/, the log, stderr and
     result.json; every place that writes a URL masks it through sweep.run.urls."""
     run_dir = tmp_path / "run"
-    proc = subprocess.run(
-        [sys.executable, "-m", "sweep", *args, "steps=2", "threads=1", *FAST, f"hydra.run.dir={run_dir}"],
-        cwd=tmp_path,
-        capture_output=True,
-        text=True,
-        timeout=300,
-        env={**os.environ, "PYTHONPATH": str(REPO), "CI": "1", "OMP_NUM_THREADS": "1", **env},
+    proc = run_cli(
+        "-m", "sweep", *args, "steps=2", "threads=1", *FAST, f"hydra.run.dir={run_dir}", cwd=tmp_path, env=env
     )
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert "127.0.0.1" in proc.stdout + proc.stderr  # the unreachable server is reported, masked
     assert "s3cret" not in proc.stdout + proc.stderr
     leaked = [p for p in tmp_path.rglob("*") if p.is_file() and b"s3cret" in p.read_bytes()]
     assert not leaked, leaked
-    assert json.loads((run_dir / "result.json").read_text())["status"] == "stable"
+    assert read_result(run_dir)["status"] == "stable"
 
 
 @pytest.mark.slow
 def test_password_from_the_environment_appears_in_no_output_file(tmp_path):
     """The documented way in: an env interpolation stays unresolved in .hydra/, and errors are masked."""
     run_dir = tmp_path / "run"
-    proc = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "sweep",
-            "ledger.storage=${oc.env:SWEEP_LEDGER_URL}",
-            "steps=2",
-            *FAST,
-            f"hydra.run.dir={run_dir}",
-        ],
+    proc = run_cli(
+        "-m",
+        "sweep",
+        "ledger.storage=${oc.env:SWEEP_LEDGER_URL}",
+        "steps=2",
+        *FAST,
+        f"hydra.run.dir={run_dir}",
         cwd=tmp_path,
-        capture_output=True,
-        text=True,
-        timeout=300,
-        env={
-            **os.environ,
-            "PYTHONPATH": str(REPO),
-            "CI": "1",
-            "SWEEP_LEDGER_URL": "postgresql://alice:s3cret@127.0.0.1:9/sweeps",
-        },
+        env={"SWEEP_LEDGER_URL": "postgresql://alice:s3cret@127.0.0.1:9/sweeps"},
     )
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert "alice:***@127.0.0.1" in proc.stdout + proc.stderr  # the unreachable ledger is reported, masked
@@ -308,7 +274,7 @@ def test_password_from_the_environment_appears_in_no_output_file(tmp_path):
         if path.is_file():
             assert "s3cret" not in path.read_text(errors="ignore"), path
     assert "s3cret" not in proc.stdout + proc.stderr
-    assert json.loads((run_dir / "result.json").read_text())["status"] == "stable"
+    assert read_result(run_dir)["status"] == "stable"
 
 
 def test_storage_is_opened_once_per_process_and_url(tmp_path):

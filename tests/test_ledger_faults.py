@@ -7,7 +7,6 @@ from __future__ import annotations
 import json
 import logging
 import subprocess
-import sys
 import time
 
 import optuna
@@ -19,7 +18,7 @@ from sweep.search.pending import PENDING_FILE, pending_runs, record_pending
 from sweep.sync_ledger import main as sync_main
 
 from .cluster_servers import LEDGER_FROM_ENV, postgres_url  # noqa: F401  (fixture)
-from .conftest import REPO, make_run
+from .conftest import REPO, make_run, read_result, run_cli
 
 
 def result(status="stable", **kw) -> dict:
@@ -55,17 +54,12 @@ def test_a_locked_ledger_is_waited_for_a_bounded_time_then_the_trial_is_recorded
     (sweep_dir / "1").mkdir()
     (sweep_dir / "1" / "result.json").write_text(json.dumps(result("diverged", verdict="loss_spike")))
 
-    holder = subprocess.Popen(
-        [sys.executable, "-c", HOLD_LOCK, str(sweep_dir / "ledger.db")],
-        stdin=subprocess.PIPE,
-        stdout=subprocess.PIPE,
-        text=True,
-    )
+    holder = run_cli("-c", HOLD_LOCK, str(sweep_dir / "ledger.db"), background=True, stdin=subprocess.PIPE)
     try:
         assert holder.stdout.readline().strip() == "locked"
         start = time.monotonic()
         with caplog.at_level(logging.WARNING, logger="sweep"):
-            record(run, sweep_dir, sweep_dir / "1", json.loads((sweep_dir / "1" / "result.json").read_text()))
+            record(run, sweep_dir, sweep_dir / "1", read_result(sweep_dir / "1"))
         waited = time.monotonic() - start
         assert waited < 8, waited  # about lock_timeout_s, not minutes
         line = caplog.records[-1].getMessage()
@@ -100,7 +94,7 @@ def test_a_ledger_file_replaced_by_random_bytes_loses_no_result_and_says_so(tmp_
     line = caplog.records[-1].getMessage()
     assert f"could not record {sweep_dir / '1'}" in line and "file is not a database" in line
     assert "it will be recorded at the end of the sweep" in line
-    assert json.loads((sweep_dir / "1" / "result.json").read_text())["status"] == "stable"
+    assert read_result(sweep_dir / "1")["status"] == "stable"
     assert pending_runs(sweep_dir) == [sweep_dir / "1"]
     assert sync_main([str(sweep_dir)]) == 1  # still garbage: still pending, exit 1
 
@@ -146,7 +140,7 @@ def test_postgres_stopped_mid_sweep_loses_no_trial(tmp_path, monkeypatch, postgr
     assert "it will be recorded at the end of the sweep" in errors[0]
     assert out.count("ledger: still not recorded") == 2  # the sweep's end tried again
     assert pending_runs(sweep_dir) == [sweep_dir / "1", sweep_dir / "2"]
-    assert all(json.loads((sweep_dir / n / "result.json").read_text())["status"] == "stable" for n in "012")
+    assert all(read_result(sweep_dir / n)["status"] == "stable" for n in "012")
 
     assert sync_main([str(sweep_dir)]) == 0  # the URL comes from SWEEP_LEDGER_URL, as it did for the sweep
     study = optuna.load_study(study_name=str(sweep_dir), storage=postgres_url)

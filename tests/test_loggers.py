@@ -20,10 +20,10 @@ import pytest
 import sweep.job
 from sweep.config import ConfigError
 from sweep.run.execute import execute
-from sweep.run.results import METRIC_COLUMNS, METRICS_FILE, MetricsLog, RunResult, read_result
+from sweep.run.results import METRIC_COLUMNS, METRICS_FILE, MetricsLog, RunResult
 from sweep.run.trackers import open_sinks
 
-from .conftest import compose_cfg, make_run, multirun_in_process
+from .conftest import compose_cfg, make_run, multirun_in_process, read_result
 from .mlflow_server import MlflowServer, stop_early, take_early
 
 pytestmark = pytest.mark.xdist_group("mlflow")  # with pytest -n: one worker, one server, the kill test last
@@ -214,7 +214,9 @@ def test_mlflow_holds_every_run_of_the_grid_under_the_sweep_run(grid, uri):
 
 @pytest.mark.slow
 def test_tensorboard_event_files_hold_metrics_csv_and_the_verdict(grid):
-    for run_dir in sorted(p.parent for p in grid.glob("*/result.json")):
+    run_dirs = sorted(p.parent for p in grid.glob("*/result.json"))
+    assert len(run_dirs) == 4, run_dirs  # every run of the grid: a glob that found nothing would check nothing
+    for run_dir in run_dirs:
         scalars, tags = tensorboard_columns(run_dir / "tensorboard")
         expected = csv_columns(run_dir)
         for column in COLUMNS:

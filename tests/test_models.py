@@ -3,9 +3,6 @@
 from __future__ import annotations
 
 import contextlib
-import subprocess
-import sys
-from pathlib import Path
 
 import numpy as np
 import pytest
@@ -13,8 +10,10 @@ import torch
 import torch.nn as nn
 
 from models import MODEL_SIZES, DiT, VideoDiT, build_model, count_params
-from models.blocks import Attention, DiTBlock, FinalLayer
+from models.blocks import Attention, DiTBlock, FinalLayer, check_kernel_names
 from models.embeddings import sincos_2d
+
+from .conftest import run_cli
 
 FRAMES = 8
 SIZE = 16
@@ -146,6 +145,21 @@ def op_counts(fn) -> dict[str, int]:
     return {event.key: event.count for event in prof.key_averages()}
 
 
+def set_kernels(model: nn.Module, attention: str | None = None, modulate: str | None = None) -> None:
+    """Switch the attention backend and/or modulate impl of every block of a built model; None keeps the current
+    one. An unknown name changes nothing. (Runs build their model with its kernels; only these tests switch.)"""
+    check_kernel_names(attention, modulate)
+    for module in model.modules():
+        if attention is not None and isinstance(module, Attention):
+            module.backend = attention
+        if modulate is not None and isinstance(module, (DiTBlock, FinalLayer)):
+            module.modulate_impl = modulate
+    if attention is not None:
+        model.attention_backend = attention
+    if modulate is not None:
+        model.modulate_impl = modulate
+
+
 @pytest.mark.parametrize("arch", ARCHS)
 def test_set_kernels_switches_every_block(arch):
     model = make(arch)
@@ -153,7 +167,7 @@ def test_set_kernels_switches_every_block(arch):
     n_blocks = len(model.blocks)
     assert model.kernels() == {"attention": "sdpa:MATH", "modulate": "eager"}
 
-    model.set_kernels(attention="flash", modulate="fused")
+    set_kernels(model, attention="flash", modulate="fused")
     assert model.kernels() == {"attention": "sdpa:FLASH_ATTENTION", "modulate": "dit_sweep::modulate"}
     assert all(m.backend == "flash" for m in model.modules() if isinstance(m, Attention))
     assert all(m.modulate_impl == "fused" for m in model.modules() if isinstance(m, (DiTBlock, FinalLayer)))
@@ -164,14 +178,14 @@ def test_set_kernels_switches_every_block(arch):
     assert counts.get(FLASH_CPU_OP) == n_blocks
     assert MATH_OP not in counts
 
-    model.set_kernels(modulate="eager")  # attention stays as it was
+    set_kernels(model, modulate="eager")  # attention stays as it was
     assert model.kernels() == {"attention": "sdpa:FLASH_ATTENTION", "modulate": "eager"}
     with torch.no_grad():
         counts = op_counts(lambda: model(x, t))
     assert "dit_sweep::modulate" not in counts
     assert counts.get(FLASH_CPU_OP) == n_blocks
 
-    model.set_kernels(attention="math")
+    set_kernels(model, attention="math")
     with torch.no_grad():
         counts = op_counts(lambda: model(x, t))
     assert counts.get(MATH_OP) == n_blocks and FLASH_CPU_OP not in counts
@@ -180,9 +194,9 @@ def test_set_kernels_switches_every_block(arch):
 def test_set_kernels_rejects_unknown_names_without_partial_change():
     model = make("dit")
     with pytest.raises(ValueError, match="unknown modulate impl"):
-        model.set_kernels(attention="flash", modulate="triton")
+        set_kernels(model, attention="flash", modulate="triton")
     with pytest.raises(ValueError, match="unknown attention backend"):
-        model.set_kernels(attention="xformers")
+        set_kernels(model, attention="xformers")
     assert model.kernels() == {"attention": "sdpa:MATH", "modulate": "eager"}
     assert all(m.backend == "math" for m in model.modules() if isinstance(m, Attention))
 
@@ -195,7 +209,7 @@ def test_kernel_choices_agree_on_model_output(arch, attention, modulate_impl):
     x, t = inputs(arch)
     with torch.no_grad():
         reference = model(x, t)
-        model.set_kernels(attention=attention, modulate=modulate_impl)
+        set_kernels(model, attention=attention, modulate=modulate_impl)
         out = model(x, t)
     assert reference.abs().mean() > 1e-2  # the comparison is not between two zeros
     torch.testing.assert_close(out, reference, atol=1e-5, rtol=1e-5)
@@ -403,6 +417,5 @@ def test_models_package_does_not_pull_in_hydra_or_omegaconf():
     # models/ must stay importable without the config stack (fresh interpreter: the test
     # session itself may already have hydra loaded for other tests).
     code = "import sys, models; print(sorted(m for m in sys.modules if m.split('.')[0] in ('hydra', 'omegaconf')))"
-    repo_root = Path(__file__).resolve().parents[1]
-    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, cwd=repo_root)
+    result = run_cli("-c", code, check=True)
     assert result.stdout.strip() == "[]"

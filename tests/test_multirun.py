@@ -2,21 +2,15 @@
 
 from __future__ import annotations
 
-import json
-import os
-import subprocess
-import sys
-
 import pytest
 
-from .conftest import FAST, REPO
+from .conftest import FAST, read_result, run_cli
 
 
 @pytest.mark.slow
 def test_multirun_grid_records_every_job_and_prints_the_summary(tmp_path):
     sweep_dir = tmp_path / "sweep"
-    cmd = [
-        sys.executable,
+    proc = run_cli(
         "-m",
         "sweep",
         "-m",
@@ -26,20 +20,13 @@ def test_multirun_grid_records_every_job_and_prints_the_summary(tmp_path):
         "steps=4",
         *FAST,
         f"hydra.sweep.dir={sweep_dir}",
-    ]
-    proc = subprocess.run(
-        cmd,
         cwd=tmp_path,
-        capture_output=True,
-        text=True,
-        timeout=600,
-        env={**os.environ, "PYTHONPATH": str(REPO), "CI": "1"},
     )
     assert proc.returncode == 0, proc.stderr[-3000:]
-    results = sorted(sweep_dir.glob("*/result.json"))
-    assert len(results) == 8
-    for path in results:
-        r = json.loads(path.read_text())
+    run_dirs = sorted(p.parent for p in sweep_dir.glob("*/result.json"))
+    assert len(run_dirs) == 8
+    for run_dir in run_dirs:
+        r = read_result(run_dir)
         if r["device"].startswith("cuda") and (r["params"]["precision"], r["params"]["attention"]) == ("fp32", "flash"):
             assert r["status"] == "skipped" and "needs fp16/bf16" in r["reason"], r  # CUDA's flash: half only
             continue
@@ -47,7 +34,7 @@ def test_multirun_grid_records_every_job_and_prints_the_summary(tmp_path):
         # params: every override of the run under its dotted name (the sweep varies three of them)
         assert {"precision", "optim.lr", "attention", "steps"} <= set(r["params"])
         assert r["params"]["precision"] in ("fp32", "fp16_pure") and r["params"]["optim.lr"] in (1e-4, 1e-3)
-        assert (path.parent / "metrics.csv").exists() and (path.parent / ".hydra" / "config.yaml").exists()
+        assert (run_dir / "metrics.csv").exists() and (run_dir / ".hydra" / "config.yaml").exists()
         if r["params"]["precision"] == "fp16_pure":
             assert r["status"] == "diverged"  # AdamW in pure fp16: the first update is 0/0
     assert "Divergence map (columns: precision/attention" in proc.stdout and "fp16_pure/flash" in proc.stdout

@@ -13,8 +13,6 @@ from __future__ import annotations
 
 import math
 import re
-import subprocess
-import sys
 
 import pytest
 import torch
@@ -27,7 +25,7 @@ from sweep.config import ConfigError
 from sweep.run.adamw import DeviceAdamW
 from sweep.run.finetune import param_groups
 
-from .conftest import REPO, make_run
+from .conftest import make_run, run_cli
 
 VIDEO = dict(input_size=8, in_channels=3, num_frames=2)
 
@@ -182,13 +180,8 @@ def test_bad_mup_configs_are_one_line_errors(overrides, key):
 
 
 def test_bad_mup_config_exits_2_with_one_line(tmp_path):
-    proc = subprocess.run(
-        [sys.executable, "-m", "sweep", "model.param=mup", "model.base_width=1024", f"hydra.run.dir={tmp_path}/r"],
-        cwd=tmp_path,
-        capture_output=True,
-        text=True,
-        timeout=120,
-        env={**__import__("os").environ, "PYTHONPATH": str(REPO)},
+    proc = run_cli(
+        "-m", "sweep", "model.param=mup", "model.base_width=1024", f"hydra.run.dir={tmp_path}/r", cwd=tmp_path
     )
     lines = [ln for ln in proc.stderr.splitlines() if ln.strip()]
     assert proc.returncode == 2 and len(lines) == 1 and "model.base_width" in lines[0], proc.stderr

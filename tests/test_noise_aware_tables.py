@@ -7,7 +7,6 @@ test trains real runs.
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 import pandas as pd
@@ -22,7 +21,7 @@ from sweep.report.tables import frontier, lr_sensitivity, toggle_effects
 from sweep.report.text import render_text
 from sweep.search.replicates import replicate_overrides
 
-from .conftest import multirun_in_process
+from .conftest import multirun_in_process, read_result, run_cli
 from .test_report_tables import diverged, write_run
 
 
@@ -191,15 +190,7 @@ def test_replicates_become_a_seed_axis_and_clash_with_a_seed_sweep():
 
 
 def test_replicates_needs_a_multirun(tmp_path):
-    import subprocess
-    import sys
-
-    p = subprocess.run(
-        [sys.executable, "-m", "sweep", "replicates=2", f"hydra.run.dir={tmp_path}"],
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
+    p = run_cli("-m", "sweep", "replicates=2", f"hydra.run.dir={tmp_path}")
     assert p.returncode == 2 and "replicates=2" in p.stderr and "add -m" in p.stderr
     assert "Traceback" not in p.stderr and len(p.stderr.strip().splitlines()) == 1
 
@@ -227,7 +218,7 @@ def test_real_runs_rank_an_lr_100x_too_low_lower_and_call_the_attention_toggle_a
     assert att.quality == "tie", att.to_dict()
     rec = recommend(runs)
     assert rec.settings["optim.lr"] == 1e-3 and "(2 replicates)" in rec.line
-    result = json.loads((tmp_path / "0" / "result.json").read_text())
+    result = read_result(tmp_path / "0")
     assert result["params"]["seed"] in (0, 1) and result["eval_loss"] is not None
     from sweep.report.html import curve_figures
 

@@ -5,7 +5,6 @@ from __future__ import annotations
 import os
 import signal
 import subprocess
-import sys
 import threading
 import time
 
@@ -16,29 +15,14 @@ from optuna.trial import TrialState
 from sweep.search.ledger import CONSTRAINTS_KEY
 from sweep.search.space import parse
 
-from .conftest import FAST, REPO
+from .conftest import FAST, run_cli
+
+OPTUNA_SWEEP = ["-m", "sweep", "-m", "hydra/sweeper=optuna_sweep", *FAST]
 
 
 def sweep(tmp_path, *args, check=True):
-    cmd = [
-        sys.executable,
-        "-m",
-        "sweep",
-        "-m",
-        "hydra/sweeper=optuna_sweep",
-        *FAST,
-        "steps=4",
-        f"hydra.sweep.dir={tmp_path / 'sweep'}",
-        *args,
-    ]
-    proc = subprocess.run(
-        cmd,
-        cwd=tmp_path,
-        capture_output=True,
-        text=True,
-        timeout=600,
-        env={**os.environ, "PYTHONPATH": str(REPO), "CI": "1", "OMP_NUM_THREADS": "1"},
-    )
+    """`python -m sweep -m` with our Optuna sweeper into tmp_path/sweep; check: it must exit 0."""
+    proc = run_cli(*OPTUNA_SWEEP, "steps=4", f"hydra.sweep.dir={tmp_path / 'sweep'}", *args, cwd=tmp_path)
     if check:
         assert proc.returncode == 0, proc.stderr[-3000:]
     return proc
@@ -153,24 +137,16 @@ def test_killed_sweep_resumes_with_nothing_lost_or_duplicated(tmp_path):
         "hydra.sweeper.heartbeat_s=1",
         "hydra.sweeper.stale_after_s=3",
     ]
-    cmd = [
-        sys.executable,
-        "-m",
-        "sweep",
-        "-m",
-        "hydra/sweeper=optuna_sweep",
-        *FAST,
+    proc = run_cli(
+        *OPTUNA_SWEEP,
         "steps=150",
         "progress=none",
         f"hydra.sweep.dir={tmp_path / 'sweep'}",
         *args,
-    ]
-    proc = subprocess.Popen(
-        cmd,
         cwd=tmp_path,
+        background=True,
         stdout=subprocess.DEVNULL,
         stderr=subprocess.DEVNULL,
-        env={**os.environ, "PYTHONPATH": str(REPO), "CI": "1", "OMP_NUM_THREADS": "1"},
         start_new_session=True,
     )
     deadline = time.time() + 300

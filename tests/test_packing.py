@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 import math
 import warnings
 from pathlib import Path
@@ -17,7 +16,7 @@ from models.modulate import modulate
 from sweep.run.execute import execute
 from sweep.run.packing import execute_pack, pack_key, plan, refusal
 
-from .conftest import make_run, multirun_in_process
+from .conftest import make_run, multirun_in_process, read_results
 
 # A grid of 8 lrs: the small ones stable, the large ones spike or go NaN within 8 steps.
 LRS = [1e-4, 3e-4, 1e-3, 3e-3, 1e-2, 3e-2, 1e-1, 3e-1]
@@ -265,7 +264,7 @@ def test_packed_launcher_writes_every_run_and_trial(tmp_path, capsys):
         "optim.lr=1e-4,1e-3,3e-2",
         "steps=6",
     )
-    results = [json.loads(p.read_text()) for p in sorted(sweep_dir.glob("*/result.json"))]
+    results = read_results(sweep_dir)
     assert len(results) == 6 and all(r["packed"] == 3 for r in results)
     assert all(
         (p.parent / "metrics.csv").is_file() and (p.parent / ".hydra" / "overrides.yaml").is_file()

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 import os
 import signal
 import subprocess
@@ -12,7 +11,8 @@ import optuna
 import pytest
 from optuna.trial import TrialState
 
-from .cluster_servers import LEDGER_FROM_ENV, postgres_url, sweep_cmd, sweep_env  # noqa: F401  (fixture)
+from .cluster_servers import LEDGER_FROM_ENV, postgres_url, sweep_cmd  # noqa: F401  (fixture)
+from .conftest import read_result, run_cli
 
 pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("servers")]  # one worker: apt and the server
 
@@ -41,19 +41,14 @@ def test_four_concurrent_workers_run_a_40_cell_grid_each_cell_once(tmp_path, pos
         LEDGER_FROM_ENV,
     ]
     cmd = sweep_cmd(sweep_dir, *grid)  # the same command on four "nodes", one shared study
-    workers = [
-        subprocess.Popen(
-            cmd, cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=sweep_env(with_password)
-        )
-        for _ in range(4)
-    ]
+    workers = [run_cli(*cmd, cwd=tmp_path, env={"SWEEP_LEDGER_URL": with_password}, background=True) for _ in range(4)]
     outs = [w.communicate(timeout=600) for w in workers]
     assert [w.returncode for w in workers] == [0] * 4, [err[-2000:] for _, err in outs]
     ts = trials(postgres_url, sweep_dir)
     assert len(ts) == 40 and all(t.state is TrialState.COMPLETE for t in ts)  # nothing claimed twice, not even as FAIL
     assert len({cell(t) for t in ts}) == 40
     for t in ts:  # each run finished its own trial: stable feasible, diverged (pure fp16 AdamW) infeasible
-        result = json.loads((sweep_dir / t.user_attrs["run_dir"] / "result.json").read_text())
+        result = read_result(sweep_dir / t.user_attrs["run_dir"])
         assert (
             t.user_attrs["status"]
             == result["status"]
@@ -78,12 +73,13 @@ def test_killed_worker_resumes_with_exactly_the_missing_runs(tmp_path, postgres_
         "hydra.sweeper.stale_after_s=3",
         LEDGER_FROM_ENV,
     ]
-    proc = subprocess.Popen(
-        sweep_cmd(sweep_dir, "steps=150", *args),
+    proc = run_cli(
+        *sweep_cmd(sweep_dir, "steps=150", *args),
         cwd=tmp_path,
+        env={"SWEEP_LEDGER_URL": postgres_url},
+        background=True,
         stdout=subprocess.DEVNULL,
         stderr=subprocess.DEVNULL,
-        env=sweep_env(postgres_url),
         start_new_session=True,
     )
     deadline = time.time() + 300
@@ -98,14 +94,7 @@ def test_killed_worker_resumes_with_exactly_the_missing_runs(tmp_path, postgres_
     done_before = {t.number: (t.params, t.value) for t in killed if t.state is TrialState.COMPLETE}
     assert 1 <= len(done_before) < 4
     time.sleep(3.5)  # past stale_after_s: the killed worker's heartbeat is too old
-    rerun = subprocess.run(
-        sweep_cmd(sweep_dir, "steps=4", *args),
-        cwd=tmp_path,
-        capture_output=True,
-        text=True,
-        timeout=300,
-        env=sweep_env(postgres_url),
-    )
+    rerun = run_cli(*sweep_cmd(sweep_dir, "steps=4", *args), cwd=tmp_path, env={"SWEEP_LEDGER_URL": postgres_url})
     assert rerun.returncode == 0, rerun.stderr[-3000:]
     ts = trials(postgres_url, sweep_dir)
     assert ts[running[0]].state is TrialState.FAIL and ts[running[0]].system_attrs["stale"]

@@ -5,9 +5,10 @@ from __future__ import annotations
 import torch
 
 from sweep.config import LossScalerConfig
-from sweep.run.precision import LossScaler, PrecisionPolicy, ScalerEvent
+from sweep.run.precision import PrecisionPolicy, ScalerEvent
 
 from .conftest import make_run
+from .reference_scaler import LossScaler
 
 
 def scaler(**kw) -> LossScaler:

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import csv
-import json
 
 import optuna
 import pytest
@@ -14,7 +13,7 @@ from sweep.report.study import runs_from_study
 from sweep.report.tables import divergence_map
 from sweep.search.pruning import PruningHook, make_pruner, pruner_overrides
 
-from .conftest import multirun_in_process
+from .conftest import multirun_in_process, read_result, read_results
 
 UPPER = 1.5  # the loss starts at ~1.0; a run above 1.5 is heading for a spike
 THRESHOLD = [
@@ -46,7 +45,7 @@ def check_threshold_sweep(sweep_dir) -> tuple[int, dict]:
     assert sorted(stable.intermediate_values) == [1, 3, 5, 7, 9, 11]  # every 2nd step, the last one too
 
     run_dir = sweep_dir / str(pruned.number)
-    result = json.loads((run_dir / "result.json").read_text())
+    result = read_result(run_dir)
     step = result["pruned_at_step"]
     assert result["status"] == "skipped" and result["verdict"] is None and result["first_bad_step"] is None
     assert result["reason"] == f"pruned by ThresholdPruner at step {step} (loss {losses(run_dir)[step]:.3g})"
@@ -81,7 +80,7 @@ def test_threshold_pruner_stops_a_diverging_run_and_records_where(tmp_path, caps
         "steps=12",
         "~hydra.callbacks.summary",
     )
-    (unpruned,) = [json.loads(p.read_text()) for p in (tmp_path / "unpruned").glob("*/result.json")]
+    (unpruned,) = read_results(tmp_path / "unpruned")
     assert unpruned["status"] == "diverged" and unpruned["first_bad_step"] > step
 
 
@@ -110,7 +109,7 @@ def test_median_pruner_prunes_a_later_trial_that_learns_nothing(tmp_path):
     assert step == 7  # the first report after the warm-up
     median = sorted(t.intermediate_values[step] for t in trials[:2])
     assert min(bad.intermediate_values.values()) > sum(median) / 2  # MedianPruner's own rule, checked here
-    result = json.loads((sweep_dir / str(bad.number) / "result.json").read_text())
+    result = read_result(sweep_dir / str(bad.number))
     assert (result["status"], result["pruned_at_step"], result["steps_run"]) == ("skipped", 7, 8)
     assert result["reason"].startswith("pruned by MedianPruner at step 7 (loss ")
 

@@ -16,6 +16,7 @@ from sweep.report.__main__ import main
 from sweep.report.runs import runs_from_dirs
 from sweep.report.study import runs_from_study
 
+from .conftest import read_result
 from .test_report_tables import ATTENTIONS, PRECISIONS, diverged, make_grid, write_run
 
 DISTRIBUTIONS = {
@@ -33,7 +34,7 @@ def record_study(url: str, name: str, sweep_dir: Path) -> optuna.Study:
     constraint, or PRUNED as a study written by another tool may have it (both kinds used here); error FAIL."""
     study = optuna.create_study(storage=url, study_name=name, direction="minimize")
     for i, path in enumerate(sorted(sweep_dir.glob("*/result.json"), key=lambda p: int(p.parent.name))):
-        r = json.loads(path.read_text())
+        r = read_result(path.parent)
         cause = r["cause"] or {}
         attrs = {
             "status": r["status"],
@@ -238,17 +239,6 @@ def test_summary_md_escapes_strings_from_result_json(tmp_path, capsys):
     assert main([str(root), "--write"]) == 0
     for path in (root / "summary.md", root / "report.html"):
         assert "<script>alert" not in path.read_text(), path
-
-
-def test_sweep_summary_is_still_the_same_command(sweep, tmp_path, capsys):
-    from sweep.summary import main as summary_main
-
-    assert main([str(sweep), "--no-html"]) == 0
-    tables = capsys.readouterr().out
-    assert summary_main([str(sweep), "--write"]) == 0
-    assert capsys.readouterr().out == tables
-    assert (sweep / "summary.md").exists() and not (sweep / "report.html").exists()
-    assert summary_main([str(tmp_path / "nope")]) == 2
 
 
 def test_a_storage_password_never_reaches_the_report_files(sweep, tmp_path, capsys, monkeypatch):

@@ -26,6 +26,8 @@ from sweep.report.summary import summarize
 from sweep.report.tables import divergence_map, frontier, lr_sensitivity, root_causes, swept_axes, toggle_effects
 from sweep.report.text import parquet_safe, render_markdown, render_text, write_summary
 
+from .conftest import read_result
+
 PRECISIONS = ["fp32", "bf16_amp", "fp16_pure"]
 LRS = [1e-4, 1e-3, 1e-2]
 ATTENTIONS = ["flash", "math"]
@@ -407,7 +409,7 @@ def test_killed_and_resumed_sweep_interrupted_runs(tmp_path):
     )
     redone = {"precision": "fp32", "optim.lr": 1e-3, "attention": "math", "steps": 8}
     write_run(root, 18, {**redone, "ledger.trial_number": 18}, outcome("fp32", 1e-3, "math"))
-    result = json.loads((root / "18" / "result.json").read_text())
+    result = read_result(root / "18")
     result["params"] = redone  # a job's params leave ledger.* out
     (root / "18" / "result.json").write_text(json.dumps(result))
     long_ago = 1_000_000_000

@@ -3,10 +3,6 @@ sweep's root is refused before anything is written."""
 
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
-
 import pytest
 from hydra import compose, initialize_config_dir
 from hydra.core.global_hydra import GlobalHydra
@@ -14,18 +10,9 @@ from hydra.core.global_hydra import GlobalHydra
 from sweep.callbacks import check_run_dir
 from sweep.config import ConfigError
 
-from .conftest import CONF_DIR, FAST, REPO
+from .conftest import CONF_DIR, FAST, run_cli
 
-
-def _run(*args: str, cwd) -> subprocess.CompletedProcess:
-    return subprocess.run(
-        [sys.executable, "-m", "sweep", *FAST, "threads=1", *args],
-        cwd=cwd,
-        capture_output=True,
-        text=True,
-        timeout=300,
-        env={**os.environ, "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1"},
-    )
+RUN = ["-m", "sweep", *FAST, "threads=1"]  # python -m sweep, one small run
 
 
 def _hydra_cfg(*overrides: str):
@@ -39,11 +26,11 @@ def _hydra_cfg(*overrides: str):
 
 def test_a_run_dir_holding_a_run_of_another_config_is_refused_and_the_same_config_reruns(tmp_path):
     run_dir = tmp_path / "run"
-    first = _run("steps=2", "optim.lr=1e-3", "ledger.enabled=false", f"hydra.run.dir={run_dir}", cwd=tmp_path)
+    first = run_cli(*RUN, "steps=2", "optim.lr=1e-3", "ledger.enabled=false", f"hydra.run.dir={run_dir}", cwd=tmp_path)
     assert first.returncode == 0, first.stderr[-2000:]
     before = (run_dir / "result.json").read_text()
 
-    other = _run("steps=2", "optim.lr=3e-2", "ledger.enabled=false", f"hydra.run.dir={run_dir}", cwd=tmp_path)
+    other = run_cli(*RUN, "steps=2", "optim.lr=3e-2", "ledger.enabled=false", f"hydra.run.dir={run_dir}", cwd=tmp_path)
     lines = [ln for ln in other.stderr.splitlines() if ln.strip()]
     assert other.returncode == 2 and len(lines) == 1, other.stderr[-2000:]
     assert "hydra.run.dir" in lines[0] and "optim.lr=0.001 there, 0.03 here" in lines[0], lines
@@ -82,7 +69,7 @@ def test_a_sweep_root_as_run_dir_is_one_line_and_writes_nothing(tmp_path):
     sweep_dir = tmp_path / "s"
     multirun_in_process(sweep_dir, "steps=2", "optim.lr=1e-3")
     trials = sorted(p.name for p in sweep_dir.iterdir())
-    proc = _run("steps=2", f"hydra.run.dir={sweep_dir}", cwd=tmp_path)
+    proc = run_cli(*RUN, "steps=2", f"hydra.run.dir={sweep_dir}", cwd=tmp_path)
     lines = [ln for ln in proc.stderr.splitlines() if ln.strip()]
     assert proc.returncode == 2 and len(lines) == 1 and "directory of a sweep" in lines[0], proc.stderr[-2000:]
     assert not (sweep_dir / "result.json").exists() and sorted(p.name for p in sweep_dir.iterdir()) == trials

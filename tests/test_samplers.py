@@ -10,14 +10,13 @@ depend on the seed.
 
 from __future__ import annotations
 
-import json
 import math
 
 import optuna
 import pytest
 from optuna.trial import TrialState
 
-from .conftest import multirun_in_process
+from .conftest import multirun_in_process, read_result
 
 SPACE = [
     "hydra/sweeper=optuna_sweep",
@@ -38,7 +37,7 @@ def search(sweep_dir, sampler: str, seed: int) -> list[optuna.trial.FrozenTrial]
     for t in trials:
         assert 1e-4 <= t.params["optim.lr"] <= 1e-1 and t.params["precision"] in ("fp32", "bf16_amp")
         assert math.isfinite(t.value) and t.user_attrs["status"] in ("stable", "diverged")
-        result = json.loads((sweep_dir / str(t.number) / "result.json").read_text())
+        result = read_result(sweep_dir / str(t.number))
         assert result["params"]["optim.lr"] == t.params["optim.lr"]  # the job ran what the sampler asked
         assert result["params"]["precision"] == t.params["precision"]
     return trials

@@ -1,7 +1,7 @@
 """The device-side loss scaler against its references, decision by decision.
 
-sweep.run.scaler.DeviceLossScaler decides on the device for K runs at once; sweep.run.precision.LossScaler
-(DeepSpeed's rules: hysteresis, a minimum, a collapse) is the host reference, and torch's own
+sweep.run.scaler.DeviceLossScaler decides on the device for K runs at once; tests/reference_scaler.py's
+LossScaler (DeepSpeed's rules: hysteresis, a minimum, a collapse) is the host reference, and torch's own
 `_amp_update_scale_` (what torch.amp.GradScaler.update runs) is the reference for the rules they share.
 """
 
@@ -13,8 +13,10 @@ import pytest
 import torch
 
 from sweep.config import LossScalerConfig
-from sweep.run.precision import LossScaler, ScalerEvent
+from sweep.run.precision import ScalerEvent
 from sweep.run.scaler import EVENTS, DeviceLossScaler
+
+from .reference_scaler import LossScaler
 
 
 def random_config(rng: random.Random) -> LossScalerConfig:

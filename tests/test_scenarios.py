@@ -5,7 +5,6 @@ from __future__ import annotations
 import json
 import os
 import subprocess
-import sys
 
 import pytest
 
@@ -13,31 +12,23 @@ from sweep.config import ScenarioExpect
 from sweep.run.gemm import cell_outcomes, verdict_differences
 from sweep.scenario import available, check
 
-from .conftest import REPO
+from .conftest import REPO, read_results, run_cli
 
 SCENARIOS = sorted(available())
 
 
 def run_scenario(name: str, sweep_dir, *overrides: str) -> subprocess.CompletedProcess:
-    # both cores when the suite runs serially; one per worker under pytest -n (tests/conftest.py sets it)
-    env = {**os.environ, "PYTHONPATH": str(REPO), "CI": "1", "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "2")}
-    return subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "sweep",
-            f"+scenario={name}",
-            f"hydra.sweep.dir={sweep_dir}",
-            "ledger.enabled=false",
-            "device=cpu",  # the recorded verdicts (tests/data/native_verdicts.json) are the CPU's
-            "monitor.diagnose=off",  # diagnoses are tested below, for the scenarios in DIAGNOSED
-            *overrides,
-        ],
-        cwd=REPO,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=600,
+    return run_cli(
+        "-m",
+        "sweep",
+        f"+scenario={name}",
+        f"hydra.sweep.dir={sweep_dir}",
+        "ledger.enabled=false",
+        "device=cpu",  # the recorded verdicts (tests/data/native_verdicts.json) are the CPU's
+        "monitor.diagnose=off",  # diagnoses are tested below, for the scenarios in DIAGNOSED
+        *overrides,
+        # both cores when the suite runs serially; one per worker under pytest -n (tests/conftest.py sets it)
+        env={"OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "2")},
     )
 
 
@@ -54,9 +45,7 @@ def cpu_cells(sweep_dir) -> dict[str, list]:
 
 def uses_native_low_precision_gemms(sweep_dir) -> bool:
     """Whether a run of this sweep computed bf16/fp16 GEMMs with torch's native kernels (result.json kernels)."""
-    return any(
-        json.loads(p.read_text()).get("kernels", {}).get("gemm") == "native" for p in sweep_dir.glob("*/result.json")
-    )
+    return any(r.get("kernels", {}).get("gemm") == "native" for r in read_results(sweep_dir))
 
 
 def test_the_library_covers_every_known_case():
@@ -99,8 +88,7 @@ def test_scenario_reproduces_and_its_fix_is_stable(name, tmp_path):
     if name in DIAGNOSED:
         check_diagnosis(name, tmp_path)
     if name == "adamw_beta2_loss_spike":  # the cause names the mechanism, not just the spike
-        spiked = [json.loads(p.read_text()) for p in tmp_path.glob("*/result.json")]
-        spiked = [r["cause"]["detail"] for r in spiked if r["status"] == "diverged"]
+        spiked = [r["cause"]["detail"] for r in read_results(tmp_path) if r["status"] == "diverged"]
         assert spiked and all("AdamW's second moment lagged" in d for d in spiked)
 
 
@@ -269,12 +257,5 @@ def test_modulate_parity_expectation_fails_a_correct_kernel_and_passes_the_buggy
 
 
 def test_listing_command():
-    proc = subprocess.run(
-        [sys.executable, "-m", "sweep.scenario"],
-        cwd=REPO,
-        capture_output=True,
-        text=True,
-        env={**os.environ, "PYTHONPATH": str(REPO)},
-        timeout=60,
-    )
+    proc = run_cli("-m", "sweep.scenario")
     assert proc.returncode == 0 and all(name in proc.stdout for name in SCENARIOS)

@@ -6,14 +6,14 @@ reason, and then the test is skipped with that reason while the submitit_local s
 
 from __future__ import annotations
 
-import json
 import subprocess
 
 import optuna
 import pytest
 from optuna.trial import TrialState
 
-from .cluster_servers import LEDGER_FROM_ENV, REPO, postgres_url, sweep_cmd, sweep_env  # noqa: F401  (fixture)
+from .cluster_servers import LEDGER_FROM_ENV, postgres_url, sweep_cmd  # noqa: F401  (fixture)
+from .conftest import REPO, read_result, run_cli
 
 pytestmark = pytest.mark.xdist_group("servers")  # with pytest -n: one worker runs apt and the servers
 
@@ -39,14 +39,7 @@ def slurm_partition() -> str:
 
 def run_sweep(tmp_path, url, *launcher):
     sweep_dir = tmp_path / "sweep"
-    proc = subprocess.run(
-        sweep_cmd(sweep_dir, *launcher, *GRID),
-        cwd=tmp_path,
-        capture_output=True,
-        text=True,
-        timeout=300,
-        env=sweep_env(url),
-    )
+    proc = run_cli(*sweep_cmd(sweep_dir, *launcher, *GRID), cwd=tmp_path, env={"SWEEP_LEDGER_URL": url})
     assert proc.returncode == 0, proc.stderr[-3000:]
     return sweep_dir, proc
 
@@ -57,7 +50,7 @@ def check_ledger_and_summary(url, sweep_dir, proc):
     cells = {(t.params["precision"], t.params["optim.lr"]) for t in trials}
     assert len(cells) == 4
     for t in trials:  # each job finished its own trial with its run's verdict
-        result = json.loads((sweep_dir / t.user_attrs["run_dir"] / "result.json").read_text())
+        result = read_result(sweep_dir / t.user_attrs["run_dir"])
         assert (
             t.user_attrs["status"]
             == result["status"]
@@ -102,7 +95,7 @@ def test_sweep_through_submitit_local_records_every_job(tmp_path, postgres_url):
         )
         if c != "hydra/sweeper=optuna_sweep"
     ]
-    proc = subprocess.run(cmd, cwd=tmp_path, capture_output=True, text=True, timeout=300, env=sweep_env(postgres_url))
+    proc = run_cli(*cmd, cwd=tmp_path, env={"SWEEP_LEDGER_URL": postgres_url})
     assert proc.returncode == 0, proc.stderr[-3000:]
     check_ledger_and_summary(postgres_url, sweep_dir, proc)
 

@@ -3,17 +3,13 @@ real small `python -m sweep -m` grid, whose run directories and ledger then give
 
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
-
 import pytest
 from omegaconf import OmegaConf
 
 from sweep.callbacks import SweepSummary
 from sweep.report.__main__ import main as report_main
 
-from .conftest import FAST, REPO
+from .conftest import FAST, run_cli
 from .test_report_tables import make_grid
 
 TITLES = (
@@ -48,8 +44,7 @@ def test_callback_on_a_sweep_without_results_says_so(tmp_path, capsys, caplog):
 @pytest.mark.slow
 def test_real_multirun_ends_with_the_summary_and_both_sources_agree(tmp_path, capsys):
     sweep_dir = tmp_path / "sweep"
-    cmd = [
-        sys.executable,
+    proc = run_cli(
         "-m",
         "sweep",
         "-m",
@@ -58,14 +53,7 @@ def test_real_multirun_ends_with_the_summary_and_both_sources_agree(tmp_path, ca
         "steps=3",
         *FAST,
         f"hydra.sweep.dir={sweep_dir}",
-    ]
-    proc = subprocess.run(
-        cmd,
         cwd=tmp_path,
-        capture_output=True,
-        text=True,
-        timeout=300,
-        env={**os.environ, "PYTHONPATH": str(REPO), "CI": "1", "OMP_NUM_THREADS": "1"},
     )
     assert proc.returncode == 0, proc.stderr[-3000:]
     printed = proc.stdout

@@ -2,20 +2,18 @@
 
 from __future__ import annotations
 
-import json
-
 import pytest
 
 from sweep.data.batches import BatchOrder
 from sweep.run.build import _ORDER_STREAM, resolve_device, stream_seed
 from sweep.run.execute import execute
 
-from .conftest import make_run
+from .conftest import make_run, read_result
 
 
 def run(tmp_path, *overrides: str):
     result = execute(make_run(*overrides), tmp_path, params={})
-    on_disk = json.loads((tmp_path / "result.json").read_text())
+    on_disk = read_result(tmp_path)
     assert on_disk["status"] == result.status and on_disk["verdict"] == result.verdict
     return result
 

@@ -14,7 +14,7 @@ from sweep.run import train as train_module
 from sweep.run.build import _ORDER_STREAM, stream_seed
 from sweep.run.execute import execute
 
-from .conftest import make_run
+from .conftest import make_run, read_result
 
 ORDER = BatchOrder(32, 4, stream_seed(0, _ORDER_STREAM))
 FRESH_AT_3 = next(i for i in ORDER.indices(3) if i not in ORDER.indices(0) + ORDER.indices(1) + ORDER.indices(2))
@@ -176,7 +176,6 @@ def test_a_packs_window_sees_a_bad_batch_only_the_data_check_sees(tmp_path):
 
 def test_checkpoints_turning_windows_off_is_said_in_the_log(tmp_path, caplog):
     """issue 33: checkpoint.every silently turned monitor.sync_every>1 windows off."""
-    import json
     import logging
 
     with caplog.at_level(logging.WARNING, logger="sweep"):
@@ -184,7 +183,7 @@ def test_checkpoints_turning_windows_off_is_said_in_the_log(tmp_path, caplog):
     assert r.status == "stable"
     said = [m for m in caplog.messages if "windows are off" in m]
     assert len(said) == 1 and "monitor.sync_every=4" in said[0] and "checkpoint.every=1" in said[0], caplog.messages
-    assert json.loads((tmp_path / "result.json").read_text())["sync"]["every"] == 1
+    assert read_result(tmp_path)["sync"]["every"] == 1
     caplog.clear()
     with caplog.at_level(logging.WARNING, logger="sweep"):
         execute(make_run("steps=2", "monitor.sync_every=4"), tmp_path / "plain", {})

@@ -161,13 +161,6 @@ class SyntheticClips(Dataset):
         self.as_images = as_images
         self._data: Tensor | None = None
 
-    @property
-    def sample_shape(self) -> tuple[int, ...]:
-        """Shape of one item: (C, H, W) with as_images, else (C, F, H, W)."""
-        if self.as_images:
-            return (self.channels, self.height, self.width)
-        return (self.channels, self.frames, self.height, self.width)
-
     def _cache(self) -> Tensor:
         """All clips as one (N, C, F, H, W) tensor, made on first use: a copy of the process's rendering."""
         if self._data is None:

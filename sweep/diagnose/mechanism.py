@@ -136,11 +136,11 @@ def of_run(result: dict, rows: list[dict], run: RunConfig) -> dict:
 def kernel_mismatch(record: RunRecord) -> Mechanism | None:
     """The run's modulate kernel and forced attention backend against their references (sweep.parity) at the
     run's compute dtype and batch size; a mismatch is the mechanism."""
-    from sweep.parity import check, resolve
+    from sweep.parity import SHORT_NAMES, check, resolve
 
     run = record.run
     dtype = (run.precision.autocast_dtype or run.precision.param_dtype).value
-    name = {"float32": "fp32", "bfloat16": "bf16", "float16": "fp16"}[dtype]
+    name = {config: short for short, config in SHORT_NAMES.items()}[dtype]
     batch = max(2, run.data.batch_size)
     candidates = []
     if run.modulate.impl.value != "eager":

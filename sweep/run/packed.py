@@ -8,7 +8,7 @@ runs all K at once (sweep/run/packed_model.py). The pack's steps go through the 
 run's (sweep.run.window.drive: windows of steps with one sync, taken back when a step needs the host).
 
 What stays per run is everything that decides its verdict: its own initial weights, data order and
-noise (its own seed), its own loss scale (a per-run LossScaler: an overflow in one run neither skips
+noise (its own seed), its own loss scale (a per-run row of DeviceLossScaler: an overflow in one run neither skips
 the step nor halves the scale of the others), its own gradient norm and clipping, its own AdamW
 (torch's single-tensor AdamW, bit for bit, on its slice of the stacked weights, with its own lr
 schedule, betas, eps and weight decay: sweep/run/adamw.py), its own DivergenceMonitor, and it

@@ -231,10 +231,6 @@ def lock_held(path: Path, probe: int) -> bool:
         os.close(fd)
 
 
-def read_result(run_dir: Path) -> dict:
-    return json.loads((Path(run_dir) / RESULT_FILE).read_text())
-
-
 class TrackerError(RuntimeError):
     """A tracker's failure, already said in one line with its cause's type (MetricsLog adds no type name)."""
 

@@ -1,18 +1,22 @@
 """The dynamic loss scaler of K runs at once, decided on the device.
 
-Same rules as sweep.run.precision.LossScaler, the reference implementation (torch.amp.GradScaler's
-init / growth / backoff plus DeepSpeed's hysteresis and minimum), with its state held as (K,) tensors
-on the run's device: one scaler serves a lone run (K=1) and a pack of K runs, each run with its own
-scale and its own knobs. `update` takes the step's overflow flags as a tensor and returns each run's
-decision as a tensor, so no host branch sits between the backward and the optimizer step: the
-decision reaches the host with the loss and gradient norm, in the step's one sync.
+The rules follow torch.amp.GradScaler (init 2**16, x2 after `growth_interval` clean steps, x0.5 on
+overflow) and add what DeepSpeed's has: hysteresis (overflows tolerated before backing off) and a
+minimum scale at which another overflow stops the run ("Current loss scale already at minimum").
+It is our own because GradScaler has neither, and because the monitor must see each decision.
 
-The scale is float64: its products are exactly the host reference's Python floats, so a run's loss
-scale sequence (and with it every gradient) is bit-for-bit the reference's, whatever the factors.
+Its state is held as (K,) tensors on the run's device: one scaler serves a lone run (K=1) and a pack
+of K runs, each run with its own scale and its own knobs. `update` takes the step's overflow flags as a
+tensor and returns each run's decision as a tensor, so no host branch sits between the backward and the
+optimizer step: the decision reaches the host with the loss and gradient norm, in the step's one sync.
+
+The scale is float64: its products are exactly the Python floats a host scaler would compute, so a run's
+loss scale sequence (and with it every gradient) is bit-for-bit the host's, whatever the factors.
 `update` writes the state in place: the state tensors keep their storage for the life of the scaler
 (`keep` and `stack` aside, which make a new pack), so a captured CUDA graph that reads and updates them
 advances the same state on every replay.
-tests/test_scaler.py checks it decision by decision against LossScaler and torch.amp.GradScaler.
+tests/test_scaler.py checks it decision by decision against a host reference written with Python floats
+(tests/reference_scaler.py) and against torch.amp.GradScaler.
 """
 
 from __future__ import annotations
@@ -87,7 +91,7 @@ class DeviceLossScaler:
     def update(self, found_inf: torch.Tensor) -> torch.Tensor:
         """Advance every run's scale after a backward; return each run's decision code (K,) (EVENTS).
 
-        Order as LossScaler.update: a clean step counts towards growth; an overflow at the minimum
+        In this order: a clean step counts towards growth; an overflow at the minimum
         collapses (when stop_at_min) before touching hysteresis; any other overflow spends hysteresis,
         backs off once it is spent, and collapses after too many skips in a row.
         """
@@ -111,7 +115,7 @@ class DeviceLossScaler:
         return torch.where(at_min, AT_MIN, torch.where(too_many, TOO_MANY, torch.where(bad, SKIP, STEP)))
 
     def collapse_reason(self, i: int, code: int, skips: int, scale: float) -> str:
-        """Why run i collapsed (LossScaler.collapse_reason), from its decision code and its consecutive
+        """Why run i collapsed, from its decision code and its consecutive
         skips and scale after the update (host numbers); "" when it did not."""
         if code == AT_MIN:
             return f"overflow with the loss scale already at its minimum {self.cfgs[i].min_scale:g}"
@@ -132,7 +136,7 @@ class DeviceLossScaler:
         return float(self.scale[i])
 
     def state_dict(self, i: int = 0) -> dict:
-        """Run i's state, in LossScaler.state_dict's format (checkpoints of either read the same)."""
+        """Run i's state as a checkpoint holds it (plain numbers)."""
         return {
             "enabled": self.enabled_runs[i],
             "scale": float(self.scale[i]),
@@ -142,7 +146,10 @@ class DeviceLossScaler:
         }
 
     def load_state_dict(self, state: dict, i: int = 0) -> bool:
-        """Adopt a saved state for run i; False, keeping this run's own start, as LossScaler.load_state_dict."""
+        """Adopt a saved state for run i; return False, keeping this run's own start, when the state comes from a
+        run without loss scaling: its scale 1.0 was never a decision, and adopting it would silently train an fp16
+        run unscaled. (Checkpoints older than the `enabled` key: a state no live scaler leaves behind, scale 1.0
+        with no clean or skipped step counted, reads as disabled.)"""
         saved_enabled = state.get("enabled")
         if saved_enabled is None:
             saved_enabled = not (
