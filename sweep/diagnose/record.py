@@ -9,7 +9,7 @@ from pathlib import Path
 
 from omegaconf import DictConfig, OmegaConf
 
-from sweep.config import ConfigError, RunConfig, to_run_config, without_retired
+from sweep.config import ConfigError, RunConfig, Verdict, to_run_config, without_retired
 from sweep.diagnose.signals import RunRecord, as_number
 from sweep.run.results import RESULT_FILE
 
@@ -43,7 +43,7 @@ def load(run_dir: Path, diverged_only: bool = True) -> RunRecord:
         what = result["status"] + (f" ({result.get('reason')})" if result.get("reason") else "")
         raise DiagnoseError(f"{run_dir}: the run is {what}, not diverged: there is nothing to diagnose")
     rows = read_metrics(run_dir / METRICS_FILE)
-    if result["status"] == "diverged" and not rows and result.get("verdict") != "corrupt_checkpoint":
+    if result["status"] == "diverged" and not rows and result.get("verdict") != Verdict.corrupt_checkpoint:
         raise DiagnoseError(f"{run_dir}: no {METRICS_FILE}, which every run that trained writes; run it again")
     try:
         config = without_retired(resolve_hydra(OmegaConf.load(run_dir / CONFIG_FILE), run_dir))

@@ -27,7 +27,7 @@ from typing import Sequence
 import torch
 from torch.func import vmap
 
-from sweep.config import RunConfig
+from sweep.config import RunConfig, Verdict
 from sweep.data.batches import load_checked_batch, sample_labels
 from sweep.data.device import DeviceBatches, PackBatches
 from sweep.run.adamw import StackedAdamW
@@ -176,7 +176,7 @@ class Pack:
         """One step of the training runs, one sync; a run's verdict stops only that run (`live`)."""
         batches, issues = self.batches(step, self.training)
         for k, issue in issues.items():
-            self.first[k] = Divergence("bad_input", step, Cause("data", None, issue.detail))
+            self.first[k] = Divergence(Verdict.bad_input, step, Cause("data", None, issue.detail))
         live = self.training = list(batches)
         if not live:
             return False

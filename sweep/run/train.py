@@ -15,7 +15,7 @@ from typing import Sequence
 import torch
 
 from models import LogitStats, watching_logits
-from sweep.config import RunConfig
+from sweep.config import RunConfig, Verdict
 from sweep.data.batches import load_checked_batch, sample_labels
 from sweep.data.device import DeviceBatches
 from sweep.run.adam_lag import adamw_second_moment
@@ -117,7 +117,7 @@ class Lone:
         indices = parts.order.indices(step)
         x0, issue = load_checked_batch(parts.dataset, indices, run.data.range_limit, run.data.check)  # no sync
         if issue is not None:
-            self.first = Divergence("bad_input", step, Cause("data", None, issue.detail))
+            self.first = Divergence(Verdict.bad_input, step, Cause("data", None, issue.detail))
             return True
         parts.optimizer.at(step)  # the update's lr comes from the optimizer's device table (sweep/run/adamw.py)
         probe = self.probe[1] if self.probe and self.probe[0] == step else None
