@@ -194,7 +194,7 @@ class Pack:
         """One window step of the live runs from device state alone (sweep.run.train.Lone.device_step's
         counterpart, what a CUDA graph of the pack captures): every run's batch (unless `batches`, read from
         files, are given) and lr of the step the clock is at, each run's next noise, the vmapped forward and
-        backward, AdamW for every run, and the clock moves on. Returns (rows (ROWS, L), or ROWS + 1 with each
+        backward, AdamW for every run, and the clock moves on. Returns (rows (len(Row), L), or len(Row) + 1 with each
         run's data flag when the batches were drawn here; pred; {k: (x0, noisy, t, target)})."""
         flags = None
         if batches is None:

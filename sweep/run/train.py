@@ -133,7 +133,7 @@ class Lone:
     def device_step(self, x0: torch.Tensor | None, logits: bool = False):
         """A window's step from device state alone, so a CUDA graph of it replays as the next step: batch (unless
         `x0`, read from files, is given) and lr of the step the clock is at, the run generator's next noise;
-        forward, backward, row, AdamW, and the clock moves on. (row (ROWS [+ the batch's flag], 1), pred, x0)."""
+        forward, backward, row, AdamW, and the clock moves on. (row (len(Row) [+ the batch's flag], 1), pred, x0)."""
         flag = None
         if x0 is None:
             x0 = self.batches.at(self.clock)
