@@ -15,7 +15,7 @@ from typing import Callable
 import pytest
 import torch
 
-from sweep.run.adamw import DeviceAdamW, Hyper, StackedAdamW, scalars
+from sweep.run.adamw import DeviceAdamW, Hyper, PerStep, StackedAdamW, per_step_scalars
 from sweep.run.build import lr_schedule
 
 from .conftest import make_run
@@ -101,12 +101,17 @@ def test_pure_fp16_keeps_torchs_zero_over_zero_at_the_first_update():
 def test_scalars_are_pythons_doubles_rounded_to_fp32():
     h = Hyper.of(schedule, 20, (0.9, 0.95), 1e-6, 0.05, torch.device("cpu"))
     counts = torch.tensor([1, 7, 20])
-    cols = scalars(h.lr[torch.tensor([9])], h, counts)
+    per_step = per_step_scalars(h.lr[torch.tensor([9])], h, counts)
     lr = schedule(9)
     assert h.consts == (1 - 0.9, 0.95, 1 - 0.95, 1e-6)  # Python floats, as torch's kernels take them
     for j, n in enumerate(counts.tolist()):
-        expect = [1 - lr * 0.05, (1 - 0.95**n) ** 0.5, -(lr / (1 - 0.9**n))]
-        assert cols[:, j].tolist() == torch.tensor(expect, dtype=torch.float32).tolist()
+        expect = {
+            PerStep.decay: 1 - lr * 0.05,
+            PerStep.bias_correction2_sqrt: (1 - 0.95**n) ** 0.5,
+            PerStep.step_size_neg: -(lr / (1 - 0.9**n)),
+        }
+        for row, value in expect.items():
+            assert per_step[row, j].item() == torch.tensor(value, dtype=torch.float32).item(), (row.name, n)
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])

@@ -21,6 +21,7 @@ from sweep.run.packed import Pack
 from sweep.run.progress import RunProgress
 from sweep.run.results import MetricsLog, RunResult
 from sweep.run.scaler import DeviceLossScaler
+from sweep.run.step import Row
 from sweep.run.train import Lone
 
 from .conftest import make_run
@@ -82,7 +83,7 @@ def test_a_window_step_reads_nothing_back_to_the_host(tmp_path, name):
         with HostReads() as reads:
             row, _, x0 = loop.device_step(None)  # step 0 creates AdamW's state (zeros on the device)
         assert reads.seen == [] and reads.ops > 500, (reads.seen, reads.ops)
-        assert row.shape == (loop.steps.ROWS + 1, 1)  # the row and the batch's flag
+        assert row.shape == (len(Row) + 1, 1)  # the row and the batch's flag
         assert torch.equal(x0, load_batch(parts.dataset, parts.order.indices(step)))  # the step the clock said
         assert parts.optimizer.clock.tolist() == [step + 1]
         parts.optimizer.zero_grad(set_to_none=True)
@@ -112,7 +113,7 @@ def test_a_pack_step_reads_nothing_back_to_the_host(tmp_path):
         with HostReads() as reads:
             row, _, batches = pack.device_step(live)
         assert reads.seen == [] and reads.ops > 500, (reads.seen, reads.ops)
-        assert row.shape == (pack.steps.ROWS + 1, 2) and pack.opt.clock.tolist() == [step + 1]  # rows and flags
+        assert row.shape == (len(Row) + 1, 2) and pack.opt.clock.tolist() == [step + 1]  # rows and flags
         assert all(torch.equal(batches[k][0], load_batch(parts[k].dataset, parts[k].order.indices(step))) for k in live)
         pack.model.zero_grad()
 

@@ -20,10 +20,11 @@ import numpy as np
 import pandas as pd
 import pytest
 
+from sweep.config import Verdict
 from sweep.report.recommend import recommend
 from sweep.report.runs import runs_from_dirs
 from sweep.report.summary import summarize
-from sweep.report.tables import divergence_map, frontier, lr_sensitivity, root_causes, swept_axes, toggle_effects
+from sweep.report.tables import SHORT, divergence_map, frontier, lr_sensitivity, root_causes, swept_axes, toggle_effects
 from sweep.report.text import parquet_safe, render_markdown, render_text, write_summary
 
 from .conftest import read_result
@@ -205,6 +206,18 @@ def test_root_causes(grid):
     assert rc.loc[("nonfinite_loss", "update_underflow"), "optimizer"] == 6
     assert rc.loc[("loss_spike", "lr_too_high"), "total"] == 2 and rc.loc[("nonfinite_grad", "-"), "total"] == 1
     assert list(rc.index.names) == ["verdict", "mechanism"]
+
+
+def test_every_verdict_has_a_short_name_and_the_root_causes_follow_their_order(grid):
+    assert set(SHORT) == set(Verdict) and len(set(SHORT.values())) == len(Verdict)
+    newer = grid.assign(verdict=grid.verdict.replace({"nonfinite_grad": "a_newer_verdict"}))  # plain words, as read
+    rc = root_causes(newer)
+    assert [v for v, _ in rc.index] == [
+        "nonfinite_loss",
+        "loss_spike",
+        "a_newer_verdict",
+    ]  # SHORT's order, unknown last
+    assert divergence_map(newer)[0].loc[1e-2].tolist()[1] == "a_newer_verdict@3"
 
 
 def test_recommendation_names_the_best_stable_setting_its_margin_and_toggles(grid):

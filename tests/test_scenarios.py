@@ -2,13 +2,15 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
+import re
 import subprocess
 
 import pytest
 
-from sweep.config import ScenarioExpect
+from sweep.config import ScenarioConfig, ScenarioExpect, Verdict
 from sweep.run.gemm import cell_outcomes, verdict_differences
 from sweep.scenario import available, check
 
@@ -243,6 +245,38 @@ def test_the_stable_adamw_experiment_resumes_the_beta2_scenario_pretraining(tmp_
     assert {"0", "1.0"} <= set(axes["optim.update_clip"].split(",")) and "[0.9,0.95]" in axes["optim.betas"]
     assert all(set(e.when) <= set(axes) for e in run.scenario.expect)  # every expectation can match a run
     GlobalHydra.instance().clear()
+
+
+def test_a_scenario_names_verdicts_from_the_closed_set_and_a_misspelt_one_fails_while_hydra_composes():
+    from hydra import compose, initialize_config_dir
+    from hydra.core.global_hydra import GlobalHydra
+    from hydra.errors import ConfigCompositionException
+    from omegaconf import OmegaConf
+    from omegaconf.errors import ValidationError
+
+    def composed(name, *overrides):
+        GlobalHydra.instance().clear()
+        try:
+            with initialize_config_dir(config_dir=str(REPO / "conf"), version_base="1.3"):
+                return compose("config", [f"+scenario={name}", *overrides])
+        finally:
+            GlobalHydra.instance().clear()
+
+    named = [e.verdict for name in SCENARIOS for e in composed(name).scenario.expect if e.verdict is not None]
+    assert named and all(isinstance(v, Verdict) for v in named)
+    assert Verdict.loss_spike in named  # the yamls' words, read as members
+    choices = "expected one of [" + ", ".join(Verdict) + "]"
+    with pytest.raises(ConfigCompositionException) as e:
+        composed("qk_norm_logit_growth", "scenario.expect.0.verdict=loss_spik")
+    assert "Invalid value 'loss_spik'" in str(e.value.__cause__) and choices in str(e.value.__cause__)
+    yaml = OmegaConf.create("expect: [{status: diverged, verdict: nan_loss}]")  # a scenario file's words
+    with pytest.raises(ValidationError, match=re.escape(choices)):
+        OmegaConf.merge(OmegaConf.structured(ScenarioConfig), yaml)
+    (spike,) = OmegaConf.to_object(
+        OmegaConf.merge(OmegaConf.structured(ScenarioConfig), {"expect": [{"verdict": "loss_spike"}]})
+    ).expect
+    assert spike.verdict is Verdict.loss_spike and spike.verdict == "loss_spike"  # plain words still compare equal
+    assert json.loads(json.dumps(dataclasses.asdict(spike)))["verdict"] == "loss_spike"  # scenario.json: the word
 
 
 def test_modulate_parity_expectation_fails_a_correct_kernel_and_passes_the_buggy_one():

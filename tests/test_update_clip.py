@@ -17,7 +17,7 @@ import pytest
 import torch
 
 from sweep.config import ConfigError, flatten
-from sweep.run.adamw import DeviceAdamW, StackedAdamW, update_
+from sweep.run.adamw import Consts, DeviceAdamW, PerStep, StackedAdamW, update_
 
 from .conftest import make_run
 from .test_adamw import same_bits, schedule, weights
@@ -148,10 +148,10 @@ def test_clipping_reads_nothing_back_to_the_host(clip):
     k = 2
     w, g = torch.randn(k, 4, 3), torch.randn(k, 4, 3)
     m, v = torch.zeros_like(w), torch.zeros_like(w)
-    cols = torch.ones(3, k)
+    per_step = torch.ones(len(PerStep), k)
     eps = EPS if isinstance(clip, float) else torch.full((k,), EPS)
     with HostReads() as reads:
-        update_(w, g, m, v, cols, (0.1, 0.999, 0.001, eps), False, clip)
+        update_(w, g, m, v, per_step, Consts(0.1, 0.999, 0.001, eps), False, clip)
     assert reads.ops > 10 and reads.seen == [], reads.seen
 
 

@@ -2,13 +2,17 @@
 
 from __future__ import annotations
 
+import json
+import re
+
 import pytest
 
+from sweep.config import Verdict
 from sweep.data.batches import BatchOrder
 from sweep.run.build import _ORDER_STREAM, resolve_device, stream_seed
 from sweep.run.execute import execute
 
-from .conftest import make_run, read_result
+from .conftest import REPO, make_run, read_result
 
 
 def run(tmp_path, *overrides: str):
@@ -16,6 +20,15 @@ def run(tmp_path, *overrides: str):
     on_disk = read_result(tmp_path)
     assert on_disk["status"] == result.status and on_disk["verdict"] == result.verdict
     return result
+
+
+def test_the_verdicts_are_the_design_tables_and_files_hold_their_words():
+    section = (REPO / "docs" / "design.md").read_text().split("| verdict | decided by |", 1)[1].split("\n\n", 1)[0]
+    assert [v.value for v in Verdict] == re.findall(r"^\| `(\w+)` \|", section, flags=re.M)  # in the table's order
+    assert all(str(v) == f"{v}" == v.value == v.name for v in Verdict)
+    assert json.dumps({"verdict": Verdict.loss_spike}) == '{"verdict": "loss_spike"}'
+    read_back = json.loads('"stalled"')  # a plain str, as result.json, the ledger and the tables give it back
+    assert read_back == Verdict.stalled and read_back in (Verdict.stalled,) and {Verdict.stalled: 1}[read_back] == 1
 
 
 @pytest.mark.parametrize("precision", ["fp32", "bf16_amp", "fp16_amp"])
@@ -32,6 +45,7 @@ def test_nan_sample_is_bad_input_at_the_step_that_draws_it(tmp_path):
     r = run(tmp_path, f"data.faults=[{{index:{target},kind:nan}}]", "steps=10")
     assert (r.status, r.verdict, r.first_bad_step) == ("diverged", "bad_input", 3)
     assert r.cause["where"] == "data" and f"sample {target}" in r.cause["detail"]
+    assert r.verdict is Verdict.bad_input  # in memory the member; result.json its word (`run` compares them)
 
 
 def test_out_of_range_sample_is_bad_input(tmp_path):

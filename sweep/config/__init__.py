@@ -34,6 +34,7 @@ from sweep.config.enums import (
     Prediction,
     Progress,
     Schedule,
+    Verdict,
 )
 from sweep.config.inputs import (
     REMOTE_LAUNCHERS,
@@ -138,6 +139,7 @@ __all__ = [
     "ScenarioExpect",
     "Schedule",
     "TensorBoardConfig",
+    "Verdict",
     "check_device",
     "check_device_name",
     "check_inputs",

@@ -1,11 +1,12 @@
 """The allowed values of the config's categorical keys (precision.param_dtype, attention.backend, model.arch, ...).
 
 str Enums, so OmegaConf checks a value against them while Hydra composes and the YAML keeps plain words.
+`Verdict` is here too: the monitor decides verdicts (sweep/run/monitor.py), a scenario's `expect` names them.
 """
 
 from __future__ import annotations
 
-from enum import Enum
+from enum import Enum, StrEnum
 
 
 class Dtype(str, Enum):
@@ -104,3 +105,19 @@ class DataSource(str, Enum):
 class LadderAxis(str, Enum):
     width = "width"
     depth = "depth"
+
+
+class Verdict(StrEnum):
+    """Why a diverged run diverged, in the order a step meets them (docs/design.md, section 3, "Verdicts").
+
+    A StrEnum: `str(v)`, f-strings and json.dumps give the plain word, so result.json, the ledger and the tables
+    hold the strings they always held, and a member equals its word as read back from those files (compare with
+    `==`, never `is`: what a file gives back is a plain str)."""
+
+    bad_input = "bad_input"  # the batch itself, before the forward (sweep.data.checks.check_batch)
+    scale_collapse = "scale_collapse"  # the loss scaler at its floor, or too many skips in a row
+    nonfinite_loss = "nonfinite_loss"
+    nonfinite_grad = "nonfinite_grad"  # a finite loss with a non-finite gradient norm
+    loss_spike = "loss_spike"
+    stalled = "stalled"  # the weights stopped moving while updates were applied
+    corrupt_checkpoint = "corrupt_checkpoint"  # refused before the first step (sweep/run/checkpoint.py)

@@ -33,6 +33,7 @@ from sweep.config.enums import (
     Prediction,
     Progress,
     Schedule,
+    Verdict,
 )
 from sweep.search.conf import PrunerConfig
 
@@ -403,7 +404,8 @@ class ScenarioExpect:
     when: Dict[str, Any] = field(default_factory=dict)
     """Swept params to match, e.g. {precision: fp16_amp}; {} matches every run."""
     status: str = "stable"
-    verdict: Optional[str] = None
+    verdict: Optional[Verdict] = None
+    """The verdict of a diverged run (a misspelt one fails while Hydra composes)."""
     cause_where: Optional[str] = None
     cause_module: Optional[str] = None
     """A prefix of cause.module, e.g. blocks (any block) or blocks.1.attn."""

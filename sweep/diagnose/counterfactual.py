@@ -39,7 +39,7 @@ from typing import Callable
 
 import torch
 
-from sweep.config import RunConfig
+from sweep.config import RunConfig, Verdict
 from sweep.data.checks import check_sample
 from sweep.diagnose.record import RunRecord, read_metrics
 from sweep.diagnose.signals import computes_in_fp32
@@ -163,7 +163,7 @@ def healthy_until(record: RunRecord) -> int:
     run, first, start = record.run, record.first_bad, record.start
     verdict = record.result["verdict"]
     before = [r for r in record.rows if r["step"] < first]
-    if verdict == "loss_spike" and before:
+    if verdict == Verdict.loss_spike and before:
         ema, low, at = None, math.inf, start
         for r in before:
             if math.isfinite(r["loss"]):
@@ -171,14 +171,14 @@ def healthy_until(record: RunRecord) -> int:
                 if ema <= low:
                     low, at = ema, int(r["step"])
         return max(start, at)
-    if verdict == "scale_collapse":
+    if verdict == Verdict.scale_collapse:
         at = first
         for r in reversed(before):
             if r.get("skipped") != 1:
                 break
             at = int(r["step"])
         return max(start, at)
-    if verdict == "stalled":
+    if verdict == Verdict.stalled:
         return max(start, first + 1 - run.monitor.stall_window)
     return max(start, first - 1)
 

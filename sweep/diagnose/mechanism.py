@@ -34,7 +34,7 @@ from pathlib import Path
 
 import torch
 
-from sweep.config import RunConfig
+from sweep.config import RunConfig, Verdict
 from sweep.diagnose.signals import RunRecord, as_number
 from sweep.run.adam_lag import LAGGED
 
@@ -76,12 +76,12 @@ def decide(record: RunRecord) -> Mechanism:
     r, run = record.result, record.run
     verdict, cause = r["verdict"], r.get("cause") or {}
     where, detail = cause.get("where"), cause.get("detail") or ""
-    if verdict == "bad_input" or where == "data":
+    if verdict == Verdict.bad_input or where == "data":
         samples = detail.removeprefix("the batch held bad values: ")
         return Mechanism(
             "bad_input", f"the batch at step {record.first_bad} held bad samples: {samples}", {"cause": detail}
         )
-    if verdict == "corrupt_checkpoint" or where == "checkpoint":
+    if verdict == Verdict.corrupt_checkpoint or where == "checkpoint":
         return Mechanism(
             "corrupt_checkpoint",
             f"the weights were bad before any update ({cause.get('module') or 'a tensor'}): {detail}",
@@ -93,7 +93,7 @@ def decide(record: RunRecord) -> Mechanism:
     overflow = activation_overflow(record, detail)
     if overflow is not None:
         return overflow
-    if verdict == "stalled":
+    if verdict == Verdict.stalled:
         return stalled(record, where, detail)
     if run.precision.param_dtype.value == "float16" and where == "optimizer" and "after the update" in detail:
         eps = run.optim.eps
@@ -104,7 +104,7 @@ def decide(record: RunRecord) -> Mechanism:
             f"step {record.first_bad - 1} is 0/0 ({detail})",
             {"eps": eps, "eps_in_fp16": rounded, "param_dtype": "float16"},
         )
-    if verdict == "scale_collapse":
+    if verdict == Verdict.scale_collapse:
         scales = [v for _, v in record.column("loss_scale")]
         return Mechanism(
             "loss_scale_collapse",

@@ -6,7 +6,7 @@ import csv
 import json
 from pathlib import Path
 
-from sweep.config import ConfigError
+from sweep.config import ConfigError, Verdict
 from sweep.config.recorded import UnresolvedReference, load_recorded
 from sweep.diagnose.signals import RunRecord, as_number
 from sweep.run.results import RESULT_FILE
@@ -41,7 +41,7 @@ def load(run_dir: Path, diverged_only: bool = True) -> RunRecord:
         what = result["status"] + (f" ({result.get('reason')})" if result.get("reason") else "")
         raise DiagnoseError(f"{run_dir}: the run is {what}, not diverged: there is nothing to diagnose")
     rows = read_metrics(run_dir / METRICS_FILE)
-    if result["status"] == "diverged" and not rows and result.get("verdict") != "corrupt_checkpoint":
+    if result["status"] == "diverged" and not rows and result.get("verdict") != Verdict.corrupt_checkpoint:
         raise DiagnoseError(f"{run_dir}: no {METRICS_FILE}, which every run that trained writes; run it again")
     try:
         config, run = load_recorded(run_dir)

@@ -26,6 +26,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
+from sweep.config import Verdict
 from sweep.report.noise import Spread, effect_label, paired_change, quality_column, within_noise
 from sweep.report.runs import DECIDED, PARAM, param_columns
 
@@ -33,14 +34,16 @@ LR = "optim.lr"
 SEED = "seed"
 PRECISION = "precision"
 SHORT = {
-    "nonfinite_loss": "nan-loss",
-    "nonfinite_grad": "nan-grad",
-    "loss_spike": "spike",
-    "scale_collapse": "scale-min",
-    "stalled": "stalled",
-    "bad_input": "bad-input",
-    "corrupt_checkpoint": "bad-ckpt",
+    Verdict.nonfinite_loss: "nan-loss",
+    Verdict.nonfinite_grad: "nan-grad",
+    Verdict.loss_spike: "spike",
+    Verdict.scale_collapse: "scale-min",
+    Verdict.stalled: "stalled",
+    Verdict.bad_input: "bad-input",
+    Verdict.corrupt_checkpoint: "bad-ckpt",
 }
+"""Each verdict's name in a divergence-map cell, in the order the root-causes table lists them. A Verdict equals and
+hashes as its word, so the plain strings the runs table holds look it up."""
 WHERE = ["data", "forward", "loss", "backward", "optimizer", "scaler", "checkpoint"]
 PENDING_MARK = "*"
 """Appended to a cell some of whose runs have no result yet."""

@@ -4,10 +4,11 @@ torch's single-tensor AdamW (`torch.optim.AdamW(foreach=False)`, what runs train
 computes its scalars on the host each step: the bias corrections from a step count it reads back with
 `.item()`, the step size from the group's lr, a Python float the loop sets. A CUDA graph of the step
 would freeze both at the captured step. torch's graph-safe forms change the numbers instead: the
-capturable single-tensor path computes `sqrt(v) / (bc2 * -step) + eps / -step` and the fused kernel
-works in fp32, so pure fp16's eps=1e-8 no longer rounds to 0 and the Sana case (fp16 weights, AdamW's
-0/0 at the first update) would not diverge at all. Here the update is torch's CPU single-tensor one,
-op for op and rounding for rounding, with its scalars computed on the device:
+capturable single-tensor path computes `sqrt(v) / (bias_correction2_sqrt * step_size_neg) + eps / step_size_neg`
+(its names, which this module's are) and the fused kernel works in fp32, so pure fp16's eps=1e-8 no longer
+rounds to 0 and the Sana case (fp16 weights, AdamW's 0/0 at the first update) would not diverge at all. Here
+the update is torch's CPU single-tensor one, op for op and rounding for rounding, with its scalars computed on
+the device:
 
 - the lr of every step comes from a table made once on the host (sweep.run.build.lr_schedule, in
   double, times the group's lr_scale), indexed by the optimizer's `clock`, a device step index;
@@ -40,14 +41,31 @@ clipping off `update_` runs exactly the ops it ran before.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Callable, Sequence
+from enum import IntEnum
+from typing import Callable, NamedTuple, Sequence
 
 import torch
 
-ROWS = 3
-"""Rows of the per-step scalar columns `update_` takes: decay, sqrt(bias correction 2), minus the step size."""
 
-Consts = tuple  # 1 - beta1, beta2, 1 - beta2, eps: Python floats, or (K,) fp32 tensors for a pack whose runs differ
+class PerStep(IntEnum):
+    """The rows of the (len(PerStep), R) fp32 scalars `per_step_scalars` makes and `update_` takes, one column per
+    update (torch's names: its `_single_tensor_adamw` computes them in Python)."""
+
+    decay = 0
+    """1 - lr * weight_decay: the decoupled weight decay's factor."""
+    bias_correction2_sqrt = 1
+    """(1 - beta2**n) ** 0.5."""
+    step_size_neg = 2
+    """-(lr / (1 - beta1**n)): minus the step size."""
+
+
+class Consts(NamedTuple):
+    """An AdamW's constants over the run: Python floats, or (K,) fp32 tensors for a pack whose runs differ."""
+
+    one_minus_beta1: float | torch.Tensor
+    beta2: float | torch.Tensor
+    one_minus_beta2: float | torch.Tensor
+    eps: float | torch.Tensor
 
 
 @dataclass
@@ -56,13 +74,13 @@ class Hyper:
 
     lr: torch.Tensor
     """(steps,) float64: the lr of every step (the schedule times the group's lr_scale)."""
-    bc1: torch.Tensor
+    bias_correction1: torch.Tensor
     """(steps + 1,) float64: 1 - beta1**n for every update count n."""
-    bc2: torch.Tensor
+    bias_correction2_sqrt: torch.Tensor
     """(steps + 1,) float64: (1 - beta2**n) ** 0.5 for every update count n."""
     consts: Consts
-    """1 - beta1, beta2, 1 - beta2, eps: constant over the run, so Python floats the kernels take as torch's do
-    (a CUDA graph keeps them as they are); a pack whose runs differ in them has (K,) fp32 tensors."""
+    """Constant over the run, so Python floats the kernels take as torch's do (a CUDA graph keeps them as they
+    are); a pack whose runs differ in them has (K,) fp32 tensors."""
     weight_decay: torch.Tensor
     """() float64."""
     update_clip: float | torch.Tensor = 0.0
@@ -82,14 +100,14 @@ class Hyper:
         update_clip: float = 0.0,
     ) -> "Hyper":
         """Tables for a run of `steps` steps (an update count never exceeds the steps run)."""
-        b1, b2 = betas
+        beta1, beta2 = betas
         n = range(steps + 1)  # the count 0 is never used (the first update has count 1): a placeholder
         f64 = dict(dtype=torch.float64, device=device)
         return cls(
             lr=torch.tensor([lr_at(s) * lr_scale for s in range(steps)], **f64),
-            bc1=torch.tensor([1 - b1**k for k in n], **f64),
-            bc2=torch.tensor([(1 - b2**k) ** 0.5 for k in n], **f64),
-            consts=(1 - b1, b2, 1 - b2, eps),
+            bias_correction1=torch.tensor([1 - beta1**k for k in n], **f64),
+            bias_correction2_sqrt=torch.tensor([(1 - beta2**k) ** 0.5 for k in n], **f64),
+            consts=Consts(1 - beta1, beta2, 1 - beta2, eps),
             weight_decay=torch.tensor(weight_decay, **f64),
             update_clip=float(update_clip),
         )
@@ -104,8 +122,8 @@ class Hyper:
 
         return Hyper(
             lr=torch.stack([pad(h.lr, width) for h in hypers]),
-            bc1=torch.stack([pad(h.bc1, width + 1) for h in hypers]),
-            bc2=torch.stack([pad(h.bc2, width + 1) for h in hypers]),
+            bias_correction1=torch.stack([pad(h.bias_correction1, width + 1) for h in hypers]),
+            bias_correction2_sqrt=torch.stack([pad(h.bias_correction2_sqrt, width + 1) for h in hypers]),
             consts=_stacked_consts([h.consts for h in hypers], hypers[0].lr.device),
             weight_decay=torch.stack([h.weight_decay for h in hypers]),
             update_clip=_stacked_clip([h.update_clip for h in hypers], hypers[0].lr.device),
@@ -115,9 +133,9 @@ class Hyper:
         """The rows at these positions (a stacked Hyper: a pack compacting)."""
         return Hyper(
             self.lr[positions],
-            self.bc1[positions],
-            self.bc2[positions],
-            self.consts if isinstance(self.consts[0], float) else tuple(c[positions] for c in self.consts),
+            self.bias_correction1[positions],
+            self.bias_correction2_sqrt[positions],
+            self.consts if isinstance(self.consts.eps, float) else Consts(*(c[positions] for c in self.consts)),
             self.weight_decay[positions],
             self.update_clip if isinstance(self.update_clip, float) else self.update_clip[positions],
         )
@@ -128,7 +146,7 @@ def _stacked_consts(each: list[Consts], device: torch.device) -> Consts:
     torch's kernels compute with: a Python scalar rounded to fp32)."""
     if all(c == each[0] for c in each):
         return each[0]
-    return tuple(torch.tensor(column, dtype=torch.float32, device=device) for column in zip(*each))
+    return Consts(*(torch.tensor(column, dtype=torch.float32, device=device) for column in zip(*each)))
 
 
 def _stacked_clip(each: list[float], device: torch.device) -> float | torch.Tensor:
@@ -138,15 +156,22 @@ def _stacked_clip(each: list[float], device: torch.device) -> float | torch.Tens
     return torch.tensor(each, dtype=torch.float32, device=device)
 
 
-def scalars(lr: torch.Tensor, h: Hyper, counts: torch.Tensor) -> torch.Tensor:
-    """The (ROWS, R) fp32 per-step columns of R updates at their lr (R,) or (1,) and update counts (R,) int64, in
-    double as torch computes them in Python, then rounded to fp32 as its kernels take them. `h`'s tables are one
-    row (a group's, shared by its R weights) or R rows (a pack's runs)."""
-    rows = counts.shape[0]
-    bc1 = h.bc1.reshape(-1, h.bc1.shape[-1]).expand(rows, -1).gather(1, counts.view(-1, 1)).view(-1)
-    bc2 = h.bc2.reshape(-1, h.bc2.shape[-1]).expand(rows, -1).gather(1, counts.view(-1, 1)).view(-1)
-    lr = lr.expand(rows)
-    return torch.stack([1 - lr * h.weight_decay.expand(rows), bc2, -(lr / bc1)]).float()
+def per_step_scalars(lr: torch.Tensor, h: Hyper, counts: torch.Tensor) -> torch.Tensor:
+    """The (len(PerStep), R) fp32 per-step scalars of R updates at their lr (R,) or (1,) and update counts (R,)
+    int64, in double as torch computes them in Python, then rounded to fp32 as its kernels take them. `h`'s tables
+    are one row (a group's, shared by its R weights) or R rows (a pack's runs)."""
+    updates = counts.shape[0]
+
+    def at_counts(table: torch.Tensor) -> torch.Tensor:
+        return table.reshape(-1, table.shape[-1]).expand(updates, -1).gather(1, counts.view(-1, 1)).view(-1)
+
+    lr = lr.expand(updates)
+    rows = {
+        PerStep.decay: 1 - lr * h.weight_decay.expand(updates),
+        PerStep.bias_correction2_sqrt: at_counts(h.bias_correction2_sqrt),
+        PerStep.step_size_neg: -(lr / at_counts(h.bias_correction1)),
+    }
+    return torch.stack([rows[r] for r in PerStep]).float()
 
 
 def update_(
@@ -154,47 +179,54 @@ def update_(
     g: torch.Tensor,
     m: torch.Tensor,
     v: torch.Tensor,
-    cols: torch.Tensor,
+    per_step: torch.Tensor,
     consts: Consts,
     decays: bool,
     update_clip: float | torch.Tensor = 0.0,
 ):
     """One AdamW update of K stacked weights w (K, ...) with gradients g and moments m, v, in place; run k with
-    the per-step scalars cols[:, k] (fp32, from `scalars`) and the constants `consts` (Hyper.consts). Each op
-    computes in fp32 and rounds once to the weight's dtype, as torch's CPU kernels do with Python-scalar
+    the per-step scalars per_step[:, k] (fp32, from `per_step_scalars`) and the constants `consts` (Hyper.consts).
+    Each op computes in fp32 and rounds once to the weight's dtype, as torch's CPU kernels do with Python-scalar
     operands, except `add`, whose kernel rounds its scalar to the tensor's dtype first (eps in bf16 is not eps
     in fp32); the operand order is theirs too (addcmul is self + (value*t1)*t2, addcdiv is
     self + (value*t1)/t2). So pure fp16 turns eps=1e-8 into 0 and divides 0 by 0 as torch does, and pure bf16
     loses updates below its resolution. `update_clip` (Hyper.update_clip; 0 = off, no op added) scales each run's
     step size by StableAdamW's 1 / max(1, RMS / update_clip) (`clip_factor`)."""
     shape = (-1, *[1] * (w.dim() - 1))
-    decay, bc2, neg_step = cols.view(ROWS, *shape)
-    omb1, b2, omb2, eps = (c if isinstance(c, float) else c.view(shape) for c in consts)
+    rows = per_step.view(len(PerStep), *shape)
+    decay, bias_correction2_sqrt = rows[PerStep.decay], rows[PerStep.bias_correction2_sqrt]
+    step_size_neg = rows[PerStep.step_size_neg]
+    one_minus_beta1, beta2, one_minus_beta2, eps = (c if isinstance(c, float) else c.view(shape) for c in consts)
     if decays:
         w.mul_(decay)
-    if isinstance(omb1, float) or m.dtype == omb1.dtype:
-        m.lerp_(g, omb1)
+    if isinstance(one_minus_beta1, float) or m.dtype == one_minus_beta1.dtype:
+        m.lerp_(g, one_minus_beta1)
     else:  # lerp wants one dtype: compute it in fp32 and round, as the kernel does with a scalar weight
-        m.copy_(torch.lerp(m.float(), g.float(), omb1))
-    if isinstance(omb2, float):
-        v.mul_(b2).addcmul_(g, g, value=omb2)
+        m.copy_(torch.lerp(m.float(), g.float(), one_minus_beta1))
+    if isinstance(one_minus_beta2, float):
+        v.mul_(beta2).addcmul_(g, g, value=one_minus_beta2)
     else:
-        v.mul_(b2).addcmul_(g * omb2, g)
+        v.mul_(beta2).addcmul_(g * one_minus_beta2, g)
     if not isinstance(update_clip, float) or update_clip > 0:
-        neg_step = neg_step * clip_factor(g, v, bc2, eps, update_clip)
-    denom = v.sqrt().div_(bc2)
+        step_size_neg = step_size_neg * clip_factor(g, v, bias_correction2_sqrt, eps, update_clip)
+    denom = v.sqrt().div_(bias_correction2_sqrt)
     denom.add_(eps if isinstance(eps, float) else eps.to(v.dtype))  # add is the one op whose scalar torch rounds first
-    w.addcdiv_(m * neg_step, denom)
+    w.addcdiv_(m * step_size_neg, denom)
 
 
 def clip_factor(
-    g: torch.Tensor, v: torch.Tensor, bc2: torch.Tensor, eps: float | torch.Tensor, update_clip: float | torch.Tensor
+    g: torch.Tensor,
+    v: torch.Tensor,
+    bias_correction2_sqrt: torch.Tensor,
+    eps: float | torch.Tensor,
+    update_clip: float | torch.Tensor,
 ) -> torch.Tensor:
     """StableAdamW's per-run factor 1 / max(1, RMS / update_clip) of K stacked tensors, shaped (K, 1, ...) like
-    `bc2`: RMS = sqrt(mean(g**2 / max(v_hat, eps**2))) over each run's tensor, v_hat = v / bc2**2 this step's
-    bias-corrected second moment. In fp32 whatever the weights' dtype; a run whose update_clip is 0 gets 1."""
-    k, shape = g.shape[0], bc2.shape
-    v_hat = v.float() / (bc2 * bc2)
+    `bias_correction2_sqrt`: RMS = sqrt(mean(g**2 / max(v_hat, eps**2))) over each run's tensor, v_hat =
+    v / bias_correction2_sqrt**2 this step's bias-corrected second moment. In fp32 whatever the weights' dtype; a
+    run whose update_clip is 0 gets 1."""
+    k, shape = g.shape[0], bias_correction2_sqrt.shape
+    v_hat = v.float() / (bias_correction2_sqrt * bias_correction2_sqrt)
     if isinstance(eps, float):  # a Python scalar, not a tensor made from one: a CUDA graph captures no host copy
         floor = v_hat.clamp(min=eps * eps)
     else:
@@ -269,12 +301,13 @@ class DeviceAdamW(torch.optim.Optimizer):
                     }
             counts = [self.state[p]["step"] for p in params]
             torch._foreach_add_(counts, 1.0)
-            cols = scalars(h.lr.index_select(0, self.clock), h, torch.stack(counts).long())  # (ROWS, weights)
+            # (len(PerStep), weights): one column per weight, at its own update count
+            per_step = per_step_scalars(h.lr.index_select(0, self.clock), h, torch.stack(counts).long())
             decays = group["weight_decay"] != 0
             for i, p in enumerate(params):
                 s = self.state[p]
                 one = [t.unsqueeze(0) for t in (p, p.grad, s["exp_avg"], s["exp_avg_sq"])]  # a stack of one run
-                update_(*one, cols[:, i : i + 1], h.consts, decays, h.update_clip)
+                update_(*one, per_step[:, i : i + 1], h.consts, decays, h.update_clip)
 
 
 class StackedAdamW:
@@ -335,13 +368,14 @@ class StackedAdamW:
         keep = [i for i, go in enumerate(stepping) if not go] if stepping is not None else []
         self.counts += torch.tensor(stepping, device=self.device) if keep else 1
         lr = self.hyper.lr.index_select(1, self.clock).view(-1)
-        cols = scalars(lr, self.hyper, self.counts.clamp(min=1))  # (ROWS, K); a skipped run's are unused
+        # (len(PerStep), K): a column per run; a skipped run's go unused
+        per_step = per_step_scalars(lr, self.hyper, self.counts.clamp(min=1))
         for name, (m, v) in self.moments.items():
             w, g = params[name].detach(), params[name].grad
             if g is None:
                 continue
             saved = [t[keep].clone() for t in (w, m, v)] if keep else None
-            update_(w, g, m, v, cols, self.hyper.consts, self.decays, self.hyper.update_clip)
+            update_(w, g, m, v, per_step, self.hyper.consts, self.decays, self.hyper.update_clip)
             if saved:
                 for t, old in zip((w, m, v), saved):
                     t[keep] = old

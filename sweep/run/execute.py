@@ -22,7 +22,7 @@ import torch
 
 from models import KernelUnavailable, backend_unavailable_reason, count_params
 from models.diffusers_zoo import modulate_unsupported_reason
-from sweep.config import RunConfig
+from sweep.config import RunConfig, Verdict
 from sweep.diagnose.mechanism import of_run as mechanism_of
 from sweep.run.build import RunParts, build_parts, reset_process_state, resolve_device
 from sweep.run.checkpoint import CheckpointHook, CorruptCheckpoint
@@ -129,7 +129,7 @@ def prepare(run: RunConfig, out_dir: Path, result: RunResult) -> RunParts | None
     try:
         parts = build_parts(run, device, policy, scratch=out_dir)
     except CorruptCheckpoint as e:  # refused before any step: a result, not a crash
-        result.status, result.verdict = "diverged", "corrupt_checkpoint"
+        result.status, result.verdict = "diverged", Verdict.corrupt_checkpoint
         result.first_bad_step = _start_step(run)
         result.cause = {"where": "checkpoint", "module": e.tensor, "detail": f"{e.file}: {e.detail}"}
         result.mechanism = mechanism_of(result.to_dict(), [], run)

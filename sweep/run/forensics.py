@@ -18,7 +18,7 @@ import warnings
 
 import torch
 
-from sweep.config import Progress, RunConfig
+from sweep.config import Progress, RunConfig, Verdict
 from sweep.run.build import build_parts, reset_process_state
 from sweep.run.monitor import Cause
 from sweep.run.precision import PrecisionPolicy
@@ -122,18 +122,19 @@ def replay(run: RunConfig, bad_step: int, device: torch.device) -> ModuleProbe:
     return probe
 
 
-def locate(run: RunConfig, verdict: str, bad_step: int, device: torch.device) -> tuple[Cause | None, list[dict]]:
-    """The cause a replay finds for a non-finite loss or gradient, and the overflow headroom table."""
+def locate(run: RunConfig, verdict: str | None, bad_step: int, device: torch.device) -> tuple[Cause | None, list[dict]]:
+    """The cause a replay finds for a non-finite loss or gradient, and the overflow headroom table. `verdict` is the
+    run's `Verdict`, or its word as result.json holds it (sweep.replay)."""
     probe = replay(run, bad_step, device)
     top = probe.closest_to_overflow()
     edge = next((t for t in top if t["dtype"] == "float16" and t["headroom"] > 0.5), None)
     overflow = f"; fp16 headroom: {edge['module']} reached {edge['amax']:.3g} of 65504" if edge else ""
-    if verdict in ("nonfinite_loss", "scale_collapse") and probe.forward_origin:
+    if verdict in (Verdict.nonfinite_loss, Verdict.scale_collapse) and probe.forward_origin:
         module, detail = probe.forward_origin
         return Cause("forward", module, detail + overflow), top
     if probe.backward_origin:
         module, detail = probe.backward_origin
         return Cause("backward", module, detail + overflow), top
-    if verdict == "nonfinite_loss" and probe.forward_origin is None:
+    if verdict == Verdict.nonfinite_loss and probe.forward_origin is None:
         return Cause("loss", None, "every module output was finite; the loss itself went non-finite"), top
     return None, top

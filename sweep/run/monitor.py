@@ -2,7 +2,7 @@
 
 The training loop hands it the step's loss and global gradient norm (fetched together in one device
 sync) and the loss scaler's decision; every `stall_window` steps it also compares the weights with
-the previous check. The first criterion met becomes the run's verdict (docs/design.md, "Verdicts"):
+the previous check. The first criterion met becomes the run's verdict (a `Verdict`: docs/design.md, "Verdicts"):
 
 - nonfinite_loss: the loss is NaN/Inf.
 - nonfinite_grad: the loss is finite but the gradient norm is not (and no loss scaler absorbs it).
@@ -29,7 +29,7 @@ from dataclasses import asdict, dataclass
 
 import torch
 
-from sweep.config import MonitorConfig
+from sweep.config import MonitorConfig, Verdict
 from sweep.run.precision import ScalerEvent
 
 
@@ -46,7 +46,7 @@ class Cause:
 class Divergence:
     """A verdict and the step it was first met."""
 
-    verdict: str
+    verdict: Verdict
     step: int
     cause: Cause
 
@@ -112,7 +112,7 @@ class DivergenceMonitor:
         """
         if event is ScalerEvent.collapse:
             since = f"; overflows since step {self._skip_start}" if self._skip_start is not None else ""
-            return Divergence("scale_collapse", step, Cause("scaler", None, scaler_detail + since))
+            return Divergence(Verdict.scale_collapse, step, Cause("scaler", None, scaler_detail + since))
         if self.initial_loss is None and math.isfinite(loss):
             self.initial_loss = self.ema = loss
         if math.isfinite(grad_norm):
@@ -126,10 +126,10 @@ class DivergenceMonitor:
             return spike
         self._skip_start = None
         if not math.isfinite(loss):
-            return Divergence("nonfinite_loss", step, Cause("forward", None, f"loss is {loss}"))
+            return Divergence(Verdict.nonfinite_loss, step, Cause("forward", None, f"loss is {loss}"))
         if not math.isfinite(grad_norm):
             return Divergence(
-                "nonfinite_grad",
+                Verdict.nonfinite_grad,
                 step,
                 Cause("backward", None, f"gradient norm is {grad_norm} with a finite loss {loss:.4g}"),
             )
@@ -155,7 +155,7 @@ class DivergenceMonitor:
                 f"{step}; the loss {loss:.4g}"
             )
         return Divergence(
-            "loss_spike", first, Cause("optimizer", None, f"{what}, above {threshold:.4g} from step {first}")
+            Verdict.loss_spike, first, Cause("optimizer", None, f"{what}, above {threshold:.4g} from step {first}")
         )
 
     def start(self, params: list[torch.Tensor]) -> None:
@@ -185,7 +185,7 @@ class DivergenceMonitor:
         window = f"steps {step + 1 - self.cfg.stall_window}-{step}"
         if zero_grads >= self.cfg.stall_fraction:
             return Divergence(
-                "stalled",
+                Verdict.stalled,
                 step,
                 Cause(
                     "backward",
@@ -195,7 +195,7 @@ class DivergenceMonitor:
                 ),
             )
         return Divergence(
-            "stalled",
+            Verdict.stalled,
             step,
             Cause(
                 "optimizer",

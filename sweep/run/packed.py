@@ -27,7 +27,7 @@ from typing import Sequence
 import torch
 from torch.func import vmap
 
-from sweep.config import RunConfig
+from sweep.config import RunConfig, Verdict
 from sweep.data.batches import load_checked_batch, sample_labels
 from sweep.data.device import DeviceBatches, PackBatches
 from sweep.run.adamw import StackedAdamW
@@ -176,7 +176,7 @@ class Pack:
         """One step of the training runs, one sync; a run's verdict stops only that run (`live`)."""
         batches, issues = self.batches(step, self.training)
         for k, issue in issues.items():
-            self.first[k] = Divergence("bad_input", step, Cause("data", None, issue.detail))
+            self.first[k] = Divergence(Verdict.bad_input, step, Cause("data", None, issue.detail))
         live = self.training = list(batches)
         if not live:
             return False
@@ -194,7 +194,7 @@ class Pack:
         """One window step of the live runs from device state alone (sweep.run.train.Lone.device_step's
         counterpart, what a CUDA graph of the pack captures): every run's batch (unless `batches`, read from
         files, are given) and lr of the step the clock is at, each run's next noise, the vmapped forward and
-        backward, AdamW for every run, and the clock moves on. Returns (rows (ROWS, L), or ROWS + 1 with each
+        backward, AdamW for every run, and the clock moves on. Returns (rows (len(Row), L), or len(Row) + 1 with each
         run's data flag when the batches were drawn here; pred; {k: (x0, noisy, t, target)})."""
         flags = None
         if batches is None:

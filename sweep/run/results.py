@@ -26,6 +26,8 @@ from importlib import metadata
 from pathlib import Path
 from typing import Protocol, Sequence
 
+from sweep.config import Verdict
+
 log = logging.getLogger("sweep")
 
 RESULT_FILE = "result.json"
@@ -76,7 +78,8 @@ class RunResult:
     """The outcome of one run."""
 
     status: str  # stable | diverged | skipped | error | interrupted
-    verdict: str | None = None
+    verdict: Verdict | None = None
+    """Null unless diverged; result.json holds its word."""
     first_bad_step: int | None = None
     cause: dict | None = None
     final_loss: float | None = None

@@ -19,6 +19,7 @@ and where the explanation finds a run's weights and prediction.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from enum import IntEnum
 from typing import TYPE_CHECKING, Protocol, Sequence
 
 import torch
@@ -92,6 +93,22 @@ class StackedGrads:
         return [g[i] for g in self.grads]
 
 
+class Row(IntEnum):
+    """The rows of `Steps.record`'s (len(Row), K) float64 tensor, one step of K runs (a column each), by name."""
+
+    loss = 0
+    grad_norm = 1
+    """The global gradient norm, unscaled, before clipping."""
+    scale = 2
+    """The loss scale the backward used."""
+    code = 3
+    """The scaler's decision (sweep.run.scaler.EVENTS: step, skip, collapse)."""
+    skips = 4
+    """Consecutive skipped steps after the decision."""
+    scale_after = 5
+    """The loss scale after the decision."""
+
+
 @dataclass
 class Decision:
     """One run's step as the host sees it after the sync."""
@@ -111,9 +128,6 @@ class Decision:
 
 class Steps:
     """The scaler, monitors and metrics of K runs, and the after-backward sequence they share."""
-
-    ROWS = 6
-    """Rows of `record`'s (ROWS, K) tensor."""
 
     def __init__(self, runs: Sequence[RunConfig], monitors: Sequence[DivergenceMonitor], scaler: DeviceLossScaler):
         self.runs, self.monitors, self.scaler = list(runs), list(monitors), scaler
@@ -136,9 +150,8 @@ class Steps:
         self.scaler.scale_loss(loss).sum().backward()
 
     def record(self, loss: torch.Tensor, grads: Grads) -> torch.Tensor:
-        """Steps 1-2 and clipping, on the device with no sync: this step's row of every run, (ROWS, K)
-        float64: loss, gradient norm, the scale the backward used, the scaler's decision code, and the
-        consecutive skips and scale after it. Clipping applies to every run whose gradients are finite and
+        """Steps 1-2 and clipping, on the device with no sync: this step's row of every run, (len(Row), K)
+        float64, its rows named by `Row`. Clipping applies to every run whose gradients are finite and
         above its grad_clip; a run the monitor then stops takes no step, so its clipped gradients go unused."""
         scales = self.scaler.scale.clone()  # the scale this backward used (update changes it in place)
         if self.scaler.any_enabled:
@@ -152,17 +165,24 @@ class Steps:
             wide = norms.double()
             over = finite & (clip > 0) & (wide > clip)
             grads.scale_(torch.where(over, clip / (wide + 1e-6), 1.0))  # a true division: Python's clip / (n + 1e-6)
-        after = (self.scaler.consecutive_skips, self.scaler.scale)
-        return torch.stack([loss.double(), norms.double(), scales, codes.double(), *(t.double() for t in after)])
+        rows = {
+            Row.loss: loss.double(),
+            Row.grad_norm: norms.double(),
+            Row.scale: scales,
+            Row.code: codes.double(),
+            Row.skips: self.scaler.consecutive_skips.double(),
+            Row.scale_after: self.scaler.scale.double(),
+        }
+        return torch.stack([rows[r] for r in Row])
 
     def judge(self, step: int, row: list[list[float]]) -> list[Decision]:
-        """Step 4 on the host, from a fetched row (record's, as lists): each run's scaler decision and
-        monitor verdict, in pack order."""
-        losses, norms, scales, codes, skips, scale_after = row
+        """Step 4 on the host, from a fetched row (record's, as lists, indexed by `Row`): each run's scaler
+        decision and monitor verdict, in pack order."""
+        losses, norms, scales = row[Row.loss], row[Row.grad_norm], row[Row.scale]
         decisions = []
         for i, monitor in enumerate(self.monitors):
-            code = int(codes[i])
-            reason = self.scaler.collapse_reason(i, code, int(skips[i]), scale_after[i])
+            code = int(row[Row.code][i])
+            reason = self.scaler.collapse_reason(i, code, int(row[Row.skips][i]), row[Row.scale_after][i])
             verdict = monitor.observe(step, losses[i], norms[i], EVENTS[code], reason)
             decisions.append(Decision(losses[i], norms[i], scales[i], EVENTS[code], verdict))
         return decisions

@@ -15,7 +15,7 @@ from typing import Sequence
 import torch
 
 from models import LogitStats, watching_logits
-from sweep.config import RunConfig
+from sweep.config import RunConfig, Verdict
 from sweep.data.batches import load_checked_batch, sample_labels
 from sweep.data.device import DeviceBatches
 from sweep.run.adam_lag import adamw_second_moment
@@ -117,7 +117,7 @@ class Lone:
         indices = parts.order.indices(step)
         x0, issue = load_checked_batch(parts.dataset, indices, run.data.range_limit, run.data.check)  # no sync
         if issue is not None:
-            self.first = Divergence("bad_input", step, Cause("data", None, issue.detail))
+            self.first = Divergence(Verdict.bad_input, step, Cause("data", None, issue.detail))
             return True
         parts.optimizer.at(step)  # the update's lr comes from the optimizer's device table (sweep/run/adamw.py)
         probe = self.probe[1] if self.probe and self.probe[0] == step else None
@@ -133,7 +133,7 @@ class Lone:
     def device_step(self, x0: torch.Tensor | None, logits: bool = False):
         """A window's step from device state alone, so a CUDA graph of it replays as the next step: batch (unless
         `x0`, read from files, is given) and lr of the step the clock is at, the run generator's next noise;
-        forward, backward, row, AdamW, and the clock moves on. (row (ROWS [+ the batch's flag], 1), pred, x0)."""
+        forward, backward, row, AdamW, and the clock moves on. (row (len(Row) [+ the batch's flag], 1), pred, x0)."""
         flag = None
         if x0 is None:
             x0 = self.batches.at(self.clock)

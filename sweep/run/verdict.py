@@ -11,7 +11,7 @@ from typing import Callable, Iterable
 
 import torch
 
-from sweep.config import RunConfig
+from sweep.config import RunConfig, Verdict
 from sweep.data.checks import BatchIssue, check_batch
 from sweep.run.adam_lag import lag_note
 from sweep.run.monitor import Cause, Divergence, DivergenceMonitor
@@ -63,11 +63,11 @@ def explain(
     applied any update yet: a non-finite weight before any update came in with the weights;
     `second_moment` says whether AdamW's second moment kept up (sweep.run.adam_lag), for a loss spike.
     """
-    if verdict.verdict == "loss_spike":
+    if verdict.verdict == Verdict.loss_spike:
         verdict.cause.detail += second_moment()
-    elif verdict.verdict in ("nonfinite_loss", "scale_collapse"):
+    elif verdict.verdict in (Verdict.nonfinite_loss, Verdict.scale_collapse):
         verdict.cause = _nonfinite_cause(verdict, named_params, pred, batch_issue, updated)
-    elif verdict.verdict == "nonfinite_grad":
+    elif verdict.verdict == Verdict.nonfinite_grad:
         # Backward runs the last layer first: the first non-finite gradient in that order is where it began.
         grads = [(n, p.grad) for n, p in named_params if p.grad is not None]
         name = first_nonfinite(reversed(grads))
@@ -88,7 +88,7 @@ def _nonfinite_cause(verdict, named_params, pred, batch_issue, updated) -> Cause
             "checkpoint",
             name.rsplit(".", 1)[0],
             f"weight {name} is non-finite before any update"
-            + (f" ({verdict.cause.detail})" if verdict.verdict == "scale_collapse" else ""),
+            + (f" ({verdict.cause.detail})" if verdict.verdict == Verdict.scale_collapse else ""),
         )
     if name is not None:
         return Cause(
@@ -97,7 +97,7 @@ def _nonfinite_cause(verdict, named_params, pred, batch_issue, updated) -> Cause
             f"weight {name} is non-finite after the update of step {verdict.step - 1}",
         )
     finite_output = bool(torch.isfinite(pred).all())
-    if verdict.verdict == "scale_collapse":  # an overflowing forward: no scale can fix that
+    if verdict.verdict == Verdict.scale_collapse:  # an overflowing forward: no scale can fix that
         if finite_output:
             return verdict.cause
         return Cause("forward", None, f"model output non-finite with finite weights; {verdict.cause.detail}")

@@ -31,7 +31,7 @@ from sweep.run.evaluate import Evaluator
 from sweep.run.graph import StepGraph
 from sweep.run.monitor import DivergenceMonitor
 from sweep.run.scaler import DeviceLossScaler
-from sweep.run.step import Decision, Steps
+from sweep.run.step import Decision, Row, Steps
 
 
 def window_end(run: RunConfig, step: int, evaluator: Evaluator | None, size: int) -> int:
@@ -195,11 +195,11 @@ def judge_window(steps: Steps, start: int, rows: list[torch.Tensor], flagged: bo
     step the host must decide by itself, or None). `rows` are the steps' `Steps.record` rows, each with one
     more row of per-run bad-batch flags when `flagged` (batches drawn and checked on the device): a flagged
     batch is decided by the host's check, with the steps before it one by one, before any step is judged."""
-    fetched = torch.stack(rows).tolist()  # (steps, ROWS [+ the flags], K): the window's one sync
+    fetched = torch.stack(rows).tolist()  # (steps, len(Row) [+ the flags], K): the window's one sync
     bad = next((s for s, row in enumerate(fetched, start) if flagged and any(row[-1])), None)
     if bad is not None:
         return [], bad
-    decisions: list[list[Decision]] = [steps.judge(s, row[: Steps.ROWS]) for s, row in enumerate(fetched, start)]
+    decisions: list[list[Decision]] = [steps.judge(s, row[: len(Row)]) for s, row in enumerate(fetched, start)]
     bad = next((s for s, ds in enumerate(decisions, start) if not all(d.stepping for d in ds)), None)
     return decisions, bad
 
