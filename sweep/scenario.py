@@ -20,6 +20,7 @@ from __future__ import annotations
 import copy
 import dataclasses
 import json
+import math
 import sys
 from dataclasses import dataclass
 from functools import lru_cache
@@ -105,7 +106,9 @@ def _same(a, b) -> bool:
     """A swept value against a `when` value: numbers by value (0 is 0.0, 1e-3 is 0.001), the rest as text."""
     if not isinstance(a, bool) and not isinstance(b, bool):
         try:
-            return float(a) == float(b)
+            x, y = float(a), float(b)
+            if math.isfinite(x) and math.isfinite(y):  # "nan" (checkpoint.inject=nan) is a word here, not a number
+                return x == y
         except (TypeError, ValueError):
             pass
     return str(a).lower().replace(" ", "") == str(b).lower().replace(" ", "")  # [0.9, 0.95] is [0.9,0.95]

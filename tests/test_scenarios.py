@@ -180,6 +180,12 @@ def test_a_number_param_matches_however_it_is_written():
     assert first.ok and first.matched == 1
     assert second.matched == 2 and not second.ok  # both runs are at lr 0.001; the first diverged
     assert third.matched == 0  # a boolean is not the number 1
+    # "nan" is a word there (checkpoint.inject=nan, the Hallo scenario): float("nan") never equals itself
+    nan = ScenarioExpect(when={"checkpoint.inject": "nan"}, status="diverged", verdict="corrupt_checkpoint")
+    (injected,) = check(
+        [nan], [result({"checkpoint.inject": "nan"}, "diverged", "corrupt_checkpoint", 20, "checkpoint")]
+    )
+    assert injected.ok and injected.matched == 1
 
 
 def composed(sweep_dir, *overrides):
