@@ -44,6 +44,16 @@ def compose_cfg(overrides: list[str] | None = None):
         return compose(config_name="config", overrides=list(overrides or []))
 
 
+def hydra_cfg(*overrides: str):
+    """conf/ plus FAST and `overrides`, composed with its `hydra` node (what a run directory's checks read)."""
+    GlobalHydra.instance().clear()
+    try:
+        with initialize_config_dir(config_dir=CONF_DIR, version_base="1.3"):
+            return compose(config_name="config", overrides=[*FAST, *overrides], return_hydra_config=True)
+    finally:
+        GlobalHydra.instance().clear()
+
+
 def make_run(*overrides: str, fast: bool = True) -> RunConfig:
     """A validated RunConfig from conf/ plus overrides."""
     return to_run_config(compose_cfg((FAST if fast else []) + list(overrides)))

@@ -8,29 +8,18 @@ import json
 from pathlib import Path
 
 import pytest
-from hydra import compose, initialize_config_dir
-from hydra.core.global_hydra import GlobalHydra
 from omegaconf import OmegaConf
 
 from sweep.callbacks import check_run_dir
 from sweep.config import RETIRED_KEYS, ConfigError, to_run_config, without_retired
 
-from .conftest import CONF_DIR, FAST, make_run
-
-
-def _hydra_cfg(*overrides: str):
-    GlobalHydra.instance().clear()
-    try:
-        with initialize_config_dir(config_dir=CONF_DIR, version_base="1.3"):
-            return compose(config_name="config", overrides=[*FAST, *overrides], return_hydra_config=True)
-    finally:
-        GlobalHydra.instance().clear()
+from .conftest import hydra_cfg, make_run
 
 
 def recorded_before(run_dir: Path, *overrides: str) -> None:
     """<run dir>/.hydra/config.yaml as Hydra saved it before optim.name was dropped (conf/optim/adamw.yaml
     said `name: adamw`, the first key of the optim section)."""
-    saved = OmegaConf.to_container(_hydra_cfg(*overrides, f"hydra.run.dir={run_dir}"), resolve=False)
+    saved = OmegaConf.to_container(hydra_cfg(*overrides, f"hydra.run.dir={run_dir}"), resolve=False)
     del saved["hydra"]
     saved["optim"] = {"name": "adamw", **saved["optim"]}
     (run_dir / ".hydra").mkdir(parents=True)
@@ -39,10 +28,10 @@ def recorded_before(run_dir: Path, *overrides: str) -> None:
 
 def test_the_retired_keys_are_out_of_the_schema_and_precision_name_stays():
     assert RETIRED_KEYS == ("optim.name",)
-    cfg = _hydra_cfg()
+    cfg = hydra_cfg()
     assert "name" not in cfg.optim
     with pytest.raises(Exception, match="name"):  # an unknown key again: Hydra refuses it while composing
-        _hydra_cfg("optim.name=adamw")
+        hydra_cfg("optim.name=adamw")
     # read by sweep/diagnose/fix.py (gradient_underflow's fix) and counterfactual.py (the fp32 row)
     assert make_run("precision=fp16_amp_noscale").precision.name == "fp16_amp_noscale"
 
@@ -76,9 +65,9 @@ def test_a_run_recorded_with_optim_name_replays_and_diagnoses_as_the_same_run(tm
 def test_a_run_recorded_with_optim_name_reruns_in_its_own_run_dir(tmp_path):
     run_dir = tmp_path / "run"
     recorded_before(run_dir, "steps=2", "optim.lr=0.001")
-    check_run_dir(_hydra_cfg("steps=2", "optim.lr=0.001", f"hydra.run.dir={run_dir}"))  # the same run: no error
+    check_run_dir(hydra_cfg("steps=2", "optim.lr=0.001", f"hydra.run.dir={run_dir}"))  # the same run: no error
     with pytest.raises(ConfigError, match="optim.lr=0.001 there, 0.03 here"):  # another config is still refused
-        check_run_dir(_hydra_cfg("steps=2", "optim.lr=0.03", f"hydra.run.dir={run_dir}"))
+        check_run_dir(hydra_cfg("steps=2", "optim.lr=0.03", f"hydra.run.dir={run_dir}"))
 
 
 def test_without_it_the_old_config_would_not_merge_onto_the_schema(tmp_path):

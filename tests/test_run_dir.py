@@ -4,24 +4,13 @@ sweep's root is refused before anything is written."""
 from __future__ import annotations
 
 import pytest
-from hydra import compose, initialize_config_dir
-from hydra.core.global_hydra import GlobalHydra
 
 from sweep.callbacks import check_run_dir
 from sweep.config import ConfigError
 
-from .conftest import CONF_DIR, FAST, run_cli
+from .conftest import FAST, hydra_cfg, run_cli
 
 RUN = ["-m", "sweep", *FAST, "threads=1"]  # python -m sweep, one small run
-
-
-def _hydra_cfg(*overrides: str):
-    GlobalHydra.instance().clear()
-    try:
-        with initialize_config_dir(config_dir=CONF_DIR, version_base="1.3"):
-            return compose(config_name="config", overrides=[*FAST, *overrides], return_hydra_config=True)
-    finally:
-        GlobalHydra.instance().clear()
 
 
 def test_a_run_dir_holding_a_run_of_another_config_is_refused_and_the_same_config_reruns(tmp_path):
@@ -38,11 +27,11 @@ def test_a_run_dir_holding_a_run_of_another_config_is_refused_and_the_same_confi
 
     # The same config again (threads/progress/log_every/logger aside, as for a sweep) passes: a rerun.
     check_run_dir(
-        _hydra_cfg("steps=2", "optim.lr=0.001", "ledger.enabled=false", "threads=2", f"hydra.run.dir={run_dir}")
+        hydra_cfg("steps=2", "optim.lr=0.001", "ledger.enabled=false", "threads=2", f"hydra.run.dir={run_dir}")
     )
     # Resuming that run from its own checkpoint is the same run too.
     check_run_dir(
-        _hydra_cfg(
+        hydra_cfg(
             "steps=2",
             "optim.lr=0.001",
             "ledger.enabled=false",
@@ -51,7 +40,7 @@ def test_a_run_dir_holding_a_run_of_another_config_is_refused_and_the_same_confi
         )
     )
     with pytest.raises(ConfigError, match="optim.lr=0.001 there, 0.03 here"):
-        check_run_dir(_hydra_cfg("steps=2", "optim.lr=3e-2", "ledger.enabled=false", f"hydra.run.dir={run_dir}"))
+        check_run_dir(hydra_cfg("steps=2", "optim.lr=3e-2", "ledger.enabled=false", f"hydra.run.dir={run_dir}"))
 
 
 @pytest.mark.parametrize("mark", ["multirun.yaml", ".sweep.lock", "0/.hydra/overrides.yaml"])
@@ -60,7 +49,7 @@ def test_a_sweep_root_is_refused_as_a_run_dir(tmp_path, mark):
     (sweep_dir / mark).parent.mkdir(parents=True, exist_ok=True)
     (sweep_dir / mark).write_text("- optim.lr=0.01\n")
     with pytest.raises(ConfigError, match=r"^hydra.run.dir: .* is the directory of a sweep"):
-        check_run_dir(_hydra_cfg("steps=2", f"hydra.run.dir={sweep_dir}"))
+        check_run_dir(hydra_cfg("steps=2", f"hydra.run.dir={sweep_dir}"))
 
 
 def test_a_sweep_root_as_run_dir_is_one_line_and_writes_nothing(tmp_path):
