@@ -254,19 +254,14 @@ def test_the_stable_adamw_experiment_resumes_the_beta2_scenario_pretraining(tmp_
 
 
 def test_a_scenario_names_verdicts_from_the_closed_set_and_a_misspelt_one_fails_while_hydra_composes():
-    from hydra import compose, initialize_config_dir
-    from hydra.core.global_hydra import GlobalHydra
     from hydra.errors import ConfigCompositionException
     from omegaconf import OmegaConf
     from omegaconf.errors import ValidationError
 
+    from .conftest import compose_cfg
+
     def composed(name, *overrides):
-        GlobalHydra.instance().clear()
-        try:
-            with initialize_config_dir(config_dir=str(REPO / "conf"), version_base="1.3"):
-                return compose("config", [f"+scenario={name}", *overrides])
-        finally:
-            GlobalHydra.instance().clear()
+        return compose_cfg([f"+scenario={name}", *overrides])
 
     named = [e.verdict for name in SCENARIOS for e in composed(name).scenario.expect if e.verdict is not None]
     assert named and all(isinstance(v, Verdict) for v in named)
