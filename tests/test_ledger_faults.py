@@ -165,3 +165,27 @@ def test_a_sweeper_trial_failed_before_its_run_was_recorded_gets_a_new_trial_wit
     assert number != asked.number and late.state is TrialState.COMPLETE
     assert late.params == asked.params and late.distributions == asked.distributions
     assert late.user_attrs["status"] == "stable"
+
+
+def test_a_refused_connection_is_not_retried_but_a_locked_database_is():
+    """Nothing listening at the server's address: the run is left pending at once (it used to wait ~10 s of
+    backoff per run); a SQLite lock held by another writer is a race, retried until it is free."""
+    from sweep.search.ledger import with_retries
+
+    calls = []
+
+    def refused():
+        calls.append(1)
+        raise RuntimeError('connection to server at "127.0.0.1", port 9 failed: Connection refused')
+
+    with pytest.raises(RuntimeError, match="Connection refused"):
+        with_retries(refused, "create_study")
+    assert len(calls) == 1
+
+    def locked_twice():
+        calls.append(1)
+        if len(calls) < 4:
+            raise RuntimeError("database is locked")
+        return "recorded"
+
+    assert with_retries(locked_twice, "create_study") == "recorded" and len(calls) == 4

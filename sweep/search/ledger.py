@@ -143,13 +143,16 @@ def _open_storage(
 
 def with_retries(fn: Callable[[], T], what: str, attempts: int = 8, deadline: Optional[float] = None) -> T:
     """Retry a storage operation that lost a race with another writer (SQLite 'database is locked'),
-    `attempts` times at most and not past `deadline` (time.monotonic())."""
+    `attempts` times at most and not past `deadline` (time.monotonic()). A server that refuses the connection
+    is not retried: nothing is racing, and the run is left pending for the sweep's end (sweep/search/pending.py)
+    instead of waiting ~10 s per run on a server that is down or a URL that is wrong."""
     for attempt in range(attempts):
         try:
             return fn()
         except Exception as e:
             late = deadline is not None and time.monotonic() >= deadline
-            if attempt == attempts - 1 or late or "password" in str(e).lower() or _says(e, DAMAGED):
+            final = "password" in str(e).lower() or _says(e, DAMAGED) or _says(e, UNREACHABLE)
+            if attempt == attempts - 1 or late or final:
                 raise
             time.sleep(0.05 * 2**attempt * (1 + random.random()))
             log.debug("retrying %s after %s", what, type(e).__name__)
@@ -185,6 +188,8 @@ def is_locked(e: BaseException) -> bool:
 
 DAMAGED = ("file is not a database", "database disk image is malformed")
 """What SQLite says of a ledger file that is not (or no longer) a database: retrying cannot help."""
+UNREACHABLE = ("Connection refused",)
+"""What a driver says when nothing listens at the server's address: retrying within a run cannot help."""
 
 
 def storage_error_line(e: BaseException) -> str:
