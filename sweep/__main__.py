@@ -108,4 +108,6 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    from sweep.exit import exit_after
+
+    exit_after(main)

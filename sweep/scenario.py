@@ -21,7 +21,6 @@ import copy
 import dataclasses
 import json
 import math
-import sys
 from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
@@ -212,4 +211,6 @@ def main() -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    from sweep.exit import exit_after
+
+    exit_after(main)

@@ -131,11 +131,13 @@ def test_no_import_cycle():
 
 @pytest.mark.parametrize("top", ["sweep"])
 def test_the_top_of_sweep_holds_only_what_a_user_runs_or_configures(top):
-    """The app, schema, callbacks, the one-line error, and the commands; the rest lives in run/, data/, search/."""
+    """The app, schema, callbacks, the one-line error, how a command exits, and the commands; the rest lives in
+    run/, data/, search/."""
     assert {p.stem for p in (ROOT / top).glob("*.py")} == {
         "__init__",
         "__main__",
         "errors",
+        "exit",  # how every command above ends (sweep/exit.py)
         "callbacks",
         "job",
         "replay",

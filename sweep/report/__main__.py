@@ -170,4 +170,6 @@ def _skipped_note(skipped: list[str]) -> str:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    from sweep.exit import exit_after
+
+    exit_after(main)
