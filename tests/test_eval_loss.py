@@ -199,7 +199,14 @@ def test_bad_eval_settings_are_one_line_config_errors(override, message):
 def test_a_compiled_run_evaluates_with_its_eager_forward(tmp_path):
     # The sealed compiled graph refuses to recompile; a no_grad eval forward through it was a run error.
     run = make_run(
-        "device=cpu", "threads=1", "steps=2", "data.batch_size=2", "attention=flash", "compile=true", "eval.samples=4"
+        "device=cpu",
+        "threads=1",
+        "steps=2",
+        "data.batch_size=2",
+        "model.depth=2",
+        "attention=flash",
+        "compile=true",
+        "eval.samples=4",
     )
     result = execute(run, tmp_path, {})
     assert result.status == "stable", result.reason
