@@ -9,7 +9,10 @@ cause injected into one of several models (the native DiT and video DiT, diffuse
 samples, fp16 overflow, eps underflow, lost updates, flushed gradients, a too-high lr, a buggy kernel; and
 healthy runs, which must get no mechanism. It prints, per case, the expected and the named mechanism (from
 result.json, and with --full from diagnosis.json after the counterfactual runs), whether the fix was
-confirmed, and the diagnosis's time against the run's own; then the share named right.
+confirmed, and the diagnosis's cost against the run's own, two ways: `cost`, the `python -m sweep.diagnose`
+command's wall time over the `python -m sweep` command's (what a user waits for each, start-up included), and
+`inside`, diagnose()'s own seconds over the run's execute() seconds (diagnosis.json `seconds` over result.json
+`seconds`: no interpreter start-up on either side); then the share named right.
 """
 
 from __future__ import annotations
@@ -91,13 +94,16 @@ CASES: dict[str, tuple[str | None, list[str]]] = {
 }
 
 
-def run_case(overrides: list[str], run_dir: Path) -> dict:
+def run_case(overrides: list[str], run_dir: Path) -> tuple[dict, float]:
+    """The case's run, started as a user starts it: (result.json, the command's wall time)."""
     env = {**os.environ, "PYTHONPATH": str(REPO), "CI": "1"}
     cmd = [sys.executable, "-m", "sweep", *SMALL, *overrides, f"hydra.run.dir={run_dir}", "device=cpu"]
+    start = time.perf_counter()
     proc = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=1800)
+    took = time.perf_counter() - start
     if not (run_dir / "result.json").is_file():
         raise RuntimeError(f"no result.json: {proc.stderr[-2000:]}")
-    return json.loads((run_dir / "result.json").read_text())
+    return json.loads((run_dir / "result.json").read_text()), took
 
 
 def diagnose(run_dir: Path) -> tuple[dict, float]:
@@ -125,7 +131,7 @@ def main() -> int:
         return 2
     root = args.keep or Path(tempfile.mkdtemp(prefix="diag-bench-"))
     head = f"{'case':<30}{'expected':<24}{'outcome':<22}{'recorded':<24}"
-    head += f"{'diagnosed':<24}{'agrees':<8}{'fix':<10}{'cost':>8}" if args.full else ""
+    head += f"{'diagnosed':<24}{'agrees':<8}{'fix':<10}{'cost':>8}{'inside':>10}" if args.full else ""
     print(head, flush=True)
     right = right_full = diverged = healthy_ok = healthy = 0
     costs = []
@@ -134,7 +140,7 @@ def main() -> int:
         run_dir = root / name
         shutil.rmtree(run_dir, ignore_errors=True)
         try:
-            r = run_case(overrides, run_dir)
+            r, run_took = run_case(overrides, run_dir)
         except RuntimeError as e:  # a case that cannot run here is said, and the others go on
             print(f"{name:<30}{str(expected):<24}not run: {str(e).splitlines()[-1][:120]}", flush=True)
             continue
@@ -150,19 +156,23 @@ def main() -> int:
         if args.full and r["status"] == "diverged":
             d, took = diagnose(run_dir)
             right_full += d["mechanism"] == expected
-            ratio = took / max(r["seconds"], 1e-9)
-            costs.append(ratio)
+            ratio = took / run_took  # command against command, each one process with its start-up
+            inside = d["seconds"] / max(r["seconds"], 1e-9)  # diagnose() against the run's execute(), in-process
+            costs.append((ratio, inside))
             fix = "confirmed" if d["fix"]["confirmed"] else ("no" if d["fix"]["tried"] else "-")
-            line += f"{d['mechanism']:<24}{'yes' if d['agrees'] else 'NO':<8}{fix:<10}{ratio:>7.1f}x"
+            line += f"{d['mechanism']:<24}{'yes' if d['agrees'] else 'NO':<8}{fix:<10}{ratio:>7.1f}x{inside:>9.1f}x"
         print(line, flush=True)
     print(
         f"\nrecorded mechanism right: {right}/{diverged} diverged cases; "
         f"healthy runs without one: {healthy_ok}/{healthy}"
     )
     if args.full and costs:
+        walls, insides = sorted(c[0] for c in costs), sorted(c[1] for c in costs)
         print(
-            f"after the counterfactuals: {right_full}/{diverged}; diagnosis time / run time: "
-            f"median {sorted(costs)[len(costs) // 2]:.1f}x, max {max(costs):.1f}x (one process each, start-up included)"
+            f"after the counterfactuals: {right_full}/{diverged}; cost = the diagnosis command's wall time / the "
+            f"run command's (one process each, start-up included): median {walls[len(walls) // 2]:.1f}x, max "
+            f"{walls[-1]:.1f}x; inside = diagnose() / the run's execute() in-process (no start-up on either "
+            f"side): median {insides[len(insides) // 2]:.1f}x, max {insides[-1]:.1f}x"
         )
     print(f"runs in {root}")
     return 0
