@@ -253,6 +253,37 @@ def test_the_stable_adamw_experiment_resumes_the_beta2_scenario_pretraining(tmp_
     GlobalHydra.instance().clear()
 
 
+def test_the_wortsman_qk_norm_experiment_sweeps_the_papers_lr_grid_and_packs_by_qk_norm(tmp_path):
+    """conf/experiment/wortsman_qk_norm.yaml (docs/experiments.md): qk_norm x two warmups x the paper's 7 lrs x 2
+    seeds on tiny clips with the paper's AdamW; runs that differ in lr, warmup or seed may share a pack, the two
+    qk_norm values never (the header's pack=28 is one pack per value)."""
+    from hydra.core.global_hydra import GlobalHydra
+    from omegaconf import OmegaConf
+
+    from sweep.config import Schedule, to_run_config
+    from sweep.run.packing import pack_key
+
+    cfg = composed(tmp_path, "+experiment=wortsman_qk_norm")
+    axes = OmegaConf.to_container(cfg.hydra.sweeper.params)
+    lrs = [float(v) for v in axes["optim.lr"].split(",")]
+    assert lrs == [3e-4, 1e-3, 3e-3, 1e-2, 3e-2, 1e-1, 3e-1]
+    assert axes["model.qk_norm"] == "false,true" and len(axes["optim.warmup_steps"].split(",")) == 2
+    run = to_run_config(cfg)
+    assert run.replicates == 2 and run.monitor.stop_on_divergence and run.monitor.sync_every > 1
+    assert (run.data.frames, run.data.height, run.data.width, run.data.num_samples) == (4, 8, 8, 32)
+    assert (run.optim.betas, run.optim.grad_clip, run.optim.schedule) == ([0.9, 0.95], 1.0, Schedule.cosine)
+    warmups = [int(w) for w in axes["optim.warmup_steps"].split(",")]
+    assert all(0 < w < run.steps for w in warmups)
+
+    def key(qk_norm, lr, warmup, seed):
+        one = dataclasses.replace(run, seed=seed, optim=dataclasses.replace(run.optim, lr=lr, warmup_steps=warmup))
+        return pack_key(dataclasses.replace(one, model=dataclasses.replace(run.model, qk_norm=qk_norm)))
+
+    assert key(False, lrs[0], warmups[0], 0) == key(False, lrs[-1], warmups[1], 1)
+    assert key(False, lrs[0], warmups[0], 0) != key(True, lrs[0], warmups[0], 0)
+    GlobalHydra.instance().clear()
+
+
 def test_a_scenario_names_verdicts_from_the_closed_set_and_a_misspelt_one_fails_while_hydra_composes():
     from hydra.errors import ConfigCompositionException
     from omegaconf import OmegaConf
