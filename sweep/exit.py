@@ -5,8 +5,8 @@ A process that has loaded torch spends about a second after its last statement t
 diagnosis and its replay paid after their files were written and their exit status decided. `exit_after`
 runs a command's `main`, then does what matters of that teardown itself (threading's exit hooks and the join
 of non-daemon threads, the atexit handlers: logging's flush, loky's and Optuna's own; then it flushes stdout
-and stderr) and ends the
-process with `os._exit`. An exception other than SystemExit is left to Python (its traceback, its teardown).
+and stderr) and ends the process with `os._exit`. An exception other than SystemExit is left to Python (its
+traceback, its teardown).
 """
 
 from __future__ import annotations
@@ -40,8 +40,8 @@ def exit_status(code: object) -> int:
 
 
 def _finish() -> None:
-    """What the interpreter's shutdown does before it finalizes modules: join the threads that are not
-    daemons, run the atexit handlers, flush the standard streams."""
+    """What the interpreter's shutdown does before it finalizes modules: threading's exit hooks and the join
+    of the threads that are not daemons, the atexit handlers, the flush of the standard streams."""
     # CPython's own exit path, in its order (Py_FinalizeEx): threading's exit hooks (concurrent.futures and
     # loky stop their executors' manager threads there) and the join of the non-daemon threads, then the
     # atexit handlers. Both are private, and both are what os._exit would otherwise skip.
