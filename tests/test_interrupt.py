@@ -310,7 +310,8 @@ def test_a_signal_to_a_sweep_with_job_processes_stops_every_run_and_resumes(tmp_
     """Jobs in processes of their own: before, SIGTERM killed only the sweep process (its jobs trained on,
     orphaned) and Ctrl-C with joblib was a KeyboardInterrupt traceback that killed a worker mid-record. Now
     the sweep forwards the signal: every run started ends `interrupted` with its trial closed, no process is
-    left, exit 128 + signal, and the same command runs every cell (checked after Ctrl-C, the harder case)."""
+    left, exit 128 + signal, and the same command runs every cell (checked after Ctrl-C with joblib, the harder
+    case)."""
     sweep_dir = tmp_path / "sweep"
     grid = [f"hydra/launcher={launcher}", "optim.lr=1e-3,2e-3", "threads=1", "log_every=1", "progress=log"]
     grid += ["steps=60"]
