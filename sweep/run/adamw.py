@@ -239,6 +239,11 @@ def clip_factor(
     return torch.where(clip > 0, 1 / torch.clamp(rms / clip, min=1.0), torch.ones_like(rms))
 
 
+def _undecorated(method: Callable) -> Callable:
+    """The function a decorator made with functools.wraps wrapped (the method itself where none did)."""
+    return getattr(method, "__wrapped__", method)
+
+
 class DeviceAdamW(torch.optim.Optimizer):
     """One run's AdamW: torch's param groups and state layout ("step", "exp_avg", "exp_avg_sq" per weight,
     so checkpoints and sweep.run.adam_lag read it as torch's), its update computed by `update_`.
@@ -264,6 +269,15 @@ class DeviceAdamW(torch.optim.Optimizer):
             Hyper.of(lr_at, steps, g["betas"], g["eps"], g["weight_decay"], device, g.get("lr_scale", 1.0), update_clip)
             for g in self.param_groups
         ]
+
+    # torch wraps these two in torch._disable_dynamo, whose first call imports torch._dynamo: ~2 s of CPU in
+    # every run process, for an optimizer dynamo never traces (compile=true compiles the forward only,
+    # sweep/run/compiled.py). So they call torch's own methods undecorated (functools.wraps' __wrapped__).
+    def add_param_group(self, param_group: dict) -> None:
+        _undecorated(torch.optim.Optimizer.add_param_group)(self, param_group)
+
+    def zero_grad(self, set_to_none: bool = True) -> None:
+        _undecorated(torch.optim.Optimizer.zero_grad)(self, set_to_none)
 
     def at(self, step: int) -> None:
         """The next update is step `step`'s (its lr)."""

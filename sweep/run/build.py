@@ -12,6 +12,7 @@ import logging
 import math
 import os
 import random
+import sys
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
@@ -57,11 +58,22 @@ def stream_seed(seed: int, stream: int) -> int:
     return (seed * 1_000_003 + stream * 7919) % (2**63)
 
 
+def set_deterministic(mode: bool, compiles: bool) -> None:
+    """torch.use_deterministic_algorithms(mode). That function also sets inductor's `deterministic` config,
+    and importing inductor's config imports torch._dynamo: ~2 s of CPU in every run process, where only a
+    compiled run (or a process that has imported inductor already) reads it. The others set torch's flag
+    alone, which is all the rest of torch.use_deterministic_algorithms does."""
+    if compiles or "torch._inductor.config" in sys.modules:
+        torch.use_deterministic_algorithms(mode)
+    else:
+        torch._C._set_deterministic_algorithms(mode, warn_only=False)
+
+
 def reset_process_state(run: RunConfig, policy: PrecisionPolicy) -> None:
     """Seeds, determinism, threads and TF32 flags for this run, whatever earlier jobs set."""
     torch.set_num_threads(run.threads or _DEFAULT_THREADS)  # 0: torch's default, not an earlier job's count
     os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")  # cuBLAS determinism
-    torch.use_deterministic_algorithms(run.deterministic)
+    set_deterministic(run.deterministic, compiles=run.compile)
     # Deterministic mode also NaN-fills every new allocation, a debugging aid for kernels that read memory
     # they never wrote. Ours do not (the reproducibility tests compare whole loss curves bit for bit), and
     # the fills were ~9% of an emulated bf16 CPU step (one `fill_` per widened GEMM input) and ~1,000

@@ -8,7 +8,8 @@ terabytes and end as an out-of-memory `error` (or take the machine down with it)
 - the synthetic data set, which is rendered whole (sweep/data/synthetic.py): data.num_samples clips;
 - the model's parameters, counted on the meta device (no memory), as models/diffusers_config.py counts a
   released model's. A native model is counted at two depths and extrapolated (its blocks are identical),
-  so `model.depth=10**9` costs two small builds, not a billion modules.
+  so `model.depth=10**9` costs two small builds, not a billion modules; up to width 512 those two are
+  built on the CPU for real (REAL_BUILD_WIDTH says why).
 
 Each limit is far above anything a proxy sweep of a small model uses (the default run: a 0.8 MB data set,
 a 24 KB batch and 1.3M parameters), so only sizes no run here could allocate are refused. The message says
@@ -30,6 +31,10 @@ BATCH_BYTES_LIMIT = 2**30
 
 DATA_BYTES_LIMIT = 4 * 2**30
 """The synthetic data set, rendered whole and cached per process: 4 GiB."""
+
+REAL_BUILD_WIDTH = 512
+"""The widest native model whose parameters are counted on a real CPU build (two blocks at width 512: 13M
+parameters, 50 MB for a moment) rather than on the meta device."""
 
 PARAMS_LIMIT = 1_000_000_000
 """Model parameters: 1,000M (16 GB of float32 weights, gradients and AdamW state; DiT-XL has 675M)."""
@@ -109,15 +114,24 @@ def _native_params(
     frames: int,
     height: int,
 ) -> Optional[int]:
-    """Parameters of a native DiT / VideoDiT: counted on the meta device at two depths, then extrapolated
-    linearly (every block has the same parameters). None when it cannot be built (validate names why)."""
+    """Parameters of a native DiT / VideoDiT: counted at two depths, then extrapolated linearly (every block
+    has the same parameters). None when it cannot be built (validate names why).
+
+    Up to REAL_BUILD_WIDTH the two small models are built for real on the CPU (milliseconds); wider ones on
+    the meta device. A meta build runs the init's normal_ and arange through torch's Python references,
+    whose first call imports torch._dynamo: ~2 s of CPU in every process that composes a config, which
+    every sweep, job and run process does (docs/overhead.md)."""
+    import contextlib
+
     import torch
 
     from models.registry import MODEL_SIZES, build_model, count_params
 
+    wide = (width if width is not None else MODEL_SIZES[size]["hidden_size"]) > REAL_BUILD_WIDTH
+
     def at_depth(blocks: int) -> Optional[int]:
         try:
-            with torch.device("meta"):
+            with torch.device("meta") if wide else contextlib.nullcontext():
                 model = build_model(
                     arch,
                     size,
