@@ -1,8 +1,9 @@
 """What a run process pays before its first step: torch, and not torch._dynamo unless the run compiles.
 
-torch imports torch._dynamo lazily (~2 s of CPU, with sympy), and three calls every run made used to trigger
-it: a meta-device model build (sweep/run/sizes.py), torch.optim.Optimizer.add_param_group (wrapped in
-torch._disable_dynamo) and torch.use_deterministic_algorithms (which imports inductor's config). Every sweep,
+torch imports torch._dynamo lazily (~2 s of CPU, with sympy), and four calls runs made used to trigger it: a
+meta-device model build (sweep/run/sizes.py), torch.optim.Optimizer.add_param_group (wrapped in
+torch._disable_dynamo), torch.use_deterministic_algorithms (which imports inductor's config) and, in a bf16/fp16
+run with emulated GEMMs, the dispatch mode's __torch_dispatch__ (wrapped too, sweep/run/gemm.py). Every sweep,
 job and run process paid it; docs/overhead.md has the measurement.
 """
 
@@ -24,7 +25,11 @@ RUN_IN_A_NEW_PROCESS = """
 import sys, tempfile
 from tests.conftest import make_run
 from sweep.run.execute import execute
-for overrides in (["model=video_dit_tiny"], ["model=dit_tiny", "data=synthetic_image", "data.frames=1"]):
+for overrides in (
+    ["model=video_dit_tiny"],
+    ["model=dit_tiny", "data=synthetic_image", "data.frames=1"],
+    ["precision=bf16_amp", "precision.cpu_gemm=emulated"],
+):
     result = execute(make_run(*overrides, "device=cpu", "steps=2", "ledger.enabled=false"), tempfile.mkdtemp(), {})
     assert result.status == "stable", result.reason
 print("torch._dynamo" in sys.modules, "torch._inductor" in sys.modules)

@@ -105,6 +105,14 @@ class EmulatedGemm(TorchDispatchMode):
         super().__init__()
         self.dtype = dtype
 
+    @classmethod
+    def _should_skip_dynamo(cls) -> bool:
+        """No torch._disable_dynamo around __torch_dispatch__ (torch's opt-out for a mode's subclass): its
+        first call imported torch._dynamo (~2 s of CPU) in every process that ran a bf16/fp16 step emulated
+        (tests/test_startup.py). Dynamo never traces this mode: compile=true runs never emulate
+        (PrecisionPolicy.from_config, and validate refuses cpu_gemm=emulated with compile=true)."""
+        return False
+
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
         if func in GEMM_OPS and _all_floats_are(args, self.dtype):
