@@ -59,11 +59,13 @@ def make_run(*overrides: str, fast: bool = True) -> RunConfig:
     return to_run_config(compose_cfg((FAST if fast else []) + list(overrides)))
 
 
-def multirun_in_process(sweep_dir: Path, *overrides: str) -> list:
+def multirun_in_process(sweep_dir: Path, *overrides: str, fast: bool = True) -> list:
     """`python -m sweep -m ...` in this process (no interpreter start-up: seconds per test), with the
-    real conf/, our task function and the configured sweeper, launcher and end-of-sweep summary."""
+    real conf/, our task function and the configured sweeper, launcher and end-of-sweep summary. With
+    fast=False, without FAST and threads=1 (a scenario's own data sizes and torch's thread count stand)."""
     from sweep.job import run_job
 
+    small = [*FAST, "threads=1"] if fast else []
     GlobalHydra.instance().clear()
     try:
         with initialize_config_dir(config_dir=CONF_DIR, version_base="1.3"):
@@ -71,7 +73,7 @@ def multirun_in_process(sweep_dir: Path, *overrides: str) -> list:
                 config_name="config",
                 task_function=run_job,
                 with_log_configuration=False,
-                overrides=["hydra.mode=MULTIRUN", *FAST, "threads=1", f"hydra.sweep.dir={sweep_dir}", *overrides],
+                overrides=["hydra.mode=MULTIRUN", *small, f"hydra.sweep.dir={sweep_dir}", *overrides],
             )
     finally:
         GlobalHydra.instance().clear()

@@ -6,7 +6,6 @@ import dataclasses
 import json
 import os
 import re
-import subprocess
 
 import pytest
 
@@ -14,24 +13,39 @@ from sweep.config import ScenarioConfig, ScenarioExpect, Verdict
 from sweep.run.gemm import cell_outcomes, verdict_differences
 from sweep.scenario import available, check
 
-from .conftest import REPO, read_results, run_cli
+from .conftest import REPO, multirun_in_process, read_results, run_cli
 
 SCENARIOS = sorted(available())
 
 
-def run_scenario(name: str, sweep_dir, *overrides: str) -> subprocess.CompletedProcess:
-    return run_cli(
-        "-m",
-        "sweep",
+ON_THE_COMMAND_LINE = {"opendit_fused_modulate_fp16"}
+"""Scenarios run as `python -m sweep +scenario=NAME` in a process of their own, as a user runs one; the
+others through the same Hydra multirun in the test's process (no interpreter start-up: ~4 s each)."""
+
+
+def run_scenario(name: str, sweep_dir, capsys, *overrides: str) -> str:
+    """The scenario's sweep into `sweep_dir`; what it printed."""
+    args = [
         f"+scenario={name}",
-        f"hydra.sweep.dir={sweep_dir}",
         "ledger.enabled=false",
         "device=cpu",  # the recorded verdicts (tests/data/native_verdicts.json) are the CPU's
         "monitor.diagnose=off",  # diagnoses are tested below, for the scenarios in DIAGNOSED
         *overrides,
+    ]
+    if name not in ON_THE_COMMAND_LINE:
+        capsys.readouterr()
+        multirun_in_process(sweep_dir, *args, fast=False)
+        return capsys.readouterr().out
+    proc = run_cli(
+        "-m",
+        "sweep",
+        f"hydra.sweep.dir={sweep_dir}",
+        *args,
         # both cores when the suite runs serially; one per worker under pytest -n (tests/conftest.py sets it)
         env={"OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "2")},
     )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return proc.stdout
 
 
 def cpu_cells(sweep_dir) -> dict[str, list]:
@@ -66,12 +80,11 @@ def test_the_library_covers_every_known_case():
 
 @pytest.mark.slow
 @pytest.mark.parametrize("name", SCENARIOS)
-def test_scenario_reproduces_and_its_fix_is_stable(name, tmp_path):
-    proc = run_scenario(name, tmp_path)
-    assert proc.returncode == 0, proc.stderr[-3000:]
+def test_scenario_reproduces_and_its_fix_is_stable(name, tmp_path, capsys):
+    out = run_scenario(name, tmp_path, capsys)
     report = json.loads((tmp_path / "scenario.json").read_text())
-    assert report["reproduced"], proc.stdout[-3000:]
-    assert f"Scenario {name}: REPRODUCED" in proc.stdout
+    assert report["reproduced"], out[-3000:]
+    assert f"Scenario {name}: REPRODUCED" in out
     statuses = {e["status"] for e in report["expectations"]}
     silent_bug = any(e["modulate_parity"] == "mismatch" for e in report["expectations"])  # a wrong kernel, no verdict
     assert "stable" in statuses and ("diverged" in statuses or silent_bug)  # the failure and the fix, both observed
@@ -84,8 +97,7 @@ def test_scenario_reproduces_and_its_fix_is_stable(name, tmp_path):
     assert verdict_differences(native, here, across_machines=True) == []
     if uses_native_low_precision_gemms(tmp_path):  # this CPU ran bf16/fp16 natively: emulate them here too
         emulated = tmp_path / "emulated"
-        proc = run_scenario(name, emulated, "precision.cpu_gemm=emulated")
-        assert proc.returncode == 0, proc.stderr[-3000:]
+        run_scenario(name, emulated, capsys, "precision.cpu_gemm=emulated")
         assert verdict_differences(here, cpu_cells(emulated)) == []  # one machine: TOLERANCE, no window
     if name in DIAGNOSED:
         check_diagnosis(name, tmp_path)
