@@ -22,7 +22,6 @@ from omegaconf import DictConfig, OmegaConf
 
 from sweep.config import ConfigError, RunConfig, check_device, check_inputs, enum_choices, to_run_config
 from sweep.errors import exiting_on_config_error
-from sweep.run.execute import execute
 from sweep.run.interrupt import StopOnSignal, stopping_on_signals
 from sweep.run.results import hold_run_dir, release_run_dir
 from sweep.run.trackers import open_sinks
@@ -32,6 +31,14 @@ from sweep.search.pending import mark_pending
 from sweep.search.pruning import pruning_hooks
 
 log = logging.getLogger("sweep")
+
+
+def execute(*args, **kwargs):
+    """sweep.run.execute.execute, imported at the first run: it imports torch (~2 s), and a command line that
+    fails composition or validation says so and exits without it."""
+    from sweep.run.execute import execute as run
+
+    return run(*args, **kwargs)
 
 
 def swept_params(cfg: DictConfig, overrides: list[str], choices: dict) -> dict:

@@ -1,6 +1,6 @@
 """What a run process pays before its first step: torch, and not torch._dynamo unless the run compiles.
 
-torch imports torch._dynamo lazily (~2 s of CPU, with sympy), and four calls runs made used to trigger it: a
+A mistake that fails composition exits before torch loads at all. torch imports torch._dynamo lazily (~2 s of CPU, with sympy), and four calls runs made used to trigger it: a
 meta-device model build (sweep/run/sizes.py), torch.optim.Optimizer.add_param_group (wrapped in
 torch._disable_dynamo), torch.use_deterministic_algorithms (which imports inductor's config) and, in a bf16/fp16
 run with emulated GEMMs, the dispatch mode's __torch_dispatch__ (wrapped too, sweep/run/gemm.py). Every sweep,
@@ -83,3 +83,23 @@ def test_set_deterministic_sets_torchs_flag_and_inductors_when_the_run_compiles(
     import torch._inductor.config as inductor_config
 
     assert torch.are_deterministic_algorithms_enabled() is mode and inductor_config.deterministic is mode
+
+
+WITH_TORCH_REPORTED_AT_EXIT = (
+    "import atexit, runpy, sys; atexit.register(lambda: print('torch' in sys.modules, file=sys.stderr)); "
+    "sys.argv = ['sweep', *sys.argv[1:]]; runpy.run_module('sweep', run_name='__main__', alter_sys=True)"
+)
+
+
+@pytest.mark.parametrize("mistake", ["optim.lrr=1e-3", "precision=fp99"])
+def test_a_command_line_that_does_not_compose_exits_before_torch_loads(mistake):
+    """A typo'd key or an unknown option is one line and exit 2 in about a second, not after torch's import."""
+    proc = subprocess.run(
+        [sys.executable, "-c", WITH_TORCH_REPORTED_AT_EXIT, mistake],
+        cwd=REPO,
+        env=cli_env(),
+        capture_output=True,
+        text=True,
+    )
+    lines = proc.stderr.strip().splitlines()
+    assert proc.returncode == 2 and lines[0].startswith("sweep: ") and lines[-1] == "False", proc.stderr
