@@ -1,10 +1,11 @@
-"""What a run process pays before its first step: torch, and not torch._dynamo unless the run compiles.
+"""What a process pays before its first step: torch, and not torch._dynamo unless the run compiles.
 
-A mistake that fails composition exits before torch loads at all. torch imports torch._dynamo lazily (~2 s of CPU, with sympy), and four calls runs made used to trigger it: a
-meta-device model build (sweep/run/sizes.py), torch.optim.Optimizer.add_param_group (wrapped in
-torch._disable_dynamo), torch.use_deterministic_algorithms (which imports inductor's config) and, in a bf16/fp16
-run with emulated GEMMs, the dispatch mode's __torch_dispatch__ (wrapped too, sweep/run/gemm.py). Every sweep,
-job and run process paid it; docs/overhead.md has the measurement.
+A mistake that fails composition exits before torch loads at all (sweep.job imports the runner at the first
+run). torch imports torch._dynamo lazily (~2 s of CPU, with sympy), and four calls runs made used to trigger
+it: a meta-device model build (sweep/run/sizes.py), torch.optim.Optimizer.add_param_group (wrapped in
+torch._disable_dynamo), torch.use_deterministic_algorithms (which imports inductor's config) and, in a
+bf16/fp16 run with emulated GEMMs, the dispatch mode's __torch_dispatch__ (wrapped too, sweep/run/gemm.py).
+Every sweep, job and run process paid it; docs/overhead.md has the measurement.
 """
 
 from __future__ import annotations
