@@ -366,11 +366,11 @@ def test_hundred_run_summary_is_fast(tmp_path):
                 )
                 write_run(root, n, {"precision": p, "optim.lr": lr, "attention": a}, result)
                 n += 1
-    start = time.perf_counter()
+    start = time.process_time()  # this process's CPU: another pytest worker's load does not count
     s = summarize(runs_from_dirs(root))
     render_text(s)
     write_summary(root, s)
-    assert time.perf_counter() - start < 1.5  # measured ~0.2 s on 2 busy cores
+    assert time.process_time() - start < 1.5  # measured ~0.2 s on 2 busy cores
 
 
 def test_toggles_when_each_combination_tried_its_own_lrs(tmp_path):
