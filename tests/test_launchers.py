@@ -7,15 +7,20 @@ import os
 import optuna
 import pytest
 
-from .conftest import FAST, read_result, run_cli
+from .conftest import FAST, multirun_in_process, read_result, run_cli
 
 GRID = ["precision=fp32,fp16_amp", "optim.lr=1e-4,3e-2", "steps=8", *FAST]
 
 
-def sweep(tmp_path, name, *args):
+def sweep(tmp_path, name, *args, in_process=False):
+    """The grid into tmp_path/name, on the command line (or through the same multirun in this process):
+    {(precision, lr): (status, verdict, first bad step, metrics.csv)} and the sweep dir."""
     out = tmp_path / name
-    proc = run_cli("-m", "sweep", "-m", *GRID, *args, f"hydra.sweep.dir={out}", cwd=tmp_path)
-    assert proc.returncode == 0, proc.stderr[-2000:]
+    if in_process:
+        multirun_in_process(out, *GRID, *args)
+    else:
+        proc = run_cli("-m", "sweep", "-m", *GRID, *args, f"hydra.sweep.dir={out}", cwd=tmp_path)
+        assert proc.returncode == 0, proc.stderr[-2000:]
     runs = {}
     for run_dir in (p.parent for p in out.glob("*/result.json")):
         r = read_result(run_dir)
@@ -26,7 +31,7 @@ def sweep(tmp_path, name, *args):
 
 @pytest.mark.slow
 def test_joblib_with_two_workers_matches_sequential_bit_for_bit(tmp_path):
-    sequential, _ = sweep(tmp_path, "seq", "threads=1")
+    sequential, _ = sweep(tmp_path, "seq", "threads=1", in_process=True)  # the basic launcher: in this process
     parallel, out = sweep(tmp_path, "joblib", "hydra/launcher=joblib", "hydra.launcher.n_jobs=2")  # threads: auto
     assert len(sequential) == 4 and sequential == parallel  # same verdicts and identical loss curves
     assert any(v[0] == "diverged" for v in parallel.values()) and any(v[0] == "stable" for v in parallel.values())

@@ -139,7 +139,7 @@ def test_killed_sweep_resumes_with_nothing_lost_or_duplicated(tmp_path):
     ]
     proc = run_cli(
         *OPTUNA_SWEEP,
-        "steps=150",
+        "steps=60",
         "progress=none",
         f"hydra.sweep.dir={tmp_path / 'sweep'}",
         *args,
