@@ -15,7 +15,7 @@ from optuna.trial import TrialState
 from sweep.search.ledger import CONSTRAINTS_KEY
 from sweep.search.space import parse
 
-from .conftest import FAST, run_cli
+from .conftest import FAST, multirun_in_process, run_cli
 
 OPTUNA_SWEEP = ["-m", "sweep", "-m", "hydra/sweeper=optuna_sweep", *FAST]
 
@@ -26,6 +26,13 @@ def sweep(tmp_path, *args, check=True):
     if check:
         assert proc.returncode == 0, proc.stderr[-3000:]
     return proc
+
+
+def sweep_here(tmp_path, capsys, *args) -> str:
+    """The same sweep through Hydra's multirun in this process (no interpreter start-up); what it printed."""
+    capsys.readouterr()
+    multirun_in_process(tmp_path / "sweep", "hydra/sweeper=optuna_sweep", "steps=4", *args)
+    return capsys.readouterr().out
 
 
 def study(tmp_path):
@@ -52,29 +59,29 @@ def test_search_space_syntax_matches_hydra():
 
 
 @pytest.mark.slow
-def test_search_records_diverged_runs_as_infeasible_and_resumes_to_n_trials(tmp_path):
+def test_search_records_diverged_runs_as_infeasible_and_resumes_to_n_trials(tmp_path, capsys):
     args = [
         "hydra.sweeper.sampler.seed=0",
         "hydra.sweeper.n_jobs=2",
         "optim.lr=tag(log,interval(1e-4,1.0))",
         "precision=fp32,fp16_pure",
     ]
-    proc = sweep(tmp_path, "hydra.sweeper.n_trials=4", *args)
-    assert "Divergence map" in proc.stdout
+    out = sweep_here(tmp_path, capsys, "hydra.sweeper.n_trials=4", *args)
+    assert "Divergence map" in out
     first = study(tmp_path).trials
     assert len(first) == 4 and all(t.state is TrialState.COMPLETE for t in first)
     diverged = [t for t in first if t.user_attrs["status"] == "diverged"]
     assert diverged and all(t.system_attrs[CONSTRAINTS_KEY] == [1.0] for t in diverged)
     assert all(t.params["precision"] == "fp16_pure" for t in diverged)
 
-    sweep(tmp_path, "hydra.sweeper.n_trials=6", *args)  # the same command, more trials: only 2 more run
+    sweep_here(tmp_path, capsys, "hydra.sweeper.n_trials=6", *args)  # the same command, more trials: only 2 more run
     trials = study(tmp_path).trials
     assert len(trials) == 6 and [t.params for t in trials[:4]] == [t.params for t in first]
     assert len({t.user_attrs["run_dir"] for t in trials}) == 6
 
 
 @pytest.mark.slow
-def test_a_killed_sweeps_trial_too_young_to_be_stale_is_waited_for_and_its_cell_run(tmp_path):
+def test_a_killed_sweeps_trial_too_young_to_be_stale_is_waited_for_and_its_cell_run(tmp_path, capsys):
     """The same command at once after kill -9: the killed trial still looks alive (beaten a moment ago).
     Before, the resume skipped its cell and exited 0 with 3 of 4 cells; now it waits until the trial is
     stale (stale_after_s), fails it and runs its cell."""
@@ -94,7 +101,7 @@ def test_a_killed_sweeps_trial_too_young_to_be_stale_is_waited_for_and_its_cell_
             started.set() if list((tmp_path / "sweep").glob("*/result.json")) else None
 
     threading.Thread(target=beat, daemon=True).start()
-    sweep(tmp_path, "hydra.sweeper.stale_after_s=2", "hydra.sweeper.heartbeat_s=1", *args)
+    sweep_here(tmp_path, capsys, "hydra.sweeper.stale_after_s=2", "hydra.sweeper.heartbeat_s=1", *args)
     started.set()
     trials = study(tmp_path).trials
     assert trials[young.number].state is TrialState.FAIL and trials[young.number].system_attrs["stale"]
@@ -103,7 +110,7 @@ def test_a_killed_sweeps_trial_too_young_to_be_stale_is_waited_for_and_its_cell_
 
 
 @pytest.mark.slow
-def test_grid_runs_exactly_the_missing_cells_after_a_stale_trial(tmp_path):
+def test_grid_runs_exactly_the_missing_cells_after_a_stale_trial(tmp_path, capsys):
     args = ["hydra.sweeper.sampler.name=grid", "precision=fp32,fp16_pure", "optim.lr=choice(1e-4,1e-3)"]
     url = f"sqlite:///{tmp_path / 'sweep' / 'ledger.db'}"
     (tmp_path / "sweep").mkdir()
@@ -121,7 +128,7 @@ def test_grid_runs_exactly_the_missing_cells_after_a_stale_trial(tmp_path):
     stale = s.ask(dists)  # RUNNING, as a killed sweep leaves it: one heartbeat, then silence
     optuna.storages.RDBStorage(url).record_heartbeat(stale._trial_id)
     time.sleep(2)
-    sweep(tmp_path, "hydra.sweeper.stale_after_s=1", *args)
+    sweep_here(tmp_path, capsys, "hydra.sweeper.stale_after_s=1", *args)
     trials = study(tmp_path).trials
     assert trials[stale.number].state is TrialState.FAIL and trials[stale.number].system_attrs["stale"]
     finished = [tuple(sorted(t.params.items())) for t in trials if t.state is TrialState.COMPLETE]
@@ -129,7 +136,7 @@ def test_grid_runs_exactly_the_missing_cells_after_a_stale_trial(tmp_path):
 
 
 @pytest.mark.slow
-def test_killed_sweep_resumes_with_nothing_lost_or_duplicated(tmp_path):
+def test_killed_sweep_resumes_with_nothing_lost_or_duplicated(tmp_path, capsys):
     args = [
         "hydra.sweeper.sampler.name=grid",
         "precision=fp32,bf16_amp",
@@ -159,7 +166,7 @@ def test_killed_sweep_resumes_with_nothing_lost_or_duplicated(tmp_path):
     assert any(t.state is TrialState.RUNNING for t in killed), [t.state for t in killed]
     done_before = {t.number: t.params for t in killed if t.state is TrialState.COMPLETE}
     time.sleep(3.5)  # past stale_after_s
-    sweep(tmp_path, "steps=20", *args)  # a fixed override may change on resume; the cells may not
+    sweep_here(tmp_path, capsys, "steps=20", *args)  # a fixed override may change on resume; the cells may not
     trials = study(tmp_path).trials
     complete = [tuple(sorted(t.params.items())) for t in trials if t.state is TrialState.COMPLETE]
     assert len(complete) == 4 == len(set(complete))
@@ -183,7 +190,7 @@ def test_bracket_bisects_in_log_space_and_stops_within_the_factor():
 
 
 @pytest.mark.slow
-def test_frontier_search_finds_the_grid_boundary_with_fewer_runs(tmp_path):
+def test_frontier_search_finds_the_grid_boundary_with_fewer_runs(tmp_path, capsys):
     from sweep.run.execute import execute
 
     from .conftest import make_run
@@ -195,15 +202,16 @@ def test_frontier_search_finds_the_grid_boundary_with_fewer_runs(tmp_path):
     }
     grid_stable = max(lr for lr in grid if status[lr] == "stable")
     grid_diverged = min(lr for lr in grid if status[lr] == "diverged")
-    proc = sweep(
+    out = sweep_here(
         tmp_path,
+        capsys,
         "hydra.sweeper.mode=frontier",
         "hydra.sweeper.n_jobs=2",
         "precision=fp32,fp16_pure",
         "optim.lr=tag(log,interval(1e-4,1.0))",
         "steps=20",
     )
-    assert "Frontier of optim.lr within 2x" in proc.stdout
+    assert "Frontier of optim.lr within 2x" in out
     import pandas as pd
 
     front = pd.read_csv(tmp_path / "sweep" / "frontier.csv").set_index("precision")
@@ -241,8 +249,10 @@ def test_a_bad_sweeper_setting_is_one_line_and_exit_2(tmp_path):
     ]
 
 
-def test_replicates_are_a_seed_axis_of_the_grid_sampler_and_refused_elsewhere(tmp_path):
-    sweep(tmp_path, "hydra.sweeper.sampler.name=grid", "optim.lr=choice(1e-4,1e-3)", "replicates=2", "steps=2")
+def test_replicates_are_a_seed_axis_of_the_grid_sampler_and_refused_elsewhere(tmp_path, capsys):
+    sweep_here(
+        tmp_path, capsys, "hydra.sweeper.sampler.name=grid", "optim.lr=choice(1e-4,1e-3)", "replicates=2", "steps=2"
+    )
     trials = study(tmp_path).trials
     cells = sorted((t.params["optim.lr"], t.params["seed"]) for t in trials if t.state is TrialState.COMPLETE)
     assert cells == [(1e-4, 0), (1e-4, 1), (1e-3, 0), (1e-3, 1)]
