@@ -69,6 +69,21 @@ def test_a_native_models_parameters_are_counted_exactly_on_either_side_of_the_re
     assert counted == count_params(model)
 
 
+def test_a_huge_frame_is_counted_on_the_meta_device_not_built(monkeypatch):
+    """A small width with 65536 x 65536 pixels: the sin-cos table alone would be hundreds of GB for real."""
+    sizes._native_params.cache_clear()
+    built = []
+
+    def spy(*args, **kwargs):
+        built.append(torch.empty(0).device.type)  # the device a new tensor gets where the model is built
+        return build_model(*args, **kwargs)
+
+    monkeypatch.setattr("models.registry.build_model", spy)
+    assert sizes._native_params("dit", "tiny", 128, 2, 2, False, 4, 1, 65536) is not None
+    assert built == ["meta", "meta"]
+    sizes._native_params.cache_clear()
+
+
 @pytest.fixture
 def restore_determinism():
     before = torch.are_deterministic_algorithms_enabled()

@@ -9,7 +9,7 @@ terabytes and end as an out-of-memory `error` (or take the machine down with it)
 - the model's parameters, counted on the meta device (no memory), as models/diffusers_config.py counts a
   released model's. A native model is counted at two depths and extrapolated (its blocks are identical),
   so `model.depth=10**9` costs two small builds, not a billion modules; up to width 512 those two are
-  built on the CPU for real (REAL_BUILD_WIDTH says why).
+  built on the CPU for real (REAL_BUILD_WIDTH says why; REAL_BUILD_TOKENS bounds the patches).
 
 Each limit is far above anything a proxy sweep of a small model uses (the default run: a 0.8 MB data set,
 a 24 KB batch and 1.3M parameters), so only sizes no run here could allocate are refused. The message says
@@ -35,6 +35,10 @@ DATA_BYTES_LIMIT = 4 * 2**30
 REAL_BUILD_WIDTH = 512
 """The widest native model whose parameters are counted on a real CPU build (two blocks at width 512: 13M
 parameters, 50 MB for a moment) rather than on the meta device."""
+
+REAL_BUILD_TOKENS = 4096
+"""And the most patches per frame it may have: its fixed sin-cos table is computed for real too (float64,
+4096 x 512 values: 16 MB), where `data.height=65536` would ask for hundreds of GB."""
 
 PARAMS_LIMIT = 1_000_000_000
 """Model parameters: 1,000M (16 GB of float32 weights, gradients and AdamW state; DiT-XL has 675M)."""
@@ -117,10 +121,10 @@ def _native_params(
     """Parameters of a native DiT / VideoDiT: counted at two depths, then extrapolated linearly (every block
     has the same parameters). None when it cannot be built (validate names why).
 
-    Up to REAL_BUILD_WIDTH the two small models are built for real on the CPU (milliseconds); wider ones on
-    the meta device. A meta build runs the init's normal_ and arange through torch's Python references,
-    whose first call imports torch._dynamo: ~2 s of CPU in every process that composes a config, which
-    every sweep, job and run process does (docs/overhead.md)."""
+    Up to REAL_BUILD_WIDTH and REAL_BUILD_TOKENS the two small models are built for real on the CPU
+    (milliseconds); larger ones on the meta device. A meta build runs the init's normal_ and arange through
+    torch's Python references, whose first call imports torch._dynamo: ~2 s of CPU in every process that
+    composes a config, which every sweep, job and run process does (docs/overhead.md)."""
     import contextlib
 
     import torch
@@ -128,6 +132,7 @@ def _native_params(
     from models.registry import MODEL_SIZES, build_model, count_params
 
     wide = (width if width is not None else MODEL_SIZES[size]["hidden_size"]) > REAL_BUILD_WIDTH
+    wide = wide or (height // max(patch_size, 1)) ** 2 > REAL_BUILD_TOKENS
 
     def at_depth(blocks: int) -> Optional[int]:
         try:
