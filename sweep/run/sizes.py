@@ -80,20 +80,21 @@ def check_sizes(run: Any) -> None:
             m.arch.value, m.size, m.width, m.depth, m.patch_size, m.qk_norm, d.channels, d.frames, d.height
         )
         lower = "lower model.width or model.depth (or pick a smaller model.size)"
+        how = "counted at depths 2 and 4 and extrapolated"
         what = f"model.arch={m.arch.value} size {m.size}" + "".join(
             f" {k}={v}" for k, v in (("width", m.width), ("depth", m.depth)) if v is not None
         )
     elif m.arch.value == "diffusers":
         n = _diffusers_params(m.name, d.channels, d.frames, d.height, d.width, m.patch_size)
         lower = f"lower {DATA_KEYS}, or raise model.patch_size"
+        how = "counted on the meta device"
         what = f"model.arch=diffusers {m.name} with data.channels={d.channels}"
     else:
         return
     if n is not None and n > PARAMS_LIMIT:
         raise SizeError(
             "model",
-            f"{what} would have ~{_count(n)} parameters (counted on the meta "
-            f"device), over the {PARAMS_LIMIT / 1e6:,.0f}M limit: {lower}",
+            f"{what} would have ~{_count(n)} parameters ({how}), over the {PARAMS_LIMIT / 1e6:,.0f}M limit: {lower}",
         )
 
 
