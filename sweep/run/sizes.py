@@ -20,6 +20,7 @@ built for real); a released config (arch=diffusers_config) has its own 100M budg
 
 from __future__ import annotations
 
+import contextlib
 import functools
 from typing import Any, Optional
 
@@ -126,18 +127,17 @@ def _native_params(
     (milliseconds); larger ones on the meta device. A meta build runs the init's normal_ and arange through
     torch's Python references, whose first call imports torch._dynamo: ~2 s of CPU in every process that
     composes a config, which every sweep, job and run process does (docs/overhead.md)."""
-    import contextlib
-
     import torch
 
     from models.registry import MODEL_SIZES, build_model, count_params
 
-    wide = (width if width is not None else MODEL_SIZES[size]["hidden_size"]) > REAL_BUILD_WIDTH
-    wide = wide or (height // max(patch_size, 1)) ** 2 > REAL_BUILD_TOKENS
+    hidden = width if width is not None else MODEL_SIZES[size]["hidden_size"]
+    patches = (height // max(patch_size, 1)) ** 2
+    on_meta = hidden > REAL_BUILD_WIDTH or patches > REAL_BUILD_TOKENS
 
     def at_depth(blocks: int) -> Optional[int]:
         try:
-            with torch.device("meta") if wide else contextlib.nullcontext():
+            with torch.device("meta") if on_meta else contextlib.nullcontext():
                 model = build_model(
                     arch,
                     size,
