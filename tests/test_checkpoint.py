@@ -112,6 +112,29 @@ def test_unverified_nan_checkpoint_collapses_the_loss_scale_and_is_traced_to_the
     assert scales[0] == 65536 and scales[-1] == 1.0 and scales == sorted(scales, reverse=True)
 
 
+@pytest.mark.parametrize("precision", ["fp32", "fp16_amp"])
+def test_an_unverified_bitflip_is_traced_to_the_file_by_its_size(trained, tmp_path, precision):
+    """A flipped exponent bit is finite (0.02 -> ~7e36): no NaN scan sees it, and the forward overflows. Its size,
+    before any update, names the file, not the forward (fp32) or an fp16 overflow (fp16_amp)."""
+    ckpt = trained / "checkpoints" / "step_000006"
+    r = execute(
+        make_run(
+            f"precision={precision}",
+            "steps=30",
+            f"checkpoint.resume_from={ckpt}",
+            "checkpoint.inject=bitflip",
+            "checkpoint.verify=false",
+            "checkpoint.inject_tensor=t_embedder.mlp.0.bias",
+        ),
+        tmp_path,
+        params={},
+    )
+    assert r.status == "diverged"
+    assert (r.cause["where"], r.cause["module"]) == ("checkpoint", "t_embedder.mlp.0"), r.cause
+    assert "before any update, beyond any trained weight" in r.cause["detail"]
+    assert r.mechanism["name"] == "corrupt_checkpoint"
+
+
 def test_init_from_loads_weights_and_scans_a_bare_file(tmp_path):
     model = build_model("video_dit", "tiny", input_size=8, in_channels=3, num_frames=4)
     state = {k: v.contiguous() for k, v in model.state_dict().items()}
@@ -124,6 +147,11 @@ def test_init_from_loads_weights_and_scans_a_bare_file(tmp_path):
     save_file(state, tmp_path / "bad.safetensors")  # no manifest: only the scan can catch it, and does
     r = execute(make_run("steps=2", f"model.init_from={tmp_path / 'bad.safetensors'}"), tmp_path / "b", params={})
     assert (r.verdict, r.first_bad_step, r.cause["module"]) == ("corrupt_checkpoint", 0, "blocks.2.mlp.fc1.weight")
+    state["blocks.2.mlp.fc1.weight"][0, 0] = 7e36  # a flipped exponent bit: finite, so only its size shows it
+    save_file(state, tmp_path / "flipped.safetensors")
+    r = execute(make_run("steps=2", f"model.init_from={tmp_path / 'flipped.safetensors'}"), tmp_path / "c", params={})
+    assert (r.verdict, r.first_bad_step, r.cause["module"]) == ("corrupt_checkpoint", 0, "blocks.2.mlp.fc1.weight")
+    assert "holds 7e+36, beyond any trained weight" in r.cause["detail"]
 
 
 @pytest.mark.filterwarnings("ignore:Detected pickle protocol")

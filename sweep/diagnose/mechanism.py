@@ -3,8 +3,8 @@
 The set (docs/design.md, "Diagnosis"); each is decided from evidence, never assumed from the verdict:
 
 - bad_input: the batch at the bad step held NaN/Inf/out-of-range values (checked or found afterwards).
-- corrupt_checkpoint: the weights were bad before any update (a checksum mismatch, or non-finite weights
-  loaded from a checkpoint: the Hallo case).
+- corrupt_checkpoint: the weights were bad before any update (a checksum mismatch, or non-finite or implausibly
+  large weights loaded from a checkpoint: the Hallo case).
 - kernel: a fused or forced kernel the run used disagrees with its reference (sweep.parity, at the run's
   dtype and batch size: the OpenDiT row-0 modulate bug shows only at batch >= 2).
 - activation_overflow: a forward activation reached the compute dtype's largest value (fp16: 65504).

@@ -116,11 +116,26 @@ def load_safetensors(path: Path) -> dict[str, torch.Tensor]:
         raise CorruptCheckpoint(Path(path).name, None, f"empty or corrupt weights file {path} ({reason})") from e
 
 
-def _scan_finite(file: str, tensors: dict[str, torch.Tensor]) -> None:
+IMPLAUSIBLE_WEIGHT = 1e6
+"""A finite model weight above this came in corrupt: AdamW moves a weight by about lr a step, so training reaches
+it only after ~1e9 steps at lr 1e-3, while a flipped top exponent bit turns 0.02 into ~7e36 (inject_fault), which
+a non-finite scan does not see. fp16 itself stops at 65504."""
+
+
+def _scan(file: str, tensors: dict[str, torch.Tensor], weights: bool) -> None:
+    """Refuse non-finite values in any tensor, and (model `weights`) values beyond IMPLAUSIBLE_WEIGHT: a bare file
+    has no manifest, so this is all that can catch a flipped bit in it."""
     for name, t in tensors.items():
-        if t.is_floating_point() and not bool(torch.isfinite(t).all()):
+        if not t.is_floating_point():
+            continue
+        if not bool(torch.isfinite(t).all()):
             bad = int((~torch.isfinite(t)).sum())
             raise CorruptCheckpoint(file, name, f"tensor {name} holds {bad} non-finite value(s)")
+        amax = float(t.abs().max()) if weights and t.numel() else 0.0
+        if amax > IMPLAUSIBLE_WEIGHT:
+            raise CorruptCheckpoint(
+                file, name, f"tensor {name} holds {amax:.3g}, beyond any trained weight (|w| > {IMPLAUSIBLE_WEIGHT:g})"
+            )
 
 
 # ---- saving ------------------------------------------------------------------------------------------
@@ -222,7 +237,7 @@ def load_checked(directory: Path, name: str, verify: bool, manifest: dict | None
         verify_file(directory, name, manifest["files"][name])
     tensors = load_safetensors(Path(directory) / name)
     if verify:
-        _scan_finite(name, tensors)
+        _scan(name, tensors, weights=name == MODEL_FILE)
     return tensors
 
 
@@ -260,7 +275,7 @@ def load_weights(path: Path, verify: bool = True) -> dict[str, torch.Tensor]:
         if not isinstance(tensors, dict) or not all(torch.is_tensor(v) for v in tensors.values()):
             raise CorruptCheckpoint(path.name, None, "not a flat state dict of tensors")
     if verify:
-        _scan_finite(path.name, tensors)
+        _scan(path.name, tensors, weights=True)
     return tensors
 
 

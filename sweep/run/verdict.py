@@ -14,6 +14,7 @@ import torch
 from sweep.config import RunConfig, Verdict
 from sweep.data.checks import BatchIssue, check_batch
 from sweep.run.adam_lag import lag_note
+from sweep.run.checkpoint import IMPLAUSIBLE_WEIGHT
 from sweep.run.monitor import Cause, Divergence, DivergenceMonitor
 
 
@@ -90,6 +91,16 @@ def _nonfinite_cause(verdict, named_params, pred, batch_issue, updated) -> Cause
             f"weight {name} is non-finite before any update"
             + (f" ({verdict.cause.detail})" if verdict.verdict == Verdict.scale_collapse else ""),
         )
+    huge = None if updated else first_implausible(named_params)
+    if huge is not None:  # a flipped exponent bit: finite, so only its size gives it away
+        name, amax = huge
+        return Cause(
+            "checkpoint",
+            name.rsplit(".", 1)[0],
+            f"weight {name} holds {amax:.3g} before any update, beyond any trained weight (|w| > "
+            f"{IMPLAUSIBLE_WEIGHT:g})"
+            + (f" ({verdict.cause.detail})" if verdict.verdict == Verdict.scale_collapse else ""),
+        )
     if name is not None:
         return Cause(
             "optimizer",
@@ -104,6 +115,16 @@ def _nonfinite_cause(verdict, named_params, pred, batch_issue, updated) -> Cause
     if finite_output:
         return Cause("loss", None, "model output finite, loss non-finite")
     return Cause("forward", None, "model output is non-finite with finite weights and inputs")
+
+
+def first_implausible(named: Iterable[tuple[str, torch.Tensor]]) -> tuple[str, float] | None:
+    """The first (name, max |w|) whose finite weights exceed IMPLAUSIBLE_WEIGHT (a flipped exponent bit), in the
+    given order."""
+    for name, t in named:
+        amax = float(t.detach().abs().max()) if t.numel() else 0.0
+        if IMPLAUSIBLE_WEIGHT < amax < float("inf"):
+            return name, amax
+    return None
 
 
 def first_nonfinite(named: Iterable[tuple[str, torch.Tensor]]) -> str | None:
