@@ -6,8 +6,9 @@
 
 Each case is one run, started as a user starts it (`python -m sweep <overrides> hydra.run.dir=...`), with a
 cause injected into one of several models (the native DiT and video DiT, diffusers transformers): bad
-samples, fp16 overflow, eps underflow, lost updates, flushed gradients, a too-high lr, a buggy kernel; and
-healthy runs, which must get no mechanism. It prints, per case, the expected and the named mechanism (from
+samples, fp16 overflow, eps underflow, lost updates, flushed gradients, a too-high lr, an overflowing loss,
+attention-logit growth, corrupt checkpoints (resumed from a 10-step pretraining); and healthy runs, which must
+get no mechanism. It prints, per case, the expected and the named mechanism (from
 result.json, and with --full from diagnosis.json after the counterfactual runs), whether the fix was
 confirmed, and the diagnosis's cost against the run's own, two ways: `cost`, the `python -m sweep.diagnose`
 command's wall time over the `python -m sweep` command's (what a user waits for each, start-up included), and
@@ -37,6 +38,10 @@ SMALL = [
     "ledger.enabled=false",
 ]
 
+IMAGE = ["model=dit_tiny", "data=synthetic_image", "data.frames=1"]
+PIXART = ["model=pixart_tiny", "data=synthetic_image", "data.frames=1"]
+RESUME = "checkpoint.resume_from={pretrained}/checkpoints/step_000010"
+
 # name: (expected mechanism, or None for a healthy run; overrides)
 CASES: dict[str, tuple[str | None, list[str]]] = {
     "video_nan_sample": (
@@ -62,10 +67,45 @@ CASES: dict[str, tuple[str | None, list[str]]] = {
         "update_underflow",
         ["model=dit_tiny", "data=synthetic_image", "data.frames=1", "precision=fp16_pure", "steps=10"],
     ),
-    "video_bf16_pure_small_lr": ("update_underflow", ["precision=bf16_pure", "optim.lr=1e-6", "steps=25"]),
+    # lr 1e-5: fp32 and bf16_amp train (at 1e-6 fp32 stalls too: AdamW's eps outweighs the adaLN-Zero blocks'
+    # tiny gradients, and the run is not a precision case)
+    "video_bf16_pure_small_lr": ("update_underflow", ["precision=bf16_pure", "optim.lr=1e-5", "steps=25"]),
+    # loss weight 1e-5: fp32 and scaled fp16 train (at 1e-7 every precision stalls)
     "video_fp16_noscale_tiny_loss": (
         "gradient_underflow",
-        ["precision=fp16_amp_noscale", "objective.loss_weight=1e-7", "steps=25", "optim.lr=1e-3"],
+        ["precision=fp16_amp_noscale", "objective.loss_weight=1e-5", "steps=25", "optim.lr=1e-3"],
+    ),
+    "dit_fp16_overflow": (
+        "activation_overflow",
+        [*IMAGE, "precision=fp16_amp", "attention=eager", "model.qk_gain=100", "steps=20", "optim.lr=1e-4"],
+    ),
+    "video_fp16_huge_loss": (  # a loss summed where it should be averaged: its gradients overflow fp16 at any scale
+        "loss_scale_collapse",
+        ["precision=fp16_amp", "objective.loss_weight=1e6", "steps=30", "optim.lr=1e-3"],
+    ),
+    "dit_logit_growth": (
+        "attention_logit_growth",
+        [*IMAGE, "optim.lr=3e-2", "optim.warmup_steps=20", "monitor.logit_every=5", "steps=50"],
+    ),
+    "diffusers_inf_sample": (
+        "bad_input",
+        [
+            "model=diffusers_dit_tiny",
+            "data=synthetic_image",
+            "data.frames=1",
+            "steps=16",
+            "optim.lr=1e-3",
+            "+data.faults=[{index:5,kind:inf}]",
+            "data.check=false",
+        ],
+    ),
+    "pixart_bitflip_checkpoint": (
+        "corrupt_checkpoint",
+        [*PIXART, "steps=30", "optim.lr=1e-4", "checkpoint.inject=bitflip", "checkpoint.verify=false", RESUME],
+    ),
+    "video_nan_checkpoint_fp16": (
+        "corrupt_checkpoint",
+        ["precision=fp16_amp", "steps=40", "checkpoint.inject=nan", "checkpoint.verify=false", RESUME],
     ),
     "demo_spike": ("lr_too_high", ["optim.lr=3e-2", "steps=20"]),
     "dit_spike": (
@@ -91,7 +131,10 @@ CASES: dict[str, tuple[str | None, list[str]]] = {
         None,
         ["model=pixart_tiny", "data=synthetic_image", "data.frames=1", "optim.lr=1e-4", "steps=10"],
     ),
+    "healthy_pixart_resumed": (None, [*PIXART, "steps=30", "optim.lr=1e-4", RESUME]),
 }
+# A case that resumes (RESUME) first runs its model's pretraining: 10 steps that save a checkpoint.
+PRETRAIN = ["steps=10", "checkpoint.every=10", "optim.lr=1e-4"]
 
 
 def run_case(overrides: list[str], run_dir: Path) -> tuple[dict, float]:
@@ -140,6 +183,11 @@ def main() -> int:
         run_dir = root / name
         shutil.rmtree(run_dir, ignore_errors=True)
         try:
+            if RESUME in overrides:
+                pretrained = root / f"{name}.pretrained"
+                model = [o for o in overrides if o.startswith(("model=", "data=", "data.frames="))]
+                run_case([*model, *PRETRAIN], pretrained)
+                overrides = [o.format(pretrained=pretrained) for o in overrides]
             r, run_took = run_case(overrides, run_dir)
         except RuntimeError as e:  # a case that cannot run here is said, and the others go on
             print(f"{name:<30}{str(expected):<24}not run: {str(e).splitlines()[-1][:120]}", flush=True)
