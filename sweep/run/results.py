@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import csv
 import fcntl
+import functools
 import json
 import logging
 import math
@@ -155,7 +156,14 @@ class RunResult:
 
 
 def package_versions() -> dict:
-    """Versions that decide numerics, recorded with every run."""
+    """Versions that decide numerics, recorded with every run (a copy: callers may change it)."""
+    return dict(_versions())
+
+
+@functools.lru_cache(maxsize=1)
+def _versions() -> dict:
+    """Read once per process: importlib.metadata scans site-packages on every call (~15 ms, as long as a tiny
+    run's step), and a process's packages do not change while it runs."""
     out = {"python": platform.python_version()}
     for name in ("torch", "diffusers", "hydra-core", "optuna", "numpy"):
         try:
