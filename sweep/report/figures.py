@@ -116,8 +116,12 @@ def ladder_figure(table: pd.DataFrame):
             continue
         x_end = r.target if not pd.isna(r.predicted_lr) else max(sizes)
         xs = np.geomspace(min(sizes), x_end, 30)
-        # least squares passes through the centroid of the fitted points (log-log)
-        ys_fit = np.exp(np.mean(np.log(mid)) + r.exponent * (np.log(xs) - np.mean(np.log(sizes))))
+        # least squares passes through the centroid of the fitted points (log-log): each seed's bracket with replicates
+        fitted = pts
+        if "points" in r and r.points > r.sizes:
+            fitted = [p for p in table.attrs["seed_points"][combo] if not pd.isna(p[3])]
+        fx, fy = np.log([p[0] for p in fitted]), np.log([p[3] for p in fitted])
+        ys_fit = np.exp(fy.mean() + r.exponent * (np.log(xs) - fx.mean()))
         fig.add_trace(
             go.Scatter(
                 x=xs,

@@ -8,9 +8,15 @@ per combination of the other axes (precision, attention, ...). Per combination:
 
 - each size's lr* is the bracket's geometric middle, sqrt(max_stable * min_diverging); a size whose runs
   never diverged (or never held) has no bracket and is left out, and the table says how many were;
-- a least-squares line log lr* = a + b log size over those sizes; `exponent` is b;
+- with replicate seeds (`replicates: 2`), each seed's own bracket at each size is one point (`points`: sizes x
+  seeds), the standard regression with replicated observations: the prediction is then for one new run at the
+  target, and the seeds' spread is in the residuals. The per-size bracket above (stable for every seed) stays
+  the table's and the plot's; merged into one point per size, two replicates would leave a 4-size fit 2
+  degrees of freedom and an interval about twice as wide and over-covering (tests/test_ladder_v2.py
+  simulates both against a known line, seed noise and the grid's rounding);
+- a least-squares line log lr* = a + b log size over those points; `exponent` is b;
 - the prediction at `target` with a `confidence` interval from Student's t with n - 2 degrees of
-  freedom, whose variance is the residual variance plus the brackets' own (an lr* is only known to
+  freedom (n points), whose variance is the residual variance plus the brackets' own (an lr* is only known to
   within its bracket: uniform in log, variance log(ratio)^2 / 12). Three sizes are the fewest that give
   an interval; with two the line is drawn and the interval is left empty.
 
@@ -37,11 +43,12 @@ import numpy as np
 import pandas as pd
 
 from sweep.report.runs import PARAM
-from sweep.report.tables import LR, frontier_records, sort_key
+from sweep.report.tables import LR, frontier_records, lr_stability, seed_labels, sort_key
 
 SIZE_AXES = ("model.width", "model.depth")
 COLUMNS = [
     "sizes",
+    "points",
     "left_out",
     "exponent",
     "r2",
@@ -114,23 +121,64 @@ def ladder_fit(
         return pd.DataFrame(columns=COLUMNS)
     recs = frontier_records(runs) if recs is None else recs
     others = [a for a in recs.attrs["axes"] if a != axis]
-    label = recs[others].astype(str).agg("/".join, axis=1) if others else pd.Series("all", index=recs.index)
+    label = combination_labels(recs, others)
+    per_seed = seed_points(runs, axis, others)
     out, points = [], {}
     for combo, group in recs.groupby(label, sort=False):
         pts, left_out = [], 0
         for rec in group.sort_values(axis, key=lambda s: s.map(sort_key)).to_dict("records"):
-            lo, hi = rec["max_stable_lr"], rec["min_diverging_lr"]
-            if lo is None or hi is None or pd.isna(lo) or pd.isna(hi) or not 0 < lo < hi:
-                left_out += 1
-                pts.append((float(rec[axis]), lo, hi, np.nan))
-                continue
-            pts.append((float(rec[axis]), float(lo), float(hi), math.sqrt(lo * hi)))
+            pts.append(bracket_point(float(rec[axis]), rec["max_stable_lr"], rec["min_diverging_lr"]))
+            left_out += pd.isna(pts[-1][3])
         points[combo] = pts
-        out.append({"combination": combo, **fit_line(pts, target, confidence), "left_out": left_out})
+        seeds = per_seed.get(combo, [])
+        replicated = len(seeds) > len({s for s, *_ in seeds})
+        fit = fit_line(seeds if replicated else pts, target, confidence)
+        out.append({"combination": combo, **fit, "sizes": sum(not pd.isna(p[3]) for p in pts), "left_out": left_out})
     table = pd.DataFrame(out).set_index("combination")[COLUMNS] if out else pd.DataFrame(columns=COLUMNS)
     table.index.name = "/".join(others) or "combination"
-    table.attrs.update(axis=axis, points=points, confidence=confidence)
+    table.attrs.update(axis=axis, points=points, seed_points=per_seed, confidence=confidence)
     return table
+
+
+def combination_labels(frame: pd.DataFrame, others: list[str]) -> pd.Series:
+    """Each row's values of the non-size axes `others`, as "v1/v2" ("all" without any): the fit's row names."""
+    return frame[others].astype(str).agg("/".join, axis=1) if others else pd.Series("all", index=frame.index)
+
+
+def bracket_point(size: float, lo, hi) -> tuple:
+    """(size, max stable lr, min diverging lr, lr*): lr* the bracket's geometric middle, NaN without a bracket."""
+    if lo is None or hi is None or pd.isna(lo) or pd.isna(hi) or not 0 < lo < hi:
+        return (size, lo, hi, np.nan)
+    return (size, float(lo), float(hi), math.sqrt(lo * hi))
+
+
+def seed_points(runs: pd.DataFrame, axis: str, others: list[str]) -> dict[str, list[tuple]]:
+    """Per combination of `others`: one bracket point per (size, seed), from that seed's runs alone."""
+    decided = runs[runs.status.isin(("stable", "diverged"))]
+    if decided.empty:
+        return {}
+    keys = pd.DataFrame(
+        {
+            "combo": combination_labels(decided.rename(columns=lambda c: c.removeprefix(PARAM)), others),
+            "size": pd.to_numeric(decided[PARAM + axis], errors="coerce"),
+            "seed": seed_labels(decided),
+            "_lr": pd.to_numeric(decided[PARAM + LR], errors="coerce"),
+        },
+        index=decided.index,
+    )
+    rows = decided.assign(**keys).to_dict("records")
+    groups: dict = {}
+    for r in rows:
+        groups.setdefault((r["combo"], r["size"], r["seed"]), []).append(r)
+    out: dict[str, list[tuple]] = {}
+    for (combo, size, _), group in sorted(groups.items(), key=lambda kv: (kv[0][0], kv[0][1], str(kv[0][2]))):
+        by_lr = lr_stability(group)
+        stable = [lr for lr, st in by_lr.items() if st == "stable"]
+        diverged = [lr for lr, st in by_lr.items() if st == "diverged"]
+        out.setdefault(combo, []).append(
+            bracket_point(float(size), max(stable) if stable else None, min(diverged) if diverged else None)
+        )
+    return {combo: pts for combo, pts in out.items() if pts}
 
 
 def fit_line(points: list[tuple], target: float | None, confidence: float) -> dict:
@@ -140,7 +188,8 @@ def fit_line(points: list[tuple], target: float | None, confidence: float) -> di
 
     fitted = [(s, lo, hi, lr) for s, lo, hi, lr in points if not pd.isna(lr)]
     n = len(fitted)
-    row = {"sizes": n, "exponent": np.nan, "r2": np.nan, "target": target, "predicted_lr": np.nan}
+    row = {"sizes": len({s for s, *_ in fitted}), "points": n, "exponent": np.nan, "r2": np.nan}
+    row.update(target=target, predicted_lr=np.nan)
     row.update(low=np.nan, high=np.nan, curvature=np.nan, curvature_p=np.nan, curved=None, reach=np.nan)
     if fitted and target is not None:
         row["reach"] = float(target) / max(s for s, *_ in fitted)
@@ -203,7 +252,8 @@ def ladder_lines(table: pd.DataFrame) -> list[str]:
         if pd.isna(r.exponent):
             lines.append(f"{combo}: {int(r.sizes)} sizes with a bracket ({int(r.left_out)} left out): too few to fit")
             continue
-        line = f"{combo}: max stable lr ∝ {axis}^{r.exponent:.2f} over {int(r.sizes)} sizes (R² {r.r2:.2f})"
+        runs = f", {int(r.points)} seed brackets" if "points" in r and r.points > r.sizes else ""
+        line = f"{combo}: max stable lr ∝ {axis}^{r.exponent:.2f} over {int(r.sizes)} sizes{runs} (R² {r.r2:.2f})"
         if not pd.isna(r.predicted_lr):
             line += f"; at {axis} {r.target:g}: {r.predicted_lr:.3g}"
             line += (

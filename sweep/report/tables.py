@@ -90,7 +90,8 @@ def _lr(runs: pd.DataFrame) -> pd.Series:
     return pd.to_numeric(runs[PARAM + LR], errors="coerce")
 
 
-def _seed(runs: pd.DataFrame) -> pd.Series:
+def seed_labels(runs: pd.DataFrame) -> pd.Series:
+    """Each run's seed, as a label (the swept `seed` param, else result.json's)."""
     seed = runs[PARAM + SEED] if PARAM + SEED in runs else runs["seed"]
     return seed.map(_key)
 
@@ -329,7 +330,7 @@ def lr_sensitivity(runs: pd.DataFrame) -> pd.DataFrame:
     axes = combo_axes(runs)
     quality = quality_column(runs)
     out = []
-    records = _records(decided, _combo=combo_labels(decided, axes), _lr=_lr(decided), _seed=_seed(decided))
+    records = _records(decided, _combo=combo_labels(decided, axes), _lr=_lr(decided), _seed=seed_labels(decided))
     for group in _grouped(records, "_combo").values():
         fallback = _mean(r["initial_loss"] for r in group)
         per_seed: dict[str, dict[float, float]] = {}
@@ -411,7 +412,7 @@ def toggle_effects(runs: pd.DataFrame, recs: pd.DataFrame | None = None) -> pd.D
     for axis in [a for a in axes if a != LR]:
         others = [a for a in axes if a != axis]
         # per value of the axis: {everything else (other axes, seed) -> (diverged?, quality when stable)}
-        keys = combo_labels(decided, others) + "|" + _seed(decided)
+        keys = combo_labels(decided, others) + "|" + seed_labels(decided)
         outcome: dict[str, dict[str, tuple[bool, float]]] = {}
         for value, key, status, q in zip(decided[PARAM + axis].map(_key), keys, decided.status, decided[quality]):
             outcome.setdefault(value, {}).setdefault(key, (status == "diverged", np.nan if status != "stable" else q))
