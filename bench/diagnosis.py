@@ -75,6 +75,12 @@ CASES: dict[str, tuple[str | None, list[str]]] = {
         "gradient_underflow",
         ["precision=fp16_amp_noscale", "objective.loss_weight=1e-5", "steps=25", "optim.lr=1e-3"],
     ),
+    # every precision stalls (AdamW's eps outweighs the gradients): the fix needs a smaller eps, not only a precision
+    "video_bf16_pure_lr_1e-6": ("update_underflow", ["precision=bf16_pure", "optim.lr=1e-6", "steps=25"]),
+    "video_fp16_noscale_loss_1e-7": (
+        "gradient_underflow",
+        ["precision=fp16_amp_noscale", "objective.loss_weight=1e-7", "steps=25", "optim.lr=1e-3"],
+    ),
     "dit_fp16_overflow": (
         "activation_overflow",
         [*IMAGE, "precision=fp16_amp", "attention=eager", "model.qk_gain=100", "steps=20", "optim.lr=1e-4"],

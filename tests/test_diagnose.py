@@ -132,6 +132,28 @@ def test_mechanisms_from_recorded_signals():
     assert set(MECHANISMS) >= {grown.name, sana.name, buggy.name, "lr_too_high", "nondeterministic"}
 
 
+def test_a_stall_that_fp32_keeps_is_offered_a_smaller_eps_then_a_larger_lr():
+    """Pure bf16 at lr 1e-6 (or fp16 unscaled at loss weight 1e-7) stalls in fp32 too: the gradients are far below
+    AdamW's eps, so precision alone cannot be the fix (bench/diagnosis.py: both confirmed with eps 1e-12)."""
+    from sweep.diagnose.counterfactual import Row, Table
+    from sweep.diagnose.fix import candidates
+
+    lost = {"where": "optimizer", "detail": "updates lost: 100% of the weight mass unchanged"}
+    stall = record("stalled", lost, _overrides=["precision=bf16_pure", "optim.lr=1e-6"])
+    stalled_too = {"status": "diverged", "verdict": "stalled", "first_bad_step": 19}
+    kept = Table(0, 24, 19, [Row("fp32", ["precision=fp32"], stalled_too, cleared=False)])
+    assert candidates(stall, "update_underflow", {}, kept, [], None)[:2] == [
+        ["precision=bf16_amp", "optim.eps=1e-12"],
+        ["precision=bf16_amp", "optim.lr=1e-05"],
+    ]
+    cleared = Table(0, 24, 19, [Row("fp32", ["precision=fp32"], {"status": "stable"}, cleared=True)])
+    assert candidates(stall, "update_underflow", {}, cleared, [], None)[0] == ["precision=bf16_amp"]
+    zeros = {"where": "backward", "detail": "gradients underflowed: 100% of gradient elements are exactly 0"}
+    noscale = record("stalled", zeros, _overrides=["precision=fp16_amp_noscale"])
+    assert candidates(noscale, "gradient_underflow", {}, kept, [], None)[0] == ["precision=fp16_amp", "optim.eps=1e-12"]
+    assert candidates(noscale, "gradient_underflow", {}, cleared, [], None)[0] == ["precision=fp16_amp"]
+
+
 def test_a_resumed_run_is_not_offered_qk_norm_which_its_checkpoint_cannot_load():
     """A logit-growth spike after a resume (the beta2 scenario at another seed): model.qk_norm=true adds weights
     the checkpoint lacks, so its fix run would stop at the load ('does not fit this model')."""

@@ -74,6 +74,7 @@ def settle(record: RunRecord, mechanism: Mechanism, table: Table) -> tuple[Mecha
             else (f"{', '.join(healthy)} got past the bad steps, which no recorded signal explains"),
         )
     ran = [n for n in want if table.row(n).outcome is not None]
+    eps = mechanism.name in ("update_underflow", "gradient_underflow") and "fp32" in ran
     return (
         mechanism,
         False,
@@ -81,6 +82,7 @@ def settle(record: RunRecord, mechanism: Mechanism, table: Table) -> tuple[Mecha
             f"the table does not confirm {mechanism.name}: "
             + (f"{', '.join(ran)} did not get past the bad steps" if ran else f"{', '.join(want)} could not run")
             + (f"; {', '.join(healthy)} did" if healthy else "")
+            + ("; in fp32 too the updates are lost, below AdamW's eps whatever the precision" if eps else "")
         ),
     )
 

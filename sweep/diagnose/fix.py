@@ -1,10 +1,10 @@
 """The fix: overrides that should make the run stable, tried from step 0 as a real run.
 
 Candidates come, in order, from the mechanism's known fix (qk_norm, bf16, a lower lr, update clipping, the
-samples left out), from the bisection's minimal fp32 set, and from the counterfactual rows that got past the
-bad steps. The first candidate whose run is stable to the end is the confirmed fix. qk_norm is no candidate
-for a run that loads its weights (checkpoint.resume_from, model.init_from): the file has no q/k norms, and the
-run would stop at the load.
+samples left out; a smaller eps, then a 10x larger lr, for a stall that fp32 does not clear either), from the
+bisection's minimal fp32 set, and from the counterfactual rows that got past the bad steps. The first candidate
+whose run is stable to the end is the confirmed fix. qk_norm is no candidate for a run that loads its weights
+(checkpoint.resume_from, model.init_from): the file has no q/k norms, and the run would stop at the load.
 """
 
 from __future__ import annotations
@@ -24,7 +24,7 @@ KNOWN = {
     "attention_logit_growth": "qk-layernorm bounds the logits (Wortsman et al. 2023)",
     "adam_second_moment_lag": "update clipping (StableAdamW) or a lower beta2 re-estimates the second moment",
     "activation_overflow": "bf16 has fp32's range; or keep the overflowing modules in fp32",
-    "update_underflow": "fp32 master weights (bf16 autocast) keep small updates",
+    "update_underflow": "fp32 master weights (bf16 autocast) keep small updates; a smaller eps where fp32 stalls too",
     "gradient_underflow": "loss scaling (or bf16) keeps small gradients",
     "loss_scale_collapse": "bf16 needs no loss scaling",
     "kernel": "the reference kernel",
@@ -40,7 +40,7 @@ def candidates(
     """Override sets to try, most specific first, none repeated."""
     run = record.run
     out: list[list[str]] = []
-    lower_lr = [f"optim.lr={run.optim.lr / 10!r}"]
+    lower_lr = [f"optim.lr={_round(run.optim.lr / 10)!r}"]
     if mechanism == "bad_input":
         if bad:
             out.append([f"data.skip_samples={sorted(set(run.data.skip_samples) | set(bad))}"])
@@ -61,6 +61,13 @@ def candidates(
         out.append(["precision=bf16_amp"])
         if fp32_set:
             out.append([f"precision.fp32_modules=[{','.join(fp32_set)}]"])
+    elif mechanism in ("update_underflow", "gradient_underflow") and _fp32_kept_it(table):
+        # not the precision alone: in fp32 too the gradients are far below AdamW's eps (tiny, or scaled down by a
+        # loss weight), so each update shrinks by |g| / eps below even fp32's resolution. A smaller eps restores
+        # AdamW's normalised step; then a larger lr. Either with the precision's own fix (fp32 master weights keep
+        # eps=1e-12, which fp16 rounds to 0; a loss scale lifts fp16's gradients).
+        base = _precision_fix(run, mechanism)
+        out += [[*base, f"optim.eps={SMALL_EPS!r}"], [*base, f"optim.lr={_round(run.optim.lr * 10)!r}"]]
     elif mechanism == "update_underflow":
         out += [["precision=bf16_amp"], ["precision=fp32"]]
     elif mechanism == "gradient_underflow":
@@ -82,6 +89,28 @@ def candidates(
             seen.add(key)
             unique.append(c)
     return unique
+
+
+SMALL_EPS = 1e-12
+"""AdamW's eps for a stall whose gradients are below the default 1e-8 (fp32 master weights hold it)."""
+
+
+def _round(x: float) -> float:
+    """x with 6 significant digits: 1e-06 * 10 is 1e-05 on the command line, not 9.999999999999999e-06."""
+    return float(f"{x:.6g}")
+
+
+def _precision_fix(run, mechanism: str) -> list[str]:
+    """The precision change a low-precision stall needs besides its step size (none for fp32 weights)."""
+    if mechanism == "gradient_underflow" and run.precision.name == "fp16_amp_noscale":
+        return ["precision=fp16_amp"]
+    return ["precision=bf16_amp"] if run.precision.param_dtype.value != "float32" else []
+
+
+def _fp32_kept_it(table: Table | None) -> bool:
+    """Whether the table's fp32 row ran and met the run's own verdict again (a stall in fp32 too)."""
+    row = next((r for r in table.rows if r.name == "fp32"), None) if table else None
+    return bool(row and row.outcome is not None and not row.cleared)
 
 
 def confirm(record: RunRecord, tries: list[list[str]], scratch: Path, progress: Callable[[str], None] = print) -> dict:
