@@ -58,6 +58,25 @@ def test_a_bad_sample_is_named_left_out_and_the_fix_confirmed(tmp_path):
         assert fixed["status"] == "stable" and fixed["steps_run"] == 12
 
 
+def test_a_packed_run_is_diagnosed_as_its_own_mechanism_not_as_nondeterministic(tmp_path):
+    """A pack's vmapped batch sums in another order, so a packed run's lone replay is never bit for bit its own
+    (1.016011357 vs 1.016011477 at step 0 here): the replay is held to packing's tolerance instead, and the
+    NaN sample is named, not 'nondeterministic' (as it was), and its fix confirmed."""
+    runs = sweep(
+        tmp_path,
+        "hydra/launcher=packed",
+        "hydra.launcher.pack=2",
+        "optim.lr=1e-3,2e-3",
+        "+data.faults=[{index:7,kind:nan}]",
+        "data.check=false",
+    )
+    assert [(r["packed"], r["verdict"]) for r in runs] == [(2, "nonfinite_loss"), (2, "nonfinite_loss")]
+    d = diagnose(runs[0]["dir"], progress=quiet)
+    prefix = d["counterfactuals"]["prefix"]
+    assert prefix["matches"] and "replayed alone" in prefix["detail"], prefix
+    assert d["mechanism"] == "bad_input" and d["agrees"] and d["fix"]["confirmed"], d["agreement"]
+
+
 def test_a_spike_nothing_specific_explains_is_lr_too_high_when_lr_over_10_holds(tmp_path):
     """fp32 at lr 3e-2 spikes within a few steps with no logit growth, no lag, nothing in the data: the
     recorded signals leave it unexplained, the lr/10 row keeps it healthy, so lr_too_high, and the fix lr/10
