@@ -137,7 +137,10 @@ def test_mechanisms_from_recorded_signals():
     lost = {"where": "optimizer", "detail": "updates lost: 100% of the weight mass unchanged"}
     assert decide(record("stalled", lost, _overrides=["precision=bf16_pure"])).name == "update_underflow"
     zeros = {"where": "backward", "detail": "gradients underflowed: 97% of gradient elements are exactly 0"}
-    assert decide(record("stalled", zeros)).name == "gradient_underflow"
+    assert decide(record("stalled", zeros, _overrides=["precision=fp16_amp_noscale"])).name == "gradient_underflow"
+    # in fp32 no gradient underflows to exactly 0: they are none at all (LoRA on untrained weights), not named
+    none = decide(record("stalled", zeros))
+    assert none.name == "unexplained" and "exactly 0 in fp32, which no underflow makes" in none.summary
     assert decide(record("corrupt_checkpoint", {"where": "checkpoint"})).name == "corrupt_checkpoint"
     collapse = {"where": "scaler", "detail": "overflow at the minimum scale"}
     rows = [{"step": 0.0, "loss": 1.0, "loss_scale": 1.0}]

@@ -203,6 +203,16 @@ def stalled(record: RunRecord, where: str | None, detail: str) -> Mechanism:
     same = record.column("unchanged_fraction")
     numbers = {"zero_grad_fraction": zero[-1][1] if zero else None, "unchanged_fraction": same[-1][1] if same else None}
     if where == "backward" or "underflowed" in detail:
+        precision = record.run.precision
+        if precision.param_dtype.value == "float32" and precision.autocast_dtype is None:
+            # no fp32 gradient underflows to exactly 0 (that takes |g| < 1e-45): the weights get none at all
+            return Mechanism(
+                "unexplained",
+                f"the gradients are exactly 0 in fp32, which no underflow makes: the trained weights get no "
+                f"gradient (frozen, or behind zero-initialised gates, as LoRA on weights that were never trained: "
+                f"set model.init_from); {detail}",
+                numbers,
+            )
         return Mechanism("gradient_underflow", f"gradients flushed to exact zeros: {detail}", numbers)
     return Mechanism(
         "update_underflow",
