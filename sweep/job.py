@@ -121,7 +121,11 @@ def run_job(cfg: DictConfig) -> dict:
             f" {job.run_dir} after step {result.interrupted_at_step}" if result.status == "interrupted" else "",
             "cells" if job.multirun else "run",
         )
-        raise SystemExit(128 + request.signum)
+        if not os.environ.get("SUBMITIT_LOCAL_JOB_ID"):
+            raise SystemExit(128 + request.signum)
+        # A submitit_local job returns instead: submitit then writes its result at once, where a job that exits
+        # without one keeps the sweep waiting 15 s for it (submitit's _results_timeout_s) before it can exit
+        # with 128 + signal itself (sweep.run.interrupt.launch_forwarding_signals).
     return returned
 
 

@@ -350,6 +350,11 @@ def test_a_signal_to_a_sweep_with_job_processes_stops_every_run_and_resumes(tmp_
     assert "Traceback" not in text, text
     results = {p.parent.name: read_result(p.parent) for p in sweep_dir.glob("*/result.json")}
     assert results and all(r["status"] == "interrupted" for r in results.values()), results
+    if launcher == "submitit_local" and not to_group:
+        # each stopped job hands submitit its result: one that exits without it (SystemExit) kept the sweep
+        # waiting 15 s for the file (submitit's _results_timeout_s) before it could exit
+        pickles = list(sweep_dir.glob(".submitit/*/*_result.pkl"))
+        assert len(pickles) == len(results), (pickles, results)
     unfinished = {p.name for p in sweep_dir.iterdir() if p.name.isdigit()} - set(results)
     # A Ctrl-C to the group reaches a job that is still starting (before its run listens) too: it dies as
     # under kill -9, with no result.json and no trial, and the resume below runs it.

@@ -268,8 +268,9 @@ def job_processes(root: int | None = None) -> list[int]:
 
 def launch_forwarding_signals(launcher, job_overrides, initial_job_idx: int):
     """`launcher.launch(...)` inside `forwarding_signals`: after a forwarded signal, whatever the jobs did
-    (an interrupted job raises SystemExit in its process, which the launcher passes on), the sweep says so
-    in one line and exits with 128 + the signal's number, as with in-process jobs (sweep/job.py)."""
+    (an interrupted job raises SystemExit in its process, which the launcher passes on, or, under submitit_local,
+    returns its result: sweep/job.py), the sweep says so in one line and exits with 128 + the signal's number,
+    as with in-process jobs."""
     config = getattr(launcher, "config", None)  # Hydra's launchers keep the sweep's config from setup()
     sweep_dir = None
     with contextlib.suppress(Exception):  # a DictConfig: no omegaconf import in run/ (tests/test_layout.py)
