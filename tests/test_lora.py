@@ -85,3 +85,21 @@ def test_adapters_get_their_own_param_group_and_the_base_its_lr_when_trained(pre
     assert [g["name"] for g in parts.optimizer.param_groups] == ["lora"]
     trainable = [n for n, p in parts.model.named_parameters() if p.requires_grad]
     assert trainable and all(is_adapter(n) for n in trainable)
+
+
+def test_lora_without_pretrained_weights_is_warned_about(caplog):
+    """Adapters on weights never trained get no gradient behind a DiT's zero gates: every lr stalls at the first
+    stall check (the diagnosis calls those zeros 'unexplained', not an underflow). Said at the start of the run."""
+    from models import build_model
+    from sweep.run.finetune import apply_finetune
+
+    def tiny():
+        return build_model("video_dit", "tiny", input_size=8, in_channels=3, num_frames=4)
+
+    with caplog.at_level("WARNING", logger="sweep"):
+        apply_finetune(make_run("finetune=lora"), tiny(), torch.float32)
+    assert any("finetune=lora without model.init_from" in r.message for r in caplog.records)
+    caplog.clear()
+    with caplog.at_level("WARNING", logger="sweep"):
+        apply_finetune(make_run("finetune=lora", "finetune.train_base=true"), tiny(), torch.float32)
+    assert not caplog.records

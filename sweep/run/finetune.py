@@ -15,10 +15,14 @@ times that (sweep.run.adamw.DeviceAdamW's table), so both groups follow the same
 
 from __future__ import annotations
 
+import logging
+
 import torch
 
 from models import mup
 from sweep.config import Arch, FinetuneMethod, RunConfig
+
+log = logging.getLogger("sweep")
 
 LORA_TARGETS = {
     "diffusers": ["to_q", "to_k", "to_v", "to_out.0"],  # diffusers' Attention projections
@@ -41,6 +45,14 @@ def apply_finetune(run: RunConfig, model: torch.nn.Module, dtype: torch.dtype) -
     if f.method is FinetuneMethod.none:
         return model
     from peft import LoraConfig, inject_adapter_in_model
+
+    if not (run.model.init_from or run.checkpoint.resume_from or f.train_base):
+        # the adapters then sit on untrained weights: behind adaLN-Zero's zero gates they get no gradient at all,
+        # and the run stalls at the first stall check whatever its lr (sweep/diagnose says so too)
+        log.warning(
+            "finetune=lora without model.init_from: the adapters train on weights that were never trained "
+            "(a DiT's zero-initialised gates pass them no gradient); give it pretrained weights"
+        )
 
     config = LoraConfig(
         r=f.rank, lora_alpha=f.alpha, lora_dropout=f.dropout, init_lora_weights=True, target_modules=lora_targets(run)
