@@ -23,7 +23,8 @@ per combination of the other axes (precision, attention, ...). Per combination:
 - a curvature test (v2): log lr* = a + b log size + c log(size)^2 fitted by least squares, and a two-sided
   t-test of c = 0: t = c / se(c), se(c)^2 = s^2 [(X'X)^-1]_cc with s^2 the quadratic fit's residual variance
   (n - 3 degrees of freedom) plus the brackets' own variance as above; `curved` when p < 0.05. It needs
-  four sizes. A curved ladder says the straight line, and its interval, should not be extrapolated far;
+  four points over at least three sizes (four sizes, or three with replicates). A curved ladder says the
+  straight line, and its interval, should not be extrapolated far;
 - a warning when the target lies more than 4x beyond the largest measured size (TARGET_REACH).
 
 `model.param` (sp|mup) swept alongside is one more of the other axes: SP and µP get separate fits, one
@@ -219,7 +220,7 @@ def fit_line(points: list[tuple], target: float | None, confidence: float) -> di
 
 def curvature_test(fitted: list[tuple]) -> dict:
     """{curvature: c, curvature_p: two-sided p of c = 0, curved: p < CURVATURE_ALPHA} of the fit
-    log lr* = a + b x + c x^2, x = log size (module docstring); NaN and None with fewer than 4 sizes."""
+    log lr* = a + b x + c x^2, x = log size (module docstring); NaN and None with fewer than 4 points or 3 sizes."""
     from scipy import stats
 
     out = {"curvature": np.nan, "curvature_p": np.nan, "curved": None}
