@@ -35,7 +35,7 @@ from pathlib import Path
 import torch
 
 from sweep.config import RunConfig, Verdict
-from sweep.diagnose.signals import RunRecord, as_number
+from sweep.diagnose.signals import RunRecord, as_number, computes_in_fp32
 from sweep.run.adam_lag import LAGGED
 
 MECHANISMS = (
@@ -203,8 +203,7 @@ def stalled(record: RunRecord, where: str | None, detail: str) -> Mechanism:
     same = record.column("unchanged_fraction")
     numbers = {"zero_grad_fraction": zero[-1][1] if zero else None, "unchanged_fraction": same[-1][1] if same else None}
     if where == "backward" or "underflowed" in detail:
-        precision = record.run.precision
-        if precision.param_dtype.value == "float32" and precision.autocast_dtype is None:
+        if computes_in_fp32(record.run):
             # no fp32 gradient underflows to exactly 0 (that takes |g| < 1e-45): the weights get none at all
             return Mechanism(
                 "unexplained",

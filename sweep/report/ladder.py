@@ -44,7 +44,7 @@ import numpy as np
 import pandas as pd
 
 from sweep.report.runs import PARAM
-from sweep.report.tables import LR, frontier_records, lr_stability, seed_labels, sort_key
+from sweep.report.tables import LR, frontier_records, seed_labels, sort_key
 
 SIZE_AXES = ("model.width", "model.depth")
 COLUMNS = [
@@ -154,32 +154,17 @@ def bracket_point(size: float, lo, hi) -> tuple:
 
 
 def seed_points(runs: pd.DataFrame, axis: str, others: list[str]) -> dict[str, list[tuple]]:
-    """Per combination of `others`: one bracket point per (size, seed), from that seed's runs alone."""
-    decided = runs[runs.status.isin(("stable", "diverged"))]
-    if decided.empty:
-        return {}
-    keys = pd.DataFrame(
-        {
-            "combo": combination_labels(decided.rename(columns=lambda c: c.removeprefix(PARAM)), others),
-            "size": pd.to_numeric(decided[PARAM + axis], errors="coerce"),
-            "seed": seed_labels(decided),
-            "_lr": pd.to_numeric(decided[PARAM + LR], errors="coerce"),
-        },
-        index=decided.index,
-    )
-    rows = decided.assign(**keys).to_dict("records")
-    groups: dict = {}
-    for r in rows:
-        groups.setdefault((r["combo"], r["size"], r["seed"]), []).append(r)
+    """Per combination of `others`: one bracket point per (size, seed), each seed's frontier from its runs alone."""
     out: dict[str, list[tuple]] = {}
-    for (combo, size, _), group in sorted(groups.items(), key=lambda kv: (kv[0][0], kv[0][1], str(kv[0][2]))):
-        by_lr = lr_stability(group)
-        stable = [lr for lr, st in by_lr.items() if st == "stable"]
-        diverged = [lr for lr, st in by_lr.items() if st == "diverged"]
-        out.setdefault(combo, []).append(
-            bracket_point(float(size), max(stable) if stable else None, min(diverged) if diverged else None)
-        )
-    return {combo: pts for combo, pts in out.items() if pts}
+    for _, alone in runs.groupby(seed_labels(runs), sort=True):
+        recs = frontier_records(alone)
+        if recs.empty or any(a not in recs for a in (axis, *others)):  # a seed that did not sweep the axes
+            continue
+        for combo, rec in zip(combination_labels(recs, others), recs.to_dict("records")):
+            out.setdefault(combo, []).append(
+                bracket_point(float(rec[axis]), rec["max_stable_lr"], rec["min_diverging_lr"])
+            )
+    return out
 
 
 def fit_line(points: list[tuple], target: float | None, confidence: float) -> dict:
