@@ -81,8 +81,11 @@ def test_a_window_step_reads_nothing_back_to_the_host(tmp_path, name):
     parts.optimizer.at(0)  # the clock, set once: the step reads it on the device and moves it on
     for step in range(3):  # step 0 moves the DDPM schedule to the device once (not a sync)
         with HostReads() as reads:
-            row, _, x0 = loop.device_step(None)  # step 0 creates AdamW's state (zeros on the device)
+            row, pred, x0 = loop.device_step(None)  # step 0 creates AdamW's state (zeros on the device)
         assert reads.seen == [] and reads.ops > 500, (reads.seen, reads.ops)
+        # No autograd graph outlives the step: a kept one keeps the weights' AccumulateGrad nodes of the stream
+        # it ran on, and the capture on a side stream failed on an H200 ("operation failed ... during capture").
+        assert pred.grad_fn is None
         assert row.shape == (len(Row) + 1, 1)  # the row and the batch's flag
         assert torch.equal(x0, load_batch(parts.dataset, parts.order.indices(step)))  # the step the clock said
         assert parts.optimizer.clock.tolist() == [step + 1]
@@ -111,8 +114,9 @@ def test_a_pack_step_reads_nothing_back_to_the_host(tmp_path):
     pack.opt.at(0)  # the clock, set once
     for step in range(2):
         with HostReads() as reads:
-            row, _, batches = pack.device_step(live)
+            row, pred, batches = pack.device_step(live)
         assert reads.seen == [] and reads.ops > 500, (reads.seen, reads.ops)
+        assert pred.grad_fn is None  # no autograd graph outlives the step (see the lone test)
         assert row.shape == (len(Row) + 1, 2) and pack.opt.clock.tolist() == [step + 1]  # rows and flags
         assert all(torch.equal(batches[k][0], load_batch(parts[k].dataset, parts[k].order.indices(step))) for k in live)
         pack.model.zero_grad()
@@ -206,6 +210,30 @@ def test_a_graphed_pack_is_the_eager_pack_bit_for_bit(tmp_path):
         replayed = [r.sync["replayed"] for r in results]
     assert got["true"] == got["false"]
     assert replayed[0] >= 24 and any(v == "loss_spike" for _, v, _, _ in got["true"]), replayed
+
+
+@pytest.mark.cuda
+def test_a_capture_that_fails_on_cuda_leaves_an_eager_run_bit_for_bit(tmp_path, monkeypatch):
+    """A step that cannot be captured (here a host read, only while capturing) fails the capture after its
+    generator was registered with the graph: the run goes on eagerly with the same metrics as graph=false. (On
+    an H200 the first such run crashed instead: the generator stayed mid-capture, "Offset increment outside graph
+    capture encountered unexpectedly".)"""
+    from sweep.run.execute import execute
+
+    captured_step = Lone.captured_step
+
+    def reads_the_host_while_capturing(self):
+        out = captured_step(self)
+        if torch.cuda.is_current_stream_capturing():
+            out[0].sum().item()  # not capturable
+        return out
+
+    common = ["device=cuda", "steps=24", "monitor.sync_every=8", "precision=fp16_amp"]
+    r0 = execute(make_run(*common, "graph=false"), tmp_path / "false", params={})
+    monkeypatch.setattr(Lone, "captured_step", reads_the_host_while_capturing)
+    r1 = execute(make_run(*common, "graph=true"), tmp_path / "true", params={})
+    assert (r1.status, r1.verdict, r1.sync["replayed"]) == (r0.status, r0.verdict, 0), r1.reason
+    assert (tmp_path / "true" / "metrics.csv").read_bytes() == (tmp_path / "false" / "metrics.csv").read_bytes()
 
 
 @pytest.fixture

@@ -112,6 +112,7 @@ class StepGraph:
     def _capture(self) -> None:
         loop = self.loop
         snapshot, clock, device = loop.snapshot(), loop.clock.clone(), loop.clock.device
+        clean: list[tuple[torch.Generator, torch.Generator]] = []
         try:
             side = torch.cuda.Stream(device)
             side.wait_stream(torch.cuda.current_stream(device))
@@ -124,6 +125,7 @@ class StepGraph:
             loop.clock.copy_(clock)
             graph = torch.cuda.CUDAGraph()
             for generator in loop.generators:  # each replay draws the next noise, as an eager step does
+                clean.append((generator, generator.clone_state()))
                 graph.register_generator_state(generator)
             loop.zero_grad()  # the backward allocates the gradients in the graph's pool
             with torch.cuda.graph(graph):
@@ -131,9 +133,12 @@ class StepGraph:
             self.grads = [p.grad for p in loop.params]
             self.graph = graph
         except RuntimeError as e:  # a kernel or an op that cannot be captured: eager steps, same numbers
-            self.failed = f"{type(e).__name__}: {e}".splitlines()[0]
+            first = e.__context__ or e  # torch.cuda.graph's exit reports "a previous error": name that one
+            self.failed = f"{type(first).__name__}: {first}".splitlines()[0]
             log.warning(
                 "graph=true: the step could not be captured as a CUDA graph (%s); running it eagerly", self.failed
             )
+            for generator, state in clean:  # a broken capture leaves a registered generator mid-capture
+                generator.graphsafe_set_state(state)
             snapshot.restore()
             loop.clock.copy_(clock)

@@ -170,7 +170,7 @@ class Pack:
                 pred = self.model(noisy.to(policy.param_dtype), t)  # (L, B, ...)
             loss = vmap(self.parts[0].objective.loss)(pred, target) * self.loss_weights  # (L,)
             self.steps.backward(loss)
-        return loss, pred
+        return loss.detach(), pred.detach()  # no autograd graph kept alive (sweep/run/train.py says why)
 
     def one(self, step: int) -> bool:
         """One step of the training runs, one sync; a run's verdict stops only that run (`live`)."""

@@ -109,7 +109,9 @@ class Lone:
                 pred = parts.model(noisy.to(policy.param_dtype), t)
             loss = (parts.objective.loss(pred, target) * run.objective.loss_weight).reshape(1)
             self.steps.backward(loss)
-        return loss, pred
+        # Detached: a kept autograd graph keeps the weights' AccumulateGrad nodes, made on the stream of the step
+        # that built it, and a CUDA graph captured on a side stream then fails (sweep/run/graph.py).
+        return loss.detach(), pred.detach()
 
     def one(self, step: int) -> bool:
         """One step, one sync; True stops the run."""
