@@ -37,6 +37,7 @@ from hydra import compose, initialize_config_dir
 from models import LogitStats
 from sweep.config import Progress, to_run_config
 from sweep.run.build import build_parts, reset_process_state, resolve_device
+from sweep.run.compiled import compile_run
 from sweep.run.precision import PrecisionPolicy
 from sweep.run.progress import RunProgress
 from sweep.run.results import MetricsLog
@@ -113,6 +114,11 @@ def main() -> None:
         default=8,
         help="CUDA: monitor.sync_every of the graph=true figure (windows to replay)",
     )
+    ap.add_argument(
+        "--compile",
+        action="store_true",
+        help="compile=true: every loop's model compiled (and profiled) as a run does it (sweep/run/compiled.py)",
+    )
     args = ap.parse_args()
     device = resolve_device("auto")
     print(
@@ -141,10 +147,11 @@ def main() -> None:
                 "progress=none",
                 "monitor.stall_fraction=1.0",
                 f"monitor.sync_every={args.sync_every}",
+                f"compile={str(args.compile).lower()}",
             ]
         )
         policy = PrecisionPolicy.from_config(run.precision, device, run.compile)
-        flops = step_flops(run, fresh_parts(run, policy, device))
+        flops = step_flops(run, fresh_parts(dataclasses.replace(run, compile=False), policy, device))
         train(run, fresh_parts(run, policy, device), MetricsLog(), RunProgress(2, Progress.none, 1))  # warm-up
         monitored, bare = [], []
         for r in range(args.rounds):  # interleaved, in alternating order: the machine's drift hits both alike
@@ -288,7 +295,10 @@ def bare_graph_step(run, parts, steps: int) -> float:
 def fresh_parts(run, policy, device):
     """The run's parts as a run builds them (seeded: every round trains the same steps)."""
     reset_process_state(run, policy)
-    return build_parts(run, device, policy)
+    parts = build_parts(run, device, policy)
+    if run.compile:
+        compile_run(run, parts)
+    return parts
 
 
 if __name__ == "__main__":

@@ -2,9 +2,10 @@
 # Wheels for a GPU machine that has torch (and numpy, pandas, pyarrow, peft, safetensors) but no
 # network: download them here, carry .whl/ there, install them next to its torch.
 #   here:   bash scripts/gpu_wheels.sh                  (PYVER=3.12 by default: the GPU image's Python)
-#   there:  python -m pip install -q --no-index --no-deps --target .gpu-site .whl/*.whl
-#           PYTHONPATH=$PWD:$PWD/.gpu-site python -m pytest -q -m cuda      (or make test-gpu, bench/gpu.sh)
-# Pinned to constraints.txt where it pins, so the GPU runs the versions CI tests. av (video folders)
+#   there:  bash scripts/gpu_proof.sh "$OUT"   (installs them into the image's Python, then the checks)
+# Pinned to constraints.txt where it pins, so the GPU runs the versions CI tests, except huggingface-hub: the
+# image's own is kept (1.33 on 2026-11-26), since the image's transformers, which diffusers' peft loader
+# imports there, refuses hub 2.x (and CI's 2.4 needs httpx2); diffusers takes >=1.32. av (video folders)
 # and scipy (Optuna's QMC sampler, the ladder's Student-t) are left out by default: with them .whl/ is
 # 95 MB, over the device tool's 64 MiB carry; EXTRA=1 adds them.
 set -euo pipefail
@@ -12,7 +13,7 @@ cd "$(dirname "$0")/.."
 PYVER=${PYVER:-3.12}
 PY=${PYTHON:-.venv/bin/python}
 rm -rf .whl && mkdir -p .whl
-pkgs=(hydra-core omegaconf optuna alembic sqlalchemy Mako colorlog diffusers huggingface-hub filelock
+pkgs=(hydra-core omegaconf optuna alembic sqlalchemy Mako colorlog diffusers filelock
       regex plotly narwhals hydra-joblib-launcher joblib hydra-submitit-launcher submitit cloudpickle
       cmaes tqdm PyYAML typing_extensions greenlet MarkupSafe importlib_metadata zipp pytest pytest-timeout
       pytest-xdist execnet hypothesis sortedcontainers attrs iniconfig pluggy packaging)
