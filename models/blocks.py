@@ -49,6 +49,16 @@ class LogitStats:
         self._max.append(logits.nan_to_num(nan=-math.inf).amax())
         self._entropy.append(entropy)
 
+    def take(self) -> tuple[list[Tensor], list[Tensor]]:
+        """What observe recorded since the last collect, unread, and forget it (a CUDA graph's outputs, see
+        sweep/run/train.py LogitStep)."""
+        taken, (self._max, self._entropy) = (self._max, self._entropy), ([], [])
+        return taken
+
+    def put(self, taken: tuple[list[Tensor], list[Tensor]]) -> None:
+        """Record `taken` (from take) as what observe saw since the last collect."""
+        self._max, self._entropy = list(taken[0]), list(taken[1])
+
     def collect(self) -> tuple[float, float]:
         """(max logit, min entropy) since the last collect, fetched in one sync; NaN when nothing ran."""
         if not self._max:

@@ -16,13 +16,16 @@ same tensors, so the same numbers, bit for bit, as running it eagerly.
   point at them again, so the stall check and the explanation read them as after an eager step.
 - A pack (sweep/run/packed.py) captures its vmapped step the same way, every live run's generator
   registered; when runs leave the pack its tensors are compacted (new tensors), so it captures again.
+- A lone run's attention-logit step (every monitor.logit_every, a window's first) is a second capture: the
+  statistics it appends are that graph's outputs, handed back to the run's LogitStats after each replay
+  (sweep.run.train.LogitStep). Eager, by estimate it was most of a tiny run's graphed step time on an H200
+  (docs/gpu.md).
 - What stays eager: the steps run one sync each (`one`: windows taken back, the steps the host decides),
-  a window's first step when it records attention logits (their hooks run on the host), batches read from
-  files (`x0` comes from the host), and everything on the CPU.
+  batches read from files (`x0` comes from the host), and everything on the CPU.
 
-graph=auto stays eager: this module was written without a GPU to run it on, and `auto` turns it on for CUDA
-only once a GPU run has checked graph == eager (tests/test_graph_ready.py's `cuda` test) and measured the
-gain (bench/throughput.py; issue #31). graph=true asks for it on CUDA; a capture that fails falls back to
+graph=auto stays eager: on an H200 graph == eager held (tests/test_graph_ready.py's `cuda` tests) but the
+graphed loop was 2.8-3.4x the bare step as one graph, and the demo grid and the scenarios have not been run
+with graphs on a GPU (docs/gpu.md; issue #31). graph=true asks for it on CUDA; a capture that fails falls back to
 eager steps with a warning, and the run goes on.
 """
 
@@ -75,6 +78,10 @@ class Capturable(Protocol):
     def has_state(self) -> bool:
         """Whether the optimizer's state exists (the first update made it)."""
 
+    def put_back(self) -> None:
+        """After each step StepGraph ran (replayed, or eager after a failed capture): put back what the step
+        leaves besides its outputs (a lone run's attention statistics on a logit step)."""
+
 
 class StepGraph:
     """A loop's window step (`captured_step()` -> (row, pred, batch), device state only) as a CUDA graph, or
@@ -102,10 +109,13 @@ class StepGraph:
         if self.graph is None:
             self._capture()
             if self.graph is None:
-                return self.loop.captured_step()
+                out = self.loop.captured_step()
+                self.loop.put_back()
+                return out
         self.graph.replay()
         for p, g in zip(self.loop.params, self.grads):
             p.grad = g
+        self.loop.put_back()
         row, pred, batch = self.out
         return row.clone(), pred, batch  # the row is read after the window's later replays overwrote it
 

@@ -209,8 +209,11 @@ class Pack:
         self.opt.clock.add_(1)
         return (row if flags is None else torch.cat([row, flags.double().view(1, -1)])), pred, batches
 
-    def replayable(self, step: int) -> bool:
-        return True  # packed runs record no attention statistics
+    def graph_at(self, step: int) -> StepGraph | None:
+        return self.graph  # packed runs record no attention statistics: one graph for every step
+
+    def put_back(self) -> None:
+        pass
 
     def eager_step(self, step: int) -> tuple | None:
         if self.flagged:  # batches drawn and checked on the device

@@ -75,7 +75,7 @@ class Lone:
         self.clock, self.flagged = parts.optimizer.clock, self.batches is not None and run.data.check
         # graph=true on CUDA: window steps replay one capture of device_step (sweep/run/graph.py)
         graphed = self.batches is not None and wanted(run.graph, parts.device)
-        self.graph = StepGraph(self, run.steps) if graphed else None
+        self.graphs = (StepGraph(self, run.steps), StepGraph(LogitStep(self), run.steps)) if graphed else None
 
     # What sweep.run.window.drive asks
     def live(self, step: int) -> list[Syncs]:
@@ -97,6 +97,9 @@ class Lone:
 
     def zero_grad(self) -> None:
         self.parts.optimizer.zero_grad(set_to_none=True)
+
+    def put_back(self) -> None:
+        pass
 
     # The steps
     def forward_backward(self, x0: torch.Tensor, logits: bool, probe=None) -> tuple[torch.Tensor, torch.Tensor]:
@@ -146,8 +149,10 @@ class Lone:
         self.clock.add_(1)
         return (row if flag is None else torch.cat([row, flag.double().view(1, 1)])), pred, x0
 
-    def replayable(self, step: int) -> bool:
-        return step % self.run.monitor.logit_every != 0  # a logit step's hooks run on the host
+    def graph_at(self, step: int) -> StepGraph | None:
+        if self.graphs is None:
+            return None
+        return self.graphs[step % self.run.monitor.logit_every == 0]  # a logit step is its own capture
 
     def eager_step(self, step: int) -> tuple | None:
         x0 = None  # drawn and checked on the device
@@ -200,3 +205,31 @@ class Lone:
         if self.evaluator is not None and self.first is None and self.evaluator.due(step):
             self.metrics.rows[-1]["eval_loss"] = self.evaluator(parts.model, step)
         return stop
+
+
+class LogitStep:
+    """A lone run's window step on an attention-logit step (a window's first), as StepGraph captures it: the
+    statistics it appends to the run's LogitStats are the capture's outputs, which each replay rewrites, put
+    back after each replay for the window's end to collect."""
+
+    def __init__(self, lone: Lone):
+        self.lone, self.clock, self.params, self.generators = lone, lone.clock, lone.params, lone.generators
+        self.stats: tuple[list[torch.Tensor], list[torch.Tensor]] = ([], [])
+
+    def captured_step(self) -> tuple:
+        self.lone.logits.take()  # nothing before it is this step's
+        out = self.lone.device_step(None, logits=True)
+        self.stats = self.lone.logits.take()  # a warm-up step's statistics are not the run's
+        return out
+
+    def put_back(self) -> None:
+        self.lone.logits.put(self.stats)
+
+    def snapshot(self) -> Snapshot:
+        return self.lone.snapshot()
+
+    def zero_grad(self) -> None:
+        self.lone.zero_grad()
+
+    def has_state(self) -> bool:
+        return self.lone.has_state()

@@ -109,8 +109,6 @@ class Stepper(Protocol):
     """The device step index a window's step reads its batch and lr from, and moves on."""
     flagged: bool
     """Whether a window step's row carries the per-run bad-batch flags (batches drawn and checked on the device)."""
-    graph: StepGraph | None
-    """The window step as a CUDA graph (graph=true on CUDA), or None."""
 
     def live(self, step: int) -> list[Syncs]:
         """The Syncs of the runs that train at `step` (none: the loop is done)."""
@@ -124,8 +122,9 @@ class Stepper(Protocol):
     def one(self, step: int) -> bool:
         """Step `step` by itself, with its own sync; True stops the loop."""
 
-    def replayable(self, step: int) -> bool:
-        """Whether window step `step` may be a graph replay (a lone run's attention-logit step runs eagerly)."""
+    def graph_at(self, step: int) -> StepGraph | None:
+        """The CUDA graph window step `step` replays (graph=true on CUDA; a lone run's logit steps have their
+        own), or None: eager."""
 
     def eager_step(self, step: int) -> tuple | None:
         """Window step `step`, run eagerly: (row, pred, batch); None when a batch read from files is bad."""
@@ -171,12 +170,12 @@ def drive(stepper: Stepper, step: int) -> None:
 def _window(stepper: Stepper, start: int, end: int) -> tuple[WindowResult, int, int]:
     """Steps start..end-1 with one sync: (how it ended, the first step it did not run, the steps replayed from
     the graph). AdamW steps unconditionally: a step the scaler or monitor would have stopped takes it back."""
-    rows, replayed, graph = [], 0, stepper.graph
+    rows, replayed = [], 0
     stepper.clock.fill_(start)  # the optimizer's clock: each step moves it on
     for step in range(start, end):
         if step > start:  # the last step's gradients stay for the stall check
             stepper.zero_grad()
-        if graph is not None and stepper.replayable(step) and graph.ready(step):
+        if (graph := stepper.graph_at(step)) is not None and graph.ready(step):
             out = graph()
             replayed += graph.graph is not None  # not when the capture failed
         else:
