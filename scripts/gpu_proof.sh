@@ -26,6 +26,9 @@ part 90 cuda_tests python3 -m pytest -q -m cuda -n 6 -p no:cacheprovider --durat
 part 130 graph bash bench/gpu.sh graph
 part 40 graph "$PYTHON" bench/throughput.py --precisions bf16_amp --attention flash --rounds 3 --sync-every 8 \
   --graph-every 16
+# graph=auto's condition: the demo grid and the scenarios the same with graphs, and twice the same
+part 150 parity "$PYTHON" bench/graph_parity.py --again \
+  --only demo,videochat2_fp16_overflow,opendit_fused_modulate_fp16,sana_low_lr_pure_fp16,cogvideox_bad_samples
 part 50 packing "$PYTHON" bench/packing.py --precision bf16_amp --attention flash --steps 128 --packs 32 \
   --packed-only graph=true monitor.sync_every=32
 part 90 compile "$PYTHON" bench/throughput.py --model video_dit_s --precisions bf16_amp --attention flash \

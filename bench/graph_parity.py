@@ -1,0 +1,103 @@
+"""graph=true against today's eager default, run by run, on the demo grid and every scenario (issue #31).
+
+    python bench/graph_parity.py [--only demo,qk_norm_logit_growth] [--sync-every 8] [--out DIR]
+
+Each target runs through the CLI, as a user runs it: `graph=false monitor.sync_every=1` (the default) and
+`graph=true monitor.sync_every=N` (twice with --again: bit-identical too), each into its own directory,
+diagnosis off. Then, run by run: status, verdict, first bad step and metrics.csv byte for byte, and each
+side's wall time. graph=auto may turn graphs on for CUDA only where every row says `same`. On the CPU
+graph=true is a skipped run: this needs a CUDA device.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+SCENARIOS = sorted(p.stem for p in (ROOT / "conf" / "scenario").glob("*.yaml"))
+COMMON = ["monitor.diagnose=off", "progress=none"]
+
+
+def command(target: str, out: Path, graph: list[str]) -> list[str]:
+    """The CLI line of a target (a scenario is a sweep of its own: its cause and its fix, with replicates)."""
+    target = ["-m", "+experiment=demo"] if target == "demo" else [f"+scenario={target}"]
+    return ["-m", "sweep", *target, *COMMON, *graph, f"hydra.run.dir={out}", f"hydra.sweep.dir={out}"]
+
+
+def results(root: Path) -> dict[str, tuple]:
+    """Per run directory under root: (status, verdict, first bad step, metrics.csv bytes)."""
+    got = {}
+    for path in sorted(root.rglob("result.json")):
+        r = json.loads(path.read_text())
+        metrics = path.parent / "metrics.csv"
+        got[str(path.parent.relative_to(root))] = (
+            r.get("status"),
+            r.get("verdict"),
+            r.get("first_bad_step"),
+            metrics.read_bytes() if metrics.exists() else b"",
+        )
+    return got
+
+
+def compare(a: dict[str, tuple], b: dict[str, tuple]) -> list[str]:
+    """How the runs of two sides differ, one line per run that does."""
+    differ = []
+    for run in sorted(set(a) | set(b)):
+        x, y = a.get(run), b.get(run)
+        if x is None or y is None:
+            differ.append(f"{run}: only on one side")
+        elif x != y:
+            what = [n for n, u, v in zip(("status", "verdict", "first bad step", "metrics"), x, y) if u != v]
+            differ.append(f"{run}: {', '.join(what)} ({x[:3]} vs {y[:3]})")
+    return differ
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--only", default=",".join(["demo", *SCENARIOS]), help="targets: demo and scenario names")
+    ap.add_argument("--sync-every", type=int, default=8, help="monitor.sync_every of the graph=true side")
+    ap.add_argument("--again", action="store_true", help="run the graph=true side twice: bit-identical too")
+    ap.add_argument("--out", type=Path, default=None, help="keep the runs here (default: a temporary folder)")
+    args = ap.parse_args()
+    targets = [t for t in args.only.split(",") if t]
+    unknown = [t for t in targets if t != "demo" and t not in SCENARIOS]
+    if unknown:
+        sys.exit(f"bench/graph_parity.py: unknown target {', '.join(unknown)}: demo or one of {', '.join(SCENARIOS)}")
+    sides = {"eager": ["graph=false", "monitor.sync_every=1"]}
+    sides["graph"] = ["graph=true", f"monitor.sync_every={args.sync_every}"]
+    if args.again:
+        sides["again"] = sides["graph"]
+    base = args.out or Path(tempfile.mkdtemp(prefix="graph_parity_"))
+    print(f"{'target':<30}{'runs':>6}{'same':>6}" + "".join(f"{side + ' s':>9}" for side in sides) + "  differences")
+    all_same = True
+    for target in targets:
+        got, seconds = {}, {}
+        for side, overrides in sides.items():
+            out = base / target / side
+            start = time.perf_counter()
+            proc = subprocess.run(
+                [sys.executable, *command(target, out, overrides)], cwd=ROOT, capture_output=True, text=True
+            )
+            seconds[side] = time.perf_counter() - start
+            if proc.returncode != 0:
+                print(f"{target:<30} {side} exited {proc.returncode}: {proc.stderr.strip().splitlines()[-1:]}")
+            got[side] = results(out)
+        runs = sorted(set(got["eager"]) | set(got["graph"]))
+        differ = compare(got["eager"], got["graph"])
+        if args.again:
+            differ += [f"again: {d}" for d in compare(got["graph"], got["again"])]
+        all_same &= not differ and bool(runs)
+        times = "".join(f"{seconds[side]:>9.1f}" for side in sides)
+        print(f"{target:<30}{len(runs):>6}{len(runs) - len(differ):>6}{times}  " + ("; ".join(differ) or "-"))
+    print("every run the same" if all_same else "NOT the same: graph=auto must stay eager")
+    sys.exit(0 if all_same else 1)
+
+
+if __name__ == "__main__":
+    main()
