@@ -47,6 +47,21 @@ from typing import Callable, NamedTuple, Sequence
 import torch
 
 
+def copies(tensors: Sequence[torch.Tensor]) -> list[torch.Tensor]:
+    """Exact copies of `tensors` made by one multi-tensor copy (a window's snapshot, sweep/run/window.py): on a
+    GPU a handful of kernel launches for the whole list instead of one clone each."""
+    out = [torch.empty_like(t) for t in tensors]
+    if out:
+        torch._foreach_copy_(out, list(tensors))
+    return out
+
+
+def copy_back(tensors: Sequence[torch.Tensor], saved: Sequence[torch.Tensor]) -> None:
+    """Put `saved` (from copies) back into `tensors`, in place."""
+    if tensors:
+        torch._foreach_copy_(list(tensors), list(saved))
+
+
 class PerStep(IntEnum):
     """The rows of the (len(PerStep), R) fp32 scalars `per_step_scalars` makes and `update_` takes, one column per
     update (torch's names: its `_single_tensor_adamw` computes them in Python)."""
@@ -287,14 +302,14 @@ class DeviceAdamW(torch.optim.Optimizer):
         """A copy of the state as it is now, and the function that puts it back in place (a window's snapshot,
         sweep/run/window.py): a captured update writes the tensors it was captured with, and state made since
         (a window's first update creates it) goes."""
-        saved = {p: {k: v.clone() if torch.is_tensor(v) else v for k, v in s.items()} for p, s in self.state.items()}
+        keys = [(p, k) for p, s in self.state.items() for k, v in s.items() if torch.is_tensor(v)]
+        saved = copies([self.state[p][k] for p, k in keys])
+        params = set(self.state)
 
         def restore() -> None:
-            for p in [p for p in self.state if p not in saved]:
+            for p in [p for p in self.state if p not in params]:
                 del self.state[p]
-            for p, tensors in saved.items():
-                for k, v in tensors.items():
-                    self.state[p][k].copy_(v)
+            copy_back([self.state[p][k] for p, k in keys], saved)
 
         return restore
 
@@ -363,15 +378,12 @@ class StackedAdamW:
     def saved(self) -> Callable[[], None]:
         """A copy of the moments and counts as they are now, and the function that puts them back in place
         (a window's snapshot, sweep/run/window.py)."""
-        moments = {n: (m.clone(), v.clone()) for n, (m, v) in self.moments.items()}
-        counts = self.counts.clone()
+        tensors = [t for m, v in self.moments.values() for t in (m, v)] + [self.counts]
+        saved = copies(tensors)
 
         def restore() -> None:
             with torch.no_grad():
-                for n, (m, v) in self.moments.items():
-                    m.copy_(moments[n][0])
-                    v.copy_(moments[n][1])
-                self.counts.copy_(counts)
+                copy_back(tensors, saved)
 
         return restore
 

@@ -27,6 +27,7 @@ from typing import Callable, NamedTuple, Protocol, Sequence
 import torch
 
 from sweep.config import RunConfig
+from sweep.run.adamw import copies, copy_back
 from sweep.run.evaluate import Evaluator
 from sweep.run.graph import StepGraph
 from sweep.run.monitor import DivergenceMonitor
@@ -219,7 +220,7 @@ class Snapshot:
         after: Callable[[], None],
     ):
         self.params, self.generators, self.scaler, self.after = list(params), list(generators), scaler, after
-        self.weights = [p.detach().clone() for p in self.params]
+        self.weights = copies([p.detach() for p in self.params])
         self.optimizer = optimizer.saved()
         self.noise = [g.get_state() for g in self.generators]
         self.device = self.params[0].device if self.params else torch.device("cpu")
@@ -233,8 +234,7 @@ class Snapshot:
 
     def restore(self) -> None:
         with torch.no_grad():
-            for p, w in zip(self.params, self.weights):
-                p.copy_(w)
+            copy_back(self.params, self.weights)
         self.optimizer()
         for g, state in zip(self.generators, self.noise):
             g.set_state(state)
