@@ -165,10 +165,16 @@ class DivergenceMonitor:
 
     def after_update(self, step: int, params: list[torch.Tensor], grads: list[torch.Tensor]) -> Divergence | None:
         """Count an applied update; every `stall_window` steps, compare the weights with the last check."""
+        return self.stall_check(step, params, grads) if self.count_update(step) else None
+
+    def count_update(self, step: int) -> bool:
+        """Count an applied update: whether step `step` is a stall check (every `stall_window` steps)."""
         self._updates_since_snapshot += 1
         self.updates += 1
-        if (step + 1) % self.cfg.stall_window != 0 or self._snapshot is None:
-            return None
+        return (step + 1) % self.cfg.stall_window == 0 and self._snapshot is not None
+
+    def stall_check(self, step: int, params: list[torch.Tensor], grads: list[torch.Tensor]) -> Divergence | None:
+        """Compare the weights with the last check (after count_update said this step is one)."""
         now = _flat(params)
         same = now == self._snapshot
         # Weighted by |w|: zero-initialised weights (adaLN-Zero, biases) sit where every update is

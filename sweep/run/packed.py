@@ -237,9 +237,8 @@ class Pack:
         model, opt, parts, runs = self.model, self.opt, self.parts, self.runs
         for i, (k, d) in enumerate(zip(live, decisions)):
             run, monitor = runs[k], parts[k].monitor
-            verdict = self.steps.after_update(
-                i, step, d, [p.detach()[i] for p in model.params.values() if p.requires_grad], grads
-            )
+            weights = lambda i=i: [p.detach()[i] for p in model.params.values() if p.requires_grad]  # noqa: E731
+            verdict = self.steps.after_update(i, step, d, weights, grads)
             self.first[k] = first_of(  # before zero_grad: the explanation reads the gradients
                 self.first[k],
                 verdict,

@@ -20,7 +20,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from enum import IntEnum
-from typing import TYPE_CHECKING, Protocol, Sequence
+from typing import TYPE_CHECKING, Callable, Protocol, Sequence
 
 import torch
 
@@ -192,11 +192,13 @@ class Steps:
         return self.judge(step, self.record(loss, grads).tolist())
 
     def after_update(
-        self, i: int, step: int, d: Decision, params: list[torch.Tensor], grads: Grads
+        self, i: int, step: int, d: Decision, params: Callable[[], list[torch.Tensor]], grads: Grads
     ) -> Divergence | None:
-        """Run i's verdict after the optimizer: the scaler's and monitor's, or the stall check's when it stepped."""
+        """Run i's verdict after the optimizer: the scaler's and monitor's, or the stall check's when it stepped.
+        `params()` (run i's weights) is called on stall-check steps only: a pack slices them out of its stacks."""
         if d.stepping:
-            d.verdict = self.monitors[i].after_update(step, params, grads.of(i))
+            m = self.monitors[i]
+            d.verdict = m.stall_check(step, params(), grads.of(i)) if m.count_update(step) else None
         return d.verdict
 
     def log(

@@ -183,7 +183,7 @@ class Lone:
         run, parts = self.run, self.parts
         if logits is None:  # a second sync, every logit_every steps
             logits = self.logits.collect() if step % run.monitor.logit_every == 0 else ("", "")
-        verdict = self.steps.after_update(0, step, d, self.params, grads)
+        verdict = self.steps.after_update(0, step, d, lambda: self.params, grads)
         self.first = first_of(  # before zero_grad: the explanation reads the gradients
             self.first,
             verdict,
