@@ -126,6 +126,22 @@ CASES: dict[str, tuple[str | None, list[str]]] = {
         "lr_too_high",
         ["model=diffusers_dit_tiny", "data=synthetic_image", "data.frames=1", "optim.lr=3e-1", "steps=20"],
     ),
+    "flow_spike": ("lr_too_high", ["objective=flow", "optim.lr=3e-2", "steps=20"]),
+    "video_qk_norm_spike": ("lr_too_high", ["model.qk_norm=true", "optim.lr=1e-1", "steps=20"]),
+    "dit_clipped_spike": ("lr_too_high", [*IMAGE, "optim.lr=1e-1", "optim.grad_clip=1.0", "steps=20"]),
+    "video_bf16_inf_sample": (
+        "bad_input",
+        ["precision=bf16_amp", "steps=16", "optim.lr=1e-3", "+data.faults=[{index:7,kind:inf}]", "data.check=false"],
+    ),
+    "pixart_fp16_huge_loss": (
+        "loss_scale_collapse",
+        [*PIXART, "precision=fp16_amp", "objective.loss_weight=1e6", "steps=30", "optim.lr=1e-3"],
+    ),
+    "pixart_bf16_pure_small_lr": ("update_underflow", [*PIXART, "precision=bf16_pure", "optim.lr=1e-5", "steps=25"]),
+    "video_buggy_modulate_spike": (
+        "kernel",
+        ["modulate=fused_buggy", "precision=fp16_amp", "attention=flash", "optim.lr=3e-2", "steps=20"],
+    ),
     "healthy_fp32": (None, ["optim.lr=1e-3", "steps=20"]),
     "healthy_bf16_amp": (None, ["precision=bf16_amp", "optim.lr=1e-3", "steps=20"]),
     "healthy_fp16_amp": (None, ["precision=fp16_amp", "optim.lr=1e-4", "steps=20"]),
@@ -133,6 +149,8 @@ CASES: dict[str, tuple[str | None, list[str]]] = {
         None,
         ["model=dit_tiny", "data=synthetic_image", "data.frames=1", "modulate=fused", "steps=20"],
     ),
+    "healthy_flow": (None, ["objective=flow", "optim.lr=1e-3", "steps=20"]),
+    "healthy_bf16_pure": (None, ["precision=bf16_pure", "optim.lr=1e-3", "steps=20"]),
     "healthy_pixart": (
         None,
         ["model=pixart_tiny", "data=synthetic_image", "data.frames=1", "optim.lr=1e-4", "steps=10"],
