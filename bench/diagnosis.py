@@ -142,6 +142,19 @@ CASES: dict[str, tuple[str | None, list[str]]] = {
         "kernel",
         ["modulate=fused_buggy", "precision=fp16_amp", "attention=flash", "optim.lr=3e-2", "steps=20"],
     ),
+    "video_fp16_amp_lr_high": ("lr_too_high", ["precision=fp16_amp", "optim.lr=1e-1", "steps=30"]),
+    "dit_nan_checkpoint": (
+        "corrupt_checkpoint",
+        [*IMAGE, "steps=30", "checkpoint.inject=nan", "checkpoint.verify=false", RESUME],
+    ),
+    "diffusers_fp16_pure": (
+        "update_underflow",
+        ["model=diffusers_dit_tiny", "data=synthetic_image", "data.frames=1", "precision=fp16_pure", "steps=10"],
+    ),
+    "video_bf16_lr_high_update_clip": (
+        "lr_too_high",
+        ["precision=bf16_amp", "optim.lr=3e-1", "optim.update_clip=1.0", "steps=20"],
+    ),
     "healthy_fp32": (None, ["optim.lr=1e-3", "steps=20"]),
     "healthy_bf16_amp": (None, ["precision=bf16_amp", "optim.lr=1e-3", "steps=20"]),
     "healthy_fp16_amp": (None, ["precision=fp16_amp", "optim.lr=1e-4", "steps=20"]),

@@ -176,6 +176,31 @@ def test_a_stall_that_fp32_keeps_is_offered_a_smaller_eps_then_a_larger_lr():
     assert candidates(noscale, "gradient_underflow", {}, cleared, [], None)[0] == ["precision=fp16_amp"]
 
 
+def test_a_spike_that_lr_10_only_delays_is_the_step_size_once_lr_100_is_stable():
+    """bf16 AMP at lr 3e-1 with update clipping spikes at step 1, lr/10 at step 6 (bench/diagnosis.py's
+    video_bf16_lr_high_update_clip): no row clears it, so no mechanism from the table; lr/100 is the candidate,
+    and only its stable run from step 0 makes it lr_too_high. A row that spikes at the same step proposes nothing."""
+    from sweep.diagnose.counterfactual import Row, Table
+    from sweep.diagnose.diagnosis import step_size_proven
+    from sweep.diagnose.fix import candidates
+    from sweep.diagnose.mechanism import Mechanism
+
+    spiked = record("loss_spike", {"where": "optimizer"}, first_bad_step=1, _overrides=["optim.lr=0.3"])
+    unexplained = Mechanism("unexplained", "no recorded signal explains it")
+
+    def table(first_bad: int) -> Table:
+        later = {"status": "diverged", "verdict": "loss_spike", "first_bad_step": first_bad}
+        return Table(0, 11, 1, [Row("lr/10", ["optim.lr=0.03"], later, cleared=False)])
+
+    assert candidates(spiked, "unexplained", {}, table(6), [], None) == [["optim.lr=0.003"]]
+    assert candidates(spiked, "unexplained", {}, table(1), [], None) == []
+    stable = {"overrides": ["optim.lr=0.003"], "confirmed": True}
+    m, agrees, why = step_size_proven(spiked, unexplained, table(6), stable)
+    assert (m.name, agrees, m.evidence["lr/10 first bad step"]) == ("lr_too_high", True, 6), why
+    assert step_size_proven(spiked, unexplained, table(6), stable | {"confirmed": False}) is None
+    assert step_size_proven(spiked, unexplained, table(1), stable) is None
+
+
 def test_a_resumed_run_is_not_offered_qk_norm_which_its_checkpoint_cannot_load():
     """A logit-growth spike after a resume (the beta2 scenario at another seed): model.qk_norm=true adds weights
     the checkpoint lacks, so its fix run would stop at the load ('does not fit this model')."""

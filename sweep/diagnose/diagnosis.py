@@ -8,7 +8,7 @@ from pathlib import Path
 from typing import Callable
 
 from sweep.diagnose.counterfactual import PAST, Table, reproduced, run_table
-from sweep.diagnose.fix import KNOWN, candidates, confirm
+from sweep.diagnose.fix import KNOWN, candidates, confirm, lr_delayed_it
 from sweep.diagnose.mechanism import Mechanism, decide
 from sweep.diagnose.record import RunRecord, load
 
@@ -87,6 +87,26 @@ def settle(record: RunRecord, mechanism: Mechanism, table: Table) -> tuple[Mecha
     )
 
 
+def step_size_proven(
+    record: RunRecord, mechanism: Mechanism, table: Table, fix: dict | None
+) -> tuple[Mechanism, bool, str] | None:
+    """An unexplained run whose lr/10 row only moved the bad steps later, and whose fix run at a lower lr alone
+    trained stable from step 0: the step size, shown by real runs (lr_too_high). None otherwise."""
+    if mechanism.name != "unexplained" or not (fix and fix["confirmed"]) or not lr_delayed_it(record, table):
+        return None
+    if [o.split("=")[0] for o in fix["overrides"]] != ["optim.lr"]:
+        return None
+    later = table.row("lr/10").outcome["first_bad_step"]
+    lr = fix["overrides"][0].split("=")[1]
+    m = Mechanism(
+        "lr_too_high",
+        f"no specific signal; lr/10 from step {table.from_step} only moved the bad steps ({record.first_bad} -> "
+        f"{later}), and lr {lr} trained stable from step 0",
+        mechanism.evidence | {"lr/10 first bad step": later, "stable lr": float(lr)},
+    )
+    return m, True, f"lr/10 delayed the bad steps to {later} and lr {lr} is stable from step 0: the step size"
+
+
 def diagnose(
     run_dir: Path,
     bisect: bool = False,
@@ -110,6 +130,8 @@ def diagnose(
     fp32_set = (bisection or {}).get("minimal")
     tries = candidates(record, mechanism.name, mechanism.evidence, table, bad, fp32_set)
     confirmed = confirm(record, tries, scratch, progress) if fix and tries else None
+    if (settled := step_size_proven(record, mechanism, table, confirmed)) is not None:
+        mechanism, agrees, why = settled
     out = {
         "format": "dit-sweep-diagnosis/1",
         "run_dir": str(run_dir),

@@ -1,7 +1,8 @@
 """The fix: overrides that should make the run stable, tried from step 0 as a real run.
 
 Candidates come, in order, from the mechanism's known fix (qk_norm, bf16, a lower lr, update clipping, the
-samples left out; a smaller eps, then a 10x larger lr, for a stall that fp32 does not clear either), from the
+samples left out; a smaller eps, then a 10x larger lr, for a stall that fp32 does not clear either; lr/100 for
+an unexplained run whose lr/10 row only moved the bad steps later), from the
 bisection's minimal fp32 set, and from the counterfactual rows that got past the bad steps. The first candidate
 whose run is stable to the end is the confirmed fix. qk_norm is no candidate for a run that loads its weights
 (checkpoint.resume_from, model.init_from): the file has no q/k norms, and the run would stop at the load.
@@ -76,6 +77,10 @@ def candidates(
         out.append(lower_lr)
     elif mechanism == "nondeterministic" and not run.deterministic:
         out.append(["deterministic=true"])
+    elif mechanism == "unexplained" and lr_delayed_it(record, table):
+        # lr/10 moved the bad steps later without clearing them: the step size is in it, and a run at lr/100
+        # says whether it is all of it (diagnosis.py names it lr_too_high only if that run is stable)
+        out.append([f"optim.lr={_round(run.optim.lr / 100)!r}"])
     if mechanism in ("corrupt_checkpoint", "unexplained", "nondeterministic"):
         return [c for c in out if c]
     # what the counterfactuals showed to work, after the mechanism's own fix
@@ -105,6 +110,14 @@ def _precision_fix(run, mechanism: str) -> list[str]:
     if mechanism == "gradient_underflow" and run.precision.name == "fp16_amp_noscale":
         return ["precision=fp16_amp"]
     return ["precision=bf16_amp"] if run.precision.param_dtype.value != "float32" else []
+
+
+def lr_delayed_it(record: RunRecord, table: Table | None) -> bool:
+    """Whether the table's lr/10 row diverged, but later than the run did (the step size matters, and lr/10 was
+    not enough)."""
+    row = next((r for r in table.rows if r.name == "lr/10"), None) if table else None
+    out = row.outcome if row else None
+    return bool(out and out.get("status") == "diverged" and (out.get("first_bad_step") or -1) > record.first_bad)
 
 
 def _fp32_kept_it(table: Table | None) -> bool:
