@@ -22,12 +22,26 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from host_parts import host_parts
+from host_parts import line as host_line
 from throughput import matmul_flops, run_config, step_flops
 
+import sweep.run.window as window
 from sweep.run.build import build_parts, reset_process_state, resolve_device
 from sweep.run.execute import execute
+from sweep.run.graph import StepGraph
+from sweep.run.packed import Pack
 from sweep.run.packing import execute_pack, refusal
 from sweep.run.precision import PrecisionPolicy
+
+PACK_PARTS = {
+    "eager": (Pack, "eager_step"),
+    "replay": (StepGraph, "__call__"),
+    "snapshot": (Pack, "snapshot"),
+    "sync wait": (window, "judge_window"),
+    "stand": (Pack, "stand"),
+}
+"""Where a pack's host time goes (bench/host_parts.py): on a GPU, `sync wait` is the device's share."""
 
 
 def runs_for(k: int, args) -> list:
@@ -87,9 +101,10 @@ def main() -> None:
             start = time.perf_counter()
             alone = [] if args.packed_only else [execute(r, Path(tmp) / f"seq{i}", {}) for i, r in enumerate(runs)]
             sequential = time.perf_counter() - start
-            start = time.perf_counter()
-            packed = execute_pack(runs, [Path(tmp) / f"pack{i}" for i in range(k)], [{}] * k, [""] * k)
-            together = time.perf_counter() - start
+            with host_parts(PACK_PARTS) as spent:
+                start = time.perf_counter()
+                packed = execute_pack(runs, [Path(tmp) / f"pack{i}" for i in range(k)], [{}] * k, [""] * k)
+                together = time.perf_counter() - start
         same = all(
             (a.status, a.verdict, a.first_bad_step) == (b.status, b.verdict, b.first_bad_step)
             for a, b in zip(alone, packed)
@@ -100,10 +115,12 @@ def main() -> None:
             continue
         train_s = max(r.steps_run / r.steps_per_second for r in packed if r.steps_per_second)
         achieved = k * args.steps * flops / train_s
+        speed_up = f"{sequential / together:.2f}x" if alone else "-"
         print(
-            f"{k:>3}{sequential:>14.1f}{together:>10.1f}{sequential / together:>9.2f}x{k * args.steps / train_s:>20.1f}"
+            f"{k:>3}{sequential:>14.1f}{together:>10.1f}{speed_up:>10}{k * args.steps / train_s:>20.1f}"
             f"{achieved / 1e9:>15.1f}{achieved / peak:>11.1%}{str(same) if alone else '-':>16}"
         )
+        print(f"      the pack end to end, {host_line(spent, together, args.steps, 'pack-step')}")
 
 
 if __name__ == "__main__":

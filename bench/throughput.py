@@ -32,6 +32,8 @@ from torch.utils.flop_counter import FlopCounterMode
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from host_parts import host_parts
+from host_parts import line as host_line
 from hydra import compose, initialize_config_dir
 
 from models import LogitStats
@@ -183,10 +185,13 @@ def main() -> None:
             f"{'[' + f'{ratios[0]:+.1%} .. {ratios[-1]:+.1%}' + ']':>20}{share:>16.1%}"
         )
         if device.type == "cuda":  # graph=true, and the bare step as one graph: the figure the loop is held to
-            graphed = graphed_step(dataclasses.replace(run, steps=max(run.steps, 64)), policy, device, args.graph_every)
+            graphed, where = graphed_step(
+                dataclasses.replace(run, steps=max(run.steps, 64)), policy, device, args.graph_every
+            )
             reference = bare_graph_step(run, fresh_parts(run, policy, device), run.steps)
             line += f"{graphed * 1e3:>13.2f}{reference * 1e3:>15.2f}{graphed / reference:>10.2f}x"
             line += f"{flops / reference / peak:>12.1%}"
+            line += f"\n  graphed run, whole {max(run.steps, 64)} steps, {where}"
         print(line)
 
 
@@ -241,15 +246,30 @@ class _Clock:
         return False
 
 
-def graphed_step(run, policy, device, sync_every: int) -> float:
+def graphed_step(run, policy, device, sync_every: int) -> tuple[float, str]:
     """Seconds per step of the real loop with graph=true (CUDA), over the run's second half: the capture (at the
-    first window after AdamW has its state) and the first windows are left out."""
+    first window after AdamW has its state) and the first windows are left out. And where the whole run's host
+    time went (bench/host_parts.py): eager steps, replays, snapshots, the windows' sync wait, their stand."""
+    import sweep.run.window as window
+    from sweep.run.graph import StepGraph
+    from sweep.run.train import Lone
+
     run = dataclasses.replace(run, graph="true", monitor=dataclasses.replace(run.monitor, sync_every=sync_every))
-    clock = _Clock()
-    train(run, fresh_parts(run, policy, device), MetricsLog(), RunProgress(run.steps, Progress.none, 1), hooks=[clock])
+    clock, parts = _Clock(), fresh_parts(run, policy, device)
+    timed = {
+        "eager": (Lone, "eager_step"),
+        "replay": (StepGraph, "__call__"),
+        "snapshot": (Lone, "snapshot"),
+        "sync wait": (window, "judge_window"),
+        "stand": (Lone, "stand"),
+    }
+    with host_parts(timed) as spent:
+        start = time.perf_counter()
+        train(run, parts, MetricsLog(), RunProgress(run.steps, Progress.none, 1), hooks=[clock])
+        total = time.perf_counter() - start
     half = [(s, t) for s, t in clock.seen if s >= run.steps // 2]
     (s0, t0), (s1, t1) = half[0], half[-1]
-    return (t1 - t0) / (s1 - s0)
+    return (t1 - t0) / (s1 - s0), host_line(spent, total, run.steps)
 
 
 def bare_graph_step(run, parts, steps: int) -> float:
