@@ -35,6 +35,7 @@ from sweep.run.packing import execute_pack, refusal
 from sweep.run.precision import PrecisionPolicy
 
 PACK_PARTS = {
+    "one sync each": (Pack, "one"),  # steps run alone (monitor.sync_every=1), their sync wait included
     "eager": (Pack, "eager_step"),
     "replay": (StepGraph, "__call__"),
     "snapshot": (Pack, "snapshot"),

@@ -257,6 +257,7 @@ def graphed_step(run, policy, device, sync_every: int) -> tuple[float, str]:
     run = dataclasses.replace(run, graph="true", monitor=dataclasses.replace(run.monitor, sync_every=sync_every))
     clock, parts = _Clock(), fresh_parts(run, policy, device)
     timed = {
+        "one sync each": (Lone, "one"),  # steps run alone (a logit step at sync_every=1), their sync wait included
         "eager": (Lone, "eager_step"),
         "replay": (StepGraph, "__call__"),
         "snapshot": (Lone, "snapshot"),
