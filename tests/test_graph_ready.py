@@ -294,10 +294,27 @@ def test_a_failed_capture_takes_its_warm_up_back_and_the_run_goes_on(tmp_path, c
         got[mode] = (r.status, r.verdict, (tmp_path / mode / "metrics.csv").read_bytes(), r.sync, calls["n"])
     assert got["false"][3]["taken_back"] == 0  # every window stands: nothing but the restore undoes the warm-up
     assert got["true"][:3] == got["false"][:3] and got["true"][3]["replayed"] == 0
-    # Each capture's warm-up ran once, the window step's and the logit step's (step 10; its statistics are in
-    # the metrics compared): a failed capture is not retried.
-    assert got["true"][4] == got["false"][4] + 2 * WARMUP
+    # The window step's capture warmed up once and failed: not retried, and the logit step's (step 10) not tried
+    assert got["true"][4] == got["false"][4] + WARMUP
     assert "could not be captured as a CUDA graph" in caplog.text
+
+
+def test_a_failed_logit_step_capture_keeps_its_attention_statistics(tmp_path, capture_fails_after_warm_up):
+    """The logit step's own capture (sweep.run.train.LogitStep), tried alone: its warm-up steps' statistics are
+    dropped and the eager step's put back, so the logit columns are byte for byte graph=false's."""
+    from sweep.run.execute import execute
+
+    def logit_graph_only(self, step):
+        return self.graphs[1] if self.graphs and step % self.run.monitor.logit_every == 0 else None
+
+    got = {}
+    for mode in ("false", "true"):
+        with pytest.MonkeyPatch.context() as mp:
+            mp.setattr(Lone, "graph_at", logit_graph_only)
+            r = execute(make_run(*CAPTURED, f"graph={mode}"), tmp_path / mode, params={})
+        got[mode] = (r.status, r.verdict, (tmp_path / mode / "metrics.csv").read_bytes())
+    assert got["true"] == got["false"]
+    assert b"attn_max_logit" in got["true"][2]
 
 
 def test_a_packs_failed_capture_takes_its_warm_up_back(tmp_path, capture_fails_after_warm_up, caplog):

@@ -152,7 +152,10 @@ class Lone:
     def graph_at(self, step: int) -> StepGraph | None:
         if self.graphs is None:
             return None
-        return self.graphs[step % self.run.monitor.logit_every == 0]  # a logit step is its own capture
+        window, logit = self.graphs
+        if step % self.run.monitor.logit_every != 0:
+            return window
+        return None if window.failed else logit  # a logit step is its own capture, not tried after the step's failed
 
     def eager_step(self, step: int) -> tuple | None:
         x0 = None  # drawn and checked on the device
