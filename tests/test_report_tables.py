@@ -208,6 +208,45 @@ def test_root_causes(grid):
     assert list(rc.index.names) == ["verdict", "mechanism"]
 
 
+def test_root_causes_count_a_diagnosed_failures_other_runs_under_its_diagnosis(tmp_path):
+    """The demo's seed-1 twins of its diagnosed lr 3e-2 spikes were counted `unexplained` (their recorded
+    mechanism) beside their diagnosed seed-0 runs' `lr_too_high`: a run of the same distinct failure (verdict,
+    recorded mechanism and swept values but the lr and seed) now counts under the diagnosis, marked; a run of
+    another failure keeps its own."""
+    import json
+
+    def run(name, precision, seed, mechanism, diagnosed):
+        d = tmp_path / name
+        d.mkdir()
+        (d / "result.json").write_text(json.dumps({"mechanism": {"name": "unexplained"}}))
+        if diagnosed:
+            (d / "diagnosis.json").write_text(json.dumps({"mechanism": mechanism}))
+        return {
+            "status": "diverged",
+            "verdict": "loss_spike",
+            "cause_where": "optimizer",
+            "mechanism": mechanism,
+            "run_dir": str(d),
+            "param:precision": precision,
+            "param:optim.lr": 0.03,
+            "param:seed": seed,
+        }
+
+    runs = pd.DataFrame(
+        [
+            run("a", "fp32", 0, "lr_too_high", True),
+            run("b", "fp32", 1, "unexplained", False),  # its twin
+            run("c", "bf16_amp", 1, "unexplained", False),  # another failure, not diagnosed
+        ]
+    )
+    rc = root_causes(runs)
+    assert rc.total.to_dict() == {
+        ("loss_spike", "lr_too_high"): 1,
+        ("loss_spike", "lr_too_high (group's diagnosis)"): 1,
+        ("loss_spike", "unexplained"): 1,
+    }
+
+
 def test_every_verdict_has_a_short_name_and_the_root_causes_follow_their_order(grid):
     assert set(SHORT) == set(Verdict) and len(set(SHORT.values())) == len(Verdict)
     newer = grid.assign(verdict=grid.verdict.replace({"nonfinite_grad": "a_newer_verdict"}))  # plain words, as read

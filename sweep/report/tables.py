@@ -475,9 +475,15 @@ def _max_stable_step(by_lr: dict, lrs: list[float], grid: list[float]) -> int:
 # --- 5. root causes ----------------------------------------------------------------------------
 
 
+NOT_PER_FAILURE = ("optim.lr", "seed")
+"""The swept values that do not split a distinct failure (sweep/diagnose/multirun.py diagnoses one run of each)."""
+GROUP_DIAGNOSIS = " (group's diagnosis)"
+
+
 def root_causes(runs: pd.DataFrame) -> pd.DataFrame:
     """Diverged runs counted by verdict and mechanism (rows: sweep/diagnose/mechanism.py, "-" for runs recorded
-    before it) and where they first went wrong (columns), with totals."""
+    before it) and where they first went wrong (columns), with totals. A run not diagnosed itself, of a distinct
+    failure whose diagnosed run got a mechanism, is counted under that one, marked "(group's diagnosis)"."""
     div = runs[runs.status == "diverged"]
     if div.empty:
         return pd.DataFrame()
@@ -485,6 +491,7 @@ def root_causes(runs: pd.DataFrame) -> pd.DataFrame:
     mechanism = (div.mechanism if "mechanism" in div else pd.Series("-", index=div.index)).map(
         lambda m: m if isinstance(m, str) and m else "-"
     )
+    mechanism = _by_group_diagnosis(div, mechanism)
     table = pd.crosstab([div.verdict.fillna("unknown"), mechanism], where)
     cols = [w for w in WHERE if w in table] + sorted(set(table.columns) - set(WHERE) - {"unknown"})
     cols += ["unknown"] if "unknown" in table else []
@@ -495,6 +502,34 @@ def root_causes(runs: pd.DataFrame) -> pd.DataFrame:
     table["total"] = table.sum(axis=1)
     table.index.names, table.columns.name = ["verdict", "mechanism"], "where"
     return table
+
+
+def _by_group_diagnosis(div: pd.DataFrame, mechanism: pd.Series) -> pd.Series:
+    """`mechanism`, with each undiagnosed run of a diagnosed distinct failure (the same verdict, recorded mechanism
+    and swept values but NOT_PER_FAILURE; sweep/diagnose/multirun.py) given that diagnosis's, marked as such."""
+    if "run_dir" not in div:
+        return mechanism
+    axes = [c for c in div.columns if c.startswith(PARAM) and c[len(PARAM) :] not in NOT_PER_FAILURE]
+    recorded, diagnosed = {}, set()
+    for i, run_dir in div.run_dir.items():
+        path = Path(str(run_dir))
+        diagnosed |= {i} if (path / "diagnosis.json").is_file() else set()
+        try:
+            recorded[i] = (json.loads((path / "result.json").read_text()).get("mechanism") or {}).get("name")
+        except (OSError, ValueError):
+            recorded[i] = None
+
+    def failure(i) -> str:
+        return json.dumps([div.at[i, "verdict"], recorded[i], [str(div.at[i, a]) for a in axes]])
+
+    found = {failure(i): mechanism[i] for i in diagnosed}
+    return pd.Series(
+        [
+            m if i in diagnosed or failure(i) not in found else found[failure(i)] + GROUP_DIAGNOSIS
+            for i, m in mechanism.items()
+        ],
+        index=mechanism.index,
+    )
 
 
 # --- 6. diagnoses ------------------------------------------------------------------------------
