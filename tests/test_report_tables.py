@@ -239,6 +239,8 @@ def test_root_causes_count_a_diagnosed_failures_other_runs_under_its_diagnosis(t
             run("c", "bf16_amp", 1, "unexplained", False),  # another failure, not diagnosed
         ]
     )
+    same = runs.assign(mechanism=["unexplained", "unexplained", "unexplained"])  # the diagnosis agreed: plain
+    assert root_causes(same).total.to_dict() == {("loss_spike", "unexplained"): 3}
     rc = root_causes(runs)
     assert rc.total.to_dict() == {
         ("loss_spike", "lr_too_high"): 1,

@@ -483,7 +483,8 @@ GROUP_DIAGNOSIS = " (group's diagnosis)"
 def root_causes(runs: pd.DataFrame) -> pd.DataFrame:
     """Diverged runs counted by verdict and mechanism (rows: sweep/diagnose/mechanism.py, "-" for runs recorded
     before it) and where they first went wrong (columns), with totals. A run not diagnosed itself, of a distinct
-    failure whose diagnosed run got a mechanism, is counted under that one, marked "(group's diagnosis)"."""
+    failure whose diagnosed run got another mechanism than its own signals gave, is counted under the diagnosis's,
+    marked "(group's diagnosis)"."""
     div = runs[runs.status == "diverged"]
     if div.empty:
         return pd.DataFrame()
@@ -523,13 +524,12 @@ def _by_group_diagnosis(div: pd.DataFrame, mechanism: pd.Series) -> pd.Series:
         return json.dumps([div.at[i, "verdict"], recorded[i], [str(div.at[i, a]) for a in axes]])
 
     found = {failure(i): mechanism[i] for i in diagnosed}
-    return pd.Series(
-        [
-            m if i in diagnosed or failure(i) not in found else found[failure(i)] + GROUP_DIAGNOSIS
-            for i, m in mechanism.items()
-        ],
-        index=mechanism.index,
-    )
+
+    def counted(i, m: str) -> str:
+        group = found.get(failure(i)) if i not in diagnosed else None
+        return m if group is None or group == m else group + GROUP_DIAGNOSIS  # its own signals said as much: m
+
+    return pd.Series([counted(i, m) for i, m in mechanism.items()], index=mechanism.index)
 
 
 # --- 6. diagnoses ------------------------------------------------------------------------------
