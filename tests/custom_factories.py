@@ -133,8 +133,13 @@ def forward_raises(channels: int) -> nn.Module:
     return Broken()
 
 
+HUGE_BUILT_ON: list[str] = []
+"""The device each build of `huge` allocated on (tests/test_custom_model.py: only ever "meta")."""
+
+
 def huge(channels: int, dim: int = 66_000) -> nn.Module:
     """4.4G parameters: must be refused on the meta device, never built for real."""
+    HUGE_BUILT_ON.append(torch.empty(0).device.type)  # under `with torch.device("meta")`: meta
     return nn.Sequential(nn.Linear(dim, dim, bias=False))
 
 

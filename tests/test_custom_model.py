@@ -149,15 +149,16 @@ def test_a_forward_of_the_wrong_shape_or_kind_is_refused_before_any_run(target, 
 
 def test_a_custom_model_over_the_parameter_limit_is_refused_from_the_meta_device_in_seconds():
     """issue 33: a 4.3G-parameter factory was built for real and SIGKILLed after 86 s. It is now counted on
-    the meta device against the native models' 1,000M limit (sweep/run/sizes.py) before any real build."""
-    import time
+    the meta device against the native models' 1,000M limit (sweep/run/sizes.py) before any real build: the
+    factory only ever runs under the meta device (what it allocates says so), not a timed bound."""
+    from tests.custom_factories import HUGE_BUILT_ON
 
-    t0 = time.perf_counter()
+    HUGE_BUILT_ON.clear()
     with pytest.raises(
         ConfigError, match=r"^model.kwargs: .*huge would have 4,356.0M parameters \(counted on the meta"
     ):
         check_inputs(custom("tests.custom_factories:huge", "model.kwargs={}"))
-    assert time.perf_counter() - t0 < 5
+    assert HUGE_BUILT_ON and set(HUGE_BUILT_ON) == {"meta"}, HUGE_BUILT_ON
 
 
 def test_a_factory_that_cannot_build_on_meta_is_built_for_real_and_counted():
