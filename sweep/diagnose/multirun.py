@@ -17,12 +17,12 @@ from typing import Callable
 
 from sweep.diagnose.diagnosis import DIAGNOSIS_FILE, diagnose
 from sweep.diagnose.record import DiagnoseError
+from sweep.report.tables import failure_key
 
 log = logging.getLogger("sweep")
 
 COST = 8.0
 """A diagnosis's estimated cost in multiples of its run's own time (replay + six short rows + the fix)."""
-NOT_PER_FAILURE = ("optim.lr", "seed")
 
 
 def distinct_failures(results: list[dict]) -> list[list[dict]]:
@@ -32,10 +32,7 @@ def distinct_failures(results: list[dict]) -> list[list[dict]]:
     for r in results:
         if r.get("status") != "diverged":
             continue
-        params = {k: v for k, v in (r.get("params") or {}).items() if k not in NOT_PER_FAILURE}
-        key = json.dumps(
-            [r.get("verdict"), (r.get("mechanism") or {}).get("name"), params], sort_keys=True, default=str
-        )
+        key = failure_key(r.get("verdict"), (r.get("mechanism") or {}).get("name"), r.get("params") or {})
         groups.setdefault(key, []).append(r)
     for g in groups.values():
         g.sort(key=lambda r: (r.get("params") or {}).get("optim.lr") or 0.0)

@@ -480,6 +480,13 @@ NOT_PER_FAILURE = ("optim.lr", "seed")
 GROUP_DIAGNOSIS = " (group's diagnosis)"
 
 
+def failure_key(verdict: str | None, mechanism: str | None, params: dict) -> str:
+    """A distinct failure: the verdict, the mechanism the run's own signals gave, and every swept value but
+    NOT_PER_FAILURE (sweep/diagnose/multirun.py diagnoses one run of each; root_causes counts its others)."""
+    kept = {k: v for k, v in params.items() if k not in NOT_PER_FAILURE}
+    return json.dumps([verdict, mechanism, kept], sort_keys=True, default=str)
+
+
 def root_causes(runs: pd.DataFrame) -> pd.DataFrame:
     """Diverged runs counted by verdict and mechanism (rows: sweep/diagnose/mechanism.py, "-" for runs recorded
     before it) and where they first went wrong (columns), with totals. A run not diagnosed itself, of a distinct
@@ -506,11 +513,11 @@ def root_causes(runs: pd.DataFrame) -> pd.DataFrame:
 
 
 def _by_group_diagnosis(div: pd.DataFrame, mechanism: pd.Series) -> pd.Series:
-    """`mechanism`, with each undiagnosed run of a diagnosed distinct failure (the same verdict, recorded mechanism
-    and swept values but NOT_PER_FAILURE; sweep/diagnose/multirun.py) given that diagnosis's, marked as such."""
+    """`mechanism`, with each undiagnosed run of a diagnosed distinct failure (failure_key) given that diagnosis's,
+    marked as such."""
     if "run_dir" not in div:
         return mechanism
-    axes = [c for c in div.columns if c.startswith(PARAM) and c[len(PARAM) :] not in NOT_PER_FAILURE]
+    axes = [c for c in div.columns if c.startswith(PARAM)]
     recorded, diagnosed = {}, set()
     for i, run_dir in div.run_dir.items():
         path = Path(str(run_dir))
@@ -521,7 +528,7 @@ def _by_group_diagnosis(div: pd.DataFrame, mechanism: pd.Series) -> pd.Series:
             recorded[i] = None
 
     def failure(i) -> str:
-        return json.dumps([div.at[i, "verdict"], recorded[i], [str(div.at[i, a]) for a in axes]])
+        return failure_key(div.at[i, "verdict"], recorded[i], {a[len(PARAM) :]: str(div.at[i, a]) for a in axes})
 
     found = {failure(i): mechanism[i] for i in diagnosed}
 
