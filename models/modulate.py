@@ -22,7 +22,7 @@ MODULATE_IMPLS = ("eager", "fused", "fused_buggy")
 MODULATE_OP = "dit_sweep::modulate"
 """The fused impl's op: its name in the profiler and in result.json."""
 
-MODULATE_KERNELS = {"eager": "eager", "fused": MODULATE_OP, "fused_buggy": "fused_buggy:row0-shift-scale"}
+MODULATE_KERNELS = {"eager": "eager", "fused": MODULATE_OP, "fused_buggy": "fused_buggy:opendit-row-index"}
 """What runs for each impl, as result.json's `kernels.modulate` names it."""
 
 
@@ -64,6 +64,49 @@ def _backward(ctx, grad: Tensor) -> tuple[Tensor, Tensor, Tensor]:
 
 
 _fused_modulate.register_autograd(_backward, setup_context=_setup_context)
+
+
+class _OpenDiTModulate(torch.autograd.Function):
+    """OpenDiT's Triton modulate (its kernels/fused_modulate.py), the two faults of the kernel as it was written.
+
+    1. Token row r (of the B*N rows of x) reads shift/scale row r // D: the kernel divides by `y.stride(1)`,
+       which is D, where it meant N. Right when N == D or B == 1; otherwise samples take other samples' rows.
+    2. The backward gives each sample's own shift/scale row the gradient of its own tokens
+       (d_scale = sum over the sample's rows of dy * x), whatever row its forward read.
+
+    So the adaLN weights get a gradient that is not the loss's: they move along directions that the forward
+    cannot see, at AdamW's full step and without bound (weight_decay 0), until the modulated activations
+    blow up. In conf/scenario/opendit_fused_modulate_fp16.yaml that takes a few hundred steps; a kernel
+    whose backward matched its own wrong forward would only cost quality (docs/scenarios.md).
+
+    Where r // D passes the last sample (N > D: the long token sequences of video), the Triton kernel reads
+    past the end of the tensor, memory whose contents nothing defines; here those rows read the last
+    sample's row instead, a stand-in that keeps runs reproducible.
+    """
+
+    generate_vmap_rule = True  # a pack (sweep/run/packed.py) vmaps the model over its runs
+
+    @staticmethod
+    def forward(x: Tensor, shift: Tensor, scale: Tensor) -> Tensor:
+        b, n, d = x.shape
+        rows = (torch.arange(b * n, device=x.device) // d).clamp(max=b - 1).view(b, n)  # (B, N): fault 1
+        # the kernel loads x as fp32 and computes x * (1 + scale) + shift there, then stores x's dtype
+        return (x.float() * (1 + scale[rows].float()) + shift[rows].float()).to(x.dtype)  # (B, N, D)
+
+    @staticmethod
+    def setup_context(ctx, inputs, output) -> None:
+        x, _shift, scale = inputs
+        ctx.save_for_backward(x, scale)
+
+    @staticmethod
+    def backward(ctx, dy: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+        x, scale = ctx.saved_tensors
+        b, n, d = x.shape
+        rows = (torch.arange(b * n, device=x.device) // d).clamp(max=b - 1).view(b, n)  # (B, N)
+        dx = dy * (1 + scale[rows].to(dy.dtype))  # (B, N, D): the rows the forward read
+        d_shift = dy.sum(1).to(scale.dtype)  # (B, D): fault 2, each sample's own row
+        d_scale = (dy * x.to(dy.dtype)).sum(1).to(scale.dtype)  # (B, D)
+        return dx, d_shift, d_scale
 
 
 class ModulateCount:
@@ -109,10 +152,7 @@ def modulate(x: Tensor, shift: Tensor, scale: Tensor, impl: str | None = None) -
     if impl == "eager":
         return x * (1 + scale[:, None]) + shift[:, None]  # (B, N, D)
     if impl == "fused_buggy":
-        # OpenDiT's Triton modulate picked the scale/shift row once per program block instead of
-        # per batch row: every sample gets sample 0's conditioning. Right at batch 1, wrong above;
-        # kept to reproduce that case and to prove the parity check (sweep.parity) catches it.
-        return x * (1 + scale[:1, None]) + shift[:1, None]  # (B, N, D), row 0 broadcast
+        return _OpenDiTModulate.apply(x, shift, scale)  # (B, N, D)
     # Autocast does not touch custom ops, so align dtypes here: x is the tensor being
     # modulated and sets the working precision.
     return torch.ops.dit_sweep.modulate(x, shift.to(x.dtype), scale.to(x.dtype))  # (B, N, D)

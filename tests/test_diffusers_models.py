@@ -118,7 +118,7 @@ def test_fused_modulate_is_routed_and_matches_diffusers_own_code(name):
     routed = sum(1 for m in fused.modules() if type(m).__name__.startswith("Routed"))
     assert routed > 0 and ops.get("dit_sweep::modulate", 0) >= routed
     assert "dit_sweep::modulate" not in op_names(lambda: reference(x, t))
-    # The bug the parity test exists for: sample 0's shift/scale for every sample changes the output.
+    # The bug the parity test exists for: OpenDiT's modulate (other samples' shift/scale rows) changes the output.
     buggy = build(name, modulate="fused_buggy")
     assert not torch.allclose(buggy(x, t), reference(x, t), atol=1e-4)
 

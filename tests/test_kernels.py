@@ -55,7 +55,7 @@ def profiled_op_names(fn) -> set[str]:
 
 
 def modulate_row0_bug(x, shift, scale):
-    """The OpenDiT Triton modulate bug: one shift/scale row (row 0) applied to every batch row."""
+    """A per-row indexing bug of OpenDiT's kind: one shift/scale row (row 0) applied to every batch row."""
     return x * (1 + scale[0])[None, None] + shift[0][None, None]
 
 
@@ -100,6 +100,37 @@ def test_parity_check_catches_row0_shift_scale_bug_at_batch_2(dtype):
 def test_row0_bug_is_invisible_at_batch_1():
     # Why the parity tests run at batch >= 2: at batch 1 the buggy kernel is correct.
     assert_modulate_parity(modulate_row0_bug, 1, torch.float32)
+
+
+def opendit_reference(x, shift, scale):
+    """What OpenDiT's Triton modulate computes forward: token row r of the B*N rows reads shift/scale row r // D."""
+    b, n, d = x.shape
+    rows = (torch.arange(b * n) // d).view(b, n)
+    return x * (1 + scale[rows]) + shift[rows]
+
+
+def test_fused_buggy_is_opendits_kernel_wrong_rows_forward_and_own_rows_backward():
+    """modulate=fused_buggy reproduces both faults of the kernel it models: the forward's r // D row, and a backward
+    that gives each sample's own row its tokens' gradient (not the gradient of the forward it ran), which is what
+    lets the adaLN weights drift (docs/scenarios.md). N == D, or batch 1, makes it right."""
+    x, shift, scale, grad_out = modulate_inputs(4, torch.float32)  # N 16, D 32: samples (0,1) read row 0, (2,3) row 1
+    buggy = run_modulate(lambda *a: modulate(*a, impl="fused_buggy"), x, shift, scale, grad_out)
+    torch.testing.assert_close(buggy[0], opendit_reference(x, shift, scale))
+    as_ran = run_modulate(opendit_reference, x, shift, scale, grad_out)  # the true gradient of that forward
+    own = run_modulate(lambda *a: modulate(*a, impl="eager"), x, shift, scale, grad_out)  # each sample's own row
+    torch.testing.assert_close(buggy[1], as_ran[1])  # grad_x: through the rows it read
+    for got, true, its_own in zip(buggy[2:], as_ran[2:], own[2:]):  # grad_shift, grad_scale
+        torch.testing.assert_close(got, its_own)
+        assert (got - true).abs().max() > 1  # not the gradient of the forward that ran
+    for b, n in ((1, 16), (4, 32)):  # one sample, or N == D: every row is its own sample's
+        gen = torch.Generator().manual_seed(b)
+        args = [torch.randn(b, n, 32, generator=gen), torch.randn(b, 32, generator=gen)]
+        args += [torch.randn(b, 32, generator=gen), torch.randn(b, n, 32, generator=gen)]
+        for got, want in zip(
+            run_modulate(lambda *a: modulate(*a, impl="fused_buggy"), *args),
+            run_modulate(lambda *a: modulate(*a, impl="eager"), *args),
+        ):
+            torch.testing.assert_close(got, want, **MODULATE_TOL[torch.float32])
 
 
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=str)

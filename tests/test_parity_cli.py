@@ -1,4 +1,4 @@
-"""python -m sweep.parity: passes our kernels, catches OpenDiT's row-0 modulate bug, takes user kernels."""
+"""python -m sweep.parity: passes our kernels, catches OpenDiT's modulate row-index bug, takes user kernels."""
 
 from __future__ import annotations
 

@@ -102,8 +102,8 @@ class AttentionConfig:
 @dataclass
 class ModulateConfig:
     impl: ModulateImpl = ModulateImpl.eager
-    """eager: x * (1 + scale) + shift; fused: one fused kernel (custom op); fused_buggy: OpenDiT's
-    per-block scale/shift indexing bug (sample 0's row for every sample), to reproduce that case."""
+    """eager: x * (1 + scale) + shift; fused: one fused kernel (custom op); fused_buggy: OpenDiT's Triton
+    modulate as written (wrong shift/scale row per token, a backward to each sample's own row), for that case."""
 
 
 @dataclass

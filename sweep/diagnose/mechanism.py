@@ -6,7 +6,7 @@ The set (docs/design.md, "Diagnosis"); each is decided from evidence, never assu
 - corrupt_checkpoint: the weights were bad before any update (a checksum mismatch, or non-finite or implausibly
   large weights loaded from a checkpoint: the Hallo case).
 - kernel: a fused or forced kernel the run used disagrees with its reference (sweep.parity, at the run's
-  dtype and batch size: the OpenDiT row-0 modulate bug shows only at batch >= 2).
+  dtype and batch size: the OpenDiT modulate's row-index bug shows only at batch >= 2).
 - activation_overflow: a forward activation reached the compute dtype's largest value (fp16: 65504).
 - update_underflow: AdamW's updates were lost to the weights' dtype: eps rounds to 0 in fp16 so the first
   update is 0/0 (the Sana case), or updates fall below the weights' resolution (pure bf16 at a small lr).
