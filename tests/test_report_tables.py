@@ -447,6 +447,22 @@ def test_no_margin_below_the_lowest_stable_lr_is_said(tmp_path):
     assert "no margin, the next grid lr 0.01 diverged" in rec.line and "[frontier: all]" in rec.line
 
 
+def test_a_kernel_that_fails_parity_is_never_recommended_however_good_its_loss(tmp_path):
+    """The OpenDiT scenario's 20 steps: fused_buggy trains stable and its eval loss is the lowest, yet its kernel is
+    wrong (python -m sweep.parity); the recommendation takes the best setting with a right kernel and says why."""
+    root = tmp_path / "s"
+    for n, (modulate, loss) in enumerate([("eager", 0.21), ("fused", 0.2101), ("fused_buggy", 0.18)]):
+        write_run(root, n, {"modulate": modulate}, {"status": "stable", "final_loss": loss})
+    rec = recommend(runs_from_dirs(root))
+    assert rec.settings["modulate"] in ("eager", "fused")
+    assert "Not modulate=fused_buggy: its kernel fails the parity check" in rec.line
+    buggy_only = tmp_path / "b"
+    write_run(buggy_only, 0, {"modulate": "fused_buggy", "optim.lr": 1e-3}, {"status": "stable", "final_loss": 0.2})
+    assert (
+        "Every stable setting uses a kernel that fails the parity check" in recommend(runs_from_dirs(buggy_only)).line
+    )
+
+
 def test_killed_and_resumed_sweep_interrupted_runs(tmp_path):
     """kill -9 of a sweep, then the same command again: the killed jobs' directories have no result.json.
 

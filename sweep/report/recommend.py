@@ -12,6 +12,8 @@ the combinations so stable when the sweep has no lr. Their quality is the eval l
 - Then margin: the most grid steps below the combination's smallest diverging lr; then the toggle advice.
 - The line states the recommended lr's eval loss and spread, the best-eval stable lr and the largest
   stable lr of its combination, and how many grid steps each sits below the smallest lr that diverged.
+- Never a wrong kernel: a setting whose modulate or attention kernel fails the parity check (sweep.parity:
+  modulate=fused_buggy) is no candidate however good its loss, and the line says it was left out.
 - Toggles: from the toggle table, every axis value that diverged less without losing lr (or gained lr
   without diverging more) than the value it was paired with.
 """
@@ -109,6 +111,21 @@ def recommend(
     axes = combo_axes(runs)
     quality = quality_column(runs)
     cands = _candidates(runs, recs, axes, quality)
+    wrong = wrong_kernels(runs, axes)
+    if wrong:
+        fixed = {a: str(runs[PARAM + a].dropna().iloc[0]) for a in KERNEL_AXES if a not in axes and PARAM + a in runs}
+        right = [
+            not any((a, str(c[a]) if a in axes else fixed.get(a)) in wrong for a in KERNEL_AXES)
+            for _, c in cands.iterrows()
+        ]
+        advice = [a for a in advice if (a.axis, str(a.better)) not in wrong]
+        if len(cands) and not any(right):
+            names = ", ".join(f"{a}={v}" for a, v in sorted(wrong))
+            return Recommendation(
+                f"Every stable setting uses a kernel that fails the parity check ({names}; python -m sweep.parity): "
+                "nothing to recommend."
+            )
+        cands = cands.loc[right].copy()
     if cands.empty:
         what = "combination" if recs.empty else "lr"
         where = "" if recs.empty else " of any combination"
@@ -131,7 +148,27 @@ def recommend(
         na_position="last",
     ).iloc[0]
     rec = recs.set_index("combination").loc[best.combination] if len(recs) else None
-    return _line(best, rec, axes, precision_of.get(best.combination), speed, basis, advice, quality, len(tied), top)
+    out = _line(best, rec, axes, precision_of.get(best.combination), speed, basis, advice, quality, len(tied), top)
+    for axis, value in sorted(wrong):
+        out.line += f" Not {axis}={value}: its kernel fails the parity check (python -m sweep.parity --{axis} {value})."
+    return out
+
+
+KERNEL_AXES = ("modulate", "attention")
+"""Swept axes that choose a kernel, by the parity check's name for its kind (sweep.parity)."""
+
+
+def wrong_kernels(runs: pd.DataFrame, axes: list[str]) -> set[tuple[str, str]]:
+    """The (axis, value) pairs the runs set, swept or not, whose kernel fails the parity check (sweep.parity.fails)."""
+    from sweep.parity import fails
+
+    return {
+        (a, str(v))
+        for a in KERNEL_AXES
+        if PARAM + a in runs
+        for v in runs[PARAM + a].dropna().unique()
+        if fails(a, str(v))
+    }
 
 
 def _candidates(runs: pd.DataFrame, recs: pd.DataFrame, axes: list[str], quality: str) -> pd.DataFrame:
