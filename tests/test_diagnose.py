@@ -201,6 +201,26 @@ def test_a_spike_that_lr_10_only_delays_is_the_step_size_once_lr_100_is_stable()
     assert step_size_proven(spiked, unexplained, table(1), stable) is None
 
 
+def test_a_kernel_whose_reference_alone_is_stable_from_step_0_is_proven_though_its_row_was_too_late():
+    """OpenDiT's modulate diverges after ~390 steps of adaLN drift: from the last healthy state the reference kernels
+    cannot undo the weights' drift, but modulate=eager alone from step 0 is stable (conf/scenario/opendit_*). A
+    kernel run that the lower lr fixed instead (the reference kernels diverging too) stays a disagreement."""
+    from sweep.diagnose.diagnosis import kernel_proven
+    from sweep.diagnose.mechanism import Mechanism
+
+    drifted = record("scale_collapse", {"where": "scaler"}, first_bad_step=390, _overrides=["modulate=fused_buggy"])
+    kernel = Mechanism("kernel", "modulate=fused_buggy disagrees with its reference", {"kind": "modulate"})
+    eager = {"overrides": ["modulate=eager"], "confirmed": True}
+    m, agrees, why = kernel_proven(drifted, kernel, False, eager)
+    assert (m.name, agrees, m.evidence["stable from step 0 with"]) == ("kernel", True, "modulate=eager")
+    assert "built up in the weights before the bad steps" in why and "diverged at 390" in why
+    assert kernel_proven(drifted, kernel, False, eager | {"confirmed": False}) is None
+    assert kernel_proven(drifted, kernel, False, {"overrides": ["optim.lr=0.003"], "confirmed": True}) is None
+    assert kernel_proven(drifted, kernel, True, eager) is None  # the table agreed already: nothing to add
+    unexplained = Mechanism("unexplained", "no recorded signal explains it")
+    assert kernel_proven(drifted, unexplained, False, eager) is None
+
+
 def test_a_resumed_run_is_not_offered_qk_norm_which_its_checkpoint_cannot_load():
     """A logit-growth spike after a resume (the beta2 scenario at another seed): model.qk_norm=true adds weights
     the checkpoint lacks, so its fix run would stop at the load ('does not fit this model')."""

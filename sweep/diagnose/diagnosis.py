@@ -8,7 +8,7 @@ from pathlib import Path
 from typing import Callable
 
 from sweep.diagnose.counterfactual import PAST, Table, reproduced, run_table
-from sweep.diagnose.fix import KNOWN, candidates, confirm, lr_delayed_it
+from sweep.diagnose.fix import KNOWN, candidates, confirm, lr_delayed_it, reference_kernel
 from sweep.diagnose.mechanism import Mechanism, decide
 from sweep.diagnose.record import RunRecord, load
 
@@ -107,6 +107,33 @@ def step_size_proven(
     return m, True, f"lr/10 delayed the bad steps to {later} and lr {lr} is stable from step 0: the step size"
 
 
+def kernel_proven(
+    record: RunRecord, mechanism: Mechanism, agrees: bool, fix: dict | None
+) -> tuple[Mechanism, bool, str] | None:
+    """A `kernel` run whose reference-kernels row did not get past the bad steps, but whose reference kernel
+    alone trained stable from step 0: the two runs differ in the kernel only, so the kernel made it, and its
+    error was in the weights before the bad steps (OpenDiT's modulate: a backward that moves the adaLN weights
+    where its forward cannot see, for hundreds of steps). None otherwise."""
+    if mechanism.name != "kernel" or agrees or not (fix and fix["confirmed"]):
+        return None
+    if fix["overrides"] != reference_kernel(mechanism.evidence):
+        return None
+    change = " ".join(fix["overrides"])
+    m = Mechanism(
+        mechanism.name,
+        f"{mechanism.summary}; with {change} alone the run trained stable from step 0",
+        mechanism.evidence | {"stable from step 0 with": change},
+    )
+    return (
+        m,
+        True,
+        f"the reference kernels from the last healthy state did not get past the bad steps, but {change} alone "
+        "trained stable "
+        f"from step 0 where the run diverged at {record.first_bad}: the kernel's error had built up in the weights "
+        "before the bad steps",
+    )
+
+
 def diagnose(
     run_dir: Path,
     bisect: bool = False,
@@ -131,6 +158,8 @@ def diagnose(
     tries = candidates(record, mechanism.name, mechanism.evidence, table, bad, fp32_set)
     confirmed = confirm(record, tries, scratch, progress) if fix and tries else None
     if (settled := step_size_proven(record, mechanism, table, confirmed)) is not None:
+        mechanism, agrees, why = settled
+    if (settled := kernel_proven(record, mechanism, agrees, confirmed)) is not None:
         mechanism, agrees, why = settled
     out = {
         "format": "dit-sweep-diagnosis/1",

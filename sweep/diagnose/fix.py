@@ -47,7 +47,7 @@ def candidates(
             out.append([f"data.skip_samples={sorted(set(run.data.skip_samples) | set(bad))}"])
         out.append(["data.drop_bad=true"])
     elif mechanism == "kernel":
-        out.append(["modulate=eager"] if evidence.get("kind") == "modulate" else ["attention=math"])
+        out.append(reference_kernel(evidence))
     elif mechanism == "attention_logit_growth":
         # q/k norms are new weights: a run that loads its weights (a resume, a fine-tune) cannot start with them
         loads_weights = run.checkpoint.resume_from or run.model.init_from
@@ -94,6 +94,11 @@ def candidates(
             seen.add(key)
             unique.append(c)
     return unique
+
+
+def reference_kernel(evidence: dict) -> list[str]:
+    """The override that puts the mismatching kernel of a `kernel` mechanism back to its reference."""
+    return ["modulate=eager"] if evidence.get("kind") == "modulate" else ["attention=math"]
 
 
 SMALL_EPS = 1e-12
