@@ -40,6 +40,7 @@ SMALL = [
 
 IMAGE = ["model=dit_tiny", "data=synthetic_image", "data.frames=1"]
 PIXART = ["model=pixart_tiny", "data=synthetic_image", "data.frames=1"]
+OPENDIT = ["precision=fp16_amp", "attention=flash", "data.batch_size=4", "optim.lr=5e-3", "seed=1", "steps=500"]
 RESUME = "checkpoint.resume_from={pretrained}/checkpoints/step_000010"
 
 # name: (expected mechanism, or None for a healthy run; overrides)
@@ -142,6 +143,10 @@ CASES: dict[str, tuple[str | None, list[str]]] = {
         "kernel",
         ["modulate=fused_buggy", "precision=fp16_amp", "attention=flash", "optim.lr=3e-2", "steps=20"],
     ),
+    # OpenDiT's modulate as written (models/modulate.py): its backward moves the adaLN weights where the forward
+    # cannot see, and a few hundred steps later the run spikes; eager modulate at the same seed trains on
+    "video_opendit_modulate_drift": ("kernel", [*OPENDIT, "modulate=fused_buggy"]),
+    "healthy_opendit_eager": (None, [*OPENDIT, "modulate=eager"]),
     "video_fp16_amp_lr_high": ("lr_too_high", ["precision=fp16_amp", "optim.lr=1e-1", "steps=30"]),
     "dit_nan_checkpoint": (
         "corrupt_checkpoint",
