@@ -385,4 +385,5 @@ class ScenarioCheck(Callback):
         results = [json.loads(p.read_text()) for p in sorted(sweep_dir.glob("*/result.json"))]
         outcomes = check(scenario.expect, results)
         write(sweep_dir, scenario, outcomes)
-        print(f"\n{render(scenario, outcomes)}", flush=True)
+        changed = [o for o in config.hydra.overrides.task if not o.lstrip("+~").startswith(("scenario=", "hydra"))]
+        print(f"\n{render(scenario, outcomes, changed)}", flush=True)

@@ -161,7 +161,9 @@ def check(expects: list[ScenarioExpect], results: list[dict]) -> list[Outcome]:
     return outcomes
 
 
-def render(scenario: ScenarioConfig, outcomes: list[Outcome]) -> str:
+def render(scenario: ScenarioConfig, outcomes: list[Outcome], changed: list[str] = ()) -> str:
+    """The scenario block; `changed`: the command line's overrides besides the scenario itself, named when the
+    expectations failed (they are the scenario's own settings', e.g. its 20 steps, not a longer run's)."""
     reproduced = all(o.ok for o in outcomes)
     lines = [
         f"Scenario {scenario.name}: {'REPRODUCED' if reproduced else 'NOT reproduced'}",
@@ -169,6 +171,10 @@ def render(scenario: ScenarioConfig, outcomes: list[Outcome]) -> str:
     ]
     lines += [f"  {o.describe()}" for o in outcomes]
     lines.append(f"  fix: {scenario.fix}")
+    if changed and not reproduced:
+        lines.append(
+            f"  note: the expectations are for the scenario's own settings; this sweep set {' '.join(changed)}"
+        )
     return "\n".join(lines)
 
 

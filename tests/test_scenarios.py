@@ -11,7 +11,7 @@ import pytest
 
 from sweep.config import ScenarioConfig, ScenarioExpect, Verdict
 from sweep.run.gemm import cell_outcomes, verdict_differences
-from sweep.scenario import available, check
+from sweep.scenario import available, check, render
 
 from .conftest import REPO, multirun_in_process, read_results, run_cli
 
@@ -294,6 +294,21 @@ def test_the_wortsman_qk_norm_experiment_sweeps_the_papers_lr_grid_and_packs_by_
     assert key(False, lrs[0], warmups[0], 0) == key(False, lrs[-1], warmups[1], 1)
     assert key(False, lrs[0], warmups[0], 0) != key(True, lrs[0], warmups[0], 0)
     GlobalHydra.instance().clear()
+
+
+def test_a_scenario_that_did_not_reproduce_under_changed_settings_says_which():
+    """A user who runs the OpenDiT scenario 500 steps sees its kernel diverge, against the scenario's 20-step
+    expectation of a silent bug: the block names what the command line changed, and only when it failed."""
+    scenario = ScenarioConfig(name="opendit", expect=[ScenarioExpect(when={"modulate": "fused_buggy"})])
+    diverged = result({"modulate": "fused_buggy"}, "diverged", Verdict.loss_spike, 241)
+    failed = render(scenario, check(scenario.expect, [diverged]), ["steps=500", "optim.lr=5e-3"])
+    assert "NOT reproduced" in failed
+    assert failed.endswith(
+        "note: the expectations are for the scenario's own settings; this sweep set steps=500 optim.lr=5e-3"
+    )
+    stable = result({"modulate": "fused_buggy"}, "stable")
+    assert "note:" not in render(scenario, check(scenario.expect, [stable]), ["steps=20"])
+    assert "note:" not in render(scenario, check(scenario.expect, [diverged]), [])
 
 
 def test_a_scenario_names_verdicts_from_the_closed_set_and_a_misspelt_one_fails_while_hydra_composes():
