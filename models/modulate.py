@@ -66,6 +66,13 @@ def _backward(ctx, grad: Tensor) -> tuple[Tensor, Tensor, Tensor]:
 _fused_modulate.register_autograd(_backward, setup_context=_setup_context)
 
 
+def _rows_read(x: Tensor) -> Tensor:
+    """(B, N): the shift/scale row each token row of x (B, N, D) reads in OpenDiT's kernel, r // D (fault 1 below),
+    the rows past the last sample reading the last sample's."""
+    b, n, d = x.shape
+    return (torch.arange(b * n, device=x.device) // d).clamp(max=b - 1).view(b, n)
+
+
 class _OpenDiTModulate(torch.autograd.Function):
     """OpenDiT's Triton modulate (its kernels/fused_modulate.py), the two faults of the kernel as it was written.
 
@@ -88,8 +95,7 @@ class _OpenDiTModulate(torch.autograd.Function):
 
     @staticmethod
     def forward(x: Tensor, shift: Tensor, scale: Tensor) -> Tensor:
-        b, n, d = x.shape
-        rows = (torch.arange(b * n, device=x.device) // d).clamp(max=b - 1).view(b, n)  # (B, N): fault 1
+        rows = _rows_read(x)  # (B, N): fault 1
         # the kernel loads x as fp32 and computes x * (1 + scale) + shift there, then stores x's dtype
         return (x.float() * (1 + scale[rows].float()) + shift[rows].float()).to(x.dtype)  # (B, N, D)
 
@@ -101,8 +107,7 @@ class _OpenDiTModulate(torch.autograd.Function):
     @staticmethod
     def backward(ctx, dy: Tensor) -> tuple[Tensor, Tensor, Tensor]:
         x, scale = ctx.saved_tensors
-        b, n, d = x.shape
-        rows = (torch.arange(b * n, device=x.device) // d).clamp(max=b - 1).view(b, n)  # (B, N)
+        rows = _rows_read(x)  # (B, N)
         dx = dy * (1 + scale[rows].to(dy.dtype))  # (B, N, D): the rows the forward read
         d_shift = dy.sum(1).to(scale.dtype)  # (B, D): fault 2, each sample's own row
         d_scale = (dy * x.to(dy.dtype)).sum(1).to(scale.dtype)  # (B, D)

@@ -128,9 +128,8 @@ def kernel_proven(
         m,
         True,
         f"the reference kernels from the last healthy state did not get past the bad steps, but {change} alone "
-        "trained stable "
-        f"from step 0 where the run diverged at {record.first_bad}: the kernel's error had built up in the weights "
-        "before the bad steps",
+        f"trained stable from step 0 where the run diverged at {record.first_bad}: the kernel's error had built up "
+        "in the weights before the bad steps",
     )
 
 

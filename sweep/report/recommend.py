@@ -111,11 +111,11 @@ def recommend(
     axes = combo_axes(runs)
     quality = quality_column(runs)
     cands = _candidates(runs, recs, axes, quality)
-    wrong = wrong_kernels(runs, axes)
+    wrong = wrong_kernels(runs)
     if wrong:
-        fixed = {a: str(runs[PARAM + a].dropna().iloc[0]) for a in KERNEL_AXES if a not in axes and PARAM + a in runs}
+        everywhere = any(a not in axes for a, _ in wrong)  # set alike for every run: every candidate has it
         right = [
-            not any((a, str(c[a]) if a in axes else fixed.get(a)) in wrong for a in KERNEL_AXES)
+            not everywhere and not any((a, str(c[a])) in wrong for a in KERNEL_AXES if a in axes)
             for _, c in cands.iterrows()
         ]
         advice = [a for a in advice if (a.axis, str(a.better)) not in wrong]
@@ -158,7 +158,7 @@ KERNEL_AXES = ("modulate", "attention")
 """Swept axes that choose a kernel, by the parity check's name for its kind (sweep.parity)."""
 
 
-def wrong_kernels(runs: pd.DataFrame, axes: list[str]) -> set[tuple[str, str]]:
+def wrong_kernels(runs: pd.DataFrame) -> set[tuple[str, str]]:
     """The (axis, value) pairs the runs set, swept or not, whose kernel fails the parity check (sweep.parity.fails)."""
     from sweep.parity import fails
 
