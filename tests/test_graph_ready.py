@@ -158,6 +158,39 @@ def test_adamw_updates_its_state_in_place(tmp_path):
     assert float(parts.optimizer.state[loop.params[0]]["step"]) == 2
 
 
+def test_adamw_state_a_window_made_is_taken_back_in_place(tmp_path):
+    """A window taken back before any update stood (fp16 overflow from the start) leaves AdamW's state in the
+    tensors its first update made, zeroed: a graph captured from them keeps updating the optimizer's own state,
+    and the step run again is the first step's, bit for bit. (Deleted instead, on an H100 the graph went on
+    counting in tensors no restore reached, past the bias-correction tables: a device-side assert.)"""
+    run = make_run("device=cpu", "threads=1", "steps=3")
+    parts = prepare(run, tmp_path, RunResult(status="error"))
+    loop = Lone(run, parts, MetricsLog(), RunProgress(3, run.progress, 1))
+    batch = load_batch(parts.dataset, parts.order.indices(0))
+
+    def first_step() -> list[torch.Tensor]:
+        parts.optimizer.at(0)
+        loop.forward_backward(batch, logits=False)
+        parts.optimizer.step()
+        parts.optimizer.zero_grad(set_to_none=True)
+        return [t.clone() for p in loop.params for t in (p, *parts.optimizer.state[p].values())]
+
+    assert not parts.optimizer.state
+    snapshot = loop.snapshot()
+    torch.manual_seed(0)
+    once = first_step()
+    keys = ("step", "exp_avg", "exp_avg_sq")
+    made = [parts.optimizer.state[p][k] for p in loop.params for k in keys]
+    snapshot.restore()
+    assert all(k in parts.optimizer.state.get(p, {}) for p in loop.params for k in keys)
+    state = [parts.optimizer.state[p][k] for p in loop.params for k in keys]
+    assert all(a is b for a, b in zip(made, state, strict=True))
+    assert not any(t.any() for t in state)  # moments and counts: a fresh state
+    torch.manual_seed(0)
+    again = first_step()
+    assert all(torch.equal(a, b) for a, b in zip(once, again))
+
+
 def test_graph_is_checked_at_composition_and_true_needs_cuda(tmp_path):
     """graph=yes fails at composition naming the key; graph=true on a CPU device is a skipped run with the reason."""
     from sweep.config import ConfigError
@@ -190,6 +223,33 @@ def test_a_graphed_run_is_the_eager_run_bit_for_bit(tmp_path, overrides):
     # Every step but step 0 (AdamW has no state yet) is replayed: 36 from the window step's graph and 3 from
     # the logit step's (10, 20, 30), whose attention statistics are in the metrics compared.
     assert got["false"][3] == 0 and got["true"][3] == 39, got["true"][3]
+
+
+@pytest.mark.cuda
+@pytest.mark.parametrize(
+    "overrides",
+    [
+        # the VideoChat2 scenario: every fp16 step overflows, every window is taken back, scale collapse at 16
+        ["attention=eager", "model.qk_gain=100.0", "steps=25", "data.frames=4", "data.height=8", "data.width=8"],
+        ["attention=flash", "optim.lr=3e-2", "steps=30", "seed=1"],  # the demo's fp16_amp spike
+        ["attention=math", "optim.lr=3e-2", "steps=30", "seed=1"],
+    ],
+    ids=["videochat2", "demo-flash", "demo-math"],
+)
+def test_a_graphed_run_whose_windows_are_taken_back_is_the_eager_run(tmp_path, overrides):
+    """fp16 overflow in the first windows: they are taken back before any update stood, and the graph captured
+    from the state the first window made must keep updating the optimizer's own (on an H100 these runs hit a
+    device-side assert instead, sweep.run.adamw.DeviceAdamW.saved)."""
+    from sweep.run.execute import execute
+
+    common = ["device=cuda", "monitor.sync_every=8", "precision=fp16_amp", *overrides]
+    got = {}
+    for mode in ("false", "true"):
+        r = execute(make_run(*common, f"graph={mode}"), tmp_path / mode, params={})
+        got[mode] = (r.status, r.verdict, r.first_bad_step, (tmp_path / mode / "metrics.csv").read_bytes())
+        assert r.status != "error", r.reason
+    assert got["true"] == got["false"]
+    assert r.sync["taken_back"] > 0 and r.sync["replayed"] > 0, r.sync
 
 
 @pytest.mark.cuda

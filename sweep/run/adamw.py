@@ -300,15 +300,19 @@ class DeviceAdamW(torch.optim.Optimizer):
 
     def saved(self) -> Callable[[], None]:
         """A copy of the state as it is now, and the function that puts it back in place (a window's snapshot,
-        sweep/run/window.py): a captured update writes the tensors it was captured with, and state made since
-        (a window's first update creates it) goes."""
+        sweep/run/window.py): a captured update writes the tensors it was captured with. State made since (a
+        window's first update creates it) is zeroed in place, count 0: the fresh state the next update would
+        create, in the tensors a graph captured after it updates. (Deleting it left a graph updating tensors
+        the optimizer no longer held, their counts never taken back: on an H100 a graphed fp16 run whose first
+        windows overflowed indexed past the bias-correction tables, a device-side assert; docs/gpu.md.)"""
         keys = [(p, k) for p, s in self.state.items() for k, v in s.items() if torch.is_tensor(v)]
         saved = copies([self.state[p][k] for p, k in keys])
         params = set(self.state)
 
         def restore() -> None:
-            for p in [p for p in self.state if p not in params]:
-                del self.state[p]
+            made = [v for p, s in self.state.items() if p not in params for v in s.values() if torch.is_tensor(v)]
+            if made:
+                torch._foreach_zero_(made)
             copy_back([self.state[p][k] for p, k in keys], saved)
 
         return restore
