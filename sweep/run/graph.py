@@ -23,10 +23,10 @@ same tensors, so the same numbers, bit for bit, as running it eagerly.
 - What stays eager: the steps run one sync each (`one`: windows taken back, the steps the host decides),
   batches read from files (`x0` comes from the host), and everything on the CPU.
 
-graph=auto stays eager: on an H200 graph == eager held (tests/test_graph_ready.py's `cuda` tests) but the
-graphed loop was 2.8-3.4x the bare step as one graph, and the demo grid and the scenarios have not been run
-with graphs on a GPU (docs/gpu.md; issue #31). graph=true asks for it on CUDA; a capture that fails falls back to
-eager steps with a warning, and the run goes on.
+graph=auto stays eager: on an H100 graph == eager held (tests/test_graph_ready.py's `cuda` tests) and the
+graphed loop was 1.24-1.49x the bare step as one graph, but the demo grid and every scenario have not yet
+been checked with graphs on a GPU since the fix to windows taken back (docs/gpu.md; issue #31). graph=true
+asks for it on CUDA; a capture that fails falls back to eager steps with a warning, and the run goes on.
 """
 
 from __future__ import annotations
