@@ -339,7 +339,7 @@ def test_a_sweep_diagnoses_its_distinct_failures_and_its_summary_cites_the_confi
     runs = sweep(tmp_path, "optim.lr=1e-3,3e-2", "monitor.diagnose=auto")
     assert [r["status"] for r in runs] == ["stable", "diverged"]
     out = capsys.readouterr().out
-    assert "Diagnosing 1 distinct failure(s) of 1 diverged run(s)" in out
+    assert "Diagnosing 1 distinct failure(s) of 1 diverged run(s): the largest, then the others within" in out
     assert (runs[1]["dir"] / DIAGNOSIS_FILE).is_file() and not (runs[0]["dir"] / DIAGNOSIS_FILE).exists()
     summary = (tmp_path / "summary.md").read_text()
     assert "2 runs: 1 stable, 1 diverged" in summary

@@ -51,9 +51,10 @@ def diagnose_sweep(sweep_dir: Path, budget: float, progress: Callable[[str], Non
     if not failures:
         return []
     limit = budget * sum(r.get("seconds") or 0.0 for r in results)
+    within = f"the largest, then the others within {limit:.0f} s" if budget else "none"
     progress(
-        f"Diagnosing {len(failures)} distinct failure(s) of {sum(map(len, failures))} diverged run(s) within "
-        f"{limit:.0f} s (monitor.diagnose_budget={budget:g} x the sweep's run time; monitor.diagnose=off skips this)"
+        f"Diagnosing {len(failures)} distinct failure(s) of {sum(map(len, failures))} diverged run(s): {within} "
+        f"(monitor.diagnose_budget={budget:g} x the sweep's run time; monitor.diagnose=off skips this)"
     )
     done, spent, left = [], 0.0, []
     for group in failures:
