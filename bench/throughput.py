@@ -10,10 +10,11 @@ process and compute dtype, and the overhead of the divergence monitor: the same 
 The two loops run interleaved for --rounds rounds (alternating which goes first), each on freshly built
 parts; ms/step figures are medians over rounds, the monitor's cost the median of the rounds' paired
 ratios, with their range in brackets: on a shared machine one pair of runs is not a measurement.
-On CUDA three more figures: the real loop with graph=true (windows of --graph-every steps replayed from
+On CUDA more figures: the real loop with graph=true (windows of --graph-every steps replayed from
 one CUDA graph, over the run's second half), the bare step captured by hand as one CUDA graph (noise,
 forward, backward, torch's fused capturable AdamW: the reference issue #15 holds the loop to, within
-1.25x), their ratio, and the reference's model FLOP/s as a share of the matmul's.
+1.25x), their ratio, the reference's model FLOP/s as a share of the matmul's, and the loop's own step as
+one graph replayed with no windows (what the monitor costs on the device, apart from the windows' host work).
 On the CPU, "monitor in-loop" is the monitor's share of one monitored run timed from inside it
 (monitor_share): no second loop, so none of the noise between two runs.
 """
@@ -112,9 +113,9 @@ def main() -> None:
     )
     ap.add_argument(
         "--graph-every",
-        type=int,
-        default=8,
-        help="CUDA: monitor.sync_every of the graph=true figure (windows to replay)",
+        default="8",
+        help="CUDA: monitor.sync_every of the graph=true figure (windows to replay); a list (8,10,16) adds a "
+        "line per further value",
     )
     ap.add_argument(
         "--compile",
@@ -122,6 +123,12 @@ def main() -> None:
         help="compile=true: every loop's model compiled (and profiled) as a run does it (sweep/run/compiled.py)",
     )
     args = ap.parse_args()
+    try:
+        windows = [int(w) for w in args.graph_every.split(",")]
+    except ValueError:
+        ap.error(f"--graph-every: a comma-separated list of whole numbers, not {args.graph_every!r}")
+    if any(w < 2 for w in windows):
+        ap.error("--graph-every: windows of at least 2 steps (1 is no window, and so no graph)")
     device = resolve_device("auto")
     print(
         f"device {device}, torch {torch.__version__}, {torch.get_num_threads()} threads, model {args.model}, "
@@ -185,13 +192,21 @@ def main() -> None:
             f"{'[' + f'{ratios[0]:+.1%} .. {ratios[-1]:+.1%}' + ']':>20}{share:>16.1%}"
         )
         if device.type == "cuda":  # graph=true, and the bare step as one graph: the figure the loop is held to
-            graphed, where = graphed_step(
-                dataclasses.replace(run, steps=max(run.steps, 64)), policy, device, args.graph_every
-            )
+            long = dataclasses.replace(run, steps=max(run.steps, 64))
             reference = bare_graph_step(run, fresh_parts(run, policy, device), run.steps)
-            line += f"{graphed * 1e3:>13.2f}{reference * 1e3:>15.2f}{graphed / reference:>10.2f}x"
-            line += f"{flops / reference / peak:>12.1%}"
-            line += f"\n  graphed run, whole {max(run.steps, 64)} steps, {where}"
+            own = loop_graph_step(run, policy, device, run.steps)
+            for i, every in enumerate(windows):
+                graphed, where = graphed_step(long, policy, device, every)
+                if i == 0:
+                    line += f"{graphed * 1e3:>13.2f}{reference * 1e3:>15.2f}{graphed / reference:>10.2f}x"
+                    line += f"{flops / reference / peak:>12.1%}"
+                else:
+                    line += f"\n  graphed, windows of {every}: {graphed * 1e3:.2f} ms/step, {graphed / reference:.2f}x"
+                line += f"\n  graphed run (windows of {every}), whole {long.steps} steps, {where}"
+            line += (
+                f"\n  the loop's step as one graph, replayed back to back (no windows): {own * 1e3:.2f} ms/step, "
+                f"{own / reference:.2f}x the bare graph"
+            )
         print(line)
 
 
@@ -271,6 +286,34 @@ def graphed_step(run, policy, device, sync_every: int) -> tuple[float, str]:
     half = [(s, t) for s, t in clock.seen if s >= run.steps // 2]
     (s0, t0), (s1, t1) = half[0], half[-1]
     return (t1 - t0) / (s1 - s0), host_line(spent, total, run.steps)
+
+
+def loop_graph_step(run, policy, device, steps: int) -> float:
+    """Seconds per step of the loop's own window step (sweep.run.train.Lone.device_step: the batch drawn and
+    checked on the device, noise, forward, backward, the monitor's row, the scaler's decision, DeviceAdamW) as
+    its CUDA graph (sweep.run.graph.StepGraph) replayed back to back, with no window around it. Against the bare
+    graph: what the monitor and the loop's own step add on the device. Against the graphed loop: what the
+    windows (snapshot, the sync, judging and standing) add on the host. (Not a logit step: their own graph.)"""
+    from sweep.run.graph import WARMUP, StepGraph
+    from sweep.run.train import Lone
+
+    monitor = dataclasses.replace(run.monitor, sync_every=8)  # > 1: batches drawn on the device, as windows do
+    run = dataclasses.replace(run, graph="true", steps=steps + WARMUP + 2, monitor=monitor)
+    parts = fresh_parts(run, policy, device)
+    lone = Lone(run, parts, MetricsLog(), RunProgress(run.steps, Progress.none, 1))
+    lone.clock.fill_(0)
+    lone.device_step(None)  # step 0 eagerly: AdamW's state exists, as a capture waits for
+    graph = StepGraph(lone, run.steps)
+    lone.zero_grad()
+    graph()  # step 1: captured (its warm-up taken back), then replayed; the clock ends at steps + 1 < run.steps
+    assert graph.graph is not None, graph.failed
+    torch.cuda.synchronize()
+    start = time.perf_counter()
+    for _ in range(steps):
+        lone.zero_grad()  # as a window does between its steps
+        graph()
+    torch.cuda.synchronize()
+    return (time.perf_counter() - start) / steps
 
 
 def bare_graph_step(run, parts, steps: int) -> float:
