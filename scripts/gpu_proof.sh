@@ -3,16 +3,16 @@
 #   bash scripts/gpu_wheels.sh                                          (here: the wheels, into .whl/)
 #   device run, carry .whl:  bash scripts/gpu_proof.sh "$OUT" [PART ...]  (there: one log per part in the folder)
 # PARTS, in the order they run (default: all but suite): cuda (the `cuda` tests), graph (bash bench/gpu.sh graph),
-# packing (K=32 with graphs, 128 and 512 steps), parity (graph=true against eager on the demo grid and every
+# packing (K=32 with graphs, 128 and 512 steps), vmap (whether the packs refused on CUDA still fail), parity (graph=true against eager on the demo grid and every
 # scenario, a graphed run twice: graph=auto's condition), compile (S, compile=true with graphs), suite (the whole
 # suite, beside nothing). Each part is time-boxed (seconds first) so that the later ones still run, and is
 # stopped with SIGINT, so pytest still prints what failed up to then; the last part gets what is left of
 # BUDGET_S (570). The H100 session's run of every part, and what it found: docs/gpu.md.
 set -uo pipefail
 cd "$(dirname "$0")/.."
-O=${1:?usage: bash scripts/gpu_proof.sh OUTDIR [cuda graph packing parity compile suite]}
+O=${1:?usage: bash scripts/gpu_proof.sh OUTDIR [cuda graph packing vmap parity compile suite]}
 shift
-parts=${*:-cuda graph packing parity compile}
+parts=${*:-cuda graph packing vmap parity compile}
 # Into the interpreter's own site-packages (the machine is bare and ours), the project editable: the tests'
 # subprocesses (`python -m sweep`, the launchers' jobs) then import what the tests do, with no PYTHONPATH.
 python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade .whl/*.whl || exit 1
@@ -36,6 +36,7 @@ part 90 cuda python3 -m pytest -q -m cuda -n 8 -p no:cacheprovider --durations=8
 TAIL=20 part 120 graph bash bench/gpu.sh graph
 pack=(bench/packing.py --precision bf16_amp --attention flash --packs 32 --packed-only graph=true monitor.sync_every=32)
 part 90 packing bash -c "$PYTHON ${pack[*]} --steps 128 && $PYTHON ${pack[*]} --steps 512"
+part 45 vmap "$PYTHON" bench/vmap_check.py
 # Results, not speed: sweeps side by side (six processes on the one GPU).
 TAIL=30 part 200 parity "$PYTHON" bench/graph_parity.py --jobs 6 --again
 part 570 compile "$PYTHON" bench/throughput.py --model video_dit_s --precisions bf16_amp --attention flash \
