@@ -2,12 +2,12 @@
 # Issue #31's checks on a lent GPU machine, as one call (the machine starts bare and device time is short):
 #   bash scripts/gpu_wheels.sh                                          (here: the wheels, into .whl/)
 #   device run, carry .whl:  bash scripts/gpu_proof.sh "$OUT" [PART ...]  (there: one log per part in the folder)
-# PARTS, in the order they run (default: all but suite): cuda (the `cuda` tests), graph (bash bench/gpu.sh graph),
-# packing (K=32 with graphs, 128 and 512 steps), vmap (whether the packs refused on CUDA still fail), parity (graph=true against eager on the demo grid and every
-# scenario, a graphed run twice: graph=auto's condition), compile (S, compile=true with graphs), suite (the whole
-# suite, beside nothing). Each part is time-boxed (seconds first) so that the later ones still run, and is
-# stopped with SIGINT, so pytest still prints what failed up to then; the last part gets what is left of
-# BUDGET_S (570). The H100 session's run of every part, and what it found: docs/gpu.md.
+# PARTS, in the order they run (default: all but suite): cuda (the `cuda` tests), graph (bash bench/gpu.sh
+# graph), packing (K=32 with graphs, 128 and 512 steps), vmap (whether the packs refused on CUDA still fail),
+# parity (graph=true against eager on the demo grid and every scenario, a graphed run twice: graph=auto's
+# condition), compile (S, compile=true with graphs), suite (the whole suite, beside nothing). Each part is
+# time-boxed (seconds first) so that the later ones still run, and is stopped with SIGINT, so pytest still
+# prints what failed up to then; no part runs past BUDGET_S (570). What the H100 session found: docs/gpu.md.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 O=${1:?usage: bash scripts/gpu_proof.sh OUTDIR [cuda graph packing vmap parity compile suite]}
