@@ -252,6 +252,34 @@ def test_a_graphed_run_whose_windows_are_taken_back_is_the_eager_run(tmp_path, o
     assert r.sync["taken_back"] > 0 and r.sync["replayed"] > 0, r.sync
 
 
+GRAPHED_OPTIONS = {
+    "warmup-cosine": ["optim.warmup_steps=5", "optim.schedule=cosine", "optim.weight_decay=0.05"],
+    "grad-clip": ["optim.grad_clip=0.5", "precision=fp16_amp", "attention=flash"],
+    "update-clip": ["optim.update_clip=1.0", "precision=bf16_amp", "attention=flash"],
+    "lora": ["finetune=lora", "precision=bf16_amp", "attention=flash"],
+    "fp32-modules": ["precision=bf16_amp", "attention=flash", "precision.fp32_modules=[blocks.*.attn]"],
+    "bf16-pure": ["precision=bf16_pure", "attention=flash"],
+    "eval-loss": ["eval.every=6", "precision=bf16_amp", "attention=flash"],
+}
+"""Options whose step a capture must hold too: the lr schedule and weight decay from device tables, clipping by
+device factors, frozen weights, modules kept in fp32, low-precision weights, an eval loss between windows."""
+
+
+@pytest.mark.cuda
+@pytest.mark.parametrize("overrides", GRAPHED_OPTIONS.values(), ids=GRAPHED_OPTIONS.keys())
+def test_a_graphed_run_with_each_option_is_the_eager_run(tmp_path, overrides):
+    from sweep.run.execute import execute
+
+    common = ["device=cuda", "steps=24", "monitor.sync_every=8", "optim.lr=1e-3", *overrides]
+    got = {}
+    for mode in ("false", "true"):
+        r = execute(make_run(*common, f"graph={mode}"), tmp_path / mode, params={})
+        assert r.status != "error", r.reason
+        got[mode] = (r.status, r.verdict, r.first_bad_step, (tmp_path / mode / "metrics.csv").read_bytes())
+    assert got["true"] == got["false"]
+    assert r.sync["replayed"] > 0, r.sync
+
+
 @pytest.mark.cuda
 def test_a_graphed_pack_is_the_eager_pack_bit_for_bit(tmp_path):
     """graph=true for a pack: each run's metrics byte for byte those of graph=false, with a run that leaves the
