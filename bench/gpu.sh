@@ -19,7 +19,7 @@ if [[ $part == all || $part == throughput ]]; then
   "$PY" bench/throughput.py --model video_dit_s --precisions fp32,bf16_amp,fp16_amp --attention math
 fi
 if [[ $part == all || $part == graph ]]; then  # issue #15: graph=true against the bare step as one CUDA graph
-  "$PY" bench/throughput.py --precisions bf16_amp --attention flash --rounds 3 --graph-every 8,10,16
-  "$PY" bench/throughput.py --precisions fp32 --attention math --rounds 3 --graph-every 8,10,16
-  "$PY" bench/throughput.py --model video_dit_s --precisions bf16_amp --attention flash --rounds 3 --graph-every 8,10,16
+  "$PY" bench/throughput.py --precisions bf16_amp --attention flash --rounds 3 --graph-every 8,10,20
+  "$PY" bench/throughput.py --precisions fp32 --attention math --rounds 3 --graph-every 8,10,20
+  "$PY" bench/throughput.py --model video_dit_s --precisions bf16_amp --attention flash --rounds 3 --graph-every 8,10,20
 fi

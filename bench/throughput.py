@@ -264,7 +264,12 @@ class _Clock:
 def graphed_step(run, policy, device, sync_every: int) -> tuple[float, str]:
     """Seconds per step of the real loop with graph=true (CUDA), over the run's second half: the capture (at the
     first window after AdamW has its state) and the first windows are left out. And where the whole run's host
-    time went (bench/host_parts.py): eager steps, replays, snapshots, the windows' sync wait, their stand."""
+    time went (bench/host_parts.py): eager steps, replays, snapshots, the windows' sync wait, their stand.
+
+    The host sees a window's steps together, at its end: the figure runs from the end of the first window to
+    end past half-way to the end of the last, over the steps in between. (Until 2026-11-26 it ran from the
+    first step past half-way, seen at the end of its window, and so divided the time of fewer steps than it
+    counted: the H100 session's graphed figures were 31/26 too fast; docs/gpu.md.)"""
     import sweep.run.window as window
     from sweep.run.graph import StepGraph
     from sweep.run.train import Lone
@@ -281,11 +286,17 @@ def graphed_step(run, policy, device, sync_every: int) -> tuple[float, str]:
     }
     with host_parts(timed) as spent:
         start = time.perf_counter()
-        train(run, parts, MetricsLog(), RunProgress(run.steps, Progress.none, 1), hooks=[clock])
+        syncs = window.Syncs()
+        train(run, parts, MetricsLog(), RunProgress(run.steps, Progress.none, 1), hooks=[clock], syncs=syncs)
         total = time.perf_counter() - start
-    half = [(s, t) for s, t in clock.seen if s >= run.steps // 2]
-    (s0, t0), (s1, t1) = half[0], half[-1]
-    return (t1 - t0) / (s1 - s0), host_line(spent, total, run.steps)
+    assert syncs.taken_back == 0, f"a window was taken back: {syncs.to_dict()}; the figure needs a stable run"
+    ends, step = [], 0  # each window's last step
+    while step < run.steps:
+        step = window.window_end(run, step, None, sync_every)
+        ends.append(step - 1)
+    seen = dict(clock.seen)
+    s0, s1 = next(e for e in ends if e >= run.steps // 2), run.steps - 1
+    return (seen[s1] - seen[s0]) / (s1 - s0), host_line(spent, total, run.steps)
 
 
 def loop_graph_step(run, policy, device, steps: int) -> float:

@@ -43,6 +43,12 @@ CASES = {
     ),
     "overflow_skips_then_stable": (["precision=fp16_amp", "objective.loss_weight=1e5", "steps=24"], 8, (None, None)),
     "clipped_and_stable": (["precision=fp32", "optim.lr=1e-3", "optim.grad_clip=0.05", "steps=24"], 8, (None, None)),
+    # windows of 12 (the stall check every 12 ends them) holding four attention-logit steps each
+    "logit_steps_inside": (
+        ["precision=bf16_amp", "steps=24", "monitor.logit_every=3", "monitor.stall_window=12"],
+        16,
+        (None, None),
+    ),
 }
 
 
@@ -94,11 +100,12 @@ def test_a_window_gives_every_verdict_and_row_of_one_sync_per_step(tmp_path, nam
         assert alone.first_bad_step in host_steps  # is decided one sync at a time, its window taken back
 
 
-def test_windows_stand_between_stall_checks_logit_steps_and_eval_steps():
+def test_windows_stand_between_stall_checks_and_eval_steps_with_logit_steps_inside():
     from sweep.run.window import window_end
 
     run = make_run("steps=50", "monitor.stall_window=20", "monitor.logit_every=10", "monitor.sync_every=8")
-    assert [window_end(run, s, None, 8) for s in (0, 8, 10, 18, 19, 20, 48)] == [8, 10, 18, 20, 20, 28, 50]
+    assert [window_end(run, s, None, 8) for s in (0, 8, 10, 18, 19, 20, 48)] == [8, 16, 18, 20, 20, 28, 50]
+    assert window_end(run, 0, None, 32) == 20  # the logit steps 0 and 10 inside, the stall check (19) last
     assert window_end(run, 3, None, 1) == 4
 
 

@@ -16,15 +16,15 @@ same tensors, so the same numbers, bit for bit, as running it eagerly.
   point at them again, so the stall check and the explanation read them as after an eager step.
 - A pack (sweep/run/packed.py) captures its vmapped step the same way, every live run's generator
   registered; when runs leave the pack its tensors are compacted (new tensors), so it captures again.
-- A lone run's attention-logit step (every monitor.logit_every, a window's first) is a second capture: the
-  statistics it appends are that graph's outputs, handed back to the run's LogitStats after each replay
-  (sweep.run.train.LogitStep). Eager, by estimate it was most of a tiny run's graphed step time on an H200
-  (docs/gpu.md).
+- A lone run's attention-logit step (every monitor.logit_every, anywhere in a window) is a second capture:
+  the statistics it appends are that graph's outputs, handed back to the run's LogitStats after each replay
+  and copied aside until the window's end (sweep.run.train.LogitStep, Lone.stepped). Eager, by estimate it
+  was most of a tiny run's graphed step time on an H200 (docs/gpu.md).
 - What stays eager: the steps run one sync each (`one`: windows taken back, the steps the host decides),
   batches read from files (`x0` comes from the host), and everything on the CPU.
 
 graph=auto stays eager: on an H100 graph == eager held (tests/test_graph_ready.py's `cuda` tests) and the
-graphed loop was 1.24-1.49x the bare step as one graph, but the demo grid and every scenario have not yet
+graphed loop was 1.47-1.77x the bare step as one graph, and the demo grid and every scenario have not yet
 been checked with graphs on a GPU since the fix to windows taken back (docs/gpu.md; issue #31). graph=true
 asks for it on CUDA; a capture that fails falls back to eager steps with a warning, and the run goes on.
 """

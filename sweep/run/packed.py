@@ -228,6 +228,9 @@ class Pack:
         self.zero_grad()
         return WindowResult()
 
+    def stepped(self, step: int) -> None:
+        pass  # packed runs record no attention statistics
+
     def drop(self) -> None:
         pass  # a pack's window leaves nothing besides its state
 

@@ -67,6 +67,7 @@ class Lone:
         self.params = [p for p in parts.model.parameters() if p.requires_grad]
         self.generators = [parts.noise_gen]
         self.steps, self.logits = Steps([run], [parts.monitor], parts.scaler), LogitStats()
+        self.parked: dict[int, tuple] = {}  # a window's logit steps' statistics, on the device until its end
         self.first: Divergence | None = None
         # Windows draw synthetic batches on the device and check them there (sweep/data/device.py).
         self.batches = None
@@ -164,20 +165,28 @@ class Lone:
             x0, issue = load_checked_batch(parts.dataset, parts.order.indices(step), data.range_limit, data.check)
             if issue is not None:
                 return None
-        return self.device_step(x0, logits=step % self.run.monitor.logit_every == 0)  # at a window's start only
+        return self.device_step(x0, logits=step % self.run.monitor.logit_every == 0)
+
+    def stepped(self, step: int) -> None:
+        if step % self.run.monitor.logit_every == 0:  # copies: the next replay of a logit graph rewrites its outputs
+            maxes, entropies = self.logits.take()
+            self.parked[step] = ([t.clone() for t in maxes], [t.clone() for t in entropies])
 
     def stand(self, start: int, decisions: list, pred: torch.Tensor, x0: torch.Tensor) -> WindowResult:
-        logits = self.logits.collect() if start % self.run.monitor.logit_every == 0 else ("", "")
         grads, last = LoneGrads([p.grad for p in self.params if p.grad is not None]), start + len(decisions) - 1
         for s, (d,) in enumerate(decisions, start):
-            at = logits if s == start else ("", "")
+            at = ("", "")
+            if s in self.parked:  # a logit step: its statistics, read now that the window has synced
+                self.logits.put(self.parked.pop(s))
+                at = self.logits.collect()
             if self.finish(s, d, self.parts.lr_at(s), grads, pred, x0, self.parts.order.indices(last), at):
                 return WindowResult(stopped_at=s)
         self.zero_grad()
         return WindowResult()
 
     def drop(self) -> None:
-        self.logits.collect()  # the attention statistics of steps that will run again
+        self.parked.clear()  # the attention statistics of steps that will run again, one sync each
+        self.logits.take()
 
     def finish(self, step, d, lr, grads, pred, x0, indices, logits=None) -> bool:
         """After the optimizer: stall check, explanation of a first verdict, metrics row, progress, hooks,
@@ -211,9 +220,9 @@ class Lone:
 
 
 class LogitStep:
-    """A lone run's window step on an attention-logit step (a window's first), as StepGraph captures it: the
-    statistics it appends to the run's LogitStats are the capture's outputs, which each replay rewrites, put
-    back after each replay for the window's end to collect."""
+    """A lone run's window step on an attention-logit step, as StepGraph captures it: the statistics it appends
+    to the run's LogitStats are the capture's outputs, which each replay rewrites, put back after each replay
+    (and copied aside by Lone.stepped) for the window's end to collect."""
 
     def __init__(self, lone: Lone):
         self.lone, self.clock, self.params, self.generators = lone, lone.clock, lone.params, lone.generators

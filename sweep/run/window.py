@@ -13,9 +13,10 @@ price of a skipped or bad step is running its window twice. `drive` is that poli
 loop hands it a `Stepper` (its `one`, `window` and `snapshot`).
 
 A window ends early where the host must see a step by itself: after a stall check (it compares the
-weights of that step), after a step whose eval loss is due, and before a step that records attention
-logits (their statistics are fetched after it); hooks that must see every step's state (checkpoints)
-or a forensics probe turn windows off.
+weights of that step) and after a step whose eval loss is due; hooks that must see every step's state
+(checkpoints) or a forensics probe turn windows off. Attention-logit steps (every monitor.logit_every) run
+anywhere in a window: the loop keeps each one's statistics on the device (`Stepper.stepped`) and reads them
+at the window's end.
 """
 
 from __future__ import annotations
@@ -40,8 +41,6 @@ def window_end(run: RunConfig, step: int, evaluator: Evaluator | None, size: int
     m = run.monitor
     end = min(step + size, run.steps)
     for s in range(step, end):
-        if s > step and s % m.logit_every == 0:  # a logit step starts the next window (collected at its end)
-            return s
         if (s + 1) % m.stall_window == 0 or (evaluator is not None and evaluator.due(s)):
             return s + 1
     return end
@@ -130,6 +129,10 @@ class Stepper(Protocol):
     def eager_step(self, step: int) -> tuple | None:
         """Window step `step`, run eagerly: (row, pred, batch); None when a batch read from files is bad."""
 
+    def stepped(self, step: int) -> None:
+        """After window step `step` ran (replayed or eager): keep aside what the window's end reads of it (a lone
+        run's attention statistics on a logit step)."""
+
     def stand(self, start: int, decisions: list, pred: torch.Tensor, batch) -> WindowResult:
         """A window whose steps all stood: each step's stall check, metrics row, hooks, in order (`pred` and
         `batch` are its last step's)."""
@@ -183,6 +186,7 @@ def _window(stepper: Stepper, start: int, end: int) -> tuple[WindowResult, int, 
             out = stepper.eager_step(step)
         if out is None:  # a bad batch read from files: the host's check decides it
             return WindowResult(taken_back_at=step), step, replayed
+        stepper.stepped(step)
         rows.append(out[0])
     decisions, bad = judge_window(stepper.steps, start, rows, stepper.flagged)
     if bad is not None:
