@@ -185,7 +185,7 @@ class Lone:
         return WindowResult()
 
     def drop(self) -> None:
-        self.parked.clear()  # the attention statistics of steps that will run again, one sync each
+        self.parked.clear()  # the taken-back steps run again one sync each, with their statistics
         self.logits.take()
 
     def finish(self, step, d, lr, grads, pred, x0, indices, logits=None) -> bool:
