@@ -203,6 +203,18 @@ def test_graph_is_checked_at_composition_and_true_needs_cuda(tmp_path):
     assert r.status == "skipped" and "graph=true" in r.reason and "not a CUDA device" in r.reason
 
 
+def eager_and_graphed(tmp_path, *overrides: str) -> dict:
+    """One CUDA run with graph=false and with graph=true: {"false"|"true": (its result, its metrics.csv bytes)}."""
+    from sweep.run.execute import execute
+
+    runs = {}
+    for mode in ("false", "true"):
+        r = execute(make_run("device=cuda", *overrides, f"graph={mode}"), tmp_path / mode, params={})
+        rows = tmp_path / mode / "metrics.csv"
+        runs[mode] = (r, rows.read_bytes() if rows.exists() else b"")  # a run that failed first has no rows
+    return runs
+
+
 @pytest.mark.cuda
 @pytest.mark.parametrize(
     "overrides",
@@ -212,13 +224,8 @@ def test_graph_is_checked_at_composition_and_true_needs_cuda(tmp_path):
 def test_a_graphed_run_is_the_eager_run_bit_for_bit(tmp_path, overrides):
     """graph=true replays the captures of the window step and of the logit step: the same metrics, byte for byte,
     as graph=false (sweep/run/graph.py)."""
-    from sweep.run.execute import execute
-
-    common = ["device=cuda", "steps=40", "monitor.sync_every=8", "optim.lr=1e-3", *overrides]
-    got = {}
-    for mode in ("false", "true"):
-        r = execute(make_run(*common, f"graph={mode}"), tmp_path / mode, params={})
-        got[mode] = (r.status, r.verdict, (tmp_path / mode / "metrics.csv").read_bytes(), r.sync["replayed"])
+    runs = eager_and_graphed(tmp_path, "steps=40", "monitor.sync_every=8", "optim.lr=1e-3", *overrides)
+    got = {mode: (r.status, r.verdict, rows, r.sync["replayed"]) for mode, (r, rows) in runs.items()}
     assert got["true"][:3] == got["false"][:3]
     # Every step but step 0 (AdamW has no state yet) is replayed: 36 from the window step's graph and 3 from
     # the logit step's (10, 20, 30), whose attention statistics are in the metrics compared.
@@ -240,15 +247,11 @@ def test_a_graphed_run_whose_windows_are_taken_back_is_the_eager_run(tmp_path, o
     """fp16 overflow in the first windows: they are taken back before any update stood, and the graph captured
     from the state the first window made must keep updating the optimizer's own (on an H100 these runs hit a
     device-side assert instead, sweep.run.adamw.DeviceAdamW.saved)."""
-    from sweep.run.execute import execute
-
-    common = ["device=cuda", "monitor.sync_every=8", "precision=fp16_amp", *overrides]
-    got = {}
-    for mode in ("false", "true"):
-        r = execute(make_run(*common, f"graph={mode}"), tmp_path / mode, params={})
-        got[mode] = (r.status, r.verdict, r.first_bad_step, (tmp_path / mode / "metrics.csv").read_bytes())
-        assert r.status != "error", r.reason
+    runs = eager_and_graphed(tmp_path, "monitor.sync_every=8", "precision=fp16_amp", *overrides)
+    assert all(r.status != "error" for r, _ in runs.values()), [r.reason for r, _ in runs.values()]
+    got = {mode: (r.status, r.verdict, r.first_bad_step, rows) for mode, (r, rows) in runs.items()}
     assert got["true"] == got["false"]
+    r = runs["true"][0]
     assert r.sync["taken_back"] > 0 and r.sync["replayed"] > 0, r.sync
 
 
@@ -268,16 +271,11 @@ device factors, frozen weights, modules kept in fp32, low-precision weights, an 
 @pytest.mark.cuda
 @pytest.mark.parametrize("overrides", GRAPHED_OPTIONS.values(), ids=GRAPHED_OPTIONS.keys())
 def test_a_graphed_run_with_each_option_is_the_eager_run(tmp_path, overrides):
-    from sweep.run.execute import execute
-
-    common = ["device=cuda", "steps=24", "monitor.sync_every=8", "optim.lr=1e-3", *overrides]
-    got = {}
-    for mode in ("false", "true"):
-        r = execute(make_run(*common, f"graph={mode}"), tmp_path / mode, params={})
-        assert r.status != "error", r.reason
-        got[mode] = (r.status, r.verdict, r.first_bad_step, (tmp_path / mode / "metrics.csv").read_bytes())
+    runs = eager_and_graphed(tmp_path, "steps=24", "monitor.sync_every=8", "optim.lr=1e-3", *overrides)
+    assert all(r.status != "error" for r, _ in runs.values()), [r.reason for r, _ in runs.values()]
+    got = {mode: (r.status, r.verdict, r.first_bad_step, rows) for mode, (r, rows) in runs.items()}
     assert got["true"] == got["false"]
-    assert r.sync["replayed"] > 0, r.sync
+    assert runs["true"][0].sync["replayed"] > 0, runs["true"][0].sync
 
 
 @pytest.mark.cuda
