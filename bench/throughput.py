@@ -266,8 +266,8 @@ def graphed_step(run, policy, device, sync_every: int) -> tuple[float, str]:
     first window after AdamW has its state) and the first windows are left out. And where the whole run's host
     time went (bench/host_parts.py): eager steps, replays, snapshots, the windows' sync wait, their stand.
 
-    The host sees a window's steps together, at its end: the figure runs from the end of the first window to
-    end past half-way to the end of the last, over the steps in between. (Until 2026-11-26 it ran from the
+    The host sees a window's steps together, at its end: the figure runs from the end of the first window that
+    ends past half-way to the end of the last, over the steps in between. (Until 2026-11-26 it ran from the
     first step past half-way, seen at the end of its window, and so divided the time of fewer steps than it
     counted: the H100 session's graphed figures were 31/26 too fast; docs/gpu.md.)"""
     import sweep.run.window as window
