@@ -3,7 +3,9 @@
 Against `torch.optim.AdamW(foreach=False)` with the lr set as a Python float every step, as the loop did
 before: fp32, bf16 and fp16 weights (pure fp16 keeps eps's rounding to 0), weight decay, linear warmup
 then cosine (the lr a device table), skipped steps (the update count stays), two groups at their own
-lr_scale, and a weight that gets no gradient at some steps.
+lr_scale, and a weight that gets no gradient at some steps. fp32 weights whose update counts are one take one
+multi-tensor update (sweep.run.adamw.update_all_), checked to be the same numbers, and taken only where the
+counts are one (state set from outside, a window taken back).
 """
 
 from __future__ import annotations
@@ -14,8 +16,10 @@ from typing import Callable
 
 import pytest
 import torch
+from torch.utils._python_dispatch import TorchDispatchMode
 
-from sweep.run.adamw import DeviceAdamW, Hyper, PerStep, StackedAdamW, per_step_scalars
+from sweep.run import adamw
+from sweep.run.adamw import DeviceAdamW, Hyper, PerStep, StackedAdamW, per_step_scalars, update_all_
 from sweep.run.build import lr_schedule
 
 from .conftest import make_run
@@ -144,3 +148,111 @@ def test_a_packs_update_is_each_runs_own_update_bit_for_bit(dtype):
                 assert same_bits(stacked[str(i)][k], w), f"step {step}, run {k}, weight {i}"
                 m, v = packed.moments[str(i)]
                 assert same_bits(m[k], opts[k].state[w]["exp_avg"]) and same_bits(v[k], opts[k].state[w]["exp_avg_sq"])
+
+
+class ComputeOps(TorchDispatchMode):
+    """Counts the ops dispatched inside it that compute (on a GPU each is a kernel launch; views are not)."""
+
+    VIEWS = {"view", "select", "slice", "unsqueeze", "expand", "alias", "as_strided", "detach", "_unsafe_view"}
+
+    def __init__(self):
+        super().__init__()
+        self.count = 0
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        self.count += func.__name__.split(".")[0] not in self.VIEWS
+        return func(*args, **(kwargs or {}))
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_fp32_weights_take_one_multi_tensor_update_per_group(dtype):
+    # 40 weights in one group: fp32 weights whose counts are one take a multi-tensor update (a few ops for the
+    # group, each a kernel or a few on a GPU); pure bf16 weights (a foreach op would round its tensor scalar to
+    # bf16 on a GPU) take one update each.
+    ws = [torch.randn(3, 4).to(dtype).requires_grad_() for _ in range(40)]
+    opt = DeviceAdamW([{"params": ws}], lambda s: 1e-3, 4, (0.9, 0.999), 1e-8, 0.1, torch.device("cpu"))
+    counted = []
+    for step in range(3):
+        for w in ws:
+            w.grad = torch.randn_like(w)
+        opt.at(step)
+        with ComputeOps() as ops:
+            opt.step()
+        counted.append(ops.count)
+    later = counted[1:]  # the first step also makes the state, three tensors a weight
+    if dtype == torch.float32:
+        assert max(later) < 40, counted
+    else:
+        assert min(later) > 40 * 5, counted
+
+
+def torch_twin(ws: list[torch.Tensor], wd: float = 0.1) -> tuple[list[torch.Tensor], torch.optim.AdamW]:
+    """Copies of `ws` and torch's single-tensor AdamW over them, at a constant lr of 1e-3 (DeviceAdamW's below)."""
+    twins = [w.detach().clone().requires_grad_() for w in ws]
+    return twins, torch.optim.AdamW(twins, lr=1e-3, eps=1e-8, weight_decay=wd, foreach=False)
+
+
+def step_both(ours, a, theirs, b, step: int, gen: torch.Generator) -> None:
+    for w, u in zip(ours, theirs):
+        w.grad = torch.randn(w.shape, generator=gen)
+        u.grad = w.grad.clone()
+    a.at(step)
+    a.step()
+    b.step()
+
+
+def test_counts_set_from_outside_are_read_before_one_update_takes_them(monkeypatch):
+    # A checkpoint sets each weight's state (sweep/run/checkpoint.py): counts 3 and 7, so one set of scalars would
+    # give weight 1 weight 0's bias correction. Before state_set() the host knows nothing (per-weight updates);
+    # after it, uneven counts stay per weight, and even ones take one update. All are torch's, bit for bit.
+    together = []
+    monkeypatch.setattr(adamw, "update_all_", lambda *args: together.append(1) or update_all_(*args))
+    ours = weights(torch.float32)[:2]
+    theirs, b = torch_twin(ours)
+    a = DeviceAdamW([{"params": ours}], lambda s: 1e-3, 20, (0.9, 0.999), 1e-8, 0.1, torch.device("cpu"))
+    gen = torch.Generator().manual_seed(3)
+    for n, w, u in zip((3, 7), ours, theirs):
+        state = {"step": torch.tensor(float(n)), "exp_avg": torch.randn(w.shape, generator=gen)}
+        state["exp_avg_sq"] = torch.rand(w.shape, generator=gen)
+        a.state[w] = {k: v.clone() for k, v in state.items()}
+        b.state[u] = {k: v.clone() for k, v in state.items()}
+    for step in range(4):
+        if step == 2:
+            a.state_set()
+        step_both(ours, a, theirs, b, step, gen)
+        assert all(same_bits(w, u) for w, u in zip(ours, theirs)), step
+    assert not together
+    for w, u in zip(ours, theirs):  # even counts, once read: one update
+        a.state[w]["step"].fill_(9.0)
+        b.state[u]["step"].fill_(9.0)
+    a.state_set()
+    step_both(ours, a, theirs, b, 4, gen)
+    assert together and all(same_bits(w, u) for w, u in zip(ours, theirs))
+
+
+def test_a_taken_back_step_leaves_the_counts_one(monkeypatch):
+    # A window's snapshot (saved) taken before the state existed and after: each restore puts back counts that
+    # are one, the host knows it (every update is one multi-tensor update), and the next updates are torch's
+    # without the taken-back steps.
+    together = []
+    monkeypatch.setattr(adamw, "update_all_", lambda *args: together.append(1) or update_all_(*args))
+    ours = weights(torch.float32)
+    theirs, b = torch_twin(ours)
+    a = DeviceAdamW([{"params": ours}], lambda s: 1e-3, 20, (0.9, 0.999), 1e-8, 0.1, torch.device("cpu"))
+    gen, lost = torch.Generator().manual_seed(4), torch.Generator().manual_seed(5)
+    for step in range(6):
+        if step in (0, 3):
+            restore = a.saved()
+            for w in ours:
+                w.grad = torch.randn(w.shape, generator=lost)
+            before = [w.detach().clone() for w in ours]
+            a.at(step)
+            a.step()
+            restore()
+            with torch.no_grad():
+                for w, old in zip(ours, before):
+                    w.copy_(old)
+        step_both(ours, a, theirs, b, step, gen)
+        assert all(same_bits(w, u) for w, u in zip(ours, theirs)), step
+        assert [float(a.state[w]["step"]) for w in ours] == [float(b.state[u]["step"]) for u in theirs]
+    assert len(together) == 6 + 2

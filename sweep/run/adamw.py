@@ -28,6 +28,14 @@ deterministic either way.
 `update_` takes K runs stacked along a leading dimension; a lone run's weight is a stack of one. DeviceAdamW
 is one run's optimizer (sweep/run/train.py), StackedAdamW every packed run's (sweep/run/packed.py).
 
+`update_all_` is `update_` for many fp32 weights at one set of scalars, as torch's multi-tensor (`_foreach_`)
+ops: on a GPU about ten kernels for a whole group instead of about eight per weight, which a CUDA graph of a
+small model's step is bound by (bench/step_ops.py: 414 of a tiny step's 816 ops were AdamW's). On the CPU torch
+runs each foreach op as the per-tensor op `update_` runs, so the numbers are the same bit for bit. DeviceAdamW
+takes it for a group's fp32 weights when the host knows their update counts are equal (`Counts`); pure bf16 and
+fp16 weights stay per weight (a foreach op would round its tensor scalar to the weights' dtype on a GPU, where
+torch's single-tensor kernels compute with it in fp32), as does update clipping (a factor per tensor).
+
 Update clipping (`optim.update_clip`, off at 0): StableAdamW's (Wortsman et al. 2023b, arXiv 2304.13013,
 Algorithm 2, as the authors' reference StableAdamWUnfused does it). Loss spikes there follow steps where
 AdamW's second moment under-estimates the squared gradients, so the update of a tensor whose gradients jumped
@@ -229,6 +237,32 @@ def update_(
     w.addcdiv_(m * step_size_neg, denom)
 
 
+def update_all_(
+    ws: list[torch.Tensor],
+    gs: list[torch.Tensor],
+    ms: list[torch.Tensor],
+    vs: list[torch.Tensor],
+    per_step: torch.Tensor,
+    consts: Consts,
+    decays: bool,
+) -> None:
+    """`update_` of many fp32 weights, each with its gradient and moments, at the one set of per-step scalars
+    per_step[:, 0] (`per_step_scalars` of their common update count) and float `consts`, as multi-tensor ops:
+    the same ops in the same order, so on the CPU (where torch runs a foreach op tensor by tensor) the same numbers
+    bit for bit."""
+    decay, bias_correction2_sqrt, step_size_neg = (per_step[row, 0] for row in PerStep)
+    one_minus_beta1, beta2, one_minus_beta2, eps = consts
+    if decays:
+        torch._foreach_mul_(ws, decay)
+    torch._foreach_lerp_(ms, gs, one_minus_beta1)
+    torch._foreach_mul_(vs, beta2)
+    torch._foreach_addcmul_(vs, gs, gs, value=one_minus_beta2)
+    denoms = torch._foreach_sqrt(vs)
+    torch._foreach_div_(denoms, bias_correction2_sqrt)
+    torch._foreach_add_(denoms, eps)
+    torch._foreach_addcdiv_(ws, torch._foreach_mul(ms, step_size_neg), denoms)
+
+
 def clip_factor(
     g: torch.Tensor,
     v: torch.Tensor,
@@ -259,12 +293,56 @@ def _undecorated(method: Callable) -> Callable:
     return getattr(method, "__wrapped__", method)
 
 
+Bucket = tuple[int, torch.dtype, torch.device]
+"""One optimizer group's weights of one dtype on one device (group index, dtype, device): what a multi-tensor
+update takes together."""
+
+
+class EvenCounts:
+    """Which buckets' update counts the host knows to be one count, without reading them (a read in a step would
+    be a sync, and none is allowed inside a CUDA graph's capture): per bucket, its weights' "step" tensors, by
+    identity, recorded when a step updated all of them from one count (None: a weight with no state yet, count 0).
+    A bucket stays even while each step updates all its weights or none, its counts advanced together however
+    often a captured step replays; a step that updates some of them, or state set from outside (a checkpoint:
+    other tensors than the recorded ones), makes it unknown until `read`."""
+
+    def __init__(self):
+        self.known: dict[Bucket, tuple] = {}
+
+    @staticmethod
+    def steps(state: dict, params: Sequence[torch.Tensor]) -> tuple:
+        return tuple(state[p].get("step") if p in state else None for p in params)
+
+    def even(self, key: Bucket, state: dict, params: Sequence[torch.Tensor]) -> bool:
+        now = self.steps(state, params)
+        record = self.known.get(key)
+        return all(t is None for t in now) or (record is not None and all(a is b for a, b in zip(record, now)))
+
+    def stepped(self, key: Bucket, state: dict, params: Sequence[torch.Tensor], together: bool) -> None:
+        """A step updated some of the bucket's weights: all of them from one count (`together`), or not."""
+        if together:
+            self.known[key] = self.steps(state, params)
+        else:
+            self.known.pop(key, None)
+
+    def read(self, buckets: dict[Bucket, list[torch.Tensor]], state: dict) -> None:
+        """Know the buckets from their counts as they are now (one read back to the host): after a checkpoint."""
+        self.known = {}
+        for key, params in buckets.items():
+            now = self.steps(state, params)
+            if all(t is not None for t in now) and len(set(torch.stack(list(now)).tolist())) == 1:
+                self.known[key] = now
+
+
 class DeviceAdamW(torch.optim.Optimizer):
     """One run's AdamW: torch's param groups and state layout ("step", "exp_avg", "exp_avg_sq" per weight,
     so checkpoints and sweep.run.adam_lag read it as torch's), its update computed by `update_`.
 
     The loop calls `at(step)` before `step()`: the lr is the schedule's at that step. Each group may carry
-    `lr_scale` (sweep.run.finetune.param_groups): its lr is the schedule's times that."""
+    `lr_scale` (sweep.run.finetune.param_groups): its lr is the schedule's times that. A group's fp32 weights
+    whose counts the host knows are one (`EvenCounts`: every step so far updated all of them, the case unless a
+    weight gets no gradient at some steps) take one multi-tensor update (`update_all_`); the others one update
+    each. State set from outside (sweep/run/checkpoint.py) calls `state_set()`."""
 
     def __init__(
         self,
@@ -284,6 +362,7 @@ class DeviceAdamW(torch.optim.Optimizer):
             Hyper.of(lr_at, steps, g["betas"], g["eps"], g["weight_decay"], device, g.get("lr_scale", 1.0), update_clip)
             for g in self.param_groups
         ]
+        self.even = EvenCounts()
 
     # torch wraps these two in torch._disable_dynamo, whose first call imports torch._dynamo: ~2 s of CPU in
     # every run process, for an optimizer dynamo never traces (compile=true compiles the forward only,
@@ -308,23 +387,42 @@ class DeviceAdamW(torch.optim.Optimizer):
         keys = [(p, k) for p, s in self.state.items() for k, v in s.items() if torch.is_tensor(v)]
         saved = copies([self.state[p][k] for p, k in keys])
         params = set(self.state)
+        known, buckets = dict(self.even.known), self.buckets()
+        fresh = [key for key, ps in buckets.items() if all(p not in params for p in ps)]
 
         def restore() -> None:
             made = [v for p, s in self.state.items() if p not in params for v in s.values() if torch.is_tensor(v)]
             if made:
                 torch._foreach_zero_(made)
             copy_back([self.state[p][k] for p, k in keys], saved)
+            self.even.known = known
+            for key in fresh:  # no state when saved: every count is 0 again
+                self.even.stepped(key, self.state, buckets[key], together=True)
 
         return restore
+
+    def buckets(self) -> dict[Bucket, list[torch.Tensor]]:
+        """Every group's weights by dtype and device, in the group's order."""
+        out: dict[Bucket, list[torch.Tensor]] = {}
+        for i, group in enumerate(self.param_groups):
+            for p in group["params"]:
+                out.setdefault((i, p.dtype, p.device), []).append(p)
+        return out
+
+    def state_set(self) -> None:
+        """The state was set from outside (a checkpoint loaded): learn which buckets' counts are one (a read back)."""
+        self.even.read(self.buckets(), self.state)
 
     @torch.no_grad()
     def step(self, closure=None) -> None:
         """Update every weight that has a gradient (torch skips the others, count included)."""
         assert closure is None, "DeviceAdamW takes no closure"
-        for group, h in zip(self.param_groups, self.hyper):
-            params = [p for p in group["params"] if p.grad is not None]
+        for key, bucket in self.buckets().items():
+            group, h = self.param_groups[key[0]], self.hyper[key[0]]
+            params = [p for p in bucket if p.grad is not None]
             if not params:
                 continue
+            together = len(params) == len(bucket) and self.even.even(key, self.state, bucket)
             for p in params:
                 if not self.state[p]:  # torch's lazy state, with the count on the weight's device
                     self.state[p] = {
@@ -332,15 +430,21 @@ class DeviceAdamW(torch.optim.Optimizer):
                         "exp_avg": torch.zeros_like(p, memory_format=torch.preserve_format),
                         "exp_avg_sq": torch.zeros_like(p, memory_format=torch.preserve_format),
                     }
-            counts = [self.state[p]["step"] for p in params]
+            states = [self.state[p] for p in params]
+            counts = [s["step"] for s in states]
             torch._foreach_add_(counts, 1.0)
-            # (len(PerStep), weights): one column per weight, at its own update count
-            per_step = per_step_scalars(h.lr.index_select(0, self.clock), h, torch.stack(counts).long())
-            decays = group["weight_decay"] != 0
-            for i, p in enumerate(params):
-                s = self.state[p]
-                one = [t.unsqueeze(0) for t in (p, p.grad, s["exp_avg"], s["exp_avg_sq"])]  # a stack of one run
-                update_(*one, per_step[:, i : i + 1], h.consts, decays, h.update_clip)
+            lr, decays = h.lr.index_select(0, self.clock), group["weight_decay"] != 0
+            if together and key[1] == torch.float32 and not h.update_clip:
+                moments = [[s[k] for s in states] for k in ("exp_avg", "exp_avg_sq")]
+                per_step = per_step_scalars(lr, h, counts[0].view(1).long())
+                update_all_(params, [p.grad for p in params], *moments, per_step, h.consts, decays)
+            else:
+                # (len(PerStep), weights): one column per weight, at its own update count
+                per_step = per_step_scalars(lr, h, torch.stack(counts).long())
+                for i, (p, s) in enumerate(zip(params, states)):
+                    one = [t.unsqueeze(0) for t in (p, p.grad, s["exp_avg"], s["exp_avg_sq"])]  # a stack of one run
+                    update_(*one, per_step[:, i : i + 1], h.consts, decays, h.update_clip)
+            self.even.stepped(key, self.state, bucket, together)
 
 
 class StackedAdamW:

@@ -337,6 +337,7 @@ def resume(parts, directory: Path, verify: bool = True, optimizer: bool = True) 
         }
         if state:
             parts.optimizer.state[p] = state
+    parts.optimizer.state_set()
     trainer = load_checked(directory, TRAINER_FILE, verify, manifest)
     if verify:
         verify_file(directory, TRAINER_JSON, manifest["files"].get(TRAINER_JSON, {"bytes": -1}))
