@@ -256,3 +256,42 @@ def test_a_taken_back_step_leaves_the_counts_one(monkeypatch):
         assert all(same_bits(w, u) for w, u in zip(ours, theirs)), step
         assert [float(a.state[w]["step"]) for w in ours] == [float(b.state[u]["step"]) for u in theirs]
     assert len(together) == 6 + 2
+
+
+class Allocations(TorchDispatchMode):
+    """Counts the tensors allocated inside it (empty, empty_like, empty_strided)."""
+
+    def __init__(self):
+        super().__init__()
+        self.count = 0
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        self.count += func.__name__.split(".")[0] in {"empty", "empty_like", "empty_strided"}
+        return func(*args, **(kwargs or {}))
+
+
+def test_a_windows_snapshot_writes_over_the_last_ones_buffers():
+    # A window's snapshot (sweep/run/window.py) copies AdamW's state into the last window's buffers: nothing
+    # allocated, and putting it back gives the state as it was when it was taken, not the last one's.
+    ws = weights(torch.float32)
+    opt = DeviceAdamW([{"params": ws}], lambda s: 1e-3, 20, (0.9, 0.999), 1e-8, 0.1, torch.device("cpu"))
+    gen = torch.Generator().manual_seed(6)
+
+    def step(i: int) -> None:
+        for w in ws:
+            w.grad = torch.randn(w.shape, generator=gen)
+        opt.at(i)
+        opt.step()
+
+    step(0)
+    first = opt.saved()
+    step(1)
+    with Allocations() as made:
+        second = opt.saved(into=first.copies)
+    assert made.count == 0 and all(a is b for a, b in zip(second.copies, first.copies))
+    kept = {(w, k): t.clone() for w in ws for k, t in opt.state[w].items()}
+    step(2)
+    second()
+    assert all(same_bits(opt.state[w][k], t) for (w, k), t in kept.items())
+    other = adamw.copies([torch.zeros(3)], into=[torch.ones(4)])  # another shape: a new buffer
+    assert other[0].shape == (3,) and not other[0].any()

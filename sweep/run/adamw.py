@@ -55,19 +55,39 @@ from typing import Callable, NamedTuple, Sequence
 import torch
 
 
-def copies(tensors: Sequence[torch.Tensor]) -> list[torch.Tensor]:
+def copies(tensors: Sequence[torch.Tensor], into: Sequence[torch.Tensor] | None = None) -> list[torch.Tensor]:
     """Exact copies of `tensors` made by one multi-tensor copy (a window's snapshot, sweep/run/window.py): on a
-    GPU a handful of kernel launches for the whole list instead of one clone each."""
-    out = [torch.empty_like(t) for t in tensors]
+    GPU a handful of kernel launches for the whole list instead of one clone each. `into`: an earlier call's
+    copies no longer needed (the last window's snapshot), written over when each matches its tensor in shape,
+    dtype and device, so that a window's snapshot allocates nothing (some 200 tensors for the tiny model)."""
+    tensors = list(tensors)
+    if into is None or len(into) != len(tensors) or not all(map(_fits, into, tensors)):
+        into = [torch.empty_like(t) for t in tensors]
+    out = list(into)
     if out:
-        torch._foreach_copy_(out, list(tensors))
+        torch._foreach_copy_(out, tensors)
     return out
+
+
+def _fits(buffer: torch.Tensor, t: torch.Tensor) -> bool:
+    return buffer.shape == t.shape and buffer.dtype == t.dtype and buffer.device == t.device
 
 
 def copy_back(tensors: Sequence[torch.Tensor], saved: Sequence[torch.Tensor]) -> None:
     """Put `saved` (from copies) back into `tensors`, in place."""
     if tensors:
         torch._foreach_copy_(list(tensors), list(saved))
+
+
+class Saved:
+    """An optimizer's state as it was (`saved()`): calling it puts it back in place; `copies` are the buffers that
+    hold it, which the next window's snapshot may write over (`copies(..., into=)`)."""
+
+    def __init__(self, copies: list[torch.Tensor], restore: Callable[[], None]):
+        self.copies, self._restore = copies, restore
+
+    def __call__(self) -> None:
+        self._restore()
 
 
 class PerStep(IntEnum):
@@ -377,15 +397,16 @@ class DeviceAdamW(torch.optim.Optimizer):
         """The next update is step `step`'s (its lr)."""
         self.clock.fill_(step)
 
-    def saved(self) -> Callable[[], None]:
-        """A copy of the state as it is now, and the function that puts it back in place (a window's snapshot,
-        sweep/run/window.py): a captured update writes the tensors it was captured with. State made since (a
+    def saved(self, into: Sequence[torch.Tensor] | None = None) -> Saved:
+        """A copy of the state as it is now, which puts it back in place when called (a window's snapshot,
+        sweep/run/window.py; `into`: the last one's buffers, see `copies`): a captured update writes the tensors it
+        was captured with. State made since (a
         window's first update creates it) is zeroed in place, count 0: the fresh state the next update would
         create, in the tensors a graph captured after it updates. (Deleting it left a graph updating tensors
         the optimizer no longer held, their counts never taken back: on an H100 a graphed fp16 run whose first
         windows overflowed indexed past the bias-correction tables, a device-side assert; docs/gpu.md.)"""
         keys = [(p, k) for p, s in self.state.items() for k, v in s.items() if torch.is_tensor(v)]
-        saved = copies([self.state[p][k] for p, k in keys])
+        saved = copies([self.state[p][k] for p, k in keys], into)
         params = set(self.state)
         known, buckets = dict(self.even.known), self.buckets()
         fresh = [key for key, ps in buckets.items() if all(p not in params for p in ps)]
@@ -399,7 +420,7 @@ class DeviceAdamW(torch.optim.Optimizer):
             for key in fresh:  # no state when saved: every count is 0 again
                 self.even.stepped(key, self.state, buckets[key], together=True)
 
-        return restore
+        return Saved(saved, restore)
 
     def buckets(self) -> dict[Bucket, list[torch.Tensor]]:
         """Every group's weights by dtype and device, in the group's order."""
@@ -483,17 +504,17 @@ class StackedAdamW:
         """The next update is step `step`'s (each run's lr of that step)."""
         self.clock.fill_(step)
 
-    def saved(self) -> Callable[[], None]:
-        """A copy of the moments and counts as they are now, and the function that puts them back in place
-        (a window's snapshot, sweep/run/window.py)."""
+    def saved(self, into: Sequence[torch.Tensor] | None = None) -> Saved:
+        """A copy of the moments and counts as they are now, which puts them back in place when called (a window's
+        snapshot, sweep/run/window.py; `into`: the last one's buffers, see `copies`)."""
         tensors = [t for m, v in self.moments.values() for t in (m, v)] + [self.counts]
-        saved = copies(tensors)
+        saved = copies(tensors, into)
 
         def restore() -> None:
             with torch.no_grad():
                 copy_back(tensors, saved)
 
-        return restore
+        return Saved(saved, restore)
 
     @torch.no_grad()
     def step(self, params: dict[str, torch.Tensor], stepping: list[bool] | None = None) -> None:

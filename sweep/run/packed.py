@@ -106,7 +106,7 @@ class Pack:
         size = min(self.runs[k].monitor.sync_every for k in self.training)
         return min(window_end(self.runs[k], step, self.evaluators[k], size) for k in self.training)
 
-    def snapshot(self) -> Snapshot:
+    def snapshot(self, reuse: Snapshot | None = None) -> Snapshot:
         parts = [self.parts[k] for k in self.packed]
         return Snapshot(
             list(self.model.params.values()),
@@ -115,6 +115,7 @@ class Pack:
             self.steps.scaler,
             [p.monitor for p in parts],
             self.zero_grad,
+            reuse,
         )
 
     # What sweep.run.graph.StepGraph asks

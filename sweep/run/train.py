@@ -85,9 +85,9 @@ class Lone:
     def window_end(self, step: int) -> int:
         return window_end(self.run, step, self.evaluator, self.syncs.every)
 
-    def snapshot(self) -> Snapshot:
-        parts = self.parts
-        return Snapshot(self.params, parts.optimizer, self.generators, parts.scaler, [parts.monitor], self.zero_grad)
+    def snapshot(self, reuse: Snapshot | None = None) -> Snapshot:
+        parts, monitors = self.parts, [self.parts.monitor]
+        return Snapshot(self.params, parts.optimizer, self.generators, parts.scaler, monitors, self.zero_grad, reuse)
 
     # What sweep.run.graph.StepGraph asks
     def captured_step(self) -> tuple:

@@ -116,8 +116,8 @@ class Stepper(Protocol):
     def window_end(self, step: int) -> int:
         """The first step after the window that would start at `step` (step + 1: no window)."""
 
-    def snapshot(self) -> "Snapshot":
-        """Everything a window changes, as it is now."""
+    def snapshot(self, reuse: "Snapshot | None" = None) -> "Snapshot":
+        """Everything a window changes, as it is now (in `reuse`'s buffers, a snapshot no longer needed)."""
 
     def one(self, step: int) -> bool:
         """Step `step` by itself, with its own sync; True stops the loop."""
@@ -148,6 +148,7 @@ def drive(stepper: Stepper, step: int) -> None:
     """Run the loop's steps from `step`: windows where they may stand, one sync per step up to the step that
     took a window back, and a step by itself wherever the host must see it."""
     host_until = -1  # steps up to host_until run one sync each (a window taken back)
+    snapshot = None  # the last window's, whose buffers the next one's takes
     while syncs := stepper.live(step):
         end = stepper.window_end(step) if step > host_until else step + 1
         if end - step == 1:
@@ -157,7 +158,7 @@ def drive(stepper: Stepper, step: int) -> None:
                 return
             step += 1
             continue
-        snapshot = stepper.snapshot()
+        snapshot = stepper.snapshot(reuse=snapshot)
         result, ran_to, replayed = _window(stepper, step, end)
         for s in syncs:
             s.window(ran_to, result, replayed)
@@ -212,7 +213,8 @@ class Snapshot:
     """Everything a window changes, as it was at the window's start: the weights, the optimizer's state (its
     `saved()`), the runs' noise generators, the global RNGs (the CUDA one too on a CUDA device), the loss
     scaler and the monitors. `restore` puts it all back in place (a captured step writes the tensors it was
-    captured with), then calls `after` (the loop drops its gradients and whatever the steps left)."""
+    captured with), then calls `after` (the loop drops its gradients and whatever the steps left). `reuse`: a
+    snapshot no longer needed (the last window's, stood or restored), whose buffers this one writes over."""
 
     def __init__(
         self,
@@ -222,10 +224,11 @@ class Snapshot:
         scaler: DeviceLossScaler,
         monitors: Sequence[DivergenceMonitor],
         after: Callable[[], None],
+        reuse: "Snapshot | None" = None,
     ):
         self.params, self.generators, self.scaler, self.after = list(params), list(generators), scaler, after
-        self.weights = copies([p.detach() for p in self.params])
-        self.optimizer = optimizer.saved()
+        self.weights = copies([p.detach() for p in self.params], reuse.weights if reuse else None)
+        self.optimizer = optimizer.saved(reuse.optimizer.copies if reuse else None)
         self.noise = [g.get_state() for g in self.generators]
         self.device = self.params[0].device if self.params else torch.device("cpu")
         self.rng = torch.get_rng_state()
