@@ -23,4 +23,6 @@ if [[ $part == all || $part == graph ]]; then  # issue #15: graph=true against t
   "$PY" bench/throughput.py --precisions fp32 --attention math --rounds 3 --graph-every 8,10,20
   "$PY" bench/throughput.py --model video_dit_s --precisions bf16_amp --attention flash --rounds 3 --graph-every 8,10,20
   "$PY" bench/step_ops.py precision=bf16_amp attention=flash  # the kernels a graphed step holds, by part
+  "$PY" bench/snapshot.py --reps 50 precision=bf16_amp attention=flash  # a window's snapshot: host, device time
+  "$PY" bench/snapshot.py --reps 50 --model video_dit_s precision=bf16_amp attention=flash
 fi
