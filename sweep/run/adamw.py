@@ -21,9 +21,11 @@ the device:
 Every update is therefore bit for bit torch's on the CPU (tests/test_adamw.py, fp32, bf16 and fp16
 weights, weight decay, warmup and cosine, skipped steps, two groups), and nothing in `step` reads a
 value back to the host (tests/test_graph_ready.py). On CUDA torch's own kernels differ from its CPU ones (addcdiv
-computes `w + value * (m / denom)`, add keeps its scalar in fp32); this module keeps the CPU's order and
-roundings on both devices, so a CUDA run may differ from torch's CUDA AdamW in a last bit, and is
-deterministic either way.
+computes `w + value * (m / denom)`, add keeps its scalar in fp32); this module keeps the CPU's operand order
+on both devices, so a CUDA run may differ from torch's CUDA AdamW in a last bit, and is deterministic either
+way. (On CUDA the multi-tensor kernels of `update_all_` may also round differently from the per-tensor ones,
+e.g. addcmul as `v + value * (g * g)`, and nvcc may fuse a multiply-add: no CUDA run is bit for bit the CPU's.
+A captured step and an eager one take the same path, so graph == eager still holds.)
 
 `update_` takes K runs stacked along a leading dimension; a lone run's weight is a stack of one. DeviceAdamW
 is one run's optimizer (sweep/run/train.py), StackedAdamW every packed run's (sweep/run/packed.py).
