@@ -166,11 +166,12 @@ class ComputeOps(TorchDispatchMode):
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_fp32_weights_take_one_multi_tensor_update_per_group(dtype):
-    # 40 weights in one group: fp32 weights whose counts are one take a multi-tensor update (a few ops for the
-    # group, each a kernel or a few on a GPU); pure bf16 weights (a foreach op would round its tensor scalar to
-    # bf16 on a GPU) take one update each.
+    # 40 weights in one group, and one that never gets a gradient (a weight the forward does not use): fp32
+    # weights whose counts are one take a multi-tensor update (a few ops for the group, each a kernel or a few on
+    # a GPU); pure bf16 weights (a foreach op would round its tensor scalar to bf16 on a GPU) take one update each.
     ws = [torch.randn(3, 4).to(dtype).requires_grad_() for _ in range(40)]
-    opt = DeviceAdamW([{"params": ws}], lambda s: 1e-3, 4, (0.9, 0.999), 1e-8, 0.1, torch.device("cpu"))
+    unused = torch.zeros(2, dtype=dtype, requires_grad=True)
+    opt = DeviceAdamW([{"params": [*ws, unused]}], lambda s: 1e-3, 4, (0.9, 0.999), 1e-8, 0.1, torch.device("cpu"))
     counted = []
     for step in range(3):
         for w in ws:

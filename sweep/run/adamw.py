@@ -315,45 +315,51 @@ def _undecorated(method: Callable) -> Callable:
     return getattr(method, "__wrapped__", method)
 
 
-Bucket = tuple[int, torch.dtype, torch.device]
-"""One optimizer group's weights of one dtype on one device (group index, dtype, device): what a multi-tensor
-update takes together."""
+class KnownCounts:
+    """What the host knows of the weights' update counts without reading them (a read in a step would be a sync,
+    and none is allowed inside a CUDA graph's capture), so that weights with one count take one update: per
+    weight, a token shared by the weights known to hold the same count, recorded with the "step" tensor that
+    holds it. A weight with no state holds 0 (ZERO). Weights a step updates from one count share a new token,
+    their counts advanced together however often a captured step replays; a weight whose count is not known
+    (updated apart, or state set from outside, as a checkpoint does: another tensor than the one recorded) has
+    a token of its own until `read`."""
 
-
-class EvenCounts:
-    """Which buckets' update counts the host knows to be one count, without reading them (a read in a step would
-    be a sync, and none is allowed inside a CUDA graph's capture): per bucket, its weights' "step" tensors, by
-    identity, recorded when a step updated all of them from one count (None: a weight with no state yet, count 0).
-    A bucket stays even while each step updates all its weights or none, its counts advanced together however
-    often a captured step replays; a step that updates some of them, or state set from outside (a checkpoint:
-    other tensors than the recorded ones), makes it unknown until `read`."""
+    ZERO = object()
 
     def __init__(self):
-        self.known: dict[Bucket, tuple] = {}
+        self.tokens: dict[torch.Tensor, tuple[torch.Tensor, object]] = {}
 
-    @staticmethod
-    def steps(state: dict, params: Sequence[torch.Tensor]) -> tuple:
-        return tuple(state[p].get("step") if p in state else None for p in params)
+    def token(self, state: dict, p: torch.Tensor) -> object:
+        s = state.get(p)
+        if not s:
+            return self.ZERO
+        known = self.tokens.get(p)
+        return known[1] if known is not None and known[0] is s["step"] else object()
 
-    def even(self, key: Bucket, state: dict, params: Sequence[torch.Tensor]) -> bool:
-        now = self.steps(state, params)
-        record = self.known.get(key)
-        return all(t is None for t in now) or (record is not None and all(a is b for a, b in zip(record, now)))
+    def one(self, state: dict, params: Sequence[torch.Tensor]) -> bool:
+        """Whether these weights hold one count, as far as the host knows."""
+        first = self.token(state, params[0])
+        return all(self.token(state, p) is first for p in params[1:])
 
-    def stepped(self, key: Bucket, state: dict, params: Sequence[torch.Tensor], together: bool) -> None:
-        """A step updated some of the bucket's weights: all of them from one count (`together`), or not."""
+    def stepped(self, state: dict, params: Sequence[torch.Tensor], together: bool) -> None:
+        """A step updated these weights: from one count (`together`: one count after it), or not."""
         if together:
-            self.known[key] = self.steps(state, params)
+            token = object()
+            self.tokens.update((p, (state[p]["step"], token)) for p in params)
         else:
-            self.known.pop(key, None)
+            for p in params:
+                self.tokens.pop(p, None)
 
-    def read(self, buckets: dict[Bucket, list[torch.Tensor]], state: dict) -> None:
-        """Know the buckets from their counts as they are now (one read back to the host): after a checkpoint."""
-        self.known = {}
-        for key, params in buckets.items():
-            now = self.steps(state, params)
-            if all(t is not None for t in now) and len(set(torch.stack(list(now)).tolist())) == 1:
-                self.known[key] = now
+    def zeroed(self, state: dict, params: Sequence[torch.Tensor]) -> None:
+        """These weights' counts were set to 0 in place."""
+        self.tokens.update((p, (state[p]["step"], self.ZERO)) for p in params)
+
+    def read(self, state: dict) -> None:
+        """Know every count as it is now (one read back to the host): after a checkpoint set the state."""
+        held = [(p, s["step"]) for p, s in state.items() if s]
+        values = torch.stack([t for _, t in held]).tolist() if held else []
+        tokens: dict[float, object] = {}
+        self.tokens = {p: (t, tokens.setdefault(n, object())) for (p, t), n in zip(held, values)}
 
 
 class DeviceAdamW(torch.optim.Optimizer):
@@ -362,9 +368,9 @@ class DeviceAdamW(torch.optim.Optimizer):
 
     The loop calls `at(step)` before `step()`: the lr is the schedule's at that step. Each group may carry
     `lr_scale` (sweep.run.finetune.param_groups): its lr is the schedule's times that. A group's fp32 weights
-    whose counts the host knows are one (`EvenCounts`: every step so far updated all of them, the case unless a
-    weight gets no gradient at some steps) take one multi-tensor update (`update_all_`); the others one update
-    each. State set from outside (sweep/run/checkpoint.py) calls `state_set()`."""
+    that a step updates and whose counts the host knows are one (`KnownCounts`: the case unless some weight got
+    no gradient at some steps) take one multi-tensor update (`update_all_`); the others one update each. State
+    set from outside (sweep/run/checkpoint.py) calls `state_set()`."""
 
     def __init__(
         self,
@@ -384,7 +390,7 @@ class DeviceAdamW(torch.optim.Optimizer):
             Hyper.of(lr_at, steps, g["betas"], g["eps"], g["weight_decay"], device, g.get("lr_scale", 1.0), update_clip)
             for g in self.param_groups
         ]
-        self.even = EvenCounts()
+        self.known = KnownCounts()
 
     # torch wraps these two in torch._disable_dynamo, whose first call imports torch._dynamo: ~2 s of CPU in
     # every run process, for an optimizer dynamo never traces (compile=true compiles the forward only,
@@ -409,32 +415,30 @@ class DeviceAdamW(torch.optim.Optimizer):
         windows overflowed indexed past the bias-correction tables, a device-side assert; docs/gpu.md.)"""
         keys = [(p, k) for p, s in self.state.items() for k, v in s.items() if torch.is_tensor(v)]
         saved = copies([self.state[p][k] for p, k in keys], into)
-        params = set(self.state)
-        known, buckets = dict(self.even.known), self.buckets()
-        fresh = [key for key, ps in buckets.items() if all(p not in params for p in ps)]
+        params, tokens = set(self.state), dict(self.known.tokens)
 
         def restore() -> None:
-            made = [v for p, s in self.state.items() if p not in params for v in s.values() if torch.is_tensor(v)]
+            made = [p for p, s in self.state.items() if p not in params and s]
             if made:
-                torch._foreach_zero_(made)
+                torch._foreach_zero_([v for p in made for v in self.state[p].values() if torch.is_tensor(v)])
             copy_back([self.state[p][k] for p, k in keys], saved)
-            self.even.known = known
-            for key in fresh:  # no state when saved: every count is 0 again
-                self.even.stepped(key, self.state, buckets[key], together=True)
+            self.known.tokens = dict(tokens)
+            self.known.zeroed(self.state, made)
 
         return Saved(saved, restore)
 
-    def buckets(self) -> dict[Bucket, list[torch.Tensor]]:
-        """Every group's weights by dtype and device, in the group's order."""
-        out: dict[Bucket, list[torch.Tensor]] = {}
+    def buckets(self) -> dict[tuple[int, torch.dtype, torch.device], list[torch.Tensor]]:
+        """Every group's weights by dtype and device (group index, dtype, device: what one multi-tensor update
+        takes), in the group's order."""
+        out: dict[tuple[int, torch.dtype, torch.device], list[torch.Tensor]] = {}
         for i, group in enumerate(self.param_groups):
             for p in group["params"]:
                 out.setdefault((i, p.dtype, p.device), []).append(p)
         return out
 
     def state_set(self) -> None:
-        """The state was set from outside (a checkpoint loaded): learn which buckets' counts are one (a read back)."""
-        self.even.read(self.buckets(), self.state)
+        """The state was set from outside (a checkpoint loaded): learn the counts (one read back to the host)."""
+        self.known.read(self.state)
 
     @torch.no_grad()
     def step(self, closure=None) -> None:
@@ -445,7 +449,7 @@ class DeviceAdamW(torch.optim.Optimizer):
             params = [p for p in bucket if p.grad is not None]
             if not params:
                 continue
-            together = len(params) == len(bucket) and self.even.even(key, self.state, bucket)
+            together = self.known.one(self.state, params)
             for p in params:
                 if not self.state[p]:  # torch's lazy state, with the count on the weight's device
                     self.state[p] = {
@@ -467,7 +471,7 @@ class DeviceAdamW(torch.optim.Optimizer):
                 for i, (p, s) in enumerate(zip(params, states)):
                     one = [t.unsqueeze(0) for t in (p, p.grad, s["exp_avg"], s["exp_avg_sq"])]  # a stack of one run
                     update_(*one, per_step[:, i : i + 1], h.consts, decays, h.update_clip)
-            self.even.stepped(key, self.state, bucket, together)
+            self.known.stepped(self.state, params, together)
 
 
 class StackedAdamW:
