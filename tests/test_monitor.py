@@ -53,22 +53,27 @@ def test_scaler_skips_are_not_verdicts_until_collapse():
     assert d.verdict == "scale_collapse" and d.cause.where == "scaler" and "since step 1" in d.cause.detail
 
 
+def after_update(m: DivergenceMonitor, step: int, params, grads):
+    """An applied update, as sweep.run.step.Steps.after_update counts it and checks the stall."""
+    return m.stall_check(step, params, grads) if m.count_update(step) else None
+
+
 def test_stall_distinguishes_underflowed_grads_from_lost_updates():
     w = torch.ones(100)
     m = DivergenceMonitor(MonitorConfig(stall_window=2, stall_fraction=0.9))
     m.start([w])
-    assert m.after_update(0, [w], [torch.zeros(100)]) is None  # not a check step
-    d = m.after_update(1, [w], [torch.zeros(100)])
+    assert after_update(m, 0, [w], [torch.zeros(100)]) is None  # not a check step
+    d = after_update(m, 1, [w], [torch.zeros(100)])
     assert d.verdict == "stalled" and d.cause.where == "backward" and "underflow" in d.cause.detail
 
     m = DivergenceMonitor(MonitorConfig(stall_window=1, stall_fraction=0.9))
     m.start([w])
-    d = m.after_update(0, [w], [torch.full((100,), 1e-3)])
+    d = after_update(m, 0, [w], [torch.full((100,), 1e-3)])
     assert d.verdict == "stalled" and d.cause.where == "optimizer"
 
     m = DivergenceMonitor(MonitorConfig(stall_window=1, stall_fraction=0.9))
     m.start([w])
-    assert m.after_update(0, [w + 1e-3], [torch.full((100,), 1e-3)]) is None
+    assert after_update(m, 0, [w + 1e-3], [torch.full((100,), 1e-3)]) is None
 
 
 def test_a_spike_on_an_overflow_skipped_step_is_still_a_spike():

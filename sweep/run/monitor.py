@@ -163,10 +163,6 @@ class DivergenceMonitor:
         self._snapshot = _flat(params).clone()
         self._updates_since_snapshot = 0
 
-    def after_update(self, step: int, params: list[torch.Tensor], grads: list[torch.Tensor]) -> Divergence | None:
-        """Count an applied update; every `stall_window` steps, compare the weights with the last check."""
-        return self.stall_check(step, params, grads) if self.count_update(step) else None
-
     def count_update(self, step: int) -> bool:
         """Count an applied update: whether step `step` is a stall check (every `stall_window` steps)."""
         self._updates_since_snapshot += 1
