@@ -13,7 +13,6 @@ from __future__ import annotations
 import argparse
 import statistics
 import sys
-import tempfile
 import time
 from pathlib import Path
 
@@ -21,12 +20,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from throughput import run_config
-
-from sweep.run.execute import prepare
-from sweep.run.progress import RunProgress
-from sweep.run.results import MetricsLog, RunResult
-from sweep.run.train import Lone
+from step_ops import stepped_once
 
 
 def main() -> None:
@@ -35,12 +29,8 @@ def main() -> None:
     ap.add_argument("--reps", type=int, default=200)
     ap.add_argument("overrides", nargs="*", help="more config overrides (device=cuda, precision=bf16_amp, ...)")
     args = ap.parse_args()
-    run = run_config([f"model={args.model}", "steps=4", "monitor.sync_every=4", "progress=none", *args.overrides])
-    parts = prepare(run, Path(tempfile.mkdtemp(prefix="snapshot_")), RunResult(status="error"))
-    lone = Lone(run, parts, MetricsLog(), RunProgress(run.steps, run.progress, 1))
-    lone.clock.fill_(0)
-    lone.device_step(None)  # AdamW's state made, as in every window after the first
-    lone.zero_grad()
+    lone = stepped_once(args.model, args.overrides)  # AdamW's state made, as in every window after the first
+    parts = lone.parts
     cuda = parts.device.type == "cuda"
     sync = torch.cuda.synchronize if cuda else (lambda: None)
 

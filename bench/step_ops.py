@@ -67,17 +67,25 @@ class Ops(TorchDispatchMode):
         return func(*args, **(kwargs or {}))
 
 
+def stepped_once(model: str, overrides: list[str]) -> Lone:
+    """A lone run of `model` in windows (its window step, sweep.run.train.Lone.device_step), after one step:
+    AdamW's state made, as in every later step."""
+    run = run_config([f"model={model}", "steps=4", "monitor.sync_every=4", "progress=none", *overrides])
+    parts = prepare(run, Path(tempfile.mkdtemp(prefix="bench_")), RunResult(status="error"))
+    loop = Lone(run, parts, MetricsLog(), RunProgress(run.steps, run.progress, 1))
+    loop.clock.fill_(0)
+    loop.device_step(None)
+    loop.zero_grad()
+    return loop
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--model", default="video_dit_tiny")
     ap.add_argument("overrides", nargs="*", help="more config overrides (precision=bf16_amp, attention=flash, ...)")
     args = ap.parse_args()
-    run = run_config([f"model={args.model}", "steps=4", "monitor.sync_every=4", "progress=none", *args.overrides])
-    parts = prepare(run, Path(tempfile.mkdtemp(prefix="step_ops_")), RunResult(status="error"))
-    loop = Lone(run, parts, MetricsLog(), RunProgress(run.steps, run.progress, 1))
-    loop.clock.fill_(0)
-    loop.device_step(None)  # AdamW's state made, as in every later step
-    loop.zero_grad()
+    loop = stepped_once(args.model, args.overrides)
+    parts = loop.parts
     with Ops() as step:
         loop.device_step(None)
     loop.zero_grad()
