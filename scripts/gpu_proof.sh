@@ -33,10 +33,10 @@ nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader
 python3 -c "import torch; print('torch', torch.__version__, torch.cuda.get_device_name(), torch.get_num_threads())"
 echo "parts: $parts"
 part 90 cuda python3 -m pytest -q -m cuda -n 8 -p no:cacheprovider --durations=8 --timeout 80
-TAIL=20 part 120 graph bash bench/gpu.sh graph
+TAIL=24 part 150 graph bash bench/gpu.sh graph
 pack=(bench/packing.py --precision bf16_amp --attention flash --packs 32 --packed-only graph=true monitor.sync_every=32)
 part 90 packing bash -c "$PYTHON ${pack[*]} --steps 128 && $PYTHON ${pack[*]} --steps 512"
-part 45 vmap "$PYTHON" bench/vmap_check.py
+part 30 vmap "$PYTHON" bench/vmap_check.py
 # Results, not speed: sweeps side by side (six processes on the one GPU).
 TAIL=30 part 200 parity "$PYTHON" bench/graph_parity.py --jobs 6 --again
 part 570 compile "$PYTHON" bench/throughput.py --model video_dit_s --precisions bf16_amp --attention flash \
