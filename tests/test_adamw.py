@@ -150,17 +150,20 @@ def test_a_packs_update_is_each_runs_own_update_bit_for_bit(dtype):
                 assert same_bits(m[k], opts[k].state[w]["exp_avg"]) and same_bits(v[k], opts[k].state[w]["exp_avg_sq"])
 
 
-class ComputeOps(TorchDispatchMode):
-    """Counts the ops dispatched inside it that compute (on a GPU each is a kernel launch; views are not)."""
+VIEWS = {"view", "select", "slice", "unsqueeze", "expand", "alias", "as_strided", "detach", "_unsafe_view"}
+"""Ops that only make views: no kernel on a GPU."""
+ALLOCATIONS = {"empty", "empty_like", "empty_strided"}
 
-    VIEWS = {"view", "select", "slice", "unsqueeze", "expand", "alias", "as_strided", "detach", "_unsafe_view"}
 
-    def __init__(self):
+class Dispatched(TorchDispatchMode):
+    """Counts the ops dispatched inside it whose name `counted` says to count."""
+
+    def __init__(self, counted: Callable[[str], bool]):
         super().__init__()
-        self.count = 0
+        self.counted, self.count = counted, 0
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        self.count += func.__name__.split(".")[0] not in self.VIEWS
+        self.count += self.counted(func.__name__.split(".")[0])
         return func(*args, **(kwargs or {}))
 
 
@@ -177,7 +180,7 @@ def test_fp32_weights_take_one_multi_tensor_update_per_group(dtype):
         for w in ws:
             w.grad = torch.randn_like(w)
         opt.at(step)
-        with ComputeOps() as ops:
+        with Dispatched(lambda name: name not in VIEWS) as ops:  # ops that compute: kernels on a GPU
             opt.step()
         counted.append(ops.count)
     later = counted[1:]  # the first step also makes the state, three tensors a weight
@@ -259,18 +262,6 @@ def test_a_taken_back_step_leaves_the_counts_one(monkeypatch):
     assert len(together) == 6 + 2
 
 
-class Allocations(TorchDispatchMode):
-    """Counts the tensors allocated inside it (empty, empty_like, empty_strided)."""
-
-    def __init__(self):
-        super().__init__()
-        self.count = 0
-
-    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        self.count += func.__name__.split(".")[0] in {"empty", "empty_like", "empty_strided"}
-        return func(*args, **(kwargs or {}))
-
-
 def test_a_windows_snapshot_writes_over_the_last_ones_buffers():
     # A window's snapshot (sweep/run/window.py) copies AdamW's state into the last window's buffers: nothing
     # allocated, and putting it back gives the state as it was when it was taken, not the last one's.
@@ -287,7 +278,7 @@ def test_a_windows_snapshot_writes_over_the_last_ones_buffers():
     step(0)
     first = opt.saved()
     step(1)
-    with Allocations() as made:
+    with Dispatched(ALLOCATIONS.__contains__) as made:
         second = opt.saved(into=first.copies)
     assert made.count == 0 and all(a is b for a, b in zip(second.copies, first.copies))
     kept = {(w, k): t.clone() for w in ws for k, t in opt.state[w].items()}

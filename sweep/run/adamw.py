@@ -34,9 +34,10 @@ is one run's optimizer (sweep/run/train.py), StackedAdamW every packed run's (sw
 ops: on a GPU about ten kernels for a whole group instead of about eight per weight, which a CUDA graph of a
 small model's step is bound by (bench/step_ops.py: 414 of a tiny step's 816 ops were AdamW's). On the CPU torch
 runs each foreach op as the per-tensor op `update_` runs, so the numbers are the same bit for bit. DeviceAdamW
-takes it for a group's fp32 weights when the host knows their update counts are equal (`Counts`); pure bf16 and
-fp16 weights stay per weight (a foreach op would round its tensor scalar to the weights' dtype on a GPU, where
-torch's single-tensor kernels compute with it in fp32), as does update clipping (a factor per tensor).
+takes it for a group's fp32 weights when the host knows their update counts are equal (`KnownCounts`); pure
+bf16 and fp16 weights stay per weight (a foreach op would round its tensor scalar to the weights' dtype on a
+GPU, where torch's single-tensor kernels compute with it in fp32), as does update clipping (a factor per
+tensor).
 
 Update clipping (`optim.update_clip`, off at 0): StableAdamW's (Wortsman et al. 2023b, arXiv 2304.13013,
 Algorithm 2, as the authors' reference StableAdamWUnfused does it). Loss spikes there follow steps where
@@ -408,11 +409,11 @@ class DeviceAdamW(torch.optim.Optimizer):
     def saved(self, into: Sequence[torch.Tensor] | None = None) -> Saved:
         """A copy of the state as it is now, which puts it back in place when called (a window's snapshot,
         sweep/run/window.py; `into`: the last one's buffers, see `copies`): a captured update writes the tensors it
-        was captured with. State made since (a
-        window's first update creates it) is zeroed in place, count 0: the fresh state the next update would
-        create, in the tensors a graph captured after it updates. (Deleting it left a graph updating tensors
-        the optimizer no longer held, their counts never taken back: on an H100 a graphed fp16 run whose first
-        windows overflowed indexed past the bias-correction tables, a device-side assert; docs/gpu.md.)"""
+        was captured with. State made since (a window's first update creates it) is zeroed in place, count 0: the
+        fresh state the next update would create, in the tensors a graph captured after it updates. (Deleting it
+        left a graph updating tensors the optimizer no longer held, their counts never taken back: on an H100 a
+        graphed fp16 run whose first windows overflowed indexed past the bias-correction tables, a device-side
+        assert; docs/gpu.md.)"""
         keys = [(p, k) for p, s in self.state.items() for k, v in s.items() if torch.is_tensor(v)]
         saved = copies([self.state[p][k] for p, k in keys], into)
         params, tokens = set(self.state), dict(self.known.tokens)
