@@ -54,7 +54,7 @@ class OutputDirCheck(Callback):
             check_output_dir(path, key)
 
 
-NOT_WHAT_RUNS = ("threads", "progress", "log_every", "logger")
+NOT_WHAT_RUNS = ("threads", "progress", "log_every", "logger", "confirm", "report")
 """Overrides that say how a grid's runs go or where they are logged, not which runs it makes: the same sweep
 may change them."""
 SWEEP_FILE = "multirun.yaml"  # Hydra's (and our Optuna sweeper's) saved config of the sweep owning the directory

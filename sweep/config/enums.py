@@ -89,6 +89,11 @@ class DiagnoseMode(str, Enum):
     off = "off"
 
 
+class ConfirmMode(str, Enum):
+    auto = "auto"  # after every multirun (sweep/confirm/)
+    off = "off"
+
+
 class Progress(str, Enum):
     auto = "auto"  # a bar on a terminal, nothing per step in CI or a pipe
     bar = "bar"

@@ -21,6 +21,7 @@ from sweep.config.enums import (
     Arch,
     AttentionBackend,
     BetaSchedule,
+    ConfirmMode,
     CpuGemm,
     DataSource,
     DiagnoseMode,
@@ -341,6 +342,30 @@ class EvalConfig:
 
 
 @dataclass
+class ConfirmConfig:
+    """After a multirun: its answer rerun at a longer horizon, every replicate (sweep/confirm/)."""
+
+    mode: ConfirmMode = ConfirmMode.auto
+    """auto confirms after every multirun; off leaves the frontier and the recommendation unconfirmed."""
+    steps: Optional[int] = None
+    """The confirmation's horizon; null is `factor` x `steps`."""
+    factor: float = 4.0
+    """confirm.steps when it is null, as a multiple of the sweep's own steps."""
+    budget: float = 1.0
+    """The confirmation's time limit, as a multiple of the sweep's own run time (its runs' seconds added up); the
+    recommended setting is confirmed whatever its cost, 0 confirms nothing else."""
+
+
+@dataclass
+class ReportConfig:
+    """How a sweep's summary reads its runs (sweep/report/)."""
+
+    target: Optional[str] = None
+    """The device the recommendation is for: cpu or cuda; null is the device the sweep ran on, and cuda for a
+    sweep that ran on the CPU (a proxy for the GPU a model trains on)."""
+
+
+@dataclass
 class LedgerConfig:
     """Where runs are recorded as Optuna trials (sweep/search/ledger.py)."""
 
@@ -480,6 +505,8 @@ class RunConfig:
     scenario: ScenarioConfig = field(default_factory=ScenarioConfig)
     ledger: LedgerConfig = field(default_factory=LedgerConfig)
     logger: LoggerConfig = field(default_factory=LoggerConfig)
+    confirm: ConfirmConfig = field(default_factory=ConfirmConfig)
+    report: ReportConfig = field(default_factory=ReportConfig)
 
     @property
     def model_inputs(self) -> dict:

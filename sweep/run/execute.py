@@ -34,7 +34,7 @@ from sweep.run.graph import graph_unsupported_reason
 from sweep.run.monitor import Divergence
 from sweep.run.precision import PrecisionPolicy
 from sweep.run.progress import RunProgress
-from sweep.run.results import MetricSink, MetricsLog, RunResult, package_versions, write_result
+from sweep.run.results import RESULT_FILE, MetricSink, MetricsLog, RunResult, package_versions, write_result
 from sweep.run.step import StepHook
 from sweep.run.train import train
 from sweep.run.window import Syncs
@@ -49,11 +49,13 @@ def execute(
     label: str = "",
     hooks: Sequence[StepHook] = (),
     sinks: Sequence[MetricSink] = (),
+    record: str = RESULT_FILE,
 ) -> RunResult:
     """Run one config and write its files; the returned result is what result.json holds.
 
     `hooks` act after every training step (sweep.run.train.StepHook); `sinks` get the metrics rows as the run
-    goes, and its verdict at the end (the trackers of `logger`, sweep/run/trackers.py).
+    goes, and its verdict at the end (the trackers of `logger`, sweep/run/trackers.py). `record` names the
+    result file: TRIAL_FILE for the runs a diagnosis or a confirmation makes, which are not runs of the sweep.
     """
     out_dir = Path(out_dir)
     start = time.perf_counter()
@@ -85,7 +87,7 @@ def execute(
     except Exception as e:  # noqa: BLE001  (see fail)
         fail(result, e)
     finally:
-        write_outcome(out_dir, result, metrics, start)
+        write_outcome(out_dir, result, metrics, start, record)
     return result
 
 
@@ -194,7 +196,9 @@ def fail(result: RunResult, e: Exception) -> None:
         log.error("run crashed:\n%s", "".join(traceback.format_exception(e)))
 
 
-def write_outcome(out_dir: Path, result: RunResult, metrics: MetricsLog, start: float) -> None:
+def write_outcome(
+    out_dir: Path, result: RunResult, metrics: MetricsLog, start: float, record: str = RESULT_FILE
+) -> None:
     """result.json always; metrics.csv once training started; then the trackers get the verdict and the files.
 
     A file system that refuses them (full, read-only) makes the run an `error` that names why and what the
@@ -205,7 +209,7 @@ def write_outcome(out_dir: Path, result: RunResult, metrics: MetricsLog, start: 
         if metrics.rows:
             metrics.write(out_dir)
         result.logging = dict(metrics.logging)
-        write_result(out_dir, result)
+        write_result(out_dir, result, record)
     except OSError as e:
         outcome = result.headline()
         result.status, result.reason = (
@@ -214,11 +218,11 @@ def write_outcome(out_dir: Path, result: RunResult, metrics: MetricsLog, start: 
         )
         log.error("run files not written in %s: %s", out_dir, result.reason)
         with contextlib.suppress(OSError):  # result.json may still fit where metrics.csv did not
-            write_result(out_dir, result)
+            write_result(out_dir, result, record)
     if metrics.finish(result, out_dir):  # a tracker failed at the very end: result.json says so
         result.logging = dict(metrics.logging)
         with contextlib.suppress(OSError):
-            write_result(out_dir, result)
+            write_result(out_dir, result, record)
 
 
 def _fill_from_metrics(result: RunResult, metrics: MetricsLog, train_seconds: float) -> None:

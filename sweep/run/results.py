@@ -32,6 +32,9 @@ from sweep.config import Verdict
 log = logging.getLogger("sweep")
 
 RESULT_FILE = "result.json"
+TRIAL_FILE = "trial.json"
+"""The record of a run a diagnosis or a confirmation makes (result.json's fields): one result.json per run of a
+sweep, so `find SWEEP -name result.json` counts the sweep's runs."""
 METRICS_FILE = "metrics.csv"
 RUNNING_LOCK = ".running.lock"
 """Locked (flock) by the process running a job, from its start until its result is recorded. A job
@@ -173,8 +176,10 @@ def _versions() -> dict:
     return out
 
 
-def write_result(out_dir: Path, result: RunResult) -> Path:
-    path = Path(out_dir) / RESULT_FILE
+def write_result(out_dir: Path, result: RunResult, name: str = RESULT_FILE) -> Path:
+    """`result` as `out_dir`/`name`, written whole or not at all (result.json; TRIAL_FILE for a diagnosis's or a
+    confirmation's own runs)."""
+    path = Path(out_dir) / name
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_suffix(".tmp")
     try:
