@@ -201,9 +201,15 @@ class DataConfig:
     drop_bad: bool = False
     """Scan every sample once when the data is built (the data doctor's check) and leave the bad ones out."""
     skip_samples: List[int] = field(default_factory=list)
-    """Dataset indices left out of every batch that draws them; the order of the others is unchanged, so
-    only those steps' batches change (smaller by the skipped samples). `python -m sweep.diagnose` proposes it
-    for samples that broke a run."""
+    """Dataset indices (folder data: of its training files, in path order) left out of every batch that draws
+    them; the order of the others is unchanged, so only those steps' batches change (smaller by the skipped
+    samples). `python -m sweep.diagnose` proposes it for samples that broke a run."""
+    eval_files: float = 0.1
+    """Folder data: the files held out of training for the eval loss (sweep/data/split.py): a fraction in (0, 1)
+    (at least one file), a count (a whole number >= 1), or 0 for none; chosen by a hash of each file's path
+    relative to data.path, so adding files does not reshuffle them; at least one file always trains. The
+    default, 0.1, holds out ~10% of a folder and keeps ~90% training (docs/eval_loss.md). Ignored by
+    synthetic data, which holds out the clips after data.num_samples."""
 
 
 @dataclass
