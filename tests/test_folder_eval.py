@@ -5,7 +5,6 @@ from __future__ import annotations
 import math
 import random
 
-import pandas as pd
 import pytest
 import torch
 from safetensors.torch import save_file
@@ -13,12 +12,11 @@ from safetensors.torch import save_file
 from sweep.config import ConfigError
 from sweep.data.folder import FolderSplit
 from sweep.data.split import file_hash, split_files
-from sweep.run.build import build_parts, reset_process_state, resolve_device
 from sweep.run.execute import execute
 from sweep.run.packing import execute_pack
-from sweep.run.precision import PrecisionPolicy
 
 from .conftest import make_run, read_result, run_cli
+from .test_eval_loss import built, metrics
 
 SHAPE = (4, 2, 8, 8)
 LATENT = ["data=latent_folder", "data.frames=2", "data.height=8", "data.width=8", "data.batch_size=4"]
@@ -34,10 +32,6 @@ def write_latents(root, names, seed=0):
         (root / name).parent.mkdir(parents=True, exist_ok=True)
         save_file({"latents": (x * 1.8 - 0.9).contiguous()}, str(root / name))
     return root
-
-
-def metrics(run_dir):
-    return pd.read_csv(run_dir / "metrics.csv", dtype=str, keep_default_na=False)
 
 
 # ---- the split ------------------------------------------------------------------------------------
@@ -103,13 +97,6 @@ def test_a_bad_eval_files_value_is_one_line_at_the_command_line(value, tmp_path)
 @pytest.fixture(scope="module")
 def latents(tmp_path_factory):
     return write_latents(tmp_path_factory.mktemp("latents"), [f"z{i:02d}.safetensors" for i in range(12)])
-
-
-def built(run):
-    device = resolve_device(run.device)
-    policy = PrecisionPolicy.from_config(run.precision, device)
-    reset_process_state(run, policy)
-    return build_parts(run, device, policy)
 
 
 def test_held_out_files_never_appear_in_a_training_batch(latents):
