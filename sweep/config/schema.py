@@ -334,17 +334,20 @@ class EvalConfig:
     at fixed timesteps stratified over the schedule and fixed noise, the same set for every run of a sweep."""
 
     enabled: bool = True
-    """Evaluate at all. Folder data has no held-out files: there eval_loss is null with a reason."""
+    """Evaluate at all. Off, folder data still holds its data.eval_files out of training (the split does not
+    depend on it, so the training curve is the same either way)."""
     every: int = 0
     """Also evaluate every this many steps (after the step's update); 0 = only at the end of a stable run."""
     samples: int = 16
-    """Held-out clips: synthetic indices [data.num_samples, data.num_samples + samples), never trained on.
+    """Held-out clips: synthetic indices [data.num_samples, data.num_samples + samples), never trained on;
+    folder data: this many (file, timestep) pairs over its held-out files, or one per file when there are more.
     16 costs <5% of a default 50-step run and of a demo run; two held-out sets then agree within ~0.4% on a
     default run's weights, but only within ~8% on better-trained weights (docs/eval_loss.md)."""
     batch_size: int = 16
     """Clips per evaluation forward (the result is the mean over all `samples`, whatever this is)."""
     seed: int = 0
-    """Seed of the eval noise and of which clips: seed s takes the clips after s * samples held-out ones."""
+    """Seed of the eval noise and (synthetic data) of which clips: seed s takes the clips after s * samples
+    held-out ones. Folder data's held-out files are data.eval_files', whatever the seed."""
 
 
 @dataclass
