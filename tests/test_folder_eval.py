@@ -83,9 +83,8 @@ def test_bad_eval_files_values_fail_at_composition_naming_the_key(value, tmp_pat
         make_run(f"data.eval_files={value}")
 
 
-@pytest.mark.parametrize("value", ["1.5", "lots"])
-def test_a_bad_eval_files_value_is_one_line_at_the_command_line(value, tmp_path):
-    proc = run_cli("-m", "sweep", f"data.eval_files={value}", f"hydra.run.dir={tmp_path}/run", cwd=tmp_path)
+def test_a_bad_eval_files_value_is_one_line_at_the_command_line(tmp_path):
+    proc = run_cli("-m", "sweep", "data.eval_files=1.5", f"hydra.run.dir={tmp_path}/run", cwd=tmp_path)
     lines = [ln for ln in proc.stderr.splitlines() if ln.strip()]
     assert proc.returncode == 2 and len(lines) == 1 and "Traceback" not in proc.stderr, proc.stderr
     assert lines[0].startswith("sweep: config error: data.eval_files"), lines[0]
