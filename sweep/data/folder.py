@@ -8,9 +8,9 @@ built with the data doctor's readers (sweep/data/readers.py). `data.eval_files` 
 at least one) are held out for the eval loss and never train: `FolderSplit` chooses them by a hash of
 each file's relative path (sweep/data/split.py), and `read_held_out` reads them for the eval set
 (sweep/run/evaluate.py). The training set is the other files, sample i the i-th of them in path order.
-Videos become (3, F, H, W) in [-1, 1]
-the way a training loader maps uint8 pixels (the first F frames are used); a latent file holds one
-tensor (its `latents` entry when it holds several) of shape (C, F, H, W), or (C, H, W) for images.
+Videos become (3, F, H, W) in [-1, 1] the way a training loader maps uint8 pixels (the first F frames
+are used); a latent file holds one tensor (its `latents` entry when it holds several) of shape
+(C, F, H, W), or (C, H, W) for images.
 Pickle is never run: `.pt` loads with weights_only=True, `.npy` without allow_pickle.
 
 A file that cannot be used (unreadable, truncated, empty, wrong shape, too few frames) stays in the
