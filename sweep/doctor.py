@@ -3,6 +3,7 @@
     python -m sweep.doctor data/clips                      # a folder of videos (mp4, webm, mkv, ...)
     python -m sweep.doctor data/latents --json report.json # a folder of .safetensors / .pt / .npy / .npz
     python -m sweep.doctor data/clips --frames 16 --height 256 --width 256
+    python -m sweep.doctor data/latents --eval-files 8      # which 8 files a run holds out for its eval loss
 
 Subfolders are scanned too. Per sample it reports, by kind:
 - ``unreadable`` / ``truncated`` / ``empty``: the file cannot be decoded or loaded ("permission
@@ -16,6 +17,11 @@ Subfolders are scanned too. Per sample it reports, by kind:
 - ``shape`` / ``frames``: a shape or frame count unlike the expected one (``--channels/--frames/
   --height/--width``), or unlike most samples of the folder;
 - ``constant``: every value the same (an all-black clip, a zero latent).
+
+It also reports the split a training run on PATH would use (sweep/data/split.py): which files are held
+out of training for the eval loss under ``data.eval_files`` (``--eval-files``, default the run's, 0.1),
+per data kind (``data=video_folder`` reads the videos, ``data=latent_folder`` the latents). The split
+hashes each file's path relative to PATH, so run the doctor on the folder that will be ``data.path``.
 
 It prints counts per kind and one line per bad sample, writes every sample's result as JSON
 (``--json``; default ``PATH/doctor_report.json``, or the current directory when PATH is not
@@ -35,9 +41,11 @@ from pathlib import Path
 
 from tqdm import tqdm
 
-from sweep.config import Progress
+from sweep.config import DataConfig, Progress
 from sweep.data.checks import CONSTANT_TOL, PROBLEM_KINDS, RANGE_LIMIT, SampleProblem, check_sample
+from sweep.data.folder import relative
 from sweep.data.readers import ReadError, find_files, is_video, read_latents, read_video
+from sweep.data.split import describe, eval_files_problem, split_files
 from sweep.run.progress import resolve_mode
 
 REPORT_NAME = "doctor_report.json"
@@ -99,7 +107,7 @@ def _dims(shape: list[int]) -> dict[str, int]:
 
 def examine_file(path: Path, root: Path, limit: float, constant_tol: float) -> list[SampleResult]:
     """Read one file and check each of its samples' values (shapes are compared later, across samples)."""
-    rel = (path.relative_to(root) if path != root else Path(path.name)).as_posix()
+    rel = relative(root, path)
     source = "video" if is_video(path) else "latent"
     try:
         if source == "video":
@@ -168,6 +176,44 @@ def check_shapes(results: list[SampleResult], expected: dict[str, int]) -> dict[
             else:
                 r.problems.append(SampleProblem("shape", f"shape {tuple(r.shape)}, most samples are {tuple(majority)}"))
     return majorities
+
+
+def eval_split(root: Path, files: list[Path], results: list[SampleResult], eval_files: float) -> dict:
+    """The held-out files a run on `root` would use, per data kind present: {"eval_files", "by_data": {data:
+    {"files", "train", "held_out" (relative paths), "held_out_bad" (those the doctor found bad), "note"}}}."""
+    bad = {r.path for r in results if not r.ok}
+    by_data = {}
+    for data, members in (("video_folder", [f for f in files if is_video(f)]), ("latent_folder", files)):
+        names = [relative(root, f) for f in members if data == "video_folder" or not is_video(f)]
+        if not names:
+            continue
+        split = split_files(names, eval_files)
+        by_data[data] = {
+            "files": len(names),
+            "train": len(split.train),
+            "held_out": list(split.held_out),
+            "held_out_bad": [n for n in split.held_out if n in bad],
+            "note": split.note,
+        }
+    return {"eval_files": int(eval_files) if eval_files == int(eval_files) else eval_files, "by_data": by_data}
+
+
+def format_split(split: dict, shown: int = 10) -> str:
+    """The split's lines of the printed summary: counts per data kind, then the held-out files."""
+    lines = []
+    for data, s in split["by_data"].items():
+        what = "video" if data == "video_folder" else "latent"
+        lines.append(
+            f"eval split (data={data} data.eval_files={describe(split['eval_files'])}): {len(s['held_out'])} of"
+            f" {s['files']} {what} files held out for the eval loss, {s['train']} train"
+        )
+        names = [n + (" (bad)" if n in s["held_out_bad"] else "") for n in s["held_out"]]
+        if names:
+            more = f", +{len(names) - shown} more" if len(names) > shown else ""
+            lines.append(f"  held out: {', '.join(names[:shown])}{more}")
+        if s["note"]:
+            lines.append(f"  note: {s['note']}")
+    return "\n".join(lines)
 
 
 def _report_path(root: Path, json_arg: str | None) -> list[Path]:
@@ -262,6 +308,14 @@ def build_parser() -> argparse.ArgumentParser:
         default=CONSTANT_TOL,
         help="a sample whose max - min is at most this is constant (default %(default)s)",
     )
+    parser.add_argument(
+        "--eval-files",
+        type=float,
+        default=DataConfig().eval_files,
+        metavar="N",
+        help="report the files a run holds out for its eval loss under data.eval_files=N: a fraction in (0, 1), "
+        "a count >= 1, or 0 for none (default %(default)s, the run's default)",
+    )
     for dim in _DIMS:
         parser.add_argument(
             f"--{dim}",
@@ -286,6 +340,10 @@ def main(argv: list[str] | None = None) -> int:
     if not args.limit > 0 or args.constant_tol < 0:
         print("doctor: --limit must be > 0 and --constant-tol >= 0", file=sys.stderr)
         return 2
+    problem = eval_files_problem(args.eval_files)
+    if problem is not None:
+        print(f"doctor: --eval-files: {problem}", file=sys.stderr)
+        return 2
     expected = {d: getattr(args, d) for d in _DIMS if getattr(args, d) is not None}
     if any(v < 1 for v in expected.values()):
         print("doctor: --channels/--frames/--height/--width must be >= 1", file=sys.stderr)
@@ -302,7 +360,10 @@ def main(argv: list[str] | None = None) -> int:
         results += examine_file(path, root, args.limit, args.constant_tol)
     majorities = check_shapes(results, expected)
 
+    split = eval_split(root, files, results, args.eval_files)
     print(format_summary(root, results, len(files)))
+    if split["by_data"]:
+        print("\n" + format_split(split))
     bad = [r for r in results if not r.ok]
     report = {
         "path": str(root.resolve()),
@@ -315,6 +376,7 @@ def main(argv: list[str] | None = None) -> int:
         "n_bad": len(bad),
         "counts": {k: sum(any(p.kind == k for p in r.problems) for r in bad) for k in PROBLEM_KINDS},
         "samples": [r.to_dict() for r in results],
+        "eval_split": split,
     }
     written = write_report(report, _report_path(root, args.json))
     if written is None:

@@ -175,7 +175,16 @@ def test_missing_path_is_a_usage_error(tmp_path: Path, capsys) -> None:
 def test_help_documents_every_option(capsys) -> None:
     assert main(["--help"]) == 0
     text = capsys.readouterr().out
-    for option in ("--json", "--limit", "--constant-tol", "--channels", "--frames", "--height", "--width"):
+    for option in (
+        "--json",
+        "--limit",
+        "--constant-tol",
+        "--eval-files",
+        "--channels",
+        "--frames",
+        "--height",
+        "--width",
+    ):
         assert option in text
 
 
@@ -246,3 +255,31 @@ def test_unreadable_files_and_folders_are_named_as_permission_denied(latents, tm
     assert kinds == {"a.safetensors": ["unreadable"], "locked": ["unreadable"], "b.pt": [], "c.npy": []}
     assert f"permission denied: {data / 'a.safetensors'}" in out and f"permission denied: {data / 'locked'}" in out
     assert "No such file" not in out
+
+
+def test_the_doctor_reports_the_held_out_files_a_run_uses(latents: tuple[Path, Path], tmp_path: Path, capsys) -> None:
+    from sweep.data.folder import FolderSplit
+
+    root, _ = latents
+    out = tmp_path / "r.json"
+    assert main([str(root), "--json", str(out), "--eval-files", "3"]) == 1  # the bad files still fail it
+    report = _report(out)
+    split = report["eval_split"]["by_data"]["latent_folder"]
+    assert report["eval_split"]["eval_files"] == 3 and list(report["eval_split"]["by_data"]) == ["latent_folder"]
+    assert (split["files"], split["train"], len(split["held_out"])) == (9, 6, 3)
+    assert split["held_out"] == FolderSplit.of(root, "latent_folder", 3).names()  # the run's own split
+    bad = {s["path"] for s in report["samples"] if not s["ok"]}
+    assert split["held_out_bad"] == [n for n in split["held_out"] if n in bad]
+    text = capsys.readouterr().out
+    assert "3 of 9 latent files held out for the eval loss, 6 train" in text
+    assert all(name in text.split("held out:")[1] for name in split["held_out"])
+    assert main([str(root), "--json", str(out)]) == 1  # the default: the run's data.eval_files
+    assert _report(out)["eval_split"]["eval_files"] == 0.1
+    assert (
+        _report(out)["eval_split"]["by_data"]["latent_folder"]["held_out"]
+        == FolderSplit.of(root, "latent_folder", 0.1).names()
+    )
+    capsys.readouterr()
+    assert main([str(root), "--eval-files", "1.5"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and err.startswith("doctor: --eval-files: a count of files must be a whole number")

@@ -174,10 +174,11 @@ def test_packed_runs_get_the_eval_loss_they_get_alone(tmp_path):
     assert any(a.status == "stable" for a in alone)
 
 
-def test_folder_data_has_no_eval_loss_and_says_why(tmp_path):
-    run = make_run("data=latent_folder", f"data.path={tmp_path}")
+def test_folder_data_holding_no_file_out_has_no_eval_loss_and_says_why(tmp_path):
+    # Folder data's held-out eval loss: tests/test_folder_eval.py.
+    run = make_run("data=latent_folder", f"data.path={tmp_path}", "data.eval_files=0")
     settings = eval_settings(run)
-    assert settings["enabled"] is False and "no held-out files" in settings["reason"]
+    assert settings["enabled"] is False and "data.eval_files=0: every file of data.path trains" in settings["reason"]
 
 
 @pytest.mark.parametrize(

@@ -52,12 +52,13 @@ def test_a_truncated_file_is_bad_input_naming_it_even_unchecked(clips, tmp_path)
 
 
 def test_latent_folder_names_the_nan_file(tmp_path):
+    """Sample indices count the training files (z2 is held out by its path's hash), and the label names the file."""
     root = tmp_path / "latents"
     root.mkdir()
     g = torch.Generator().manual_seed(0)
     for i in range(4):
         x = torch.rand(4, 2, 8, 8, generator=g) * 1.8 - 0.9
-        if i == 2:
+        if i == 3:
             x[0, 1, 3, 3] = float("nan")
         save_file({"latents": x}, str(root / f"z{i}.safetensors"))
     np.save(root / "z4.npy", (torch.rand(4, 2, 8, 8, generator=g) * 1.8 - 0.9).numpy())
@@ -72,7 +73,8 @@ def test_latent_folder_names_the_nan_file(tmp_path):
         "progress=none",
     ]
     r = execute(make_run(*common, fast=False), tmp_path / "run", params={})
-    assert r.verdict == "bad_input" and "sample 2 (z2.safetensors): 1 NaN values" in r.cause["detail"]
+    assert r.verdict == "bad_input" and "sample 2 (z3.safetensors): 1 NaN values" in r.cause["detail"]
+    assert r.eval["files"] == ["z2.safetensors"]
 
 
 def test_folder_config_errors_are_one_line(tmp_path):

@@ -201,9 +201,15 @@ class DataConfig:
     drop_bad: bool = False
     """Scan every sample once when the data is built (the data doctor's check) and leave the bad ones out."""
     skip_samples: List[int] = field(default_factory=list)
-    """Dataset indices left out of every batch that draws them; the order of the others is unchanged, so
-    only those steps' batches change (smaller by the skipped samples). `python -m sweep.diagnose` proposes it
-    for samples that broke a run."""
+    """Dataset indices (folder data: of its training files, in path order) left out of every batch that draws
+    them; the order of the others is unchanged, so only those steps' batches change (smaller by the skipped
+    samples). `python -m sweep.diagnose` proposes it for samples that broke a run."""
+    eval_files: float = 0.1
+    """Folder data: the files held out of training for the eval loss (sweep/data/split.py): a fraction in (0, 1)
+    (at least one file), a count (a whole number >= 1), or 0 for none; chosen by a hash of each file's path
+    relative to data.path, so adding files does not reshuffle them; at least one file always trains. The
+    default, 0.1, holds out ~10% of a folder and keeps ~90% training (docs/eval_loss.md). Ignored by
+    synthetic data, which holds out the clips after data.num_samples."""
 
 
 @dataclass
@@ -328,17 +334,20 @@ class EvalConfig:
     at fixed timesteps stratified over the schedule and fixed noise, the same set for every run of a sweep."""
 
     enabled: bool = True
-    """Evaluate at all. Folder data has no held-out files: there eval_loss is null with a reason."""
+    """Evaluate at all. Off, folder data still holds its data.eval_files out of training (the split does not
+    depend on it, so the training curve is the same either way)."""
     every: int = 0
     """Also evaluate every this many steps (after the step's update); 0 = only at the end of a stable run."""
     samples: int = 16
-    """Held-out clips: synthetic indices [data.num_samples, data.num_samples + samples), never trained on.
+    """Held-out clips: synthetic indices [data.num_samples, data.num_samples + samples), never trained on;
+    folder data: this many (file, timestep) pairs over its held-out files, or one per file when there are more.
     16 costs <5% of a default 50-step run and of a demo run; two held-out sets then agree within ~0.4% on a
     default run's weights, but only within ~8% on better-trained weights (docs/eval_loss.md)."""
     batch_size: int = 16
     """Clips per evaluation forward (the result is the mean over all `samples`, whatever this is)."""
     seed: int = 0
-    """Seed of the eval noise and of which clips: seed s takes the clips after s * samples held-out ones."""
+    """Seed of the eval noise and (synthetic data) of which clips: seed s takes the clips after s * samples
+    held-out ones. Folder data's held-out files are data.eval_files', whatever the seed."""
 
 
 @dataclass

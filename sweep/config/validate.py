@@ -37,6 +37,7 @@ from sweep.config.schema import (
     ScenarioConfig,
     require,
 )
+from sweep.data.split import eval_files_problem
 from sweep.search.conf import PRUNERS, PrunerConfig, PrunerName
 
 MAX_THREADS = 1024
@@ -206,7 +207,7 @@ def _check_data_shape(run: RunConfig) -> None:
 
 
 def _check_data(run: RunConfig) -> None:
-    """Fault injection, the range limit, skipped samples, and a folder source's path."""
+    """Fault injection, the range limit, skipped samples, held-out files, and a folder source's path."""
     d = run.data
     for i, f in enumerate(d.faults):
         require(
@@ -235,6 +236,8 @@ def _check_data(run: RunConfig) -> None:
         "data.skip_samples",
         "changes the batch size of the steps that draw them; windows (monitor.sync_every > 1) need one batch size",
     )
+    problem = eval_files_problem(d.eval_files)  # checked for every source: a malformed value is never right
+    require(problem is None, "data.eval_files", problem or "")
     if d.source is not DataSource.synthetic:
         require(bool(d.path), "data.path", f"data={d.source.value} reads a folder: set data.path=DIR")
         require(Path(d.path).is_dir(), "data.path", f"no such directory: {d.path}")

@@ -25,7 +25,8 @@ from models import scale_query_key
 from sweep.config import DataSource, FinetuneMethod, RunConfig, Schedule
 from sweep.data.batches import BatchOrder
 from sweep.data.checks import check_sample
-from sweep.data.folder import FolderClips
+from sweep.data.folder import FolderClips, FolderSplit, HeldOutFiles, read_held_out
+from sweep.data.split import describe
 from sweep.data.synthetic import Fault, SyntheticClips
 from sweep.run import checkpoint, fp32_modules
 from sweep.run.adamw import DeviceAdamW
@@ -111,7 +112,7 @@ class RunParts:
     optimizer: DeviceAdamW
     scaler: DeviceLossScaler
     """This run's loss scaler (K=1), on its device."""
-    dataset: torch.utils.data.Dataset  # SyntheticClips, or a Subset of it without the bad samples
+    dataset: torch.utils.data.Dataset  # SyntheticClips or FolderClips (training files), or a Subset without bad samples
     order: BatchOrder
     objective: DiffusionObjective
     noise_gen: torch.Generator
@@ -123,6 +124,9 @@ class RunParts:
     """What weights were loaded (init_from or resume_from), for the result."""
     kernels: dict | None = None
     """compile=true: the kernels the profiled compiled graph ran (sweep/run/compiled.py); None = the forced ones."""
+    held_out: HeldOutFiles | None = None
+    """Folder data: the files held out of training (data.eval_files) and, with eval on, their samples; None for
+    synthetic data, whose held-out clips the evaluator renders (sweep/run/evaluate.py)."""
 
 
 def build_parts(run: RunConfig, device: torch.device, policy: PrecisionPolicy, scratch: Path | None = None) -> RunParts:
@@ -163,16 +167,9 @@ def build_parts(run: RunConfig, device: torch.device, policy: PrecisionPolicy, s
             faults=[Fault(index=f.index, kind=f.kind) for f in d.faults],
             as_images=m.is_image,
         )
+        held_out = None
     else:
-        dataset = FolderClips(
-            Path(d.path),
-            d.source.value,
-            frames=d.frames,
-            channels=d.channels,
-            height=d.height,
-            width=d.width,
-            as_images=m.is_image,
-        )
+        dataset, held_out = folder_data(run)
     if d.drop_bad:
         dataset = drop_bad_samples(dataset, d.range_limit)
     j = run.objective
@@ -199,6 +196,7 @@ def build_parts(run: RunConfig, device: torch.device, policy: PrecisionPolicy, s
         lr_at=lr_schedule(run),
         monitor=monitor,
         loaded=resume_from or init_from,
+        held_out=held_out,
     )
     if resume_from:
         parts.start_step = checkpoint.resume(
@@ -209,6 +207,31 @@ def build_parts(run: RunConfig, device: torch.device, policy: PrecisionPolicy, s
                 f"checkpoint.resume_from is at step {parts.start_step}, steps={run.steps}: nothing left to run"
             )
     return parts
+
+
+def folder_data(run: RunConfig) -> tuple[FolderClips, HeldOutFiles]:
+    """A folder's training files as the dataset, and its held-out files (data.eval_files), read for the eval
+    set when eval is on. The split is a pure function of the files' relative paths (sweep/data/split.py)."""
+    d, as_images = run.data, run.model.is_image
+    split = FolderSplit.of(Path(d.path), d.source.value, d.eval_files)
+    dataset = FolderClips(
+        split.root, d.source.value, d.frames, d.channels, d.height, d.width, as_images, files=split.train
+    )
+    bad = sum(p is not None for p in dataset.problems)
+    log.info(
+        "data: %d training files from %s%s, %d held out for the eval loss (data.eval_files=%s)",
+        len(dataset),
+        split.root,
+        f" ({bad} unusable)" if bad else "",
+        len(split.held_out),
+        describe(d.eval_files),
+    )
+    if split.note:
+        log.info("data.eval_files: %s", split.note)
+    if not run.eval.enabled:
+        return dataset, HeldOutFiles(split.names(), split.note)
+    shape = (d.frames, d.channels, d.height, d.width)
+    return dataset, read_held_out(split, d.source.value, *shape, as_images, d.range_limit)
 
 
 def drop_bad_samples(dataset, limit: float) -> torch.utils.data.Dataset:

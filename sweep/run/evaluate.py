@@ -3,13 +3,18 @@
 The training loss of one minibatch (4 clips at random timesteps) is mostly noise; this is the number a
 sweep should compare runs by. The eval set (`EvalSet`) is a pure function of the data config and
 `eval.seed`, the same for every run of a sweep whatever its run seed, lr or precision:
-- clips: synthetic indices `[num_samples + seed * samples, ... + samples)`. The batch order draws from
-  `range(num_samples)` only, so no training step sees them; each clip is rendered alone from its own
+- clips, synthetic data: indices `[num_samples + seed * samples, ... + samples)`. The batch order draws
+  from `range(num_samples)` only, so no training step sees them; each clip is rendered alone from its own
   generator (sweep/data/synthetic.py), so making them leaves the training clips' bits untouched;
-- timesteps: stratified over the schedule, clip j at the midpoint of the j-th of `samples` equal
-  strata (DDPM: an integer timestep; flow: u = (j + 0.5) / samples through the timestep shift);
+- clips, folder data: the held-out files (`data.eval_files`, chosen by a hash of their paths:
+  sweep/data/split.py), which the batch order never draws (the training set is the other files). The
+  usable ones make n = max(eval.samples, usable files) (file, timestep) pairs, pair j the (j mod files)-th
+  file, so each file is seen at timesteps spread over the schedule and every file at least once.
+  Unusable held-out files (unreadable, wrong shape, NaN/Inf/out of range) are left out and named
+  (`eval.unusable`); with none usable there is no eval loss, and `reason` says why;
+- timesteps: stratified over the schedule, clip j at the midpoint of the j-th of n equal strata
+  (DDPM: an integer timestep; flow: u = (j + 0.5) / n through the timestep shift);
 - noise: one CPU generator seeded from (data.seed, eval.seed), drawn once.
-Folder data has no files set aside, so there the eval is off and `reason` says so (docs/eval_loss.md).
 
 `evaluate` runs the run's own forward (precision policy: param dtype, autocast, emulated GEMMs; the
 model's forced kernels) under no_grad in eval mode, chunk by chunk in a fixed order, and draws no
@@ -22,6 +27,7 @@ averaged over the clips in float64.
 from __future__ import annotations
 
 import copy
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Callable
 
@@ -29,6 +35,7 @@ import torch
 from torch import Tensor
 
 from sweep.config import DataSource, EvalConfig, RunConfig
+from sweep.data.folder import HeldOutFiles
 from sweep.data.synthetic import generator, held_out_clips, sample_seed
 from sweep.run.diffusion import DiffusionObjective, shift_sigmas
 from sweep.run.precision import PrecisionPolicy
@@ -43,35 +50,48 @@ class EvalSet:
     noisy: Tensor
     timesteps: Tensor
     target: Tensor
-    indices: range
-    """The dataset indices of the clips (synthetic): disjoint from range(data.num_samples)."""
+    indices: Sequence[int]
+    """Synthetic data: the dataset indices of the clips, disjoint from range(data.num_samples). Folder data: each
+    pair's held-out file, as an index into HeldOutFiles.usable."""
 
     def __len__(self) -> int:
         return len(self.indices)
 
 
-def eval_settings(run: RunConfig) -> dict:
-    """What result.json records under `eval`: the settings, the clips, and why there is no eval (or null)."""
+def eval_settings(run: RunConfig, held_out: HeldOutFiles | None = None) -> dict:
+    """What result.json records under `eval`: the settings, the clips (synthetic) or the held-out files (folder
+    data, once the run is built: `held_out`), and why there is no eval (or null)."""
     e, d = run.eval, run.data
-    reason = unavailable_reason(run)
+    reason = unavailable_reason(run, held_out)
     out = {"enabled": reason is None, "every": e.every, "samples": e.samples, "seed": e.seed}
     out["batch_size"] = e.batch_size
-    if reason is None:
+    if d.source is DataSource.synthetic and reason is None:
         first = d.num_samples + e.seed * e.samples
         out["clips"] = f"synthetic data.seed={d.seed} indices [{first}, {first + e.samples})"
+    if held_out is not None:
+        out["files"] = list(held_out.files)
+        out["unusable"] = dict(held_out.unusable)
+        out["pairs"] = max(e.samples, len(held_out.usable)) if held_out.usable else 0
     out["reason"] = reason
     return out
 
 
-def unavailable_reason(run: RunConfig) -> str | None:
-    """Why this run has no eval loss (None when it has one)."""
+def unavailable_reason(run: RunConfig, held_out: HeldOutFiles | None = None) -> str | None:
+    """Why this run has no eval loss (None when it has one, or when a folder's files are not known yet)."""
+    d = run.data
     if not run.eval.enabled:
         return "eval.enabled=false"
-    if run.data.source is not DataSource.synthetic:
-        return (
-            f"data={run.data.source.value}: no held-out files (every file of data.path trains), so no eval loss; "
-            "synthetic data holds out the clips after data.num_samples"
-        )
+    if d.source is DataSource.synthetic:
+        return None
+    if d.eval_files == 0:
+        return "data.eval_files=0: every file of data.path trains, none is held out, so no eval loss"
+    if held_out is None:
+        return None
+    if not held_out.files:
+        return f"no file of data.path is held out ({held_out.note}), so no eval loss"
+    if held_out.clips is None:
+        n = len(held_out.files)
+        return f"none of the {n} held-out files is usable (eval.unusable says why), so no eval loss"
     return None
 
 
@@ -85,15 +105,28 @@ def stratified_timesteps(objective: DiffusionObjective, n: int) -> Tensor:
 
 
 def build_eval_set(run: RunConfig, objective: DiffusionObjective, device: torch.device, as_images: bool) -> EvalSet:
-    """The held-out set of this data config and eval seed (synthetic data only; see unavailable_reason)."""
+    """The held-out set of this data config and eval seed, synthetic data (folder data: folder_eval_set)."""
     d, e = run.data, run.eval
     first = d.num_samples + e.seed * e.samples
     x0 = held_out_clips(d.seed, first, e.samples, d.channels, d.frames, d.height, d.width, as_images)
-    timesteps = stratified_timesteps(objective, e.samples)
+    return _noised(run, objective, x0, device, range(first, first + e.samples))
+
+
+def folder_eval_set(run: RunConfig, clips: Tensor, objective: DiffusionObjective, device: torch.device) -> EvalSet:
+    """The held-out set of folder data: n = max(eval.samples, files) (file, timestep) pairs over the usable
+    held-out files' `clips` (path order), pair j the (j mod files)-th file at the j-th stratum."""
+    which = [j % len(clips) for j in range(max(run.eval.samples, len(clips)))]
+    return _noised(run, objective, clips[which], device, which)
+
+
+def _noised(run: RunConfig, objective: DiffusionObjective, x0: Tensor, device: torch.device, indices) -> EvalSet:
+    """x0 at stratified timesteps with the eval seed's noise, corrupted as training does; on `device`."""
+    d, e = run.data, run.eval
+    timesteps = stratified_timesteps(objective, len(x0))
     noise = torch.randn(x0.shape, generator=generator(sample_seed(d.seed, e.seed, _EVAL_SALT)), dtype=torch.float32)
     # On the CPU (the same bits on every device), with a copy: corrupt() moves the schedule to its input's device.
     noisy, target = copy.copy(objective).corrupt(x0, noise, timesteps)
-    return EvalSet(noisy.to(device), timesteps.to(device), target.to(device), range(first, first + e.samples))
+    return EvalSet(noisy.to(device), timesteps.to(device), target.to(device), indices)
 
 
 @torch.no_grad()
@@ -153,7 +186,10 @@ class Evaluator:
 
 def make_evaluator(run: RunConfig, parts) -> Evaluator | None:
     """The run's evaluator (`parts`: its sweep.run.build.RunParts), or None when it has no eval loss."""
-    if unavailable_reason(run) is not None:
+    if unavailable_reason(run, parts.held_out) is not None:
         return None
-    eval_set = build_eval_set(run, parts.objective, parts.device, run.model.is_image)
+    if parts.held_out is None:
+        eval_set = build_eval_set(run, parts.objective, parts.device, run.model.is_image)
+    else:
+        eval_set = folder_eval_set(run, parts.held_out.clips, parts.objective, parts.device)
     return Evaluator(run, eval_set, parts.policy, parts.device)
