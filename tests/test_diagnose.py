@@ -14,6 +14,7 @@ from sweep.diagnose.counterfactual import healthy_until
 from sweep.diagnose.diagnosis import DIAGNOSIS_FILE, diagnose
 from sweep.diagnose.mechanism import MECHANISMS, decide, second_moment_lag
 from sweep.diagnose.record import RunRecord
+from sweep.report.__main__ import main as report_main
 
 from .conftest import make_run, multirun_in_process, read_result
 
@@ -54,7 +55,7 @@ def test_a_bad_sample_is_named_left_out_and_the_fix_confirmed(tmp_path):
         assert rows["fp32"]["outcome"] is None and "already fp32" in rows["fp32"]["not_applicable"]
         assert d["counterfactuals"]["from_step"] == first - 1 and d["counterfactuals"]["prefix"]["identical"]
         assert d["agrees"] and d["fix"]["confirmed"] and d["fix"]["overrides"] == ["data.skip_samples=[5]"]
-        fixed = read_result(d["fix"]["run_dir"])
+        fixed = json.loads((Path(d["fix"]["run_dir"]) / "trial.json").read_text())  # not a run of the sweep
         assert fixed["status"] == "stable" and fixed["steps_run"] == 12
 
 
@@ -256,7 +257,13 @@ def test_what_cannot_be_diagnosed_is_one_line_and_exit_2(tmp_path, capsys):
     (old / ".hydra").mkdir(parents=True)
     (old / ".hydra" / "config.yaml").write_text((stable["dir"] / ".hydra" / "config.yaml").read_text())
     (old / "result.json").write_text(json.dumps({"status": "diverged", "verdict": "loss_spike"}))
+    confirmation = tmp_path / "confirm"  # a confirmation's own run: its record is trial.json, its config is there
+    (confirmation / ".hydra").mkdir(parents=True)
+    for name in (".hydra/config.yaml", "metrics.csv"):
+        (confirmation / name).write_text((stable["dir"] / name).read_text())
+    (confirmation / "trial.json").write_text((stable["dir"] / "result.json").read_text())
     cases = {
+        confirmation: "the run is stable, not diverged: there is nothing to diagnose",
         tmp_path / "nowhere": "no such directory",
         tmp_path / "s": "is not a run directory",
         stable["dir"]: "the run is stable, not diverged: there is nothing to diagnose",
@@ -267,6 +274,9 @@ def test_what_cannot_be_diagnosed_is_one_line_and_exit_2(tmp_path, capsys):
         err = capsys.readouterr().err
         assert message in err and err.count("\n") == 1, err
     assert main([str(stable["dir"]), "--past", "-1"]) == 2
+    from sweep.replay import main as replay
+
+    assert replay([str(confirmation)]) == 0 and "nothing went non-finite" in capsys.readouterr().out
 
 
 def test_bisection_finds_the_attention_that_must_stay_fp32_in_the_videochat2_case(tmp_path):
@@ -347,3 +357,15 @@ def test_a_sweep_diagnoses_its_distinct_failures_and_its_summary_cites_the_confi
     assert "Confirmed fixes (runs from step 0 that stayed stable): optim.lr=0.003 for lr_too_high" in summary
     causes = (tmp_path / "summary_root_causes.csv").read_text()
     assert "lr_too_high" in causes and "unexplained" not in causes
+
+    # One result.json per run: the diagnosis's own runs write trial.json, so `find SWEEP -name result.json`
+    # counts the sweep's runs (it found 6 here: 2 runs and 4 of the diagnosis's).
+    assert len(list(tmp_path.rglob("result.json"))) == len(runs) == 2
+    trials = list((runs[1]["dir"] / "diagnosis").rglob("trial.json"))
+    assert {t.parent.name for t in trials} >= {"cf_same_config", "cf_lr_10", "fix_1"}
+    assert report_main([str(tmp_path), "--no-html"]) == 0
+    report = capsys.readouterr().out
+    for t in trials:  # the layout an older version wrote: the diagnosis's runs as result.json
+        t.rename(t.with_name("result.json"))
+    assert report_main([str(tmp_path), "--no-html"]) == 0
+    assert capsys.readouterr().out == report

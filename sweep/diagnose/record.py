@@ -1,4 +1,5 @@
-"""What a diagnosis reads from a run directory: result.json, metrics.csv and the config it ran with."""
+"""What a diagnosis reads from a run directory: result.json (or a confirmation run's trial.json), metrics.csv and the
+config it ran with."""
 
 from __future__ import annotations
 
@@ -9,7 +10,7 @@ from pathlib import Path
 from sweep.config import ConfigError, Verdict
 from sweep.config.recorded import UnresolvedReference, load_recorded
 from sweep.diagnose.signals import RunRecord, as_number
-from sweep.run.results import RESULT_FILE
+from sweep.run.results import RESULT_FILE, run_record
 
 CONFIG_FILE = Path(".hydra") / "config.yaml"
 METRICS_FILE = "metrics.csv"
@@ -26,12 +27,13 @@ def load(run_dir: Path, diverged_only: bool = True) -> RunRecord:
     run_dir = Path(run_dir)
     if not run_dir.is_dir():
         raise DiagnoseError(f"{run_dir}: no such directory")
-    if not (run_dir / RESULT_FILE).is_file() or not (run_dir / CONFIG_FILE).is_file():
+    path = run_record(run_dir)  # result.json; trial.json for a confirmation's own run
+    if path is None or not (run_dir / CONFIG_FILE).is_file():
         raise DiagnoseError(f"{run_dir} is not a run directory (needs {RESULT_FILE} and {CONFIG_FILE})")
     try:
-        result = json.loads((run_dir / RESULT_FILE).read_text())
+        result = json.loads(path.read_text())
     except (OSError, ValueError) as e:
-        raise DiagnoseError(f"{run_dir / RESULT_FILE}: unreadable ({type(e).__name__})") from e
+        raise DiagnoseError(f"{path}: unreadable ({type(e).__name__})") from e
     missing = [k for k in NEEDED if k not in result]
     if missing:
         raise DiagnoseError(

@@ -181,14 +181,29 @@ def write_result(out_dir: Path, result: RunResult, name: str = RESULT_FILE) -> P
     confirmation's own runs)."""
     path = Path(out_dir) / name
     path.parent.mkdir(parents=True, exist_ok=True)
+    return write_record(path, result.to_dict())
+
+
+def write_record(path: Path, record: dict) -> Path:
+    """`record` as strict JSON at `path`, written whole or not at all: to a .tmp file, then renamed."""
+    path = Path(path)
     tmp = path.with_suffix(".tmp")
     try:
-        tmp.write_text(json.dumps(json_safe(result.to_dict()), indent=2, allow_nan=False) + "\n")
+        tmp.write_text(json.dumps(json_safe(record), indent=2, allow_nan=False) + "\n")
         tmp.replace(path)  # a reader never sees half a file
     except OSError:  # a full disk: no half-written .tmp left behind; an earlier result.json stays as it was
         tmp.unlink(missing_ok=True)
         raise
     return path
+
+
+def run_record(run_dir: Path) -> Path | None:
+    """The record a run directory holds: its result.json, else the TRIAL_FILE of a diagnosis's or a confirmation's
+    own run; None when it holds neither."""
+    for name in (RESULT_FILE, TRIAL_FILE):
+        if (Path(run_dir) / name).is_file():
+            return Path(run_dir) / name
+    return None
 
 
 _HELD: dict[str, int] = {}
