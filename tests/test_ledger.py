@@ -369,3 +369,54 @@ def test_a_rerun_cell_marks_its_earlier_trial_superseded_and_the_report_counts_i
     assert old.user_attrs["status"] == "stable" and old.state is TrialState.COMPLETE  # the contract's attrs stand
     runs, _ = runs_from_study(url)
     assert len(runs) == 2 and sorted(runs.run_dir) == sorted({t.user_attrs["run_dir"] for t in trials})
+
+
+def test_one_study_per_sweep_whatever_the_spelling_of_its_path(tmp_path, monkeypatch):
+    """issue 45 (red team, 2): trials recorded late went to a study named by the resolved path and the rest to the
+    path as given; a resume under another spelling of the same directory split the study too."""
+    import json
+    from pathlib import Path
+
+    from sweep.search.pending import mark_pending, record_pending
+
+    cfg, real = LedgerConfig(), tmp_path / "s"
+    (tmp_path / "x").mkdir()
+    (tmp_path / "link").symlink_to(real, target_is_directory=True)
+    monkeypatch.chdir(tmp_path)
+    spellings = [tmp_path / "x" / ".." / "s", Path("s"), Path("./x/../s"), tmp_path / "link", real]
+    for i, sweep_dir in enumerate(spellings):
+        record_run(cfg, sweep_dir, real / str(i), result("stable"))
+    late = real / "late"  # recorded at the sweep's end (a locked ledger), from another working directory
+    late.mkdir()
+    (late / "result.json").write_text(json.dumps(result("stable")))
+    assert mark_pending(cfg, Path("x/../s"), late, 10.0, "database is locked")
+    monkeypatch.chdir(tmp_path / "x")
+    assert record_pending(real) == ([late], [])
+    url = storage_url(cfg, real)
+    assert optuna.get_all_study_names(url) == [str(real)]
+    assert len(only_study(url).trials) == len(spellings) + 1
+
+
+def test_a_study_an_older_version_named_by_the_path_as_given_stays_the_sweeps(tmp_path, monkeypatch):
+    """Before the resolved path named the study, the path as given did (`x/../s`, `outputs/...`): a resume, a
+    late trial and a report still use that study, whatever the spelling."""
+    import json
+    from pathlib import Path
+
+    from sweep.search.pending import mark_pending, record_pending
+
+    cfg, real = LedgerConfig(), tmp_path / "s"
+    (tmp_path / "x").mkdir()
+    monkeypatch.chdir(tmp_path)
+    url = storage_url(cfg, real)
+    real.mkdir()
+    optuna.create_study(study_name="x/../s", storage=url).add_trial(optuna.trial.create_trial(value=1.0))
+    record_run(cfg, Path("x/../s"), real / "0", result("stable"))  # resumed as it was started
+    record_run(cfg, real, real / "1", result("stable"))  # resumed under another spelling
+    (real / "2").mkdir()
+    (real / "2" / "result.json").write_text(json.dumps(result("stable")))
+    assert mark_pending(cfg, Path("x/../s"), real / "2", 10.0, "database is locked")
+    monkeypatch.chdir(tmp_path / "x")  # recorded late from elsewhere: the marker says how the sweep was spelled
+    assert record_pending(real) == ([real / "2"], [])
+    assert optuna.get_all_study_names(url) == ["x/../s"]
+    assert len(only_study(url).trials) == 4

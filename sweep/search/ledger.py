@@ -33,7 +33,7 @@ import os
 import random
 import time
 from pathlib import Path
-from typing import Any, Callable, Optional, TypeVar
+from typing import Any, Callable, Optional, Sequence, TypeVar
 
 import optuna
 from optuna.distributions import BaseDistribution, CategoricalDistribution, FloatDistribution, IntDistribution
@@ -159,6 +159,53 @@ def with_retries(fn: Callable[[], T], what: str, attempts: int = 8, deadline: Op
     raise AssertionError("unreachable")
 
 
+def study_name(
+    cfg: LedgerConfig,
+    sweep_dir: Path,
+    storage: optuna.storages.BaseStorage,
+    aliases: Sequence[str] = (),
+    deadline: Optional[float] = None,
+) -> str:
+    """The name of the sweep's study in `storage`: `ledger.study_name`, else the sweep directory's resolved path,
+    so that every spelling of one directory (relative, absolute, through `..` or a symlink) names one study: the
+    jobs', the sweeper's, a trial recorded late (sweep/search/pending.py) and a resume's under another spelling.
+
+    Compatibility: a version before this one named the study by the path as given. Where `storage` holds a study
+    named by a spelling of the same directory (`sweep_dir` as given, `aliases`), that study is the sweep's; then
+    the resolved path; then any other name that resolves to the same directory from this process's working
+    directory (a relative name); else the resolved path, for a new study."""
+    if cfg.study_name:
+        return cfg.study_name
+    resolved = Path(sweep_dir).resolve()
+    names = with_retries(lambda: optuna.get_all_study_names(storage), "get_all_study_names", deadline=deadline)
+    for name in (str(sweep_dir), *aliases, str(resolved)):
+        if name in names:
+            return name
+    for name in sorted(names):
+        if _spells(name, resolved):
+            return name
+    return str(resolved)
+
+
+def _spells(name: str, directory: Path) -> bool:
+    """Whether a study name is a path to `directory` (from this process's working directory, when relative)."""
+    if not name or "://" in name or "\0" in name:
+        return False
+    try:
+        return Path(name).resolve() == directory
+    except (OSError, RuntimeError, ValueError):  # a symlink loop, a name the file system refuses
+        return False
+
+
+def open_study(
+    cfg: LedgerConfig, sweep_dir: Path, aliases: Sequence[str] = (), deadline: Optional[float] = None
+) -> optuna.Study:
+    """The sweep's study (created when new) in its storage (`storage_url`), under `study_name`."""
+    url = storage_url(cfg, sweep_dir)
+    name = study_name(cfg, sweep_dir, open_storage(url, lock_timeout_s=cfg.lock_timeout_s), aliases, deadline)
+    return load_study(url, name, cfg.lock_timeout_s)
+
+
 def load_study(url: str, study_name: str, lock_timeout_s: float = SQLITE_BUSY_S) -> optuna.Study:
     storage = open_storage(url, lock_timeout_s=lock_timeout_s)
     return with_retries(
@@ -274,16 +321,16 @@ def record_run(
     result: dict,
     choices_of: Callable[[str], Optional[list]] = lambda key: None,
     penalty_factor: float = 10.0,
+    aliases: Sequence[str] = (),
 ) -> Optional[int]:
-    """Record one finished run as a trial; returns its trial number (None when the ledger is off).
+    """Record one finished run as a trial in the sweep's study (`study_name`; `aliases`: other spellings of the
+    sweep directory); returns its trial number (None when the ledger is off).
 
     Waits about `cfg.lock_timeout_s` at most for a locked ledger, then raises (is_locked tells)."""
     if not cfg.enabled:
         return None
-    url = storage_url(cfg, sweep_dir)
-    name = cfg.study_name or str(sweep_dir)
     deadline = time.monotonic() + cfg.lock_timeout_s
-    study = load_study(url, name, cfg.lock_timeout_s)
+    study = open_study(cfg, sweep_dir, aliases, deadline)
     state, value, constraints = trial_outcome(result, penalty_factor)
     attrs = trial_user_attrs(result, run_dir)
     if cfg.trial_number is not None:
