@@ -420,3 +420,45 @@ def test_a_study_an_older_version_named_by_the_path_as_given_stays_the_sweeps(tm
     assert record_pending(real) == ([real / "2"], [])
     assert optuna.get_all_study_names(url) == ["x/../s"]
     assert len(only_study(url).trials) == 4
+
+
+def test_every_diverged_verdict_is_infeasible_whatever_its_name():
+    """Feasibility follows the status: each verdict of today, and those a later version adds as status diverged
+    (slow_divergence, no_progress), is an infeasible COMPLETE trial with the penalty, never NaN."""
+    from sweep.config import Verdict
+    from sweep.search.ledger import INFEASIBLE, penalty, trial_outcome
+
+    for verdict in [*map(str, Verdict), "slow_divergence", "no_progress"]:
+        r = result("diverged", verdict=verdict, first_bad_step=3, eval_loss=0.2)
+        assert trial_outcome(r, 10.0) == (TrialState.COMPLETE, penalty(r, 10.0), (INFEASIBLE,)), verdict
+
+
+@pytest.mark.parametrize("eval_on", [True, False])
+def test_a_trials_value_is_the_quality_number_the_recommendation_compares_its_run_by(tmp_path, eval_on):
+    """One rule (sweep.run.results.quality_key) for a trial's value and the report's quality column: the eval
+    loss where the runs have one, else the final training loss; a diverged run is infeasible."""
+    from sweep.report.noise import quality_column
+    from sweep.report.runs import runs_from_dirs
+    from sweep.report.study import runs_from_study
+    from sweep.search.ledger import INFEASIBLE
+
+    from .conftest import multirun_in_process
+
+    multirun_in_process(
+        tmp_path, "steps=3", "precision=fp32,fp16_pure", "optim.lr=1e-4,1e-3", f"eval.enabled={eval_on}"
+    )
+    runs = runs_from_dirs(tmp_path)
+    column = quality_column(runs)
+    assert column == ("eval_loss" if eval_on else "final_loss")
+    assert sorted(runs.status) == ["diverged", "diverged", "stable", "stable"]
+    url = storage_url(LedgerConfig(), tmp_path)
+    trials = {t.user_attrs["run_dir"]: t for t in only_study(url).trials}
+    for r in runs.to_dict("records"):
+        trial = trials[r["run_dir"]]
+        if r["status"] == "stable":
+            assert trial.value == r[column] and trial.value != r["eval_loss" if not eval_on else "final_loss"]
+        else:
+            assert trial.system_attrs[CONSTRAINTS_KEY] == [INFEASIBLE]
+    from_study, _ = runs_from_study(url)
+    assert quality_column(from_study) == column
+    assert from_study[column].equals(runs[column])  # the report from the study compares the same numbers

@@ -25,7 +25,7 @@ import time
 from dataclasses import asdict, dataclass, field
 from importlib import metadata
 from pathlib import Path
-from typing import Protocol, Sequence
+from typing import Callable, Protocol, Sequence
 
 from sweep.config import Verdict
 
@@ -36,6 +36,11 @@ TRIAL_FILE = "trial.json"
 """The record of a run a diagnosis or a confirmation makes (result.json's fields): one result.json per run of a
 sweep, so `find SWEEP -name result.json` counts the sweep's runs."""
 METRICS_FILE = "metrics.csv"
+QUALITY_KEYS = ("eval_loss", "final_loss")
+"""A run's quality number (lower is better), in order of preference: its held-out eval loss, else its final
+training loss. `quality_key` picks one by one rule for the ledger's trial value (a run: sweep/search/ledger.py
+`stable_value`) and the report's quality column (a sweep's stable runs: sweep/report/noise.py `quality_column`),
+so a trial's value is the number the recommendation compares its run by."""
 RUNNING_LOCK = ".running.lock"
 """Locked (flock) by the process running a job, from its start until its result is recorded. A job
 directory without result.json whose lock no process holds was interrupted (kill -9, a crash, a lost
@@ -195,6 +200,12 @@ def write_record(path: Path, record: dict) -> Path:
         tmp.unlink(missing_ok=True)
         raise
     return path
+
+
+def quality_key(has: Callable[[str], bool]) -> str:
+    """The first of QUALITY_KEYS that `has` (a run holds it, or some stable run of a sweep does); the last one
+    when none."""
+    return next((key for key in QUALITY_KEYS if has(key)), QUALITY_KEYS[-1])
 
 
 def run_record(run_dir: Path) -> Path | None:

@@ -40,6 +40,7 @@ from optuna.distributions import BaseDistribution, CategoricalDistribution, Floa
 from optuna.trial import TrialState
 
 from sweep.config import LedgerConfig
+from sweep.run.results import quality_key
 from sweep.run.urls import SECRET_QUERY_KEYS, mask_url, url_has_password  # noqa: F401  (re-exported)
 
 log = logging.getLogger("sweep")
@@ -292,10 +293,10 @@ def penalty(result: dict, penalty_factor: float = 10.0) -> float:
 
 
 def stable_value(result: dict, penalty_factor: float = 10.0) -> float:
-    """A stable run's value: its eval loss, else its final loss (inf without either), kept strictly below
-    the penalty the same run would have had diverged (its eval loss is not bounded by the spike test)."""
-    value = result.get("eval_loss")
-    value = result.get("final_loss") if value is None else value
+    """A stable run's value: its quality number (`quality_key`: its eval loss, else its final loss; inf without
+    either), the one the report's quality column takes, kept strictly below the penalty the same run would have
+    had diverged (its eval loss is not bounded by the spike test)."""
+    value = result.get(quality_key(lambda key: result.get(key) is not None))
     if value is None:
         return math.inf
     return min(value, math.nextafter(penalty(result, penalty_factor), -math.inf))
