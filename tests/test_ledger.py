@@ -462,3 +462,37 @@ def test_a_trials_value_is_the_quality_number_the_recommendation_compares_its_ru
     from_study, _ = runs_from_study(url)
     assert quality_column(from_study) == column
     assert from_study[column].equals(runs[column])  # the report from the study compares the same numbers
+
+
+@pytest.mark.parametrize("journal", [True, False])
+def test_a_finished_trial_cannot_change_so_the_study_carries_a_later_diagnosis(tmp_path, journal):
+    """Optuna's API refuses to change a finished trial in either storage (UpdateFinishedTrialError); a diagnosis
+    made after the trial was recorded goes into the study's `diagnosed`, which the report from the study applies.
+    An RDB storage also gets the trial's own `mechanism` rewritten (through Optuna's models), a journal cannot."""
+    from optuna.exceptions import UpdateFinishedTrialError
+
+    from sweep.report.study import runs_from_study
+    from sweep.search.answer import record_diagnosed
+
+    cfg = LedgerConfig(storage=str(tmp_path / "ledger.log")) if journal else LedgerConfig()
+    spike = result("diverged", verdict="loss_spike", first_bad_step=4, mechanism={"name": "unexplained"})
+    record_run(cfg, tmp_path, tmp_path / "0", result("stable"))
+    number = record_run(cfg, tmp_path, tmp_path / "1", spike)
+    study = only_study(storage_url(cfg, tmp_path) if not journal else open_journal(cfg.storage))
+    with pytest.raises(UpdateFinishedTrialError):
+        study._storage.set_trial_user_attr(study.trials[number]._trial_id, "mechanism", "lr_too_high")
+    assert record_diagnosed(cfg, tmp_path, tmp_path / "1", "lr_too_high", "unexplained") is None
+    study = only_study(storage_url(cfg, tmp_path) if not journal else open_journal(cfg.storage))
+    assert study.user_attrs["diagnosed"] == {str(number): "lr_too_high"}
+    attrs = study.trials[number].user_attrs
+    assert attrs["mechanism"] == ("unexplained" if journal else "lr_too_high")
+    assert attrs.get("mechanism_recorded") == (None if journal else "unexplained")
+    runs, _ = runs_from_study(cfg.storage or storage_url(cfg, tmp_path))
+    assert runs.mechanism.fillna("-").tolist() == ["-", "lr_too_high"]
+    assert record_diagnosed(cfg, tmp_path, tmp_path / "never-recorded", "kernel", None) is None  # nothing to write
+
+
+def open_journal(path):
+    from optuna.storages.journal import JournalFileBackend
+
+    return optuna.storages.JournalStorage(JournalFileBackend(path))

@@ -208,6 +208,16 @@ def quality_key(has: Callable[[str], bool]) -> str:
     return next((key for key in QUALITY_KEYS if has(key)), QUALITY_KEYS[-1])
 
 
+def recorded_mechanism(result: dict) -> str | None:
+    """The mechanism a run's own signals named when it ended (result.json `mechanism.name`), also after a
+    diagnosis wrote its own over it (sweep/diagnose/record.py `write_mechanism` keeps it as `mechanism.recorded`):
+    what groups a run's distinct failure and what a scenario expects."""
+    mechanism = result.get("mechanism")
+    if isinstance(mechanism, dict) and mechanism.get("source") == "diagnosis":
+        mechanism = mechanism.get("recorded")
+    return mechanism.get("name") if isinstance(mechanism, dict) else None
+
+
 def run_record(run_dir: Path) -> Path | None:
     """The record a run directory holds: its result.json, else the TRIAL_FILE of a diagnosis's or a confirmation's
     own run; None when it holds neither."""

@@ -40,7 +40,7 @@ from optuna.distributions import BaseDistribution, CategoricalDistribution, Floa
 from optuna.trial import TrialState
 
 from sweep.config import LedgerConfig
-from sweep.run.results import quality_key
+from sweep.run.results import quality_key, recorded_mechanism
 from sweep.run.urls import SECRET_QUERY_KEYS, mask_url, url_has_password  # noqa: F401  (re-exported)
 
 log = logging.getLogger("sweep")
@@ -271,6 +271,8 @@ def trial_user_attrs(result: dict, run_dir: Path) -> dict:
         "run_dir": str(Path(run_dir).resolve()),
         "params": result.get("params") or {},
     }
+    if (result.get("mechanism") or {}).get("source") == "diagnosis":  # recorded late, after a diagnosis (answer.py)
+        attrs["mechanism_recorded"] = recorded_mechanism(result)
     return attrs
 
 
@@ -411,6 +413,58 @@ def supersede(study: optuna.Study, number: int, run_dir: str) -> list[int]:
                 )
                 marked.append(old.number)
     return marked
+
+
+def counted_trials(trials: Sequence[optuna.trial.FrozenTrial]) -> list[optuna.trial.FrozenTrial]:
+    """The trials that are runs of the sweep, one per run directory: stale trials that recorded nothing (a job
+    that died; the sweeper asked for its cell again) and superseded ones left out, and of several trials naming
+    one run directory the latest finished one; trials without a `run_dir` (another app's) all count."""
+    latest: dict[str, optuna.trial.FrozenTrial] = {}
+    anonymous = []
+    for trial in trials:
+        if trial.system_attrs.get(STALE_ATTR) and "status" not in trial.user_attrs:
+            continue
+        if trial.user_attrs.get(SUPERSEDED_ATTR) is not None:
+            continue
+        run_dir = trial.user_attrs.get("run_dir")
+        if run_dir is None:
+            anonymous.append(trial)
+        elif run_dir not in latest or _rank(trial) >= _rank(latest[run_dir]):
+            latest[run_dir] = trial  # a re-run of the same job directory: its latest finished trial
+    return [*latest.values(), *anonymous]
+
+
+def _rank(trial: optuna.trial.FrozenTrial) -> tuple:
+    return (trial.state.is_finished(), trial.number)
+
+
+def set_finished_trial_attrs(study: optuna.Study, number: int, attrs: dict) -> bool:
+    """Set user attributes of a finished trial (each written whole, replacing its value); False where the storage
+    cannot. Optuna's API refuses any change to a finished trial (`UpdateFinishedTrialError`): in an RDB storage
+    (SQLite, PostgreSQL, MySQL) the rows are written through Optuna's own models, as `supersede` does; a journal
+    file replays its log through the same refusal (`JournalStorage._trial_exists_and_updatable` drops the update
+    for every reader), so there it cannot be done, and the study's user attrs carry what the trial cannot
+    (sweep/search/answer.py)."""
+    from optuna.storages import RDBStorage
+    from optuna.storages._rdb import models
+    from optuna.storages._rdb.storage import _create_scoped_session
+
+    backend = getattr(study._storage, "_backend", study._storage)
+    if not isinstance(backend, RDBStorage):
+        return False
+    with _create_scoped_session(backend.scoped_session, True) as session:
+        trial = session.query(models.TrialModel).filter_by(study_id=study._study_id, number=number).one()
+        for key, value in attrs.items():
+            row = (
+                session.query(models.TrialUserAttributeModel).filter_by(trial_id=trial.trial_id, key=key).one_or_none()
+            )
+            if row is None:
+                session.add(
+                    models.TrialUserAttributeModel(trial_id=trial.trial_id, key=key, value_json=json.dumps(value))
+                )
+            else:
+                row.value_json = json.dumps(value)
+    return True
 
 
 def _add_trial(study: optuna.Study, trial: optuna.trial.FrozenTrial, deadline: Optional[float] = None) -> int:
