@@ -29,7 +29,6 @@ damaged costs one warning line, never the summary.
 from __future__ import annotations
 
 import dataclasses
-import logging
 import math
 import time
 from pathlib import Path
@@ -51,8 +50,6 @@ from sweep.search.ledger import (
     study_name,
     with_retries,
 )
-
-log = logging.getLogger("sweep")
 
 DIAGNOSED = "diagnosed"
 PARAM = "param:"  # the runs table's prefix of a swept value (sweep/report/runs.py)
