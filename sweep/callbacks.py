@@ -350,6 +350,10 @@ class SweepSummary(Callback):
                 "could not summarize %s; the runs are recorded, try: python -m sweep.report %s", sweep_dir, sweep_dir
             )
             return
+        from sweep.search.answer import record_multirun_answer  # the answer on the study, for optuna-dashboard
+
+        if (problem := record_multirun_answer(config, sweep_dir, summary)) is not None:
+            log.warning("%s", problem)
         saved = textwrap.fill(
             f"Saved in {sweep_dir}: {', '.join(p.name for p in written)}", WIDTH, subsequent_indent="  "
         )

@@ -22,7 +22,7 @@ from sweep.config import ConfigError, RunConfig
 from sweep.config.recorded import load_recorded
 from sweep.run.build import resolve_device
 from sweep.run.forensics import locate
-from sweep.run.results import RESULT_FILE
+from sweep.run.results import run_record
 
 
 def load_run(run_dir: Path) -> RunConfig:
@@ -36,7 +36,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--step", type=int, default=None, help="probe this step instead of the first bad (or last) one")
     args = ap.parse_args(argv)
     run_dir: Path = args.run_dir
-    if not (run_dir / RESULT_FILE).is_file() or not (run_dir / ".hydra" / "config.yaml").is_file():
+    record = run_record(run_dir)  # result.json; trial.json for a confirmation's own run
+    if record is None or not (run_dir / ".hydra" / "config.yaml").is_file():
         print(
             f"sweep.replay: {run_dir} is not a run directory (needs result.json and .hydra/config.yaml)",
             file=sys.stderr,
@@ -47,7 +48,7 @@ def main(argv: list[str] | None = None) -> int:
     except ConfigError as e:
         print(f"sweep.replay: config error: {e}", file=sys.stderr)
         return 2
-    result = json.loads((run_dir / RESULT_FILE).read_text())
+    result = json.loads(record.read_text())
     steps_run = result.get("steps_run") or 0
     if args.step is not None and not 0 <= args.step < steps_run:
         print(

@@ -29,6 +29,7 @@ from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
 from sweep.config import ConfigError, RunConfig, ScenarioConfig, ScenarioExpect, flatten, to_run_config
+from sweep.run.results import recorded_mechanism
 
 CONF_DIR = Path(__file__).resolve().parents[1] / "conf" / "scenario"
 
@@ -133,7 +134,7 @@ def check(expects: list[ScenarioExpect], results: list[dict]) -> list[Outcome]:
         for r in runs:
             cause = r.get("cause") or {}
             got = (r.get("status"), r.get("verdict"), cause.get("where"), cause.get("module") or "")
-            mechanism = (r.get("mechanism") or {}).get("name")
+            mechanism = recorded_mechanism(r)  # its own signals', whatever a diagnosis found since
             logit = r.get("max_attn_logit")
             impl = (r.get("params") or {}).get("modulate")
             parity = modulate_parity(str(impl)) if e.modulate_parity and impl is not None else None

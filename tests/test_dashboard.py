@@ -60,6 +60,12 @@ def test_dashboard_shows_our_trials(tmp_path):
                 "params": {"optim.lr": 10.0 ** -(i + 3)},
             },
         )
+    from sweep.report.study import runs_from_study
+    from sweep.report.summary import summarize
+    from sweep.search.answer import record_sweep_answer
+
+    answer = summarize(runs_from_study(storage_url(cfg, tmp_path))[0])
+    assert record_sweep_answer(cfg, tmp_path, answer) is None  # what the end of every multirun writes
     port = free_port()
     proc = subprocess.Popen(
         [DASHBOARD, storage_url(cfg, tmp_path), "--host", "127.0.0.1", "--port", str(port)],
@@ -74,6 +80,11 @@ def test_dashboard_shows_our_trials(tmp_path):
         assert [t["state"] for t in trials] == ["Complete", "Complete"]
         verdicts = [{a["key"]: a["value"] for a in t["user_attrs"]}["verdict"] for t in trials]
         assert verdicts == ["null", "nonfinite_loss"]  # the dashboard shows attrs as JSON
+        # The study page's "Study User Attributes" table: the sweep's answer, strings as they are, the rest as JSON.
+        detail = get(f"http://127.0.0.1:{port}/api/studies/{summary['study_id']}?after=0", deadline)
+        shown = {a["key"]: a["value"] for a in detail["user_attrs"]}
+        assert shown["recommendation"] == answer.recommendation.line and shown["recommended_trials"] == "[0]"
+        assert shown["recommended"] == '{"optim.lr": 0.001}'
     finally:
         proc.terminate()
         proc.wait(timeout=10)

@@ -14,6 +14,7 @@ from sweep.diagnose.counterfactual import healthy_until
 from sweep.diagnose.diagnosis import DIAGNOSIS_FILE, diagnose
 from sweep.diagnose.mechanism import MECHANISMS, decide, second_moment_lag
 from sweep.diagnose.record import RunRecord
+from sweep.report.__main__ import main as report_main
 
 from .conftest import make_run, multirun_in_process, read_result
 
@@ -54,7 +55,7 @@ def test_a_bad_sample_is_named_left_out_and_the_fix_confirmed(tmp_path):
         assert rows["fp32"]["outcome"] is None and "already fp32" in rows["fp32"]["not_applicable"]
         assert d["counterfactuals"]["from_step"] == first - 1 and d["counterfactuals"]["prefix"]["identical"]
         assert d["agrees"] and d["fix"]["confirmed"] and d["fix"]["overrides"] == ["data.skip_samples=[5]"]
-        fixed = read_result(d["fix"]["run_dir"])
+        fixed = json.loads((Path(d["fix"]["run_dir"]) / "trial.json").read_text())  # not a run of the sweep
         assert fixed["status"] == "stable" and fixed["steps_run"] == 12
 
 
@@ -256,7 +257,13 @@ def test_what_cannot_be_diagnosed_is_one_line_and_exit_2(tmp_path, capsys):
     (old / ".hydra").mkdir(parents=True)
     (old / ".hydra" / "config.yaml").write_text((stable["dir"] / ".hydra" / "config.yaml").read_text())
     (old / "result.json").write_text(json.dumps({"status": "diverged", "verdict": "loss_spike"}))
+    confirmation = tmp_path / "confirm"  # a confirmation's own run: its record is trial.json, its config is there
+    (confirmation / ".hydra").mkdir(parents=True)
+    for name in (".hydra/config.yaml", "metrics.csv"):
+        (confirmation / name).write_text((stable["dir"] / name).read_text())
+    (confirmation / "trial.json").write_text((stable["dir"] / "result.json").read_text())
     cases = {
+        confirmation: "the run is stable, not diverged: there is nothing to diagnose",
         tmp_path / "nowhere": "no such directory",
         tmp_path / "s": "is not a run directory",
         stable["dir"]: "the run is stable, not diverged: there is nothing to diagnose",
@@ -267,6 +274,9 @@ def test_what_cannot_be_diagnosed_is_one_line_and_exit_2(tmp_path, capsys):
         err = capsys.readouterr().err
         assert message in err and err.count("\n") == 1, err
     assert main([str(stable["dir"]), "--past", "-1"]) == 2
+    from sweep.replay import main as replay
+
+    assert replay([str(confirmation)]) == 0 and "nothing went non-finite" in capsys.readouterr().out
 
 
 def test_bisection_finds_the_attention_that_must_stay_fp32_in_the_videochat2_case(tmp_path):
@@ -332,18 +342,104 @@ def test_bisection_on_a_diffusers_model_finds_the_one_overflowing_attention(tmp_
     assert "transformer.transformer_blocks.1.attn1" in b["groups"] and 0 < b["flop_share"] < 0.3
 
 
-def test_a_sweep_diagnoses_its_distinct_failures_and_its_summary_cites_the_confirmed_fix(tmp_path, capsys):
+@pytest.fixture(scope="module")
+def auto_sweep(tmp_path_factory) -> tuple[Path, list[dict], str]:
+    """A 2-run sweep, ledger on, whose spike at lr 3e-2 the end of the multirun diagnoses (monitor.diagnose=auto):
+    (sweep dir, its runs' result.json as written after the diagnosis, what it printed)."""
+    import contextlib
+    import io
+
+    root, printed = tmp_path_factory.mktemp("auto"), io.StringIO()
+    with contextlib.redirect_stdout(printed):
+        multirun_in_process(root, "steps=12", "optim.lr=1e-3,3e-2", "monitor.diagnose=auto")
+    runs = [read_result(p.parent) | {"dir": p.parent} for p in sorted(root.glob("*/result.json"))]
+    return root, runs, printed.getvalue()
+
+
+def test_a_sweep_diagnoses_its_distinct_failures_and_its_summary_cites_the_confirmed_fix(auto_sweep, capsys):
     """monitor.diagnose=auto at the end of a multirun: the spike at lr 3e-2 is diagnosed (progress printed),
     the summary counts the sweep's 2 runs, not the diagnosis's own, the root causes take the diagnosed
     mechanism, and the recommendation cites the confirmed fix."""
-    runs = sweep(tmp_path, "optim.lr=1e-3,3e-2", "monitor.diagnose=auto")
+    root, runs, out = auto_sweep
     assert [r["status"] for r in runs] == ["stable", "diverged"]
-    out = capsys.readouterr().out
     assert "Diagnosing 1 distinct failure(s) of 1 diverged run(s): the largest, then the others within" in out
     assert (runs[1]["dir"] / DIAGNOSIS_FILE).is_file() and not (runs[0]["dir"] / DIAGNOSIS_FILE).exists()
-    summary = (tmp_path / "summary.md").read_text()
+    summary = (root / "summary.md").read_text()
     assert "2 runs: 1 stable, 1 diverged" in summary
     assert "## Diagnoses" in summary and "| lr_too_high |" in summary
     assert "Confirmed fixes (runs from step 0 that stayed stable): optim.lr=0.003 for lr_too_high" in summary
-    causes = (tmp_path / "summary_root_causes.csv").read_text()
+    causes = (root / "summary_root_causes.csv").read_text()
     assert "lr_too_high" in causes and "unexplained" not in causes
+
+    # One result.json per run: the diagnosis's own runs write trial.json, so `find SWEEP -name result.json`
+    # counts the sweep's runs (it found 6 here: 2 runs and 4 of the diagnosis's).
+    assert len(list(root.rglob("result.json"))) == len(runs) == 2
+    trials = list((runs[1]["dir"] / "diagnosis").rglob("trial.json"))
+    assert {t.parent.name for t in trials} >= {"cf_same_config", "cf_lr_10", "fix_1"}
+    assert report_main([str(root), "--no-html"]) == 0
+    report = capsys.readouterr().out
+    for t in trials:  # the layout an older version wrote: the diagnosis's runs as result.json
+        t.rename(t.with_name("result.json"))
+    try:
+        assert report_main([str(root), "--no-html"]) == 0
+        assert capsys.readouterr().out == report
+    finally:
+        for t in trials:
+            t.with_name("result.json").rename(t)
+
+
+def test_after_a_diagnosis_every_place_names_one_mechanism_and_the_study_the_summarys_answer(auto_sweep):
+    """issue 44 (one answer everywhere): the spike's own signals said `unexplained`, its diagnosis `lr_too_high`.
+    result.json, its trial, the study's `diagnosed`, the summary's diagnoses and both reports (from the run dirs
+    and from the study) now say lr_too_high, the recorded one kept beside it; the study carries the summary's
+    recommendation, line and settings, and the trials of the recommended setting."""
+    import optuna
+    import pandas as pd
+
+    from sweep.report.runs import runs_from_dirs
+    from sweep.report.study import runs_from_study
+    from sweep.report.summary import summarize
+    from sweep.report.text import md_escape
+
+    root, runs, _ = auto_sweep
+    mechanism = read_result(runs[1]["dir"])["mechanism"]
+    assert (mechanism["name"], mechanism["source"], mechanism["recorded"]["name"]) == (
+        "lr_too_high",
+        "diagnosis",
+        "unexplained",
+    )
+    assert mechanism["summary"] == json.loads((runs[1]["dir"] / DIAGNOSIS_FILE).read_text())["summary"]
+    url = f"sqlite:///{root / 'ledger.db'}"
+    study = optuna.load_study(study_name=str(root), storage=url)
+    trial = {t.user_attrs["run_dir"]: t for t in study.trials}
+    stable, spike = (trial[str(r["dir"].resolve())] for r in runs)
+    assert (spike.user_attrs["mechanism"], spike.user_attrs["mechanism_recorded"]) == ("lr_too_high", "unexplained")
+    assert study.user_attrs["diagnosed"] == {str(spike.number): "lr_too_high"}
+    assert pd.read_csv(root / "summary_diagnoses.csv").mechanism.tolist() == ["lr_too_high"]
+    from_dirs, (from_study, _) = runs_from_dirs(root), runs_from_study(url)
+    assert from_dirs.mechanism.fillna("-").tolist() == from_study.mechanism.fillna("-").tolist() == ["-", "lr_too_high"]
+
+    summary = summarize(from_dirs)
+    line = study.user_attrs["recommendation"]
+    assert line == summary.recommendation.line and line.startswith("Use optim.lr=0.001 (eval loss")
+    assert f"## Recommendation\n\n{md_escape(line)}\n" in (root / "summary.md").read_text()
+    assert study.user_attrs["recommended"] == summary.recommendation.settings == {"optim.lr": 0.001}
+    assert study.user_attrs["recommended_trials"] == [stable.number] and stable.params["optim.lr"] == 0.001
+    assert study.user_attrs["quality"] == "eval_loss" and stable.value == stable.user_attrs["eval_loss"]
+
+
+def test_a_second_diagnosis_keeps_the_mechanism_the_run_recorded(tmp_path):
+    from sweep.diagnose.record import write_mechanism
+
+    recorded = {"name": "unexplained", "summary": "no recorded signal explains it"}
+    (tmp_path / "result.json").write_text(json.dumps({"status": "diverged", "mechanism": recorded}))
+    record = RunRecord(tmp_path, read_result(tmp_path), [], None, None)
+    write_mechanism(record, "lr_too_high", "lr/10 gets past the bad steps")
+    write_mechanism(record, "nondeterministic", "the replay did not reproduce it")
+    assert read_result(tmp_path)["mechanism"] == {
+        "name": "nondeterministic",
+        "summary": "the replay did not reproduce it",
+        "source": "diagnosis",
+        "recorded": recorded,
+    }
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["result.json"]  # written whole: no .tmp left

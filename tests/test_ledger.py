@@ -369,3 +369,130 @@ def test_a_rerun_cell_marks_its_earlier_trial_superseded_and_the_report_counts_i
     assert old.user_attrs["status"] == "stable" and old.state is TrialState.COMPLETE  # the contract's attrs stand
     runs, _ = runs_from_study(url)
     assert len(runs) == 2 and sorted(runs.run_dir) == sorted({t.user_attrs["run_dir"] for t in trials})
+
+
+def test_one_study_per_sweep_whatever_the_spelling_of_its_path(tmp_path, monkeypatch):
+    """issue 45 (red team, 2): trials recorded late went to a study named by the resolved path and the rest to the
+    path as given; a resume under another spelling of the same directory split the study too."""
+    import json
+    from pathlib import Path
+
+    from sweep.search.pending import mark_pending, record_pending
+
+    cfg, real = LedgerConfig(), tmp_path / "s"
+    (tmp_path / "x").mkdir()
+    (tmp_path / "link").symlink_to(real, target_is_directory=True)
+    monkeypatch.chdir(tmp_path)
+    spellings = [tmp_path / "x" / ".." / "s", Path("s"), Path("./x/../s"), tmp_path / "link", real]
+    for i, sweep_dir in enumerate(spellings):
+        record_run(cfg, sweep_dir, real / str(i), result("stable"))
+    late = real / "late"  # recorded at the sweep's end (a locked ledger), from another working directory
+    late.mkdir()
+    (late / "result.json").write_text(json.dumps(result("stable")))
+    assert mark_pending(cfg, Path("x/../s"), late, 10.0, "database is locked")
+    monkeypatch.chdir(tmp_path / "x")
+    assert record_pending(real) == ([late], [])
+    url = storage_url(cfg, real)
+    assert optuna.get_all_study_names(url) == [str(real)]
+    assert len(only_study(url).trials) == len(spellings) + 1
+
+
+def test_a_study_an_older_version_named_by_the_path_as_given_stays_the_sweeps(tmp_path, monkeypatch):
+    """Before the resolved path named the study, the path as given did (`x/../s`, `outputs/...`): a resume, a
+    late trial and a report still use that study, whatever the spelling."""
+    import json
+    from pathlib import Path
+
+    from sweep.search.pending import mark_pending, record_pending
+
+    cfg, real = LedgerConfig(), tmp_path / "s"
+    (tmp_path / "x").mkdir()
+    monkeypatch.chdir(tmp_path)
+    url = storage_url(cfg, real)
+    real.mkdir()
+    optuna.create_study(study_name="x/../s", storage=url).add_trial(optuna.trial.create_trial(value=1.0))
+    record_run(cfg, Path("x/../s"), real / "0", result("stable"))  # resumed as it was started
+    record_run(cfg, real, real / "1", result("stable"))  # resumed under another spelling
+    (real / "2").mkdir()
+    (real / "2" / "result.json").write_text(json.dumps(result("stable")))
+    assert mark_pending(cfg, Path("x/../s"), real / "2", 10.0, "database is locked")
+    monkeypatch.chdir(tmp_path / "x")  # recorded late from elsewhere: the marker says how the sweep was spelled
+    assert record_pending(real) == ([real / "2"], [])
+    assert optuna.get_all_study_names(url) == ["x/../s"]
+    assert len(only_study(url).trials) == 4
+
+
+def test_every_diverged_verdict_is_infeasible_whatever_its_name():
+    """Feasibility follows the status: each verdict of today, and those a later version adds as status diverged
+    (slow_divergence, no_progress), is an infeasible COMPLETE trial with the penalty, never NaN."""
+    from sweep.config import Verdict
+    from sweep.search.ledger import INFEASIBLE, penalty, trial_outcome
+
+    for verdict in [*map(str, Verdict), "slow_divergence", "no_progress"]:
+        r = result("diverged", verdict=verdict, first_bad_step=3, eval_loss=0.2)
+        assert trial_outcome(r, 10.0) == (TrialState.COMPLETE, penalty(r, 10.0), (INFEASIBLE,)), verdict
+
+
+@pytest.mark.parametrize("eval_on", [True, False])
+def test_a_trials_value_is_the_quality_number_the_recommendation_compares_its_run_by(tmp_path, eval_on):
+    """One rule (sweep.run.results.quality_key) for a trial's value and the report's quality column: the eval
+    loss where the runs have one, else the final training loss; a diverged run is infeasible."""
+    from sweep.report.noise import quality_column
+    from sweep.report.runs import runs_from_dirs
+    from sweep.report.study import runs_from_study
+    from sweep.search.ledger import INFEASIBLE
+
+    from .conftest import multirun_in_process
+
+    multirun_in_process(
+        tmp_path, "steps=3", "precision=fp32,fp16_pure", "optim.lr=1e-4,1e-3", f"eval.enabled={eval_on}"
+    )
+    runs = runs_from_dirs(tmp_path)
+    column = quality_column(runs)
+    assert column == ("eval_loss" if eval_on else "final_loss")
+    assert sorted(runs.status) == ["diverged", "diverged", "stable", "stable"]
+    url = storage_url(LedgerConfig(), tmp_path)
+    trials = {t.user_attrs["run_dir"]: t for t in only_study(url).trials}
+    for r in runs.to_dict("records"):
+        trial = trials[r["run_dir"]]
+        if r["status"] == "stable":
+            assert trial.value == r[column] and trial.value != r["eval_loss" if not eval_on else "final_loss"]
+        else:
+            assert trial.system_attrs[CONSTRAINTS_KEY] == [INFEASIBLE]
+    from_study, _ = runs_from_study(url)
+    assert quality_column(from_study) == column
+    assert from_study[column].equals(runs[column])  # the report from the study compares the same numbers
+
+
+@pytest.mark.parametrize("journal", [True, False])
+def test_a_finished_trial_cannot_change_so_the_study_carries_a_later_diagnosis(tmp_path, journal):
+    """Optuna's API refuses to change a finished trial in either storage (UpdateFinishedTrialError); a diagnosis
+    made after the trial was recorded goes into the study's `diagnosed`, which the report from the study applies.
+    An RDB storage also gets the trial's own `mechanism` rewritten (through Optuna's models), a journal cannot."""
+    from optuna.exceptions import UpdateFinishedTrialError
+
+    from sweep.report.study import runs_from_study
+    from sweep.search.answer import record_diagnosed
+
+    cfg = LedgerConfig(storage=str(tmp_path / "ledger.log")) if journal else LedgerConfig()
+    spike = result("diverged", verdict="loss_spike", first_bad_step=4, mechanism={"name": "unexplained"})
+    record_run(cfg, tmp_path, tmp_path / "0", result("stable"))
+    number = record_run(cfg, tmp_path, tmp_path / "1", spike)
+    study = only_study(storage_url(cfg, tmp_path) if not journal else open_journal(cfg.storage))
+    with pytest.raises(UpdateFinishedTrialError):
+        study._storage.set_trial_user_attr(study.trials[number]._trial_id, "mechanism", "lr_too_high")
+    assert record_diagnosed(cfg, tmp_path, tmp_path / "1", "lr_too_high", "unexplained") is None
+    study = only_study(storage_url(cfg, tmp_path) if not journal else open_journal(cfg.storage))
+    assert study.user_attrs["diagnosed"] == {str(number): "lr_too_high"}
+    attrs = study.trials[number].user_attrs
+    assert attrs["mechanism"] == ("unexplained" if journal else "lr_too_high")
+    assert attrs.get("mechanism_recorded") == (None if journal else "unexplained")
+    runs, _ = runs_from_study(cfg.storage or storage_url(cfg, tmp_path))
+    assert runs.mechanism.fillna("-").tolist() == ["-", "lr_too_high"]
+    assert record_diagnosed(cfg, tmp_path, tmp_path / "never-recorded", "kernel", None) is None  # nothing to write
+
+
+def open_journal(path):
+    from optuna.storages.journal import JournalFileBackend
+
+    return optuna.storages.JournalStorage(JournalFileBackend(path))

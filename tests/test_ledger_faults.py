@@ -189,3 +189,29 @@ def test_a_refused_connection_is_not_retried_but_a_locked_database_is():
         return "recorded"
 
     assert with_retries(locked_twice, "create_study") == "recorded" and len(calls) == 4
+
+
+def test_a_sweep_dir_spelled_with_dots_keeps_its_late_trial_in_its_one_study(tmp_path, monkeypatch):
+    """issue 45 (red team, 2): `hydra.sweep.dir=x/../s` and a ledger locked when one run ended. The jobs recorded
+    into a study named `x/../s`, the late trial into one named by the resolved path: two studies, one sweep."""
+    import sqlite3
+
+    import sweep.job
+
+    from .conftest import multirun_in_process
+
+    real, calls = sweep.job.record_run, []
+
+    def locked_once(*args, **kwargs):
+        calls.append(args[2])
+        if len(calls) == 1:
+            raise sqlite3.OperationalError("database is locked")
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(sweep.job, "record_run", locked_once)
+    (tmp_path / "x").mkdir()
+    multirun_in_process(tmp_path / "x" / ".." / "s", "ledger.lock_timeout_s=1", "steps=2", "optim.lr=1e-3,2e-3")
+    assert len(calls) == 2 and not pending_runs(tmp_path / "s")  # the first recorded at the sweep's end
+    url = f"sqlite:///{tmp_path / 's' / 'ledger.db'}"
+    assert optuna.get_all_study_names(url) == [str(tmp_path / "s")]
+    assert len(trials(tmp_path / "s")) == 2

@@ -286,3 +286,21 @@ def test_a_killed_trial_is_interrupted_and_a_pruned_one_skipped(tmp_path):
     assert named == {"0": "interrupted", "1": "running"}
     assert sorted(runs.status[runs.run_dir.isna()]) == ["running", "skipped"]
     assert list(runs.pruned_at_step[runs.status == "skipped"]) == [4]
+
+
+def test_report_write_puts_the_answer_on_the_study_from_either_source(tmp_path, capsys):
+    """`--write` rewrites the summary, and the study's copy of the answer with it (its user attrs, which
+    optuna-dashboard shows); a sweep without a ledger gets none made for it."""
+    for source in ("dir", "storage"):
+        root = make_grid(tmp_path / source / "sweep")
+        url = f"sqlite:///{root / 'ledger.db'}"
+        record_study(url, str(root), root)
+        assert main([str(root if source == "dir" else root / "ledger.db"), "--write", "--no-html"]) == 0
+        out = capsys.readouterr().out
+        attrs = optuna.load_study(study_name=str(root), storage=url).user_attrs
+        assert attrs["recommended"] == {"precision": "bf16_amp", "attention": "flash", "optim.lr": 0.01}, source
+        assert " ".join(attrs["recommendation"].split()) in " ".join(out.split())
+        assert len(attrs["recommended_trials"]) == 1 and attrs["marginal_trials"] == []
+    bare = make_grid(tmp_path / "bare")
+    assert main([str(bare), "--write", "--no-html"]) == 0
+    assert not (bare / "ledger.db").exists() and "ledger" not in capsys.readouterr().err

@@ -383,7 +383,8 @@ class LedgerConfig:
     """Optuna storage URL (sqlite:///, postgresql://, mysql://) or a journal file path ending in .log;
     null = sqlite:///<sweep dir>/ledger.db."""
     study_name: Optional[str] = None
-    """null = the sweep directory's path."""
+    """null = the sweep directory's resolved path, so every spelling of it names one study (a study an older
+    version named by the path as given is still found: sweep.search.ledger.study_name)."""
     trial_number: Optional[int] = None
     """Set by our Optuna sweeper: the trial this run finishes (null: the run adds a trial of its own)."""
     pruner: PrunerConfig = field(default_factory=PrunerConfig)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import logging
 import time
 from pathlib import Path
 from typing import Callable
@@ -10,7 +11,10 @@ from typing import Callable
 from sweep.diagnose.counterfactual import PAST, Table, reproduced, run_table
 from sweep.diagnose.fix import KNOWN, candidates, confirm, lr_delayed_it, reference_kernel
 from sweep.diagnose.mechanism import Mechanism, decide
-from sweep.diagnose.record import RunRecord, load
+from sweep.diagnose.record import RunRecord, load, sweep_dir_of, write_mechanism
+from sweep.run.results import recorded_mechanism
+
+log = logging.getLogger("sweep")
 
 DIAGNOSIS_FILE = "diagnosis.json"
 SCRATCH = "diagnosis"
@@ -185,7 +189,26 @@ def diagnose(
         "run_seconds": record.result.get("seconds"),
     }
     (Path(run_dir) / DIAGNOSIS_FILE).write_text(json.dumps(out, indent=2, default=str) + "\n")
+    write_back(record, mechanism)
     return out
+
+
+def write_back(record: RunRecord, mechanism: Mechanism) -> None:
+    """The diagnosed mechanism into the run's result.json (the recorded one kept beside it) and its sweep's study
+    (sweep/search/answer.py `record_diagnosed`), so that every place that names the run's mechanism says the
+    same. diagnosis.json is written: a failure here is a warning line, never the diagnosis's."""
+    from sweep.search.answer import record_diagnosed
+
+    recorded = recorded_mechanism(record.result)
+    try:
+        write_mechanism(record, mechanism.name, mechanism.summary)
+    except OSError as e:
+        log.warning("%s: result.json keeps its recorded mechanism (%s): %s", record.run_dir, recorded, e)
+    problem = record_diagnosed(
+        record.run.ledger, sweep_dir_of(record.run_dir), record.run_dir, mechanism.name, recorded
+    )
+    if problem:
+        log.warning("%s", problem)
 
 
 def render(d: dict) -> str:

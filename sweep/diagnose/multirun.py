@@ -18,6 +18,7 @@ from typing import Callable
 from sweep.diagnose.diagnosis import DIAGNOSIS_FILE, diagnose
 from sweep.diagnose.record import DiagnoseError
 from sweep.report.tables import failure_key
+from sweep.run.results import recorded_mechanism
 
 log = logging.getLogger("sweep")
 
@@ -32,7 +33,7 @@ def distinct_failures(results: list[dict]) -> list[list[dict]]:
     for r in results:
         if r.get("status") != "diverged":
             continue
-        key = failure_key(r.get("verdict"), (r.get("mechanism") or {}).get("name"), r.get("params") or {})
+        key = failure_key(r.get("verdict"), recorded_mechanism(r), r.get("params") or {})
         groups.setdefault(key, []).append(r)
     for g in groups.values():
         g.sort(key=lambda r: (r.get("params") or {}).get("optim.lr") or 0.0)

@@ -1,4 +1,5 @@
-"""What a diagnosis reads from a run directory: result.json, metrics.csv and the config it ran with."""
+"""What a diagnosis reads from a run directory: result.json (or a confirmation run's trial.json), metrics.csv and the
+config it ran with."""
 
 from __future__ import annotations
 
@@ -9,7 +10,7 @@ from pathlib import Path
 from sweep.config import ConfigError, Verdict
 from sweep.config.recorded import UnresolvedReference, load_recorded
 from sweep.diagnose.signals import RunRecord, as_number
-from sweep.run.results import RESULT_FILE
+from sweep.run.results import RESULT_FILE, run_record, write_record
 
 CONFIG_FILE = Path(".hydra") / "config.yaml"
 METRICS_FILE = "metrics.csv"
@@ -26,12 +27,13 @@ def load(run_dir: Path, diverged_only: bool = True) -> RunRecord:
     run_dir = Path(run_dir)
     if not run_dir.is_dir():
         raise DiagnoseError(f"{run_dir}: no such directory")
-    if not (run_dir / RESULT_FILE).is_file() or not (run_dir / CONFIG_FILE).is_file():
+    path = run_record(run_dir)  # result.json; trial.json for a confirmation's own run
+    if path is None or not (run_dir / CONFIG_FILE).is_file():
         raise DiagnoseError(f"{run_dir} is not a run directory (needs {RESULT_FILE} and {CONFIG_FILE})")
     try:
-        result = json.loads((run_dir / RESULT_FILE).read_text())
+        result = json.loads(path.read_text())
     except (OSError, ValueError) as e:
-        raise DiagnoseError(f"{run_dir / RESULT_FILE}: unreadable ({type(e).__name__})") from e
+        raise DiagnoseError(f"{path}: unreadable ({type(e).__name__})") from e
     missing = [k for k in NEEDED if k not in result]
     if missing:
         raise DiagnoseError(
@@ -59,3 +61,37 @@ def read_metrics(path: Path) -> list[dict]:
         return []
     with open(path, newline="") as f:
         return [{k: as_number(v) for k, v in row.items()} for row in csv.DictReader(f)]
+
+
+def write_mechanism(record: RunRecord, name: str, summary: str) -> dict:
+    """A diagnosis's mechanism written back into the run's record (result.json), the one its own signals named
+    kept beside it: `mechanism` = {name, summary, source: "diagnosis", recorded: {name, summary} or null}.
+    Written whole or not at all (write_record); a second diagnosis keeps the first's `recorded`. Returns it."""
+    old = record.result.get("mechanism")
+    recorded = old.get("recorded") if isinstance(old, dict) and old.get("source") == "diagnosis" else old
+    mechanism = {"name": name, "summary": summary, "source": "diagnosis", "recorded": recorded}
+    path = run_record(record.run_dir) or Path(record.run_dir) / RESULT_FILE
+    write_record(path, {**record.result, "mechanism": mechanism})
+    record.result["mechanism"] = mechanism
+    return mechanism
+
+
+def sweep_dir_of(run_dir: Path) -> Path:
+    """The directory of the sweep a run belongs to, as its ledger names it (sweep.job: `hydra.sweep.dir` of a
+    multirun job, the run dir of a single run), from the run's .hydra/hydra.yaml; a relative one is made
+    absolute against the directory the run was started in. Without hydra.yaml: the folder above the run."""
+    from omegaconf import OmegaConf
+
+    run_dir = Path(run_dir)
+    try:
+        hydra = OmegaConf.load(run_dir / ".hydra" / "hydra.yaml").hydra
+        multirun = str(OmegaConf.select(hydra, "mode", default="")) == "MULTIRUN"
+        given = OmegaConf.select(hydra, "sweep.dir", default=None, throw_on_resolution_failure=False)
+        cwd = OmegaConf.select(hydra, "runtime.cwd", default=None, throw_on_resolution_failure=False)
+    except Exception:  # noqa: BLE001  (missing or unreadable: a job dir sits in its sweep dir)
+        return run_dir.resolve().parent
+    if not multirun:
+        return run_dir
+    if given is None or "${" in str(given):  # saved unresolved (outputs/sweeps/${now:...})
+        return run_dir.resolve().parent
+    return Path(str(cwd or ".")) / str(given)

@@ -3,7 +3,8 @@
 Every counterfactual, bisection trial and fix is one of these: `execute` on the config the run was made
 with (.hydra/config.yaml) plus `key=value` overrides, a group name (precision=fp32, attention=math,
 modulate=eager) taking that group's file from conf/ as a sweep would. Nothing here records a trial in
-the ledger: the diagnosis is about one run, and diagnosis.json holds every outcome.
+the ledger: the diagnosis is about one run, and diagnosis.json holds every outcome. Each trial's record is
+trial.json (TRIAL_FILE), not result.json: a sweep's tree holds one result.json per run of the sweep.
 """
 
 from __future__ import annotations
@@ -20,7 +21,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from sweep.config import ConfigError, Progress, RunConfig, to_run_config
 from sweep.run.execute import execute
-from sweep.run.results import RESULT_FILE
+from sweep.run.results import TRIAL_FILE
 
 CONF = Path(__file__).resolve().parents[2] / "conf"
 GROUPS = ("precision", "attention", "modulate")
@@ -104,8 +105,8 @@ def run_trial(run: RunConfig, out_dir: Path, last: int | None = None, quick: boo
             eval=dataclasses.replace(run.eval, enabled=False),
         )
     start = time.perf_counter()
-    execute(run, out_dir, {}, hooks=[StopAfter(last)] if last is not None else [])
-    r = json.loads((Path(out_dir) / RESULT_FILE).read_text())
+    execute(run, out_dir, {}, hooks=[StopAfter(last)] if last is not None else [], record=TRIAL_FILE)
+    r = json.loads((Path(out_dir) / TRIAL_FILE).read_text())
     return Outcome(
         str(out_dir),
         r["status"],

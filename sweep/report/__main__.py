@@ -67,7 +67,8 @@ def parser(prog: str = "python -m sweep.report") -> argparse.ArgumentParser:
     p.add_argument(
         "--write",
         action="store_true",
-        help="also write summary.md, summary.csv, summary.parquet and summary_<table>.csv next to the report",
+        help="also write summary.md, summary.csv, summary.parquet and summary_<table>.csv next to the report, "
+        "and the recommendation into the sweep's Optuna study (its user attrs, which optuna-dashboard shows)",
     )
     p.add_argument(
         "--table",
@@ -151,6 +152,10 @@ def main(argv: list[str] | None = None, prog: str = "python -m sweep.report") ->
     written = []
     if args.write:
         written += write_summary(Path(args.html).parent if args.html else out_dir, summary)
+        from sweep.search.answer import record_report_answer  # the answer on the study too (optuna-dashboard)
+
+        if (problem := record_report_answer(args.source, args.study, summary)) is not None:
+            print(f"{name}: {problem}", file=sys.stderr)
     if not args.no_html:
         from sweep.report.html import write_report
 

@@ -22,7 +22,9 @@ from dataclasses import dataclass
 import numpy as np
 import pandas as pd
 
-EVAL, FINAL = "eval_loss", "final_loss"
+from sweep.run.results import QUALITY_KEYS, quality_key
+
+EVAL, FINAL = QUALITY_KEYS
 Z = 2.0
 """Standard errors of a difference that still count as noise (~95% for normal noise)."""
 FLOOR = 1e-3
@@ -31,11 +33,10 @@ last bit (a toggle that does not change the math) must not make a rounding diffe
 
 
 def quality_column(runs: pd.DataFrame) -> str:
-    """`eval_loss` when any stable run has one, else `final_loss`."""
+    """`eval_loss` when any stable run has one, else `final_loss`: the rule of a run's trial value in the ledger
+    (sweep.run.results.quality_key), applied to the sweep's stable runs."""
     stable = runs[runs.status == "stable"] if "status" in runs else runs
-    if EVAL in stable and stable[EVAL].notna().any():
-        return EVAL
-    return FINAL
+    return quality_key(lambda key: key in stable and bool(stable[key].notna().any()))
 
 
 def quality_name(column: str) -> str:

@@ -98,7 +98,9 @@ def _mechanism(result: dict, run_dir: Path) -> str | None:
 
 
 def _diagnosis_run(path: Path, sweep_dir: Path) -> bool:
-    """Whether `path` lies in a run dir's `diagnosis/` folder (its replay, counterfactual, bisection and fix runs)."""
+    """Whether `path` lies in a run dir's `diagnosis/` folder (its replay, counterfactual, bisection and fix runs).
+    Those write trial.json today (sweep/diagnose/trials.py); a sweep diagnosed by an older version holds
+    result.json there, which this leaves out."""
     for folder in path.relative_to(sweep_dir).parents:
         if folder.name == "diagnosis" and (sweep_dir / folder.parent / RESULT_FILE).is_file():
             return True

@@ -8,7 +8,8 @@ are running. A running trial whose job directory (its `run_dir`, or `<study name
 our sweeper names them) exists but is held by no live job (`results.is_being_written`) is
 `interrupted`: its job was killed, and the trial stays RUNNING until a sweeper fails it as stale. A trial the Optuna
 sweeper failed as stale (its job died unrecorded) is left out, and of several trials naming one run
-directory the latest finished one counts.
+directory the latest finished one counts. A mechanism a diagnosis named after the trial was recorded comes from
+the study's `diagnosed` attr (sweep/search/answer.py), as result.json has it after the write-back.
 
 Opening never creates anything: a SQLite file or journal that does not exist is an error, not a new,
 empty ledger. Every message names the storage through `mask_url`, never with its password.
@@ -25,9 +26,9 @@ from optuna.trial import TrialState
 
 from sweep.report.runs import RESULT_KEYS, STARTING_S, outcome_row, runs_frame, younger_than
 from sweep.run.results import is_being_written
-from sweep.search.ledger import CONSTRAINTS_KEY, STALE_ATTR, SUPERSEDED_ATTR, driver_url, mask_url
+from sweep.search.answer import diagnosed_mechanisms
+from sweep.search.ledger import CONSTRAINTS_KEY, counted_trials, driver_url, mask_url
 
-"""System attr that sweep.search.sweeper sets on a RUNNING trial it failed because its job died."""
 JOURNAL_SUFFIXES = (".log", ".jsonl", ".journal")
 SQLITE_SUFFIXES = (".db", ".sqlite", ".sqlite3")
 
@@ -90,19 +91,14 @@ def runs_from_study(url: str, study_name: str | None = None) -> tuple[pd.DataFra
     storage = open_storage(url)
     name = pick_study(storage, url, study_name)
     study = optuna.load_study(study_name=name, storage=storage)
-    latest: dict[str, optuna.trial.FrozenTrial] = {}
-    anonymous = []
-    for trial in study.get_trials(deepcopy=False):
-        if trial.system_attrs.get(STALE_ATTR) and "status" not in trial.user_attrs:
-            continue  # a job that died before recording anything; the sweeper asked for its cell again
-        if trial.user_attrs.get(SUPERSEDED_ATTR) is not None:
-            continue  # its job directory was re-run: a later trial holds that run (sweep/search/ledger.py)
-        run_dir = trial.user_attrs.get("run_dir")
-        if run_dir is None:
-            anonymous.append(trial)
-        elif run_dir not in latest or _rank(trial) >= _rank(latest[run_dir]):
-            latest[run_dir] = trial  # a re-run of the same job directory: its latest finished trial
-    return runs_frame([trial_row(t, name) for t in [*latest.values(), *anonymous]]), name
+    diagnosed = diagnosed_mechanisms(study)
+    rows = []
+    for trial in counted_trials(study.get_trials(deepcopy=False)):
+        row = trial_row(trial, name)
+        if str(trial.number) in diagnosed:  # a diagnosis made after the trial was recorded (sweep/search/answer.py)
+            row["mechanism"] = diagnosed[str(trial.number)]
+        rows.append(row)
+    return runs_frame(rows), name
 
 
 def trial_row(trial: optuna.trial.FrozenTrial, study_name: str | None = None) -> dict:
@@ -156,10 +152,6 @@ def _status_from_state(trial: optuna.trial.FrozenTrial) -> str:
         return "diverged" if infeasible else "stable"
     # PRUNED is a pruner's stop (ours record skipped runs so too): skipped, with pruned_at_step.
     return {TrialState.PRUNED: "skipped", TrialState.FAIL: "error"}.get(trial.state, "running")
-
-
-def _rank(trial: optuna.trial.FrozenTrial) -> tuple:
-    return (trial.state.is_finished(), trial.number)
 
 
 def _clean(exc: Exception, url: str) -> str:

@@ -29,6 +29,7 @@ import pandas as pd
 from sweep.config import Verdict
 from sweep.report.noise import Spread, effect_label, paired_change, quality_column, within_noise
 from sweep.report.runs import DECIDED, PARAM, param_columns
+from sweep.run.results import recorded_mechanism
 
 LR = "optim.lr"
 SEED = "seed"
@@ -523,7 +524,7 @@ def _by_group_diagnosis(div: pd.DataFrame, mechanism: pd.Series) -> pd.Series:
         path = Path(str(run_dir))
         diagnosed |= {i} if (path / "diagnosis.json").is_file() else set()
         try:
-            recorded[i] = (json.loads((path / "result.json").read_text()).get("mechanism") or {}).get("name")
+            recorded[i] = recorded_mechanism(json.loads((path / "result.json").read_text()))
         except (OSError, ValueError):
             recorded[i] = None
 

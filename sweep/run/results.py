@@ -25,7 +25,7 @@ import time
 from dataclasses import asdict, dataclass, field
 from importlib import metadata
 from pathlib import Path
-from typing import Protocol, Sequence
+from typing import Callable, Protocol, Sequence
 
 from sweep.config import Verdict
 
@@ -36,6 +36,11 @@ TRIAL_FILE = "trial.json"
 """The record of a run a diagnosis or a confirmation makes (result.json's fields): one result.json per run of a
 sweep, so `find SWEEP -name result.json` counts the sweep's runs."""
 METRICS_FILE = "metrics.csv"
+QUALITY_KEYS = ("eval_loss", "final_loss")
+"""A run's quality number (lower is better), in order of preference: its held-out eval loss, else its final
+training loss. `quality_key` picks one by one rule for the ledger's trial value (a run: sweep/search/ledger.py
+`stable_value`) and the report's quality column (a sweep's stable runs: sweep/report/noise.py `quality_column`),
+so a trial's value is the number the recommendation compares its run by."""
 RUNNING_LOCK = ".running.lock"
 """Locked (flock) by the process running a job, from its start until its result is recorded. A job
 directory without result.json whose lock no process holds was interrupted (kill -9, a crash, a lost
@@ -181,14 +186,45 @@ def write_result(out_dir: Path, result: RunResult, name: str = RESULT_FILE) -> P
     confirmation's own runs)."""
     path = Path(out_dir) / name
     path.parent.mkdir(parents=True, exist_ok=True)
+    return write_record(path, result.to_dict())
+
+
+def write_record(path: Path, record: dict) -> Path:
+    """`record` as strict JSON at `path`, written whole or not at all: to a .tmp file, then renamed."""
+    path = Path(path)
     tmp = path.with_suffix(".tmp")
     try:
-        tmp.write_text(json.dumps(json_safe(result.to_dict()), indent=2, allow_nan=False) + "\n")
+        tmp.write_text(json.dumps(json_safe(record), indent=2, allow_nan=False) + "\n")
         tmp.replace(path)  # a reader never sees half a file
     except OSError:  # a full disk: no half-written .tmp left behind; an earlier result.json stays as it was
         tmp.unlink(missing_ok=True)
         raise
     return path
+
+
+def quality_key(has: Callable[[str], bool]) -> str:
+    """The first of QUALITY_KEYS that `has` (a run holds it, or some stable run of a sweep does); the last one
+    when none."""
+    return next((key for key in QUALITY_KEYS if has(key)), QUALITY_KEYS[-1])
+
+
+def recorded_mechanism(result: dict) -> str | None:
+    """The mechanism a run's own signals named when it ended (result.json `mechanism.name`), also after a
+    diagnosis wrote its own over it (sweep/diagnose/record.py `write_mechanism` keeps it as `mechanism.recorded`):
+    what groups a run's distinct failure and what a scenario expects."""
+    mechanism = result.get("mechanism")
+    if isinstance(mechanism, dict) and mechanism.get("source") == "diagnosis":
+        mechanism = mechanism.get("recorded")
+    return mechanism.get("name") if isinstance(mechanism, dict) else None
+
+
+def run_record(run_dir: Path) -> Path | None:
+    """The record a run directory holds: its result.json, else the TRIAL_FILE of a diagnosis's or a confirmation's
+    own run; None when it holds neither."""
+    for name in (RESULT_FILE, TRIAL_FILE):
+        if (Path(run_dir) / name).is_file():
+            return Path(run_dir) / name
+    return None
 
 
 _HELD: dict[str, int] = {}

@@ -33,13 +33,14 @@ import os
 import random
 import time
 from pathlib import Path
-from typing import Any, Callable, Optional, TypeVar
+from typing import Any, Callable, Optional, Sequence, TypeVar
 
 import optuna
 from optuna.distributions import BaseDistribution, CategoricalDistribution, FloatDistribution, IntDistribution
 from optuna.trial import TrialState
 
 from sweep.config import LedgerConfig
+from sweep.run.results import quality_key, recorded_mechanism
 from sweep.run.urls import SECRET_QUERY_KEYS, mask_url, url_has_password  # noqa: F401  (re-exported)
 
 log = logging.getLogger("sweep")
@@ -159,6 +160,53 @@ def with_retries(fn: Callable[[], T], what: str, attempts: int = 8, deadline: Op
     raise AssertionError("unreachable")
 
 
+def study_name(
+    cfg: LedgerConfig,
+    sweep_dir: Path,
+    storage: optuna.storages.BaseStorage,
+    aliases: Sequence[str] = (),
+    deadline: Optional[float] = None,
+) -> str:
+    """The name of the sweep's study in `storage`: `ledger.study_name`, else the sweep directory's resolved path,
+    so that every spelling of one directory (relative, absolute, through `..` or a symlink) names one study: the
+    jobs', the sweeper's, a trial recorded late (sweep/search/pending.py) and a resume's under another spelling.
+
+    Compatibility: a version before this one named the study by the path as given. Where `storage` holds a study
+    named by a spelling of the same directory (`sweep_dir` as given, `aliases`), that study is the sweep's; then
+    the resolved path; then any other name that resolves to the same directory from this process's working
+    directory (a relative name); else the resolved path, for a new study."""
+    if cfg.study_name:
+        return cfg.study_name
+    resolved = Path(sweep_dir).resolve()
+    names = with_retries(lambda: optuna.get_all_study_names(storage), "get_all_study_names", deadline=deadline)
+    for name in (str(sweep_dir), *aliases, str(resolved)):
+        if name in names:
+            return name
+    for name in sorted(names):
+        if _spells(name, resolved):
+            return name
+    return str(resolved)
+
+
+def _spells(name: str, directory: Path) -> bool:
+    """Whether a study name is a path to `directory` (from this process's working directory, when relative)."""
+    if not name or "://" in name or "\0" in name:
+        return False
+    try:
+        return Path(name).resolve() == directory
+    except (OSError, RuntimeError, ValueError):  # a symlink loop, a name the file system refuses
+        return False
+
+
+def open_study(
+    cfg: LedgerConfig, sweep_dir: Path, aliases: Sequence[str] = (), deadline: Optional[float] = None
+) -> optuna.Study:
+    """The sweep's study (created when new) in its storage (`storage_url`), under `study_name`."""
+    url = storage_url(cfg, sweep_dir)
+    name = study_name(cfg, sweep_dir, open_storage(url, lock_timeout_s=cfg.lock_timeout_s), aliases, deadline)
+    return load_study(url, name, cfg.lock_timeout_s)
+
+
 def load_study(url: str, study_name: str, lock_timeout_s: float = SQLITE_BUSY_S) -> optuna.Study:
     storage = open_storage(url, lock_timeout_s=lock_timeout_s)
     return with_retries(
@@ -223,6 +271,8 @@ def trial_user_attrs(result: dict, run_dir: Path) -> dict:
         "run_dir": str(Path(run_dir).resolve()),
         "params": result.get("params") or {},
     }
+    if (result.get("mechanism") or {}).get("source") == "diagnosis":  # recorded late, after a diagnosis (answer.py)
+        attrs["mechanism_recorded"] = recorded_mechanism(result)
     return attrs
 
 
@@ -245,10 +295,10 @@ def penalty(result: dict, penalty_factor: float = 10.0) -> float:
 
 
 def stable_value(result: dict, penalty_factor: float = 10.0) -> float:
-    """A stable run's value: its eval loss, else its final loss (inf without either), kept strictly below
-    the penalty the same run would have had diverged (its eval loss is not bounded by the spike test)."""
-    value = result.get("eval_loss")
-    value = result.get("final_loss") if value is None else value
+    """A stable run's value: its quality number (`quality_key`: its eval loss, else its final loss; inf without
+    either), the one the report's quality column takes, kept strictly below the penalty the same run would have
+    had diverged (its eval loss is not bounded by the spike test)."""
+    value = result.get(quality_key(lambda key: result.get(key) is not None))
     if value is None:
         return math.inf
     return min(value, math.nextafter(penalty(result, penalty_factor), -math.inf))
@@ -274,16 +324,16 @@ def record_run(
     result: dict,
     choices_of: Callable[[str], Optional[list]] = lambda key: None,
     penalty_factor: float = 10.0,
+    aliases: Sequence[str] = (),
 ) -> Optional[int]:
-    """Record one finished run as a trial; returns its trial number (None when the ledger is off).
+    """Record one finished run as a trial in the sweep's study (`study_name`; `aliases`: other spellings of the
+    sweep directory); returns its trial number (None when the ledger is off).
 
     Waits about `cfg.lock_timeout_s` at most for a locked ledger, then raises (is_locked tells)."""
     if not cfg.enabled:
         return None
-    url = storage_url(cfg, sweep_dir)
-    name = cfg.study_name or str(sweep_dir)
     deadline = time.monotonic() + cfg.lock_timeout_s
-    study = load_study(url, name, cfg.lock_timeout_s)
+    study = open_study(cfg, sweep_dir, aliases, deadline)
     state, value, constraints = trial_outcome(result, penalty_factor)
     attrs = trial_user_attrs(result, run_dir)
     if cfg.trial_number is not None:
@@ -363,6 +413,58 @@ def supersede(study: optuna.Study, number: int, run_dir: str) -> list[int]:
                 )
                 marked.append(old.number)
     return marked
+
+
+def counted_trials(trials: Sequence[optuna.trial.FrozenTrial]) -> list[optuna.trial.FrozenTrial]:
+    """The trials that are runs of the sweep, one per run directory: stale trials that recorded nothing (a job
+    that died; the sweeper asked for its cell again) and superseded ones left out, and of several trials naming
+    one run directory the latest finished one; trials without a `run_dir` (another app's) all count."""
+    latest: dict[str, optuna.trial.FrozenTrial] = {}
+    anonymous = []
+    for trial in trials:
+        if trial.system_attrs.get(STALE_ATTR) and "status" not in trial.user_attrs:
+            continue
+        if trial.user_attrs.get(SUPERSEDED_ATTR) is not None:
+            continue
+        run_dir = trial.user_attrs.get("run_dir")
+        if run_dir is None:
+            anonymous.append(trial)
+        elif run_dir not in latest or _rank(trial) >= _rank(latest[run_dir]):
+            latest[run_dir] = trial  # a re-run of the same job directory: its latest finished trial
+    return [*latest.values(), *anonymous]
+
+
+def _rank(trial: optuna.trial.FrozenTrial) -> tuple:
+    return (trial.state.is_finished(), trial.number)
+
+
+def set_finished_trial_attrs(study: optuna.Study, number: int, attrs: dict) -> bool:
+    """Set user attributes of a finished trial (each written whole, replacing its value); False where the storage
+    cannot. Optuna's API refuses any change to a finished trial (`UpdateFinishedTrialError`): in an RDB storage
+    (SQLite, PostgreSQL, MySQL) the rows are written through Optuna's own models, as `supersede` does; a journal
+    file replays its log through the same refusal (`JournalStorage._trial_exists_and_updatable` drops the update
+    for every reader), so there it cannot be done, and the study's user attrs carry what the trial cannot
+    (sweep/search/answer.py)."""
+    from optuna.storages import RDBStorage
+    from optuna.storages._rdb import models
+    from optuna.storages._rdb.storage import _create_scoped_session
+
+    backend = getattr(study._storage, "_backend", study._storage)
+    if not isinstance(backend, RDBStorage):
+        return False
+    with _create_scoped_session(backend.scoped_session, True) as session:
+        trial = session.query(models.TrialModel).filter_by(study_id=study._study_id, number=number).one()
+        for key, value in attrs.items():
+            row = (
+                session.query(models.TrialUserAttributeModel).filter_by(trial_id=trial.trial_id, key=key).one_or_none()
+            )
+            if row is None:
+                session.add(
+                    models.TrialUserAttributeModel(trial_id=trial.trial_id, key=key, value_json=json.dumps(value))
+                )
+            else:
+                row.value_json = json.dumps(value)
+    return True
 
 
 def _add_trial(study: optuna.Study, trial: optuna.trial.FrozenTrial, deadline: Optional[float] = None) -> int:

@@ -35,6 +35,7 @@ def mark_pending(cfg: LedgerConfig, sweep_dir: Path, run_dir: Path, penalty_fact
         "study_name": cfg.study_name,
         "trial_number": cfg.trial_number,
         "sweep_dir": str(Path(sweep_dir).resolve()),
+        "sweep_dir_as_given": str(sweep_dir),  # the study of a sweep an older version named (ledger.study_name)
         "penalty_factor": penalty_factor,
         "error": error,
     }
@@ -78,7 +79,9 @@ def record_pending(
                 trial_number=marker.get("trial_number"),
                 lock_timeout_s=lock_timeout_s,
             )
-            record_run(cfg, Path(marker["sweep_dir"]), run_dir, result, choices_of, marker["penalty_factor"])
+            given = marker.get("sweep_dir_as_given")
+            aliases = (given,) if isinstance(given, str) else ()
+            record_run(cfg, Path(marker["sweep_dir"]), run_dir, result, choices_of, marker["penalty_factor"], aliases)
             (run_dir / PENDING_FILE).unlink()
             done.append(run_dir)
         except Exception as e:  # noqa: BLE001  (the ledger may still be down: stays pending, said in one line)

@@ -27,7 +27,7 @@ from typing import Any, Optional
 import optuna
 
 from sweep.config import PrunerConfig, RunConfig
-from sweep.search.ledger import load_study, mask_url, storage_url, with_retries
+from sweep.search.ledger import mask_url, open_study, storage_url, with_retries
 
 log = logging.getLogger("sweep")
 
@@ -126,7 +126,7 @@ def pruning_hooks(run: RunConfig, sweep_dir: Path) -> list[PruningHook]:
         return []
     url = storage_url(ledger, sweep_dir)
     try:
-        study = load_study(url, ledger.study_name or str(sweep_dir))
+        study = open_study(ledger, sweep_dir)
         study.pruner = make_pruner(ledger.pruner)
         trial_id = with_retries(
             lambda: study._storage.get_trial_id_from_study_id_trial_number(study._study_id, ledger.trial_number),

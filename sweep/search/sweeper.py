@@ -49,7 +49,15 @@ from sweep.run.interrupt import launch_forwarding_signals, stopping_on_signals
 from sweep.search import space as search_space
 from sweep.search.conf import PrunerName, SamplerConf, SamplerName, SweepMode
 from sweep.search.frontier import Bracket, grid_runs
-from sweep.search.ledger import CONSTRAINTS_KEY, STALE_ATTR, mask_url, open_storage, storage_url, with_retries
+from sweep.search.ledger import (
+    CONSTRAINTS_KEY,
+    STALE_ATTR,
+    mask_url,
+    open_storage,
+    storage_url,
+    study_name,
+    with_retries,
+)
 from sweep.search.pruning import make_pruner, pruner_overrides
 from sweep.search.replicates import replicate_overrides
 
@@ -235,9 +243,9 @@ class OptunaSweeperImpl(Sweeper):
         ledger = LedgerConfig(**OmegaConf.to_container(node, resolve=True)) if node is not None else LedgerConfig()
         sweep_dir = Path(self.config.hydra.sweep.dir)
         url = storage_url(ledger, sweep_dir)
-        name = ledger.study_name or str(sweep_dir)
-        log.info("optuna sweeper: study %r in %s", name, mask_url(url))
         storage = open_storage(url, heartbeat_s=self.heartbeat_s, stale_after_s=self.stale_after_s)
+        name = study_name(ledger, sweep_dir, storage)  # the jobs' (sweep.search.ledger.record_run)
+        log.info("optuna sweeper: study %r in %s", name, mask_url(url))
         return with_retries(
             lambda: optuna.create_study(storage=storage, study_name=name, direction="minimize", load_if_exists=True),
             "create_study",
