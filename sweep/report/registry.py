@@ -30,12 +30,14 @@ import pandas as pd
 
 from sweep.report.figures import HEATMAP_ID, heatmap, ladder_figure
 from sweep.report.ladder import ladder_fit, ladder_lines
+from sweep.report.marginal import FACTOR
 from sweep.report.noise import quality_column, quality_name
 from sweep.report.recommend import Recommendation
 from sweep.report.tables import (
     diagnoses,
     divergence_cells,
     divergence_map,
+    errors,
     frontier,
     frontier_records,
     lr_sensitivity,
@@ -191,10 +193,12 @@ register(
         build=lambda t: divergence_map(t.runs, t.cells)[0],
         explain=lambda s: (
             f"columns: {s.map_columns}; rows: {s.divergence_map.index.name or '-'}; cell: stable, "
-            "verdict@first_bad_step, or k/n div (diverged of the decided seeds); "
+            "verdict@first_bad_step, or k/n div (diverged of the decided seeds); marginal (m k/n with seeds): "
+            f"stable, but above the combination's best lr and its {_quality(s)} over {FACTOR:g}x the best's; "
+            "ERROR: the error's short reason (the errors table has it whole); "
             "* = more runs still running, - = no run"
         ),
-        help="rows lr, columns the other axes; each cell stable, verdict@step or k/n div",
+        help="rows lr, columns the other axes; each cell stable, marginal, verdict@step, k/n div or ERROR: why",
         long_form=lambda s: s.cells.drop(columns=["row_key"], errors="ignore"),
         plot=Plot(HEATMAP_ID, lambda s: heatmap(s.cells, s.divergence_map), above=True),
     )
@@ -205,8 +209,9 @@ register(
         title="Stability frontier",
         build=lambda t: frontier(t.runs, t.records),
         explain=lambda s: (
-            "per combination: the largest lr stable in every replicate and the smallest lr that "
-            f"diverged; at the former the {_quality(s)}: mean, spread (sd over replicates, - with one) and "
+            "per combination: the largest lr stable in every replicate and not marginal, the marginal lrs it "
+            f"skipped (stable, but their {_quality(s)} over {FACTOR:g}x the best lr's), and the smallest lr that "
+            f"diverged; at the largest stable lr the {_quality(s)}: mean, spread (sd over replicates, - with one) and "
             f"replicates; best_lr, the stable lr of the lowest mean {_quality(s)}; mean steps/s of its stable runs"
         ),
         help="per combination: largest stable lr, smallest diverging lr, loss at the former",
@@ -277,5 +282,19 @@ register(
             "samples, lr/10, update clipping) bear it out; the fix, and whether a run from step 0 with it was stable"
         ),
         help="diagnosed runs: mechanism, counterfactual agreement, the fix and if it held",
+    )
+)
+register(
+    SummaryTable(
+        name="errors",
+        title="Errors and skipped runs",
+        build=lambda t: errors(t.runs),
+        explain=lambda s: (
+            "each distinct error (status error: a crash or a bug), then each distinct reason a run was skipped "
+            "(a combination this device cannot run); the reason as result.json gives it (first line), how many runs, "
+            "one run dir (its result.json and __main__.log have the rest)"
+        ),
+        help="each distinct error or skip reason: the message, how many runs, one run dir",
+        index=False,
     )
 )
