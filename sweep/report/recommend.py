@@ -80,7 +80,8 @@ class Recommendation:
     left_out: dict[str, str] = field(default_factory=dict)
     """Stable combinations the target cannot run -> why (target.unrunnable)."""
     tie_break: str = ""
-    """How ties within noise were broken: "the target's cost" or "steps/s measured on <device>"."""
+    """How ties between combinations within noise are broken: "the target's cost" or "steps/s measured on
+    <device>" (the line names it when settings of more than one combination tied)."""
     run_dirs: list[str] = field(default_factory=list)
     """The run directories of the recommended setting's runs (its combination at its lr, every replicate)."""
     marginal_run_dirs: list[str] = field(default_factory=list)
@@ -206,7 +207,7 @@ def _recommend(runs: pd.DataFrame, recs: pd.DataFrame | None, toggles: pd.DataFr
     rec = recs.set_index("combination").loc[best.combination] if len(recs) else None
     tie_break = f"steps/s measured on {on}" if on else "the target's cost"
     named = _precision_by_combo(runs, axes).get(best.combination)
-    how = _tie_break_text(target, tie_break, stable) if len(tied) > 1 else ""
+    how = _tie_break_text(target, tie_break, stable) if tied.combination.nunique() > 1 else ""  # else: margin
     out = _line(best, rec, axes, named, speed, basis, advice, quality, len(tied), top, how)
     out.left_out, out.tie_break = left_out, tie_break
     out.run_dirs = _run_dirs(runs, axes, best)

@@ -214,7 +214,7 @@ register(
             f"diverged; at the largest stable lr the {_quality(s)}: mean, spread (sd over replicates, - with one) and "
             f"replicates; best_lr, the stable lr of the lowest mean {_quality(s)}; mean steps/s of its stable runs"
         ),
-        help="per combination: largest stable lr, smallest diverging lr, loss at the former",
+        help="per combination: largest stable lr (marginal lrs skipped), smallest diverging lr, loss at the former",
     )
 )
 register(
