@@ -30,7 +30,7 @@ import pandas as pd
 
 from sweep.report.figures import HEATMAP_ID, heatmap, ladder_figure
 from sweep.report.ladder import ladder_fit, ladder_lines
-from sweep.report.marginal import FACTOR
+from sweep.report.marginal import factor
 from sweep.report.noise import quality_column, quality_name
 from sweep.report.recommend import Recommendation
 from sweep.report.tables import (
@@ -181,6 +181,11 @@ def shown(s: Summary, only: Iterable[str] | None = None) -> list[tuple[SummaryTa
     ]
 
 
+def _factor(s: Summary) -> float:
+    """How many times the best lr's quality makes a run above it marginal (sweep/report/marginal.py)."""
+    return factor(quality_column(s.runs))
+
+
 def _quality(s: Summary) -> str:
     """What the tables call quality: the eval loss, or the final loss when no stable run has one."""
     return quality_name(quality_column(s.runs))
@@ -194,7 +199,7 @@ register(
         explain=lambda s: (
             f"columns: {s.map_columns}; rows: {s.divergence_map.index.name or '-'}; cell: stable, "
             "verdict@first_bad_step, or k/n div (diverged of the decided seeds); marginal (m k/n with seeds): "
-            f"stable, but above the combination's best lr and its {_quality(s)} over {FACTOR:g}x the best's; "
+            f"stable, but above the combination's best lr and its {_quality(s)} over {_factor(s):g}x the best's; "
             "ERROR: the error's short reason (the errors table has it whole); "
             "* = more runs still running, - = no run"
         ),
@@ -210,7 +215,7 @@ register(
         build=lambda t: frontier(t.runs, t.records),
         explain=lambda s: (
             "per combination: the largest lr stable in every replicate and not marginal, the marginal lrs it "
-            f"skipped (stable, but their {_quality(s)} over {FACTOR:g}x the best lr's), and the smallest lr that "
+            f"skipped (stable, but their {_quality(s)} over {_factor(s):g}x the best lr's), and the smallest lr that "
             f"diverged; at the largest stable lr the {_quality(s)}: mean, spread (sd over replicates, - with one) and "
             f"replicates; best_lr, the stable lr of the lowest mean {_quality(s)}; mean steps/s of its stable runs"
         ),

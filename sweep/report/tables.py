@@ -337,7 +337,7 @@ def marginal_column(runs: pd.DataFrame) -> pd.Series:
 
 def marginal_runs(runs: pd.DataFrame) -> pd.Series:
     """Per run: whether it is marginal (sweep/report/marginal.py): stable, above its combination's best lr, and
-    its quality more than marginal.FACTOR x that lr's mean (and beyond its replicates' noise)."""
+    its quality more than marginal.FACTOR[quality] x that lr's mean (and beyond its replicates' noise)."""
     out = pd.Series(False, index=runs.index, dtype=bool)
     if PARAM + LR not in runs or runs.empty:
         return out
@@ -349,7 +349,7 @@ def marginal_runs(runs: pd.DataFrame) -> pd.Series:
             continue
         best_lr = min(spreads, key=lambda lr: (spreads[lr].mean, -lr))
         for r in group:
-            if is_marginal(r["status"], r["_lr"], r[quality], best_lr, spreads[best_lr]):
+            if is_marginal(r["status"], r["_lr"], r[quality], best_lr, spreads[best_lr], quality):
                 out[r["_i"]] = True
     return out
 
