@@ -17,7 +17,7 @@ shows the cell as `marginal` (`m k/n` with replicates).
 
 The factors are measured (docs/design.md, "How the marginal factors were chosen"): on the tiny video DiT, the
 stable lrs above the best that still trained reached at most 1.69x the best eval loss (2.84x the final loss);
-the runs that a longer horizon or a twin seed showed failing reached 7.0x-16x (final loss: 6.6x and up). Each
+the runs that a longer horizon or a twin seed showed failing reached 7.5x-16x (final loss: 6.6x and up). Each
 factor sits near the geometric middle of its gap.
 """
 
