@@ -215,3 +215,18 @@ def test_errors_are_listed_with_their_count_and_a_run_dir_and_the_map_says_why(t
     md = render_markdown(s)
     assert "## Errors and skipped runs" in md and "CUDA out of memory. Tried to allocate 2.00 GiB" in md
     assert errors(runs[runs.status == "stable"]).empty
+
+
+def test_the_summary_at_the_end_of_a_multirun_takes_report_target(tmp_path, capsys):
+    from omegaconf import OmegaConf
+
+    from sweep.callbacks import SweepSummary
+
+    root = tmp_path / "s"
+    tied_grid(root)
+    for target, expected in ((None, "precision=bf16_amp attention=flash"), ("cpu", "precision=fp32 attention=flash")):
+        SweepSummary().on_multirun_end(
+            OmegaConf.create({"hydra": {"sweep": {"dir": str(root)}}, "report": {"target": target}})
+        )
+        assert f"Use {expected} optim.lr=0.001" in capsys.readouterr().out
+    assert "Target: cpu (as asked)" in (root / "summary.md").read_text()
