@@ -211,7 +211,9 @@ def test_errors_are_listed_with_their_count_and_a_run_dir_and_the_map_says_why(t
     assert cells_.loc[1e-2, "fp32"] == "ERROR: RuntimeError: CUDA out of..."
     assert cells_.loc[1e-2, "bf16_amp"] == "ERROR: ValueError: bad shape"
     s = summarize(runs)
-    assert "Errors and skipped runs" in render_text(s) and "CUDA out of memory. Tried to allocate" in render_text(s)
+    text = render_text(s)
+    assert "Errors and skipped runs" in text and "CUDA out of memory. Tried to allocate" in text
+    assert f"error: 2 runs, e.g. {(root / '1').resolve()}\n  RuntimeError: CUDA out of memory" in text
     md = render_markdown(s)
     assert "## Errors and skipped runs" in md and "CUDA out of memory. Tried to allocate 2.00 GiB" in md
     assert errors(runs[runs.status == "stable"]).empty

@@ -38,6 +38,7 @@ from sweep.report.tables import (
     divergence_cells,
     divergence_map,
     errors,
+    errors_text,
     frontier,
     frontier_records,
     lr_sensitivity,
@@ -99,6 +100,8 @@ class SummaryTable:
     """summary_<name>.csv when it is not the table as shown (written without index)."""
     lines: Callable[[pd.DataFrame], list[str]] | None = None
     """Sentences after the table in the terminal and summary.md."""
+    text: Callable[[pd.DataFrame, int], str] | None = None
+    """The table as the terminal shows it, at a width, when not as a grid (long messages: the errors table)."""
     in_html: bool = True
     """Whether report.html shows it."""
     plot: Plot | None = None
@@ -301,5 +304,6 @@ register(
         ),
         help="each distinct error or skip reason: the message, how many runs, one run dir",
         index=False,
+        text=errors_text,
     )
 )

@@ -22,6 +22,7 @@ Each is registered, with its title and what the renderers need, in registry.py.
 from __future__ import annotations
 
 import json
+import textwrap
 from itertools import combinations
 from pathlib import Path
 
@@ -682,6 +683,16 @@ def errors(runs: pd.DataFrame) -> pd.DataFrame:
     ]
     rows.sort(key=lambda r: (r["status"] != "error", -r["runs"], r["reason"]))
     return pd.DataFrame(rows, columns=["status", "reason", "runs", "run_dir"])
+
+
+def errors_text(table: pd.DataFrame, width: int) -> str:
+    """The errors table for the terminal: a line per row (status, runs, one run dir), its reason indented under it
+    (a reason and a run dir side by side do not fit a terminal's width)."""
+    out = []
+    for r in table.itertuples(index=False):
+        out.append(f"{r.status}: {r.runs} run{'s' if r.runs != 1 else ''}, e.g. {r.run_dir}")
+        out.append(textwrap.fill(r.reason, width, initial_indent="  ", subsequent_indent="    "))
+    return "\n".join(out)
 
 
 REASON_CHARS = 160
