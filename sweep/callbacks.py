@@ -342,7 +342,12 @@ class SweepSummary(Callback):
             return
         try:
             target = OmegaConf.select(config, "ladder.target", default=None)
-            summary = summarize(runs, target, OmegaConf.select(config, "ladder.confidence", default=0.9))
+            summary = summarize(
+                runs,
+                target,
+                OmegaConf.select(config, "ladder.confidence", default=0.9),
+                OmegaConf.select(config, "report.target", default=None),
+            )
             text = render_text(summary)
             written = write_summary(sweep_dir, summary)
         except Exception:

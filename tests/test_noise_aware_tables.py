@@ -94,9 +94,9 @@ def test_speeds_compare_lone_runs_with_lone_runs_not_with_a_packs_share(tmp_path
         cells.append(
             ({"precision": "fp32", "optim.lr": 1e-3, "seed": seed + 2}, stable(0.1, steps_per_second=9.0, packed=4))
         )
-    rec = recommend(write_sweep(tmp_path / "s", cells))
+    rec = recommend(write_sweep(tmp_path / "s", cells), target="cpu")  # the runs ran on a CPU: their speeds count
     assert rec.precision == "bf16_amp"
-    assert "fastest of those, bf16_amp at 8 steps/s (lone runs)" in rec.line  # the combination is the precision
+    assert "fastest of those (tie-break: steps/s measured on cpu), bf16_amp at 8 steps/s (lone runs)" in rec.line
 
 
 def stable_adamw_sweep(root: Path, lr: float | None = None) -> pd.DataFrame:

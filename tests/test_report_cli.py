@@ -49,6 +49,7 @@ def record_study(url: str, name: str, sweep_dir: Path) -> optuna.Study:
             "min_loss": r["min_loss"],
             "seed": r["seed"],
             "steps_per_second": r["steps_per_second"],
+            "device": r.get("device"),
         }
         state, value, system = {
             "stable": (TrialState.COMPLETE, r["final_loss"], {"constraints": [-1.0]}),

@@ -112,4 +112,5 @@ def test_the_built_in_tables_in_their_order():
         "root_causes",
         "ladder",
         "diagnoses",
+        "errors",
     ]

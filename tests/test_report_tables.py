@@ -79,6 +79,7 @@ def write_run(root: Path, n: int, params: dict, result: dict | None, steps: int 
         "params": params,
         "versions": {},
         "seed": params.get("seed", 0),
+        "device": "cpu",
         **result,
     }
     (run_dir / "result.json").write_text(json.dumps(full, indent=1))

@@ -33,6 +33,7 @@ from sweep.config.schema import (
     LoggerConfig,
     MonitorConfig,
     ObjectiveConfig,
+    ReportConfig,
     RunConfig,
     ScenarioConfig,
     require,
@@ -48,6 +49,8 @@ MAX_SEED = 2**32 - 1
 also overflowed the ledger's SQLite integer and lost the run's trial."""
 MAX_REPLICATES = 100
 GRAPH_MODES = ("auto", "true", "false")
+REPORT_TARGETS = ("cpu", "cuda")
+"""The devices a recommendation can be for (`report.target`, sweep/report/target.py)."""
 
 
 def to_run_config(cfg: DictConfig) -> RunConfig:
@@ -98,6 +101,7 @@ def validate(run: RunConfig) -> RunConfig:
     _check_checkpoint(run)
     _check_eval(run.eval)
     _check_ledger(run.ledger)
+    _check_report(run.report)
     _check_logger(run.logger)
     _check_sizes(run)  # last: it assumes the sizes above are positive
     return run
@@ -343,6 +347,14 @@ def _check_ledger(lc: LedgerConfig) -> None:
     )
     validate_pruner(lc.pruner, "ledger.pruner")
     require(lc.lock_timeout_s > 0, "ledger.lock_timeout_s", f"must be > 0, got {lc.lock_timeout_s}")
+
+
+def _check_report(r: ReportConfig) -> None:
+    require(
+        r.target is None or r.target in REPORT_TARGETS,
+        "report.target",
+        f"must be null (the device the sweep ran on; cuda from a CPU sweep), cpu or cuda, got {r.target!r}",
+    )
 
 
 def validate_pruner(p: PrunerConfig, key: str) -> PrunerConfig:

@@ -1,6 +1,7 @@
 """Print a sweep's summary tables and write its report.html, from run directories or from the ledger.
 
     python -m sweep.report outputs/sweeps/2026-11-22/10-00-00           # the run directories
+    python -m sweep.report outputs/sweeps/2026-11-22/10-00-00 --target cpu  # recommend for this CPU
     python -m sweep.report outputs/sweeps/2026-11-22/10-00-00/ledger.db # the sweep's Optuna study
     python -m sweep.report postgresql://me@db/sweeps --study my-sweep   # a study on a server
     SWEEP_LEDGER_URL=postgresql://me:secret@db/sweeps python -m sweep.report --study my-sweep
@@ -26,6 +27,7 @@ from sweep.report.registry import TABLES
 from sweep.report.runs import runs_from_dirs
 from sweep.report.study import SourceError, is_storage, runs_from_study, storage_url
 from sweep.report.summary import summarize
+from sweep.report.target import TARGETS
 from sweep.report.text import WIDTH, render_text, write_summary
 from sweep.search.ledger import LEDGER_FILE, mask_url
 
@@ -84,6 +86,14 @@ def parser(prog: str = "python -m sweep.report") -> argparse.ArgumentParser:
         metavar="SIZE",
         help="a size sweep (model.width or model.depth swept with the lr): extrapolate the largest stable lr "
         "to this width or depth (default: ladder.target from the sweep's multirun.yaml; docs/ladder.md)",
+    )
+    p.add_argument(
+        "--target",
+        choices=TARGETS,
+        help="the device the recommendation is for: it leaves out the combinations the target cannot run "
+        "(fp32/tf32 with flash on cuda; efficient/cudnn attention and tf32 on cpu) and breaks ties by the steps/s "
+        "measured when the runs ran on it, else by its cost (cuda: bf16/fp16 before tf32 before fp32) (default: "
+        "the device the runs recorded, cuda for a sweep that ran on the CPU: a proxy for the GPU a model trains on)",
     )
     p.add_argument(
         "--width",
@@ -147,7 +157,7 @@ def main(argv: list[str] | None = None, prog: str = "python -m sweep.report") ->
         where = "--ladder-target" if args.ladder_target is not None else f"ladder.target in {out_dir}/multirun.yaml"
         print(f"{name}: {where}: must be a finite width or depth > 0, got {target:g}", file=sys.stderr)
         return 2
-    summary = summarize(runs, target, confidence)
+    summary = summarize(runs, target, confidence, args.target)
     print(render_text(summary, args.width, args.table), flush=True)
     written = []
     if args.write:

@@ -1,17 +1,23 @@
 """The one-line recommendation at the end of the summary, each claim backed by the table row it comes from.
 
-Candidates are the (combination, lr) settings stable in every replicate (no decided run diverged), or
-the combinations so stable when the sweep has no lr. Their quality is the eval loss
-(sweep/report/noise.py; the final loss when no run has one), a mean over the replicates with its spread.
+Candidates are the (combination, lr) settings stable in every replicate (no decided run diverged) and not
+marginal (sweep/report/marginal.py: above the combination's best lr and far worse than it), or the combinations
+so stable when the sweep has no lr. Their quality is the eval loss (sweep/report/noise.py; the final loss when no
+run has one), a mean over the replicates with its spread.
+- For the machine the user trains on (sweep/report/target.py: `report.target`, `--target`; default cuda): the
+  combinations it cannot run are left out (fp32/tf32 with flash on CUDA), and the line says which and why.
 - Quality first: the setting with the lowest mean eval loss, and every setting within noise of it
   (noise.within_noise: two standard errors of the difference; with one replicate nothing ties but
   differences under 0.1%, and the line says the noise was not measured).
-- Then speed: among those, the fastest combination. Speeds compare like with like: runs trained alone
-  against runs trained alone, or runs packed k at a time against the same (a packed run's steps/s is its
+- Then the tie-break: the fastest combination when the runs' steps/s were measured on the target's kind of
+  device, else the cheapest on the target (target.COST: on CUDA bf16/fp16 before tf32 before fp32, flash before
+  efficient/cudnn before math before eager); the line says which. Speeds compare like with like: runs trained
+  alone against runs trained alone, or runs packed k at a time against the same (a packed run's steps/s is its
   share of a pack's wall time, not comparable with a lone run's); the line says which.
-- Then margin: the most grid steps below the combination's smallest diverging lr; then the toggle advice.
+- Then margin: the most grid steps below the next lr up that diverged or was marginal; then the toggle advice.
 - The line states the recommended lr's eval loss and spread, the best-eval stable lr and the largest
-  stable lr of its combination, and how many grid steps each sits below the smallest lr that diverged.
+  stable lr of its combination, and how many grid steps each sits below the next lr that diverged or was
+  marginal.
 - Never a wrong kernel: a setting whose modulate or attention kernel fails the parity check (sweep.parity:
   modulate=fused_buggy) is no candidate however good its loss, and the line says it was left out.
 - Toggles: from the toggle table, every axis value that diverged less without losing lr (or gained lr
@@ -27,7 +33,16 @@ import pandas as pd
 
 from sweep.report.noise import Spread, quality_column, quality_name, within_noise
 from sweep.report.runs import PARAM
-from sweep.report.tables import LR, PRECISION, combo_axes, combo_labels, frontier_records, toggle_effects
+from sweep.report.tables import (
+    LR,
+    PRECISION,
+    combo_axes,
+    combo_labels,
+    frontier_records,
+    marginal_column,
+    toggle_effects,
+)
+from sweep.report.target import COST_TEXT, DEFAULTS, cost, measured_on, ran_on, resolve_target, unrunnable
 
 
 @dataclass
@@ -58,6 +73,19 @@ class Recommendation:
     """The recommended setting's eval loss over its replicates."""
     ties: int = 1
     """Settings within noise of the best eval loss (the recommended one among them)."""
+    target: str | None = None
+    """The device kind the recommendation is for (sweep/report/target.py): cpu or cuda."""
+    target_why: str = ""
+    """Why that target: "as asked", "the device the sweep ran on", or the default for a CPU sweep."""
+    left_out: dict[str, str] = field(default_factory=dict)
+    """Stable combinations the target cannot run -> why (target.unrunnable)."""
+    tie_break: str = ""
+    """How ties between combinations within noise are broken: "the target's cost" or "steps/s measured on
+    <device>" (the line names it when settings of more than one combination tied)."""
+    run_dirs: list[str] = field(default_factory=list)
+    """The run directories of the recommended setting's runs (its combination at its lr, every replicate)."""
+    marginal_run_dirs: list[str] = field(default_factory=list)
+    """The run directories of every marginal run of the sweep (sweep/report/marginal.py)."""
 
 
 def toggle_advice(toggles: pd.DataFrame) -> list[Advice]:
@@ -94,12 +122,27 @@ def toggle_advice(toggles: pd.DataFrame) -> list[Advice]:
 
 
 def recommend(
-    runs: pd.DataFrame, recs: pd.DataFrame | None = None, toggles: pd.DataFrame | None = None
+    runs: pd.DataFrame,
+    recs: pd.DataFrame | None = None,
+    toggles: pd.DataFrame | None = None,
+    target: str | None = None,
 ) -> Recommendation:
-    """What to use: the best eval loss within noise, then the fastest, then the most margin (module docstring).
+    """What to use on `target` (cpu or cuda; None: target.resolve_target's default): the best eval loss within
+    noise, then the fastest or cheapest on the target, then the most margin (module docstring).
 
     `recs` (tables.frontier_records) and `toggles` (tables.toggle_effects) are computed when not given.
     """
+    target, why = resolve_target(runs, target)
+    out = _recommend(runs, recs, toggles, target)
+    out.target, out.target_why = target, why
+    if out.settings or out.left_out:  # "nothing was stable" holds on any target
+        out.line += f" Target: {target} ({why}){_left_out_text(out.left_out)}."
+    marginal = marginal_column(runs)
+    out.marginal_run_dirs = [str(d) for d in runs.run_dir[marginal] if d]
+    return out
+
+
+def _recommend(runs: pd.DataFrame, recs: pd.DataFrame | None, toggles: pd.DataFrame | None, target: str):
     stable = runs[runs.status == "stable"]
     if stable.empty:
         return Recommendation(
@@ -132,9 +175,22 @@ def recommend(
         return Recommendation(
             f"No {what} was stable in every replicate{where}: nothing to recommend; see the divergence map."
         )
-    precision_of = _precision_by_combo(runs, axes)
+    choices = {a: _choice_by_combo(runs, axes, a) for a in DEFAULTS}
+    precision_of, attention_of = choices[PRECISION], choices["attention"]
+    left_out = {
+        c: why
+        for c in dict.fromkeys(cands.combination)
+        if (why := unrunnable(target, precision_of[c], attention_of[c]))
+    }
+    cands = cands[~cands.combination.isin(left_out)].copy()
+    if cands.empty:
+        return Recommendation(
+            f"No setting stable in every replicate can run on {target}: nothing to recommend.", left_out=left_out
+        )
     speed, basis = like_with_like_speed(stable, combo_labels(stable, axes))
+    on = measured_on(stable, target)
     cands["_speed"] = [speed.get(c, np.nan) for c in cands.combination]
+    cands["_cost"] = [cost(target, precision_of[c], attention_of[c]) for c in cands.combination]
     cands["_follows"] = [
         sum(str(c[a.axis]) == str(a.better) for a in advice if a.axis in c) for _, c in cands.iterrows()
     ]
@@ -142,16 +198,49 @@ def recommend(
     pool = measured if len(measured) else cands
     top = pool.loc[pool._q.map(lambda q: q.mean).idxmin()]._q if len(measured) else None
     tied = pool[pool._q.map(lambda q: q is top or within_noise(q, top) is True)] if top is not None else pool
+    first = ["_speed"] if on else ["_cost"]
     best = tied.sort_values(
-        ["_speed", "_margin", "_follows", "_mean", "combination"],
-        ascending=[False, False, False, True, True],
+        [*first, "_margin", "_follows", "_mean", "combination"],
+        ascending=[not on, False, False, True, True],
         na_position="last",
     ).iloc[0]
     rec = recs.set_index("combination").loc[best.combination] if len(recs) else None
-    out = _line(best, rec, axes, precision_of.get(best.combination), speed, basis, advice, quality, len(tied), top)
+    tie_break = f"steps/s measured on {on}" if on else "the target's cost"
+    named = _precision_by_combo(runs, axes).get(best.combination)
+    how = _tie_break_text(target, tie_break, stable) if tied.combination.nunique() > 1 else ""  # else: margin
+    out = _line(best, rec, axes, named, speed, basis, advice, quality, len(tied), top, how)
+    out.left_out, out.tie_break = left_out, tie_break
+    out.run_dirs = _run_dirs(runs, axes, best)
     for axis, value in sorted(wrong):
         out.line += f" Not {axis}={value}: its kernel fails the parity check (python -m sweep.parity --{axis} {value})."
     return out
+
+
+def _tie_break_text(target: str, tie_break: str, stable: pd.DataFrame) -> str:
+    """How the tied settings were ordered, for the line: by speed, or by the target's cost and why."""
+    if tie_break != "the target's cost":
+        return f"fastest of those (tie-break: {tie_break})"
+    ran = ", ".join(sorted(ran_on(stable))) or "an unrecorded device"
+    return (
+        f"cheapest of those on {target} (tie-break: the target's cost, {COST_TEXT[target]}; "
+        f"the steps/s were measured on {ran}, not on {target})"
+    )
+
+
+def _left_out_text(left_out: dict[str, str]) -> str:
+    """'; left out: fp32/flash (why); tf32/flash (why)', the combinations grouped by their reason."""
+    by_reason: dict[str, list[str]] = {}
+    for combo, why in left_out.items():
+        by_reason.setdefault(why, []).append(combo)
+    return "".join(f"; left out: {', '.join(c)} ({why})" for why, c in by_reason.items())
+
+
+def _run_dirs(runs: pd.DataFrame, axes: list[str], best) -> list[str]:
+    """The run directories of the recommended setting: its combination, at its lr when the sweep has one."""
+    mine = combo_labels(runs, axes) == best.combination
+    if not pd.isna(best[LR]) and PARAM + LR in runs:
+        mine &= pd.to_numeric(runs[PARAM + LR], errors="coerce") == best[LR]
+    return [str(d) for d in runs.run_dir[mine & runs.status.eq("stable")] if d]
 
 
 KERNEL_AXES = ("modulate", "attention")
@@ -196,6 +285,8 @@ def _candidates(runs: pd.DataFrame, recs: pd.DataFrame, axes: list[str], quality
     else:
         for rec in recs.to_dict("records"):
             for lr, q in rec["spreads"].items():
+                if rec["by_lr"].get(lr) != "stable":  # marginal, or found wanting later (a confirmation)
+                    continue
                 rows.append(
                     {
                         "combination": rec["combination"],
@@ -210,11 +301,15 @@ def _candidates(runs: pd.DataFrame, recs: pd.DataFrame, axes: list[str], quality
     return cands
 
 
-def _steps_below(lr: float, rec: dict) -> float:
-    """Grid steps from `lr` up to the combination's smallest diverging lr (1: the next lr diverged);
-    inf when no lr of the combination diverged."""
-    bad = rec["min_diverging_lr"]
-    if bad is None or pd.isna(bad):
+def _edge(lr: float, rec) -> float | None:
+    """The combination's next lr above `lr` that is not stable in its `by_lr` (diverged or marginal), or None."""
+    return min((x for x, s in rec["by_lr"].items() if x > lr and s != "stable"), default=None)
+
+
+def _steps_below(lr: float, rec) -> float:
+    """Grid steps from `lr` up to the next lr that diverged or was marginal (1: the next lr did); inf when none did."""
+    bad = _edge(lr, rec)
+    if bad is None:
         return np.inf
     grid = rec["grid"]
     return float(grid.index(bad) - grid.index(lr))
@@ -237,7 +332,10 @@ def like_with_like_speed(stable: pd.DataFrame, combos: pd.Series) -> tuple[pd.Se
     return speed, "lone runs" if k == 1 else f"runs packed {k} at a time"
 
 
-def _line(best, rec, axes, precision, speed, basis, advice, quality, ties: int, top: Spread | None) -> Recommendation:
+def _line(
+    best, rec, axes, precision, speed, basis, advice, quality, ties: int, top: Spread | None, how: str = ""
+) -> Recommendation:
+    """The line and the Recommendation; `how` says how ties were broken ("fastest of those ...")."""
     settings = {} if precision is None or PRECISION in axes else {PRECISION: precision}
     settings.update({a: _py(best[a]) for a in axes})
     parts, margin = [], False
@@ -257,21 +355,22 @@ def _line(best, rec, axes, precision, speed, basis, advice, quality, ties: int, 
     if rec is not None:
         source = f"[frontier: {best.combination}]"
         steps = best._margin
-        parts.append(f"lr {best[LR]:.4g}: {_below(steps, rec)}")
+        parts.append(f"lr {best[LR]:.4g}: {_below(best[LR], rec)}")
         margin = bool(np.isfinite(steps) and steps > 1)
         if rec.best_lr is not None and not pd.isna(rec.best_lr) and rec.best_lr != best[LR]:
-            parts.append(f"best-eval stable lr {rec.best_lr:.4g}: {_below(_steps_below(rec.best_lr, rec), rec)}")
+            parts.append(f"best-eval stable lr {rec.best_lr:.4g}: {_below(rec.best_lr, rec)}")
         if rec.max_stable_lr != best[LR]:
-            parts.append(
-                f"largest stable lr {rec.max_stable_lr:.4g}: {_below(_steps_below(rec.max_stable_lr, rec), rec)}"
-            )
+            parts.append(f"largest stable lr {rec.max_stable_lr:.4g}: {_below(rec.max_stable_lr, rec)}")
+        if rec.marginal_lrs:
+            lrs = ", ".join(f"{x:.4g}" for x in rec.marginal_lrs)
+            parts.append(f"skipped as marginal (stable, but far worse than the best lr): {lrs}")
         parts[-1] += f" {source}"
     rate = speed.get(best.combination, np.nan)
     who = f"{best.combination} at " if axes else ""
     if pd.isna(rate):
-        parts.append("no run recorded its speed")
+        parts.append(f"{how + ', ' if how else ''}no run recorded its speed")
     else:
-        parts.append(f"{'fastest of those, ' if ties > 1 else ''}{who}{rate:.3g} steps/s ({basis})")
+        parts.append(f"{how + ', ' if how else ''}{who}{rate:.3g} steps/s ({basis})")
     if rec is None:
         parts[-1] += f" [frontier: {best.combination}]"
     line = "Use " + " ".join(f"{k}={_fmt(v)}" for k, v in settings.items()) + " (" + "; ".join(parts) + ")."
@@ -280,13 +379,28 @@ def _line(best, rec, axes, precision, speed, basis, advice, quality, ties: int, 
     return Recommendation(line, precision, best.combination, settings, margin, advice, q, ties)
 
 
-def _below(steps: float, rec) -> str:
+def _below(lr: float, rec) -> str:
+    steps = _steps_below(lr, rec)
     if not np.isfinite(steps):
         return f"no lr up to {max(rec.grid):.4g} diverged, sweep higher lrs to find its edge"
-    bad = rec.min_diverging_lr
+    bad = _edge(lr, rec)
+    if rec.by_lr[bad] == "diverged":
+        if steps <= 1:
+            return f"no margin, the next grid lr {bad:.4g} diverged"
+        return f"{int(steps)} grid steps below the smallest diverging lr {bad:.4g}"
+    what = "was marginal" if rec.by_lr[bad] == "marginal" else f"was {rec.by_lr[bad]}"
     if steps <= 1:
-        return f"no margin, the next grid lr {bad:.4g} diverged"
-    return f"{int(steps)} grid steps below the smallest diverging lr {bad:.4g}"
+        return f"no margin, the next grid lr {bad:.4g} {what}"
+    return f"{int(steps)} grid steps below lr {bad:.4g}, which {what}"
+
+
+def _choice_by_combo(runs: pd.DataFrame, axes: list[str], axis: str) -> dict:
+    """Each combination's value of `axis` (its first run's); DEFAULTS[axis] where the runs do not name it."""
+    labels = combo_labels(runs, axes)
+    if PARAM + axis not in runs:
+        return dict.fromkeys(labels, DEFAULTS[axis])
+    named = runs[PARAM + axis].groupby(labels).first().to_dict()
+    return {c: DEFAULTS[axis] if named.get(c) is None else named[c] for c in labels}
 
 
 def _precision_by_combo(runs: pd.DataFrame, axes: list[str]) -> dict:

@@ -30,12 +30,15 @@ import pandas as pd
 
 from sweep.report.figures import HEATMAP_ID, heatmap, ladder_figure
 from sweep.report.ladder import ladder_fit, ladder_lines
+from sweep.report.marginal import factor
 from sweep.report.noise import quality_column, quality_name
 from sweep.report.recommend import Recommendation
 from sweep.report.tables import (
     diagnoses,
     divergence_cells,
     divergence_map,
+    errors,
+    errors_text,
     frontier,
     frontier_records,
     lr_sensitivity,
@@ -97,6 +100,8 @@ class SummaryTable:
     """summary_<name>.csv when it is not the table as shown (written without index)."""
     lines: Callable[[pd.DataFrame], list[str]] | None = None
     """Sentences after the table in the terminal and summary.md."""
+    text: Callable[[pd.DataFrame, int], str] | None = None
+    """The table as the terminal shows it, at a width, when not as a grid (long messages: the errors table)."""
     in_html: bool = True
     """Whether report.html shows it."""
     plot: Plot | None = None
@@ -179,6 +184,11 @@ def shown(s: Summary, only: Iterable[str] | None = None) -> list[tuple[SummaryTa
     ]
 
 
+def _factor(s: Summary) -> float:
+    """How many times the best lr's quality makes a run above it marginal (sweep/report/marginal.py)."""
+    return factor(quality_column(s.runs))
+
+
 def _quality(s: Summary) -> str:
     """What the tables call quality: the eval loss, or the final loss when no stable run has one."""
     return quality_name(quality_column(s.runs))
@@ -191,10 +201,12 @@ register(
         build=lambda t: divergence_map(t.runs, t.cells)[0],
         explain=lambda s: (
             f"columns: {s.map_columns}; rows: {s.divergence_map.index.name or '-'}; cell: stable, "
-            "verdict@first_bad_step, or k/n div (diverged of the decided seeds); "
+            "verdict@first_bad_step, or k/n div (diverged of the decided seeds); marginal (m k/n with seeds): "
+            f"stable, but above the combination's best lr and its {_quality(s)} over {_factor(s):g}x the best's; "
+            "ERROR: the error's short reason (the errors table has it whole); "
             "* = more runs still running, - = no run"
         ),
-        help="rows lr, columns the other axes; each cell stable, verdict@step or k/n div",
+        help="rows lr, columns the other axes; each cell stable, marginal, verdict@step, k/n div or ERROR: why",
         long_form=lambda s: s.cells.drop(columns=["row_key"], errors="ignore"),
         plot=Plot(HEATMAP_ID, lambda s: heatmap(s.cells, s.divergence_map), above=True),
     )
@@ -205,11 +217,12 @@ register(
         title="Stability frontier",
         build=lambda t: frontier(t.runs, t.records),
         explain=lambda s: (
-            "per combination: the largest lr stable in every replicate and the smallest lr that "
-            f"diverged; at the former the {_quality(s)}: mean, spread (sd over replicates, - with one) and "
+            "per combination: the largest lr stable in every replicate and not marginal, the marginal lrs it "
+            f"skipped (stable, but their {_quality(s)} over {_factor(s):g}x the best lr's), and the smallest lr that "
+            f"diverged; at the largest stable lr the {_quality(s)}: mean, spread (sd over replicates, - with one) and "
             f"replicates; best_lr, the stable lr of the lowest mean {_quality(s)}; mean steps/s of its stable runs"
         ),
-        help="per combination: largest stable lr, smallest diverging lr, loss at the former",
+        help="per combination: largest stable lr (marginal lrs skipped), smallest diverging lr, loss at the former",
     )
 )
 register(
@@ -277,5 +290,20 @@ register(
             "samples, lr/10, update clipping) bear it out; the fix, and whether a run from step 0 with it was stable"
         ),
         help="diagnosed runs: mechanism, counterfactual agreement, the fix and if it held",
+    )
+)
+register(
+    SummaryTable(
+        name="errors",
+        title="Errors and skipped runs",
+        build=lambda t: errors(t.runs),
+        explain=lambda s: (
+            "each distinct error (status error: a crash or a bug), then each distinct reason a run was skipped "
+            "(a combination this device cannot run); the reason as result.json gives it (first line), how many runs, "
+            "one run dir (its result.json and __main__.log have the rest)"
+        ),
+        help="each distinct error or skip reason: the message, how many runs, one run dir",
+        index=False,
+        text=errors_text,
     )
 )

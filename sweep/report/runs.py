@@ -42,6 +42,8 @@ OUTCOME_COLUMNS = [
     "pruned_at_step",
     "packed",
     "superseded_by",
+    "reason",
+    "device",
 ]
 INT_COLUMNS = ["first_bad_step", "steps_run", "seed", "pruned_at_step", "packed"]
 FLOAT_COLUMNS = ["final_loss", "initial_loss", "min_loss", "eval_loss", "steps_per_second"]
@@ -76,7 +78,17 @@ def runs_frame(rows: list[dict]) -> pd.DataFrame:
         df[c] = pd.array([None if _missing(v) else int(v) for v in df[c]], dtype="Int64")
     for c in FLOAT_COLUMNS:
         df[c] = pd.to_numeric(df[c], errors="coerce").astype(float)
-    for c in ["status", "verdict", "cause_where", "cause_module", "run_dir", "superseded_by", *params]:
+    for c in [
+        "status",
+        "verdict",
+        "cause_where",
+        "cause_module",
+        "run_dir",
+        "superseded_by",
+        "reason",
+        "device",
+        *params,
+    ]:
         df[c] = df[c].astype(object).where(df[c].notna(), None)
     return df.reset_index(drop=True)
 

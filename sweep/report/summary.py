@@ -9,16 +9,22 @@ import pandas as pd
 
 from sweep.report.recommend import recommend
 from sweep.report.registry import TABLES, Summary, TableInputs
-from sweep.report.tables import map_legend, swept_axes
+from sweep.report.tables import map_legend, marginal_runs, swept_axes
 
 
-def summarize(runs: pd.DataFrame, ladder_target: float | None = None, confidence: float = 0.9) -> Summary:
+def summarize(
+    runs: pd.DataFrame, ladder_target: float | None = None, confidence: float = 0.9, target: str | None = None
+) -> Summary:
     """Every table of the summary (the runs table must not be empty). A superseded run (killed, its cell
     redone) is counted, but the tables are computed without it. `ladder_target`: the size the ladder
-    table extrapolates the largest stable lr to (`ladder.target`)."""
-    all_runs = runs
-    if "superseded_by" in runs:
-        runs = runs[runs.superseded_by.isna()].reset_index(drop=True)
+    table extrapolates the largest stable lr to (`ladder.target`). `target`: the device kind the
+    recommendation is for (cpu, cuda; None: sweep/report/target.py's default).
+
+    The runs table gains a `marginal` column (sweep/report/marginal.py; False for a superseded run)."""
+    live = runs.superseded_by.isna() if "superseded_by" in runs else pd.Series(True, index=runs.index)
+    all_runs = runs.assign(marginal=False)
+    all_runs.loc[live, "marginal"] = marginal_runs(runs[live])
+    runs = all_runs[live].reset_index(drop=True)
     inputs = TableInputs(runs, ladder_target, confidence)
     tables = {name: spec.build(inputs) for name, spec in TABLES.items()}
     return Summary(
@@ -27,5 +33,5 @@ def summarize(runs: pd.DataFrame, ladder_target: float | None = None, confidence
         cells=inputs.cells,
         map_columns=map_legend(inputs.cells),
         tables=tables,
-        recommendation=recommend(runs, inputs.records, tables["toggles"]),
+        recommendation=recommend(runs, inputs.records, tables["toggles"], target),
     )

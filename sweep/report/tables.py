@@ -6,13 +6,15 @@ the axis of the frontier; every other axis forms the *combinations*. Only `stabl
 decide anything; `skipped`, `error` and `running` runs are shown but never counted as either.
 
 1. divergence_map   rows lr, columns combinations; cell `stable`, `spike@4`, `pruned@19`, or `k/n div` with seeds
-2. frontier         per combination: largest stable lr, smallest diverging lr, loss at the former
+2. frontier         per combination: largest stable lr (not marginal: marginal.py), smallest diverging lr,
+                    loss at the former, the marginal lrs skipped
 3. lr_sensitivity   per combination (Wortsman et al. 2023): mean over the lr grid of
                     min(final loss, initial loss) - best, diverged runs counted at the initial loss
 4. toggle_effects   per axis and pair of values: runs equal in everything else, diverged with each
                     value, and the change in largest stable lr in lr-grid steps
 5. root_causes      verdict and mechanism x where the run first went wrong
 6. diagnoses        diverged runs with a diagnosis.json: mechanism, fix, whether a run confirmed it
+7. errors           each distinct error (and skip reason) with its count and one run dir
 
 Each is registered, with its title and what the renderers need, in registry.py.
 """
@@ -20,6 +22,7 @@ Each is registered, with its title and what the renderers need, in registry.py.
 from __future__ import annotations
 
 import json
+import textwrap
 from itertools import combinations
 from pathlib import Path
 
@@ -27,6 +30,7 @@ import numpy as np
 import pandas as pd
 
 from sweep.config import Verdict
+from sweep.report.marginal import is_marginal
 from sweep.report.noise import Spread, effect_label, paired_change, quality_column, within_noise
 from sweep.report.runs import DECIDED, PARAM, param_columns
 from sweep.run.results import recorded_mechanism
@@ -122,7 +126,12 @@ def divergence_cells(runs: pd.DataFrame) -> pd.DataFrame:
     row_axis = LR if LR in axes else (axes[0] if axes else None)
     col_axes = [a for a in axes if a != row_axis]
     rows = runs[PARAM + row_axis] if row_axis else pd.Series("run", index=runs.index)
-    records = _records(runs, _row=rows, _cell=rows.map(_key) + "|" + combo_labels(runs, col_axes))
+    records = _records(
+        runs,
+        _row=rows,
+        _cell=rows.map(_key) + "|" + combo_labels(runs, col_axes),
+        _marginal=marginal_column(runs),
+    )
     out = []
     for group in _grouped(records, "_cell").values():
         decided = [r for r in group if r["status"] in DECIDED]
@@ -138,6 +147,7 @@ def divergence_cells(runs: pd.DataFrame) -> pd.DataFrame:
                 "runs": len(group),
                 "decided": len(decided),
                 "diverged": len(diverged),
+                "marginal": sum(bool(r["_marginal"]) for r in decided),
                 "frac": len(diverged) / len(decided) if decided else np.nan,
                 "verdict": _mode([r["verdict"] for r in diverged]),
                 "first_bad_step": min(
@@ -159,6 +169,7 @@ def divergence_cells(runs: pd.DataFrame) -> pd.DataFrame:
             "frac",
             "verdict",
             "first_bad_step",
+            "marginal",
         ],
     )
     cells["first_bad_step"] = cells.first_bad_step.astype("Int64")
@@ -167,11 +178,12 @@ def divergence_cells(runs: pd.DataFrame) -> pd.DataFrame:
 
 
 def cell_label(group: list[dict]) -> str:
-    """`stable` or `kind@step` for one run; `k/n div` over the decided replicates of a cell.
+    """`stable`, `marginal` or `kind@step` for one run; `k/n div` over the decided replicates of a cell, or
+    `m k/n` when none diverged and k were marginal (sweep/report/marginal.py).
 
-    A cell with no decided run shows its status (`running`, `skipped`, `ERROR`), or `pruned@19` when
-    the sweeper's pruner stopped it after step 19; a `*` marks a replicated cell some of whose runs
-    are still running.
+    A cell with no decided run shows its status (`running`, `skipped`, `ERROR: <short reason>`), or
+    `pruned@19` when the sweeper's pruner stopped it after step 19; a `*` marks a replicated cell some of
+    whose runs are still running.
     """
     decided = [r for r in group if r["status"] in DECIDED]
     if not decided:
@@ -179,15 +191,38 @@ def cell_label(group: list[dict]) -> str:
         pruned = [r["pruned_at_step"] for r in group if not pd.isna(r.get("pruned_at_step"))]
         if status == "skipped" and pruned:
             return f"pruned@{min(pruned)}"
-        return {"error": "ERROR"}.get(status, status)
+        if status == "error":
+            reason = _mode([r.get("reason") for r in group if r["status"] == "error"])
+            return "ERROR" + (f": {short_reason(reason)}" if reason else "")
+        return status
+    marginal = sum(bool(r.get("_marginal")) for r in decided)
     if len(group) > 1:
         pending = PENDING_MARK if any(r["status"] == "running" for r in group) else ""
-        return f"{sum(r['status'] == 'diverged' for r in decided)}/{len(decided)} div{pending}"
+        diverged = sum(r["status"] == "diverged" for r in decided)
+        if marginal and not diverged:
+            return f"m {marginal}/{len(decided)}{pending}"
+        return f"{diverged}/{len(decided)} div{pending}"
     r = decided[0]
     if r["status"] == "stable":
-        return "stable"
+        return "marginal" if marginal else "stable"
     step = r["first_bad_step"]
     return SHORT.get(r["verdict"], str(r["verdict"])) + ("" if pd.isna(step) else f"@{step}")
+
+
+SHORT_REASON = 30
+"""At most this many characters of an error's reason in a map cell (`ERROR: ` aside), so the map stays readable."""
+
+
+def short_reason(reason: str) -> str:
+    """The exception type and the first words of an error's reason, cut at a word within SHORT_REASON
+    characters: "RuntimeError: CUDA out of memory. Tried to allocate 2 GiB" -> "RuntimeError: CUDA out of...".
+    """
+    text = " ".join(_first_line(reason).split())
+    if len(text) <= SHORT_REASON:
+        return text
+    cut = text[: SHORT_REASON - 3]
+    head = cut.rsplit(" ", 1)[0] if " " in cut else cut
+    return head.rstrip(" :,;.") + "..."
 
 
 def divergence_map(runs: pd.DataFrame, cells: pd.DataFrame | None = None) -> tuple[pd.DataFrame, str]:
@@ -225,51 +260,100 @@ def _mode(values: list):
 def frontier_records(runs: pd.DataFrame) -> pd.DataFrame:
     """Per combination: its axis values, stability per lr, the frontier columns and the quality per lr.
 
-    Quality is the eval loss (sweep/report/noise.py: the final loss when no run has one), as a Spread over
-    the stable replicates of each stable lr; `best_lr` is the stable lr with the lowest mean and `best_ties`
-    the stable lrs within noise of it (itself included).
+    `by_lr` is the per-(combination, lr) view: lr -> `stable` (every decided replicate stable), `diverged` (any
+    diverged) or `marginal` (stable, but a run of it marginal: sweep/report/marginal.py). Quality is the eval loss
+    (sweep/report/noise.py: the final loss when no run has one), as a Spread `spreads[lr]` over the replicates of
+    each lr stable in every replicate, marginal ones included; `best_lr` is the one with the lowest mean. Every
+    other column follows from `by_lr` and `spreads` (`refresh_frontier`), so a later step that learns more about
+    an lr (a confirmation at a longer horizon) can change `by_lr` and refresh the record.
     """
     if PARAM + LR not in runs:
         return pd.DataFrame()
     axes = combo_axes(runs)
     quality = quality_column(runs)
     out = []
-    for group in _grouped(_records(runs, _combo=combo_labels(runs, axes), _lr=_lr(runs)), "_combo").values():
+    records = _records(runs, _combo=combo_labels(runs, axes), _lr=_lr(runs), _marginal=marginal_column(runs))
+    for group in _grouped(records, "_combo").values():
         by_lr = lr_stability(group)
-        stable = sorted(lr for lr, s in by_lr.items() if s == "stable")
-        diverged = [lr for lr, s in by_lr.items() if s == "diverged"]
-        best = stable[-1] if stable else None
+        spreads = _spreads(group, by_lr, quality)
+        for r in group:
+            if r["_marginal"] and by_lr.get(float(r["_lr"])) == "stable":
+                by_lr[float(r["_lr"])] = "marginal"
         ok = [r for r in group if r["status"] == "stable"]
-        spreads = {lr: Spread.of(r[quality] for r in ok if r["_lr"] == lr) for lr in stable}
-        measured = {lr: sp for lr, sp in spreads.items() if sp.n}
-        best_lr = min(measured, key=lambda lr: (measured[lr].mean, -lr)) if measured else None
-        top = spreads.get(best)
-        out.append(
-            {
-                "combination": group[0]["_combo"],
-                **{a: group[0][PARAM + a] for a in axes},
-                "by_lr": by_lr,
-                "grid": sorted(by_lr),
-                "stable_lrs": stable,
-                "max_stable_lr": best,
-                "min_diverging_lr": min(diverged) if diverged else None,
-                "eval_at_max_stable": top.mean if top else np.nan,
-                "eval_spread": top.sd if top else np.nan,
-                "replicates": top.n if top else 0,
-                "best_lr": best_lr,
-                "eval_at_best": measured[best_lr].mean if best_lr is not None else np.nan,
-                "best_ties": sorted(lr for lr in measured if within_noise(measured[lr], measured[best_lr]))
-                if measured
-                else [],
-                "spreads": spreads,
-                "steps_per_s": _mean(r["steps_per_second"] for r in ok),
-                "runs": len(group),
-            }
-        )
+        rec = {
+            "combination": group[0]["_combo"],
+            **{a: group[0][PARAM + a] for a in axes},
+            "by_lr": by_lr,
+            "spreads": spreads,
+            "steps_per_s": _mean(r["steps_per_second"] for r in ok),
+            "runs": len(group),
+        }
+        out.append(refresh_frontier(rec))
     out.sort(key=lambda rec: [sort_key(rec[a]) for a in axes])
     recs = pd.DataFrame(out)
     recs.attrs.update(axes=axes, quality=quality)
     return recs
+
+
+def refresh_frontier(rec: dict) -> dict:
+    """`rec` with the columns that follow from its `by_lr` and `spreads` (re)computed (frontier_records):
+    `grid`, `stable_lrs` and `max_stable_lr` (lrs `stable` in `by_lr`: neither diverged nor marginal),
+    `marginal_lrs`, `min_diverging_lr`, the quality at the largest stable lr, `best_lr` and `best_ties`."""
+    by_lr, spreads = rec["by_lr"], rec["spreads"]
+    stable = sorted(lr for lr, s in by_lr.items() if s == "stable")
+    diverged = [lr for lr, s in by_lr.items() if s == "diverged"]
+    best = stable[-1] if stable else None
+    measured = {lr: sp for lr, sp in spreads.items() if sp.n}
+    best_lr = min(measured, key=lambda lr: (measured[lr].mean, -lr)) if measured else None
+    top = spreads.get(best)
+    rec.update(
+        grid=sorted(by_lr),
+        stable_lrs=stable,
+        max_stable_lr=best,
+        marginal_lrs=sorted(lr for lr, s in by_lr.items() if s == "marginal"),
+        min_diverging_lr=min(diverged) if diverged else None,
+        eval_at_max_stable=top.mean if top else np.nan,
+        eval_spread=top.sd if top else np.nan,
+        replicates=top.n if top else 0,
+        best_lr=best_lr,
+        eval_at_best=measured[best_lr].mean if best_lr is not None else np.nan,
+        best_ties=sorted(
+            lr for lr in measured if by_lr.get(lr) == "stable" and within_noise(measured[lr], measured[best_lr])
+        )
+        if measured
+        else [],
+    )
+    return rec
+
+
+def _spreads(group: list[dict], by_lr: dict[float, str], quality: str) -> dict[float, Spread]:
+    """lr -> the quality Spread over the stable runs of each lr stable in every replicate."""
+    ok = [r for r in group if r["status"] == "stable"]
+    return {lr: Spread.of(r[quality] for r in ok if r["_lr"] == lr) for lr in sorted(by_lr) if by_lr[lr] == "stable"}
+
+
+def marginal_column(runs: pd.DataFrame) -> pd.Series:
+    """The runs table's `marginal` column where it has one (summary.py adds it), else `marginal_runs`."""
+    return runs["marginal"].fillna(False).astype(bool) if "marginal" in runs else marginal_runs(runs)
+
+
+def marginal_runs(runs: pd.DataFrame) -> pd.Series:
+    """Per run: whether it is marginal (sweep/report/marginal.py): stable, above its combination's best lr, and
+    its quality more than marginal.FACTOR[quality] x that lr's mean (and beyond its replicates' noise)."""
+    out = pd.Series(False, index=runs.index, dtype=bool)
+    if PARAM + LR not in runs or runs.empty:
+        return out
+    quality = quality_column(runs)
+    records = _records(runs, _combo=combo_labels(runs, combo_axes(runs)), _lr=_lr(runs), _i=runs.index)
+    for group in _grouped(records, "_combo").values():
+        spreads = {lr: sp for lr, sp in _spreads(group, lr_stability(group), quality).items() if sp.n}
+        if not spreads:
+            continue
+        best_lr = min(spreads, key=lambda lr: (spreads[lr].mean, -lr))
+        for r in group:
+            if is_marginal(r["status"], r["_lr"], r[quality], best_lr, spreads[best_lr], quality):
+                out[r["_i"]] = True
+    return out
 
 
 def lr_stability(group: list[dict]) -> dict[float, str]:
@@ -284,6 +368,7 @@ def lr_stability(group: list[dict]) -> dict[float, str]:
 
 FRONTIER_COLUMNS = [
     "max_stable_lr",
+    "marginal_lrs",
     "min_diverging_lr",
     "eval_at_max_stable",
     "eval_spread",
@@ -296,15 +381,18 @@ FRONTIER_COLUMNS = [
 
 
 def frontier(runs: pd.DataFrame, recs: pd.DataFrame | None = None) -> pd.DataFrame:
-    """Per combination: max_stable_lr (stable in every replicate), min_diverging_lr, the eval loss at the
-    former (mean, spread = sd over its stable replicates, replicates), best_lr (the stable lr of the lowest
-    mean eval loss) and its eval loss, steps_per_s, runs."""
+    """Per combination: max_stable_lr (stable in every replicate and not marginal), marginal_lrs (the stable lrs
+    it skipped as marginal, "0.01, 0.03"), min_diverging_lr, the eval loss at max_stable_lr (mean, spread = sd
+    over its stable replicates, replicates), best_lr (the stable lr of the lowest mean eval loss) and its eval
+    loss, steps_per_s, runs."""
     recs = frontier_records(runs) if recs is None else recs
     if recs.empty:
         return pd.DataFrame()
     table = recs.set_index("combination")[FRONTIER_COLUMNS]
     table.index.name = "/".join(recs.attrs["axes"]) or "combination"
-    return table.astype({c: float for c in table.columns if c not in ("runs", "replicates")})
+    table = table.astype({c: float for c in table.columns if c not in ("runs", "replicates", "marginal_lrs")})
+    table["marginal_lrs"] = [", ".join(f"{lr:.4g}" for lr in lrs) or None for lrs in table.marginal_lrs]
+    return table
 
 
 def _mean(values) -> float:
@@ -571,3 +659,49 @@ def diagnoses(runs: pd.DataFrame) -> pd.DataFrame:
 
 def _varies(runs: pd.DataFrame, column: str) -> bool:
     return runs[column].astype(str).nunique() > 1
+
+
+# --- 7. errors ---------------------------------------------------------------------------------
+
+
+def errors(runs: pd.DataFrame) -> pd.DataFrame:
+    """Each distinct error, then each distinct reason a run was skipped (a pruned run aside: the map says
+    `pruned@step`): status, the reason result.json gives (its first line), how many runs, and one run dir."""
+    failed = runs[runs.status.isin(["error", "skipped"])]
+    if "pruned_at_step" in failed:
+        failed = failed[failed.pruned_at_step.isna()]
+    if failed.empty:
+        return pd.DataFrame()
+    reasons = failed.reason.map(_first_line) if "reason" in failed else pd.Series("", index=failed.index)
+    rows = [
+        {
+            "status": status,
+            "reason": reason or "(no reason recorded)",
+            "runs": len(group),
+            "run_dir": next((d for d in group.run_dir if d), None),
+        }
+        for (status, reason), group in failed.groupby([failed.status, reasons], sort=False)
+    ]
+    rows.sort(key=lambda r: (r["status"] != "error", -r["runs"], r["reason"]))
+    return pd.DataFrame(rows, columns=["status", "reason", "runs", "run_dir"])
+
+
+def errors_text(table: pd.DataFrame, width: int) -> str:
+    """The errors table for the terminal: a line per row (status, runs, one run dir), its reason indented under it
+    (a reason and a run dir side by side do not fit a terminal's width)."""
+    out = []
+    for r in table.itertuples(index=False):
+        out.append(f"{r.status}: {r.runs} run{'s' if r.runs != 1 else ''}, e.g. {r.run_dir}")
+        out.append(textwrap.fill(r.reason, width, initial_indent="  ", subsequent_indent="    "))
+    return "\n".join(out)
+
+
+REASON_CHARS = 160
+"""At most this many characters of a reason in the errors table (its result.json holds it whole)."""
+
+
+def _first_line(reason) -> str:
+    if reason is None or pd.isna(reason):
+        return ""
+    line = (str(reason).strip().splitlines() or [""])[0]
+    return line if len(line) <= REASON_CHARS else line[: REASON_CHARS - 3] + "..."

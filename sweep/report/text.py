@@ -32,7 +32,8 @@ def render_text(s: Summary, width: int = WIDTH, only: Iterable[str] | None = Non
     parts = [s.counts_line()]
     for spec, table in shown(s, only):
         head = textwrap.fill(f"{spec.title} ({spec.explain(s)})", width, subsequent_indent="  ")
-        parts += ["", head, table_text(table, index=spec.index, width=width)]
+        body = spec.text(table, width) if spec.text else table_text(table, index=spec.index, width=width)
+        parts += ["", head, body]
         if spec.lines:
             parts += [textwrap.fill(line, width, subsequent_indent="  ") for line in spec.lines(table)]
     if only is not None:

@@ -266,6 +266,7 @@ def trial_user_attrs(result: dict, run_dir: Path) -> dict:
         "steps_per_second": result.get("steps_per_second"),
         "seed": result.get("seed"),
         "reason": result.get("reason"),
+        "device": result.get("device"),
         "pruned_at_step": result.get("pruned_at_step"),
         "interrupted_at_step": result.get("interrupted_at_step"),
         "run_dir": str(Path(run_dir).resolve()),
