@@ -144,7 +144,10 @@ def test_a_cpu_sweep_is_recommended_for_cuda_without_what_cuda_cannot_run(tmp_pa
     assert "left out: fp32/flash (CUDA's flash SDPA needs fp16/bf16 inputs" in rec.line
     assert "Target: cuda (the default: the sweep ran on the CPU" in rec.line
     assert rec.tie_break == "the target's cost"
-    assert "cheapest of those on cuda (tie-break: the target's cost, bf16/fp16 before tf32 before fp32" in rec.line
+    assert (
+        "cheapest of those on cuda (tie-break: the target's cost, bf16 before fp16 (no loss scaler) before tf32"
+        in rec.line
+    )
     assert "the steps/s were measured on cpu, not on cuda" in rec.line
     assert rec.run_dirs == [str((tmp_path / "s" / "2").resolve())]
 

@@ -92,7 +92,7 @@ def parser(prog: str = "python -m sweep.report") -> argparse.ArgumentParser:
         choices=TARGETS,
         help="the device the recommendation is for: it leaves out the combinations the target cannot run "
         "(fp32/tf32 with flash on cuda; efficient/cudnn attention and tf32 on cpu) and breaks ties by the steps/s "
-        "measured when the runs ran on it, else by its cost (cuda: bf16/fp16 before tf32 before fp32) (default: "
+        "measured when the runs ran on it, else by its cost (cuda: bf16 before fp16 before tf32 before fp32) (default: "
         "the device the runs recorded, cuda for a sweep that ran on the CPU: a proxy for the GPU a model trains on)",
     )
     p.add_argument(

@@ -10,7 +10,7 @@ run has one), a mean over the replicates with its spread.
   (noise.within_noise: two standard errors of the difference; with one replicate nothing ties but
   differences under 0.1%, and the line says the noise was not measured).
 - Then the tie-break: the fastest combination when the runs' steps/s were measured on the target's kind of
-  device, else the cheapest on the target (target.COST: on CUDA bf16/fp16 before tf32 before fp32, flash before
+  device, else the cheapest on the target (target.COST: on CUDA bf16 before fp16 before tf32 before fp32, flash before
   efficient/cudnn before math before eager); the line says which. Speeds compare like with like: runs trained
   alone against runs trained alone, or runs packed k at a time against the same (a packed run's steps/s is its
   share of a pack's wall time, not comparable with a lone run's); the line says which.

@@ -9,8 +9,8 @@ the sweep ran on when that was a GPU (result.json `device`). For the target the 
   attention and tf32 (the run's own checks answer for the CPU: models/attention.py `backend_unavailable_reason`,
   sweep/run/precision.py `PrecisionPolicy.unsupported_reason`);
 - breaks ties within noise by the steps/s the runs measured when they ran on the target's kind of device, else
-  by the target's cost (`COST`): on CUDA bf16/fp16 (AMP or pure) before tf32 before fp32, and flash before
-  efficient/cuDNN before math before eager.
+  by the target's cost (`COST`): on CUDA bf16 before fp16 (AMP or pure; the same speed, but fp16 needs a loss
+  scaler) before tf32 before fp32, and flash before efficient/cuDNN before math before eager.
 A run that does not name its precision or attention (an override) used the config's default (DEFAULTS).
 """
 
@@ -27,13 +27,12 @@ from sweep.config.validate import REPORT_TARGETS as TARGETS  # report.target's v
 DEFAULTS = {"precision": "fp32", "attention": "math"}
 """The choices of conf/config.yaml's defaults list: what a run that does not name one used."""
 PRECISION_DIR = Path(__file__).resolve().parents[2] / "conf" / "precision"
-HALF = ("bfloat16", "float16")
 FLASH_LIKE = ("flash", "cudnn")
 """CUDA SDPA backends that take fp16/bf16 inputs only."""
 
 COST = {
     "cuda": {
-        "precision": {"half": 0, "tf32": 1, "float32": 2},
+        "precision": {"bfloat16": 0, "float16": 1, "tf32": 2, "float32": 3},
         "attention": {"flash": 0, "efficient": 1, "cudnn": 1, "math": 2, "eager": 3},
     },
     "cpu": {
@@ -41,12 +40,14 @@ COST = {
         "attention": {"math": 0, "flash": 1, "eager": 2},
     },
 }
-"""Cheapest first, per target. CUDA: tensor cores run bf16/fp16 at twice tf32's rate and many times fp32's, and
-the fused SDPA kernels beat the math backend and an explicit softmax(QK^T). CPU (docs/design.md facts, and the
-README demo's steps/s on a 2-core AVX-512-BF16 EPYC): at these sizes fp32 is faster than bf16 or fp16 autocast,
-and SDPA math than flash."""
+"""Cheapest first, per target. CUDA: tensor cores run bf16/fp16 at twice tf32's rate and many times fp32's,
+and the fused SDPA kernels beat the math backend and an explicit softmax(QK^T); bf16 ranks before fp16 at the
+same speed, as it needs no loss scaler and has fp32's range (a tie between them must not fall to a 4th digit).
+CPU (docs/design.md facts, and the README demo's steps/s on a 2-core AVX-512-BF16 EPYC): at these sizes fp32
+is faster than bf16 or fp16 autocast, and SDPA math than flash."""
 COST_TEXT = {
-    "cuda": "bf16/fp16 before tf32 before fp32, flash before efficient/cudnn before math before eager",
+    "cuda": "bf16 before fp16 (no loss scaler) before tf32 before fp32, flash before efficient/cudnn before math"
+    " before eager",
     "cpu": "fp32 before bf16 before fp16, math before flash before eager",
 }
 
@@ -130,6 +131,6 @@ def cost(target: str, precision: str, attention: str) -> tuple[int, int]:
     """(precision rank, attention rank) on `target`, cheapest 0 (COST); an unknown value ranks last."""
     dtype, tf32 = precision_dtypes(str(precision))
     ranks = COST[target]
-    kind = "tf32" if tf32 else ("half" if target == "cuda" and dtype in HALF else dtype)
+    kind = "tf32" if tf32 else dtype
     unknown = len(ranks["precision"]), len(ranks["attention"])
     return ranks["precision"].get(kind, unknown[0]), ranks["attention"].get(str(attention), unknown[1])
