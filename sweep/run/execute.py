@@ -23,6 +23,7 @@ import torch
 from models import KernelUnavailable, backend_unavailable_reason, count_params
 from models.diffusers_zoo import modulate_unsupported_reason
 from sweep.config import RunConfig, Verdict
+from sweep.data.checks import DataError
 from sweep.diagnose.mechanism import of_run as mechanism_of
 from sweep.run.build import RunParts, build_parts, reset_process_state, resolve_device
 from sweep.run.checkpoint import CheckpointHook, CorruptCheckpoint
@@ -186,12 +187,16 @@ def conclude(
 
 
 def fail(result: RunResult, e: Exception) -> None:
-    """A forced kernel that refused its inputs is `skipped`; anything else (a bug, an OOM) is `error`.
+    """A forced kernel that refused its inputs is `skipped`; anything else (a bug, an OOM; data the run cannot use
+    at all, sweep.data.checks.DataError, said in one line without a traceback) is `error`.
 
     Either way it is recorded, never raised into the sweep.
     """
     if isinstance(e, KernelUnavailable):  # not a bug, not a result
         result.status, result.reason = "skipped", str(e)
+    elif isinstance(e, DataError):  # the user's data, not a bug: one line, no traceback
+        result.status, result.reason = "error", str(e)
+        log.error("run refused: %s", e)
     else:
         result.status, result.reason = "error", f"{type(e).__name__}: {e}"
         log.error("run crashed:\n%s", "".join(traceback.format_exception(e)))
