@@ -129,3 +129,32 @@ def test_image_folder_config_errors_name_the_key(photos: Path) -> None:
         make_run("data=image_folder", f"data.path={photos}", "data.frames=4")
     with pytest.raises(ConfigError, match=r"data.frames: model.arch=dit trains on images: use data.frames=1 \(one"):
         make_run("model=dit_tiny", "data=latent_folder", f"data.path={photos}", "data.frames=4")
+
+
+def test_the_latent_caching_example_feeds_a_latent_folder_run(photos: Path, tmp_path: Path, capsys) -> None:
+    """examples/cache_latents.py with a tiny randomly initialised AutoencoderKL saved locally (nothing downloaded):
+    its files pass the doctor at the shape and limit it prints, and train an image model."""
+    from diffusers import AutoencoderKL
+
+    from examples.cache_latents import main as cache
+
+    torch.manual_seed(0)
+    AutoencoderKL(
+        down_block_types=("DownEncoderBlock2D", "DownEncoderBlock2D"),
+        up_block_types=("UpDecoderBlock2D", "UpDecoderBlock2D"),
+        block_out_channels=(8, 16),
+        latent_channels=4,
+        layers_per_block=1,
+        norm_num_groups=8,
+        sample_size=16,
+    ).save_pretrained(tmp_path / "vae")
+    out = tmp_path / "latents"
+    assert cache([str(photos), str(out), "--vae", str(tmp_path / "vae"), "--height", "16", "--width", "16"]) == 0
+    printed = capsys.readouterr().out
+    assert "wrote 9 latent files of shape (4, 8, 8)" in printed
+    check = printed.split("check: python -m sweep.doctor ")[1].splitlines()[0].split()
+    assert main([*check, "--json", str(tmp_path / "r.json")]) == 0  # clean at the printed shape and --limit
+    train = printed.split("train: python -m sweep ")[1].splitlines()[0].split()
+    assert "data.frames=1" in train and "data.channels=4" in train
+    r = execute(make_run("model=dit_tiny", *train, "steps=2"), tmp_path / "run", params={})
+    assert r.status == "stable" and r.eval_loss is not None
