@@ -28,6 +28,7 @@ from sweep.diagnose.mechanism import of_run as mechanism_of
 from sweep.run.build import RunParts, build_parts, reset_process_state, resolve_device
 from sweep.run.checkpoint import CheckpointHook, CorruptCheckpoint
 from sweep.run.compiled import compile_run, compile_unsupported_reason
+from sweep.run.dtype_contract import contract_problem
 from sweep.run.evaluate import Evaluator, eval_settings, make_evaluator
 from sweep.run.forensics import locate
 from sweep.run.gemm import LOW_PRECISION
@@ -116,6 +117,7 @@ def unsupported_reason(run: RunConfig, device: torch.device, policy: PrecisionPo
         or (modulate_unsupported_reason(diffusers, run.modulate.impl.value) if diffusers else None)
         or compile_unsupported_reason(run, device)
         or graph_unsupported_reason(run.graph, device)
+        or contract_problem(run)  # a custom model that breaks the pure-precision dtype contract (probed once)
     )
 
 
