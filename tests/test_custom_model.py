@@ -357,7 +357,7 @@ def test_a_float32_intermediate_under_a_pure_precision_names_the_module_and_the_
     assert contract_problem(make_run(*OUTSIDE, "precision=bf16_amp")) is None  # autocast casts for it
 
 
-def test_a_sweep_skips_the_pure_cells_with_one_line_and_builds_none_of_them(tmp_path, caplog):
+def test_a_sweep_skips_the_pure_cells_with_one_line_and_builds_none_of_them(tmp_path, caplog, capsys):
     """The trial: every fp16_pure run of an outside DiT ended `error: mat1 and mat2 must have the same dtype` with a
     traceback each. Now the grid's check probes fp16_pure once, says it once, and its cells are `skipped` with that
     reason without building their model; the other cells run."""
@@ -373,6 +373,8 @@ def test_a_sweep_skips_the_pure_cells_with_one_line_and_builds_none_of_them(tmp_
     assert statuses == [("fp16_pure", "skipped")] * 2 + [("fp32", "stable")] * 2
     assert all("t_embedder.mlp.0 (Linear, float16 weights)" in r["reason"] for r in results if r["status"] == "skipped")
     warned = [r for r in caplog.records if r.levelname == "WARNING" and "its runs are skipped" in r.getMessage()]
-    assert len(warned) == 1 and "Traceback" not in caplog.text and "run crashed" not in caplog.text
+    jobs = capsys.readouterr().out  # the jobs log through Hydra's job logging, to stdout
+    assert len(warned) == 1 and "Traceback" not in caplog.text + jobs and "run crashed" not in jobs
+    assert jobs.count("skipped: precision=fp16_pure: t_embedder.mlp.0") == 2  # each skipped run's own line
     # the factory check (counted on meta, then built), one build under fp16_pure, one per fp32 run: none per skip
     assert custom_factories.FACTORY_CALLS["outside_dit"] - before == 5
