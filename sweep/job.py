@@ -22,8 +22,8 @@ from omegaconf import DictConfig, OmegaConf
 
 from sweep.config import ConfigError, RunConfig, check_device, check_inputs, enum_choices, to_run_config
 from sweep.errors import exiting_on_config_error
-from sweep.once import per_sweep
 from sweep.run.interrupt import StopOnSignal, stopping_on_signals
+from sweep.run.once import per_sweep
 from sweep.run.progress import current_sweep
 from sweep.run.results import hold_run_dir, release_run_dir
 from sweep.run.trackers import open_sinks

@@ -220,10 +220,10 @@ def test_drop_bad_that_refuses_every_sample_says_why_counted(single_frames, tmp_
 
 
 def test_drop_bad_counts_its_reasons_and_says_them_once_per_sweep(tmp_path, caplog):
-    """The same data line for each of a sweep's runs is said once in the sweep (sweep/once.py)."""
+    """The same data line for each of a sweep's runs is said once in the sweep (sweep/run/once.py)."""
     from sweep.data.synthetic import Fault, SyntheticClips
-    from sweep.once import per_sweep
     from sweep.run.build import drop_bad_samples
+    from sweep.run.once import per_sweep
 
     clips = SyntheticClips(8, 2, 3, 8, 8, seed=0, faults=[Fault(1, "nan"), Fault(5, "nan"), Fault(6, "range")])
     caplog.set_level("DEBUG", logger="sweep")

@@ -58,8 +58,8 @@ class PackedLauncher(Launcher):
     def launch(self, job_overrides: Sequence[Sequence[str]], initial_job_idx: int) -> Sequence[JobReturn]:
         from sweep.config import RunConfig
         from sweep.job import finish_job, job_sinks, job_spec_task
-        from sweep.once import per_sweep
         from sweep.run.interrupt import stopping_on_signals
+        from sweep.run.once import per_sweep
         from sweep.run.packing import execute_pack, plan
 
         setup_globals()

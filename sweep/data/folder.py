@@ -22,7 +22,7 @@ the dataset with its problem; the batch that draws it is `bad_input` naming the 
 `data.check` says, since no training script could use it either. Its values (NaN/Inf/out of range)
 are found by the per-batch check; `data.drop_bad=true` leaves every such sample out instead. A held-out
 file that cannot be used (unreadable, wrong shape, NaN/Inf/out of range) is left out of the eval set
-and named (result.json `eval.unusable`, a warning once per sweep).
+and named (result.json `eval.unusable`, and a warning once per sweep: sweep/run/build.py).
 """
 
 from __future__ import annotations
@@ -50,7 +50,6 @@ from sweep.data.readers import (
 )
 from sweep.data.shape import Expected, conform, shape_problem
 from sweep.data.split import split_files
-from sweep.once import say_once
 
 log = logging.getLogger("sweep")
 
@@ -139,8 +138,7 @@ def read_held_out(
 
     A file is unusable as the training loop would find it: unreadable or of the wrong shape (its
     FolderClips problem), or NaN/Inf/|x| > limit (the batch check's kinds; a constant sample is a
-    legitimate, if odd, eval sample and stays). Warned once per sweep for the same folder and files
-    (sweep/once.py)."""
+    legitimate, if odd, eval sample and stays). The run says which, once per sweep (sweep/run/build.py)."""
     out = HeldOutFiles(split.names(), split.note)
     if not split.held_out:
         return out
@@ -160,19 +158,6 @@ def read_held_out(
             out.unusable[clips.name(i)] = why
     if kept:
         out.clips = torch.stack([clips.samples[i] for i in kept])
-    if out.unusable:
-        shown = "; ".join(f"{n}: {w}" for n, w in list(out.unusable.items())[:3])
-        more = f"; +{len(out.unusable) - 3} more" if len(out.unusable) > 3 else ""
-        say_once(
-            log,
-            logging.WARNING,
-            "data.eval_files: %d of %d held-out files in %s are left out of the eval loss: %s%s",
-            len(out.unusable),
-            len(out.files),
-            split.root,
-            shown,
-            more,
-        )
     return out
 
 

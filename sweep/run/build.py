@@ -28,13 +28,13 @@ from sweep.data.checks import DataError, check_sample
 from sweep.data.folder import FolderClips, FolderSplit, HeldOutFiles, read_held_out
 from sweep.data.split import describe
 from sweep.data.synthetic import Fault, SyntheticClips
-from sweep.once import say_once
 from sweep.run import checkpoint, fp32_modules
 from sweep.run.adamw import DeviceAdamW
 from sweep.run.diffusion import DiffusionObjective
 from sweep.run.finetune import apply_finetune, param_groups
 from sweep.run.model import build_run_model
 from sweep.run.monitor import DivergenceMonitor
+from sweep.run.once import say_once
 from sweep.run.precision import PrecisionPolicy
 from sweep.run.scaler import DeviceLossScaler
 
@@ -213,7 +213,7 @@ def build_parts(run: RunConfig, device: torch.device, policy: PrecisionPolicy, s
 def folder_data(run: RunConfig) -> tuple[FolderClips, HeldOutFiles]:
     """A folder's training files as the dataset, and its held-out files (data.eval_files), read for the eval
     set when eval is on. The split is a pure function of the files' relative paths (sweep/data/split.py).
-    Its log lines are the same for every run of a sweep: said once per sweep (sweep/once.py)."""
+    Its log lines are the same for every run of a sweep: said once per sweep (sweep/run/once.py)."""
     d, as_images = run.data, run.model.is_image
     split = FolderSplit.of(Path(d.path), d.source.value, d.eval_files)
     dataset = FolderClips(
@@ -243,7 +243,21 @@ def folder_data(run: RunConfig) -> tuple[FolderClips, HeldOutFiles]:
     if not run.eval.enabled:
         return dataset, HeldOutFiles(split.names(), split.note)
     shape = (d.frames, d.channels, d.height, d.width)
-    return dataset, read_held_out(split, d.source.value, *shape, as_images, d.range_limit, d.resize.value)
+    held_out = read_held_out(split, d.source.value, *shape, as_images, d.range_limit, d.resize.value)
+    if held_out.unusable:
+        shown = "; ".join(f"{n}: {w}" for n, w in list(held_out.unusable.items())[:3])
+        more = f"; +{len(held_out.unusable) - 3} more" if len(held_out.unusable) > 3 else ""
+        say_once(
+            log,
+            logging.WARNING,
+            "data.eval_files: %d of %d held-out files in %s are left out of the eval loss: %s%s",
+            len(held_out.unusable),
+            len(held_out.files),
+            split.root,
+            shown,
+            more,
+        )
+    return dataset, held_out
 
 
 def drop_bad_samples(dataset, limit: float) -> torch.utils.data.Dataset:

@@ -28,9 +28,8 @@ from typing import Any
 
 import torch
 
-from sweep.once import say_once
 from sweep.run import fp32_modules
-from sweep.run.precision import DTYPES
+from sweep.run.once import say_once
 
 log = logging.getLogger("sweep")
 
@@ -41,10 +40,15 @@ Half but found Float', "Input type (float) and bias type (c10::Half) should be t
 _ANSWERS: dict[str, str | None] = {}
 
 
+def weights_dtype(run: Any) -> torch.dtype:
+    """The run's param dtype (float32, bfloat16, float16: torch's own names; not sweep.run.precision, which imports
+    sweep.config, which calls this module)."""
+    return getattr(torch, run.precision.param_dtype.value)
+
+
 def is_pure(run: Any) -> bool:
     """Weights in bf16/fp16 and no autocast: the policies whose forward gets x in the weights' dtype."""
-    p = run.precision
-    return p.autocast_dtype is None and DTYPES[p.param_dtype.value] != torch.float32
+    return run.precision.autocast_dtype is None and weights_dtype(run) != torch.float32
 
 
 def contract_problem(run: Any) -> str | None:
@@ -66,7 +70,7 @@ def contract_problem(run: Any) -> str | None:
 def _probe(run: Any) -> str | None:
     from sweep.run.model import build_run_model
 
-    dtype = DTYPES[run.precision.param_dtype.value]
+    dtype = weights_dtype(run)
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(0)
         model = build_run_model(run).to(dtype=dtype)  # as sweep/run/build.py casts it
