@@ -159,6 +159,14 @@ def single_frames(tmp_path_factory):
 
 
 RUN_SHAPE = ["--channels", "4", "--frames", "1", "--height", "8", "--width", "8"]
+IMAGE_RUN = [
+    "model=dit_tiny",
+    "data=latent_folder",
+    "data.channels=4",
+    "data.frames=1",
+    "data.height=8",
+    "data.width=8",
+]
 
 
 def test_the_doctor_and_the_loader_decide_shapes_by_one_rule(single_frames, tmp_path):
@@ -186,30 +194,14 @@ def test_the_doctor_and_the_loader_decide_shapes_by_one_rule(single_frames, tmp_
 
 
 def test_a_latent_folder_of_single_frames_trains_an_image_model(single_frames, tmp_path):
-    common = [
-        "model=dit_tiny",
-        "data=latent_folder",
-        "data.channels=4",
-        "data.frames=1",
-        "data.height=8",
-        "data.width=8",
-    ]
-    r = execute(make_run(*common, f"data.path={single_frames[1]}", "steps=2"), tmp_path / "a", params={})
+    r = execute(make_run(*IMAGE_RUN, f"data.path={single_frames[1]}", "steps=2"), tmp_path / "a", params={})
     assert r.status == "stable" and r.eval_loss is not None
 
 
 def test_drop_bad_that_refuses_every_sample_says_why_counted(single_frames, tmp_path, caplog):
     """It said "every sample failed the data check" and no reason (the wrong-shape files, placeholders full of NaN,
     were counted as NaN); now the reasons, counted, in one line and no traceback."""
-    common = [
-        "model=dit_tiny",
-        "data=latent_folder",
-        "data.channels=4",
-        "data.frames=1",
-        "data.height=8",
-        "data.width=8",
-    ]
-    run = make_run(*common, f"data.path={single_frames[2]}", "data.drop_bad=true", "steps=2")
+    run = make_run(*IMAGE_RUN, f"data.path={single_frames[2]}", "data.drop_bad=true", "steps=2")
     r = execute(run, tmp_path / "b", params={})
     assert r.status == "error"
     assert r.reason.startswith(

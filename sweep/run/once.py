@@ -2,9 +2,9 @@
 
 The runs of a sweep share its data, so a data line ("data.drop_bad: left out 2 of 11 samples", "data: 11
 training files from DIR, 1 held out") is the same for each of its 96 runs: a user's trial saw the same two
-for every run. `say_once` logs a line the first time the current sweep says it, and at debug level (kept in
-the job's log file, off the console) after that; a line that differs (another data.path in a cell) is said
-again.
+for every run. `say_once` logs a line the first time the current sweep says it, and at debug level after that
+(Hydra's default INFO level leaves it out of the console and of later jobs' own log files: the first job's
+log has it); a line that differs (another data.path in a cell) is said again.
 
 A sweep is what `per_sweep(sweep_dir)` is open around: sweep/job.py and the packed launcher open it
 around each job of a multirun, and the sweep's start forgets what an earlier sweep in the same directory
