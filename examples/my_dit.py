@@ -41,6 +41,8 @@ class TimestepEmbed(nn.Module):
         freqs = torch.exp(-math.log(10000.0) * torch.arange(half, device=t.device, dtype=torch.float32) / half)
         args = t.float()[:, None] * freqs[None]  # (B, half)
         emb = torch.cat([torch.cos(args), torch.sin(args)], dim=-1)  # (B, freq_dim)
+        # The pure-precision contract (docs/models.md): the features are float32 whatever the weights are; under
+        # bf16_pure/fp16_pure the weights are low precision, so cast to them before the Linear.
         return self.mlp(emb.to(self.mlp[0].weight.dtype))  # (B, dim)
 
 

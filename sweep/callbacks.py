@@ -21,6 +21,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from sweep.config import RETIRED_KEYS, ConfigError, check_output_dir, to_run_config
 from sweep.errors import exiting_on_config_error
+from sweep.run.once import forget
 from sweep.run.results import lock_held
 from sweep.search.space import parse
 
@@ -44,6 +45,7 @@ class OutputDirCheck(Callback):
         self._check(str(config.hydra.sweep.dir), "hydra.sweep.dir")
         with exiting_on_config_error():
             claim_sweep_dir(config)
+        forget(config.hydra.sweep.dir)  # a new sweep says its once-per-sweep lines again (sweep/run/once.py)
 
     def on_multirun_end(self, config: DictConfig, **kwargs: Any) -> None:
         release_sweep_dir(Path(config.hydra.sweep.dir))

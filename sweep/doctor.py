@@ -2,6 +2,7 @@
 
     python -m sweep.doctor data/clips                      # a folder of videos (mp4, webm, mkv, ...)
     python -m sweep.doctor data/latents --json report.json # a folder of .safetensors / .pt / .npy / .npz
+    python -m sweep.doctor data/photos --height 32 --width 32  # a folder of .png / .jpg / .webp images
     python -m sweep.doctor data/clips --frames 16 --height 256 --width 256
     python -m sweep.doctor data/latents --eval-files 8      # which 8 files a run holds out for its eval loss
 
@@ -11,16 +12,21 @@ Subfolders are scanned too. Per sample it reports, by kind:
   anything but tensors is refused, never run); a subfolder that cannot be listed is an
   ``unreadable`` entry of its own (source ``folder``): its samples are unknown, so never "all clean";
 - ``nan`` / ``inf`` / ``range``: what the training loop's ``bad_input`` check
-  (``sweep.data.checks.check_batch``) would reject, through the shared ``check_sample``; videos are
-  mapped to [-1, 1] as a loader would (``uint8 / 127.5 - 1``), so ``range`` is mostly about
+  (``sweep.data.checks.check_batch``) would reject, through the shared ``check_sample``; videos and
+  images are mapped to [-1, 1] as a loader would (``uint8 / 127.5 - 1``), so ``range`` is mostly about
   latents, e.g. [0, 255] data where [-1, 1] was expected;
-- ``shape`` / ``frames``: a shape or frame count unlike the expected one (``--channels/--frames/
-  --height/--width``), or unlike most samples of the folder;
-- ``constant``: every value the same (an all-black clip, a zero latent).
+- ``shape`` / ``frames``: a shape the run would refuse, decided for the run's shape
+  (``--channels/--frames/--height/--width``, all four for the verdict the run will give) by the loader's own
+  rule (sweep/data/shape.py: a (C, 1, H, W) file is an image for frames=1, a video may be longer than
+  --frames), with the loader's sentence; and, for the dims not given, a shape unlike most samples of the folder;
+- ``mode``: an image that is not 8-bit (16-bit, float): the loader refuses it too;
+- ``size``: an image smaller than --height x --width, which the run scales up (blurred);
+- ``constant``: every value the same (an all-black clip, a zero latent, a blank image).
 
 It also reports the split a training run on PATH would use (sweep/data/split.py): which files are held
 out of training for the eval loss under ``data.eval_files`` (``--eval-files``, default the run's, 0.1),
-per data kind (``data=video_folder`` reads the videos, ``data=latent_folder`` the latents). The split
+per data kind (``data=video_folder`` reads the videos, ``data=image_folder`` the images, ``data=latent_folder``
+the latents). The split
 hashes each file's path relative to PATH, so run the doctor on the folder that will be ``data.path``.
 
 It prints counts per kind and one line per bad sample, writes every sample's result as JSON
@@ -43,14 +49,13 @@ from tqdm import tqdm
 
 from sweep.config import DataConfig, Progress
 from sweep.data.checks import CONSTANT_TOL, PROBLEM_KINDS, RANGE_LIMIT, SampleProblem, check_sample
-from sweep.data.folder import relative
-from sweep.data.readers import ReadError, find_files, is_video, read_latents, read_video
+from sweep.data.folder import FOLDER_KINDS, relative
+from sweep.data.readers import ReadError, find_files, read_image, read_latents, read_video, source_of
+from sweep.data.shape import DIMS, Expected, as_cfhw, shape_problem
 from sweep.data.split import describe, eval_files_problem, split_files
 from sweep.run.progress import resolve_mode
 
 REPORT_NAME = "doctor_report.json"
-# Dimension positions in the project's (C, F, H, W) layout (images and 3-D latents: (C, H, W)).
-_DIMS = ("channels", "frames", "height", "width")
 
 
 @dataclass
@@ -59,13 +64,15 @@ class SampleResult:
 
     path: str  # relative to the scanned root, with forward slashes
     key: str = ""  # the tensor's name inside a multi-tensor latent file, else ""
-    source: str = "latent"  # "video" | "latent" | "folder" (one that cannot be listed)
+    source: str = "latent"  # "video" | "image" | "latent" | "folder" (one that cannot be listed)
     shape: list[int] | None = None
     dtype: str | None = None
     min: float | None = None
     max: float | None = None
     problems: list[SampleProblem] = field(default_factory=list)
     group: str = ""  # samples compared with each other for the majority shape
+    mode: str | None = None  # an image's Pillow mode as stored (RGB, L, P, ...)
+    sample: bool = True  # what a run trains on: a file's one tensor or its `latents` entry (not its other entries)
 
     @property
     def name(self) -> str:
@@ -86,6 +93,7 @@ class SampleResult:
             "max": _json_float(self.max),
             "ok": self.ok,
             "problems": [p.to_dict() for p in self.problems],
+            "mode": self.mode,
         }
 
 
@@ -96,23 +104,18 @@ def _json_float(v: float | None) -> float | str | None:
     return str(v)
 
 
-def _dims(shape: list[int]) -> dict[str, int]:
-    """The named dims of a (C, F, H, W) or (C, H, W) shape."""
-    if len(shape) == 4:
-        return dict(zip(_DIMS, shape))
-    if len(shape) == 3:
-        return {"channels": shape[0], "height": shape[1], "width": shape[2]}
-    return {}
-
-
 def examine_file(path: Path, root: Path, limit: float, constant_tol: float) -> list[SampleResult]:
     """Read one file and check each of its samples' values (shapes are compared later, across samples)."""
     rel = relative(root, path)
-    source = "video" if is_video(path) else "latent"
+    source = source_of(path)
+    mode = None
     try:
         if source == "video":
             clip, cut = read_video(path)
             items, notes = [("", clip)], [cut]
+        elif source == "image":  # at its own size: the run scales it (a `size` finding when it must scale up)
+            image = read_image(path)
+            items, notes, mode = [("", image.pixels)], [None], image.mode
         else:
             items = read_latents(path)
             notes = [None] * len(items)
@@ -136,7 +139,9 @@ def examine_file(path: Path, root: Path, limit: float, constant_tol: float) -> l
                 min=stats.min if stats else None,
                 max=stats.max if stats else None,
                 problems=problems + found,
-                group=source if source == "video" else (key if len(items) > 1 else "latent"),
+                group=source if source != "latent" else (key if len(items) > 1 else "latent"),
+                mode=mode,
+                sample=len(items) == 1 or key == "latents",  # the tensor the loader reads (sweep/data/folder.py)
             )
         )
     return results
@@ -149,33 +154,52 @@ def unlisted_result(folder: Path, root: Path, why: str) -> SampleResult:
 
 
 def check_shapes(results: list[SampleResult], expected: dict[str, int]) -> dict[str, list[int] | None]:
-    """Add shape/frames problems against the expected dims and each group's majority shape; returns the majorities."""
+    """Add shape/frames/size problems: the run's shape rule for the dims given (sweep/data/shape.py, the loader's
+    own, with its sentence), and each group's majority shape for the dims not given; returns the majorities."""
+    want = Expected(**expected)
     majorities: dict[str, list[int] | None] = {}
     # A truncated clip's short frame count is a consequence, already reported: leave it out.
     comparable = [r for r in results if r.shape is not None and not any(p.kind == "truncated" for p in r.problems)]
-    for group in sorted({r.group for r in comparable}):
+    for r in comparable:
+        if not r.sample:
+            continue
+        problem = shape_problem(tuple(r.shape), want, r.source)
+        if problem is not None:
+            r.problems.append(problem)
+        small = r.source == "image" and _smaller(r.shape[1:], want)
+        if small:
+            r.problems.append(SampleProblem("size", small))
+    free = [i for i, d in enumerate(DIMS) if d not in expected]  # the dims the majority decides
+    for group in sorted({r.group for r in comparable if r.source != "image"}):  # images are scaled to the run's size
         members = [r for r in comparable if r.group == group]
-        counts = Counter(tuple(r.shape) for r in members).most_common(2)
+        normal = {id(r): as_cfhw(tuple(r.shape)) or tuple(r.shape) for r in members}
+        counts = Counter(normal[id(r)] for r in members).most_common(2)
         unique = len(counts) == 1 or counts[0][1] > counts[1][1]
-        majority = list(counts[0][0]) if unique else None  # a tie names no majority
-        majorities[group] = majority
+        majority = counts[0][0] if unique else None  # a tie names no majority
+        majorities[group] = next(r.shape for r in members if normal[id(r)] == majority) if majority else None
         for r in members:
-            dims = _dims(r.shape)
-            for dim, want in expected.items():
-                if dim in dims and dims[dim] != want:
-                    kind = "frames" if dim == "frames" else "shape"
-                    detail = f"{dim} {dims[dim]}, expected {want} (shape {tuple(r.shape)})"
-                    r.problems.append(SampleProblem(kind, detail))
-            if majority is None or r.shape == majority or any(p.kind in ("shape", "frames") for p in r.problems):
+            if majority is None or any(p.kind in ("shape", "frames") for p in r.problems):
                 continue
-            mdims = _dims(majority)
-            only_frames = len(r.shape) == len(majority) == 4 and [d for d in _DIMS if dims[d] != mdims[d]] == ["frames"]
-            if only_frames:
-                detail = f"{dims['frames']} frames, most samples have {mdims['frames']}"
-                r.problems.append(SampleProblem("frames", detail))
+            mine = normal[id(r)]
+            if len(mine) != len(majority):
+                off = ["rank"]
             else:
-                r.problems.append(SampleProblem("shape", f"shape {tuple(r.shape)}, most samples are {tuple(majority)}"))
+                off = [DIMS[i] for i in free if mine[i] != majority[i]]
+            if off == ["frames"]:
+                r.problems.append(SampleProblem("frames", f"{mine[1]} frames, most samples have {majority[1]}"))
+            elif off:
+                shown = tuple(majorities[group])
+                r.problems.append(SampleProblem("shape", f"shape {tuple(r.shape)}, most samples are {shown}"))
     return majorities
+
+
+def _smaller(size: list[int], want: Expected) -> str | None:
+    """Why an image of size (height, width) is scaled up to the run's size, or None when it is not."""
+    h, w = size
+    if (want.height is None or h >= want.height) and (want.width is None or w >= want.width):
+        return None
+    run = f"{want.height or 'any'} x {want.width or 'any'}"
+    return f"{h} x {w} pixels, smaller than the run's {run} (height x width): scaled up, so blurred"
 
 
 def eval_split(root: Path, files: list[Path], results: list[SampleResult], eval_files: float) -> dict:
@@ -183,8 +207,8 @@ def eval_split(root: Path, files: list[Path], results: list[SampleResult], eval_
     {"files", "train", "held_out" (relative paths), "held_out_bad" (those the doctor found bad), "note"}}}."""
     bad = {r.path for r in results if not r.ok}
     by_data = {}
-    for data, members in (("video_folder", [f for f in files if is_video(f)]), ("latent_folder", files)):
-        names = [relative(root, f) for f in members if data == "video_folder" or not is_video(f)]
+    for data, (source, _) in FOLDER_KINDS.items():
+        names = [relative(root, f) for f in files if source_of(f) == source]
         if not names:
             continue
         split = split_files(names, eval_files)
@@ -202,7 +226,7 @@ def format_split(split: dict, shown: int = 10) -> str:
     """The split's lines of the printed summary: counts per data kind, then the held-out files."""
     lines = []
     for data, s in split["by_data"].items():
-        what = "video" if data == "video_folder" else "latent"
+        what = FOLDER_KINDS[data][0]
         lines.append(
             f"eval split (data={data} data.eval_files={describe(split['eval_files'])}): {len(s['held_out'])} of"
             f" {s['files']} {what} files held out for the eval loss, {s['train']} train"
@@ -280,14 +304,16 @@ def format_summary(root: Path, results: list[SampleResult], n_files: int) -> str
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="python -m sweep.doctor",
-        description="Scan a folder of videos or latent tensors (recursively) for samples that would break "
+        description="Scan a folder of videos, images or latent tensors (recursively) for samples that would break "
         "or poison training: unreadable/truncated/empty files, NaN/Inf, values outside [-limit, limit], "
-        "wrong shapes or frame counts, constant clips. Exit status: 0 clean, 1 problems found, 2 usage error.",
+        "wrong shapes or frame counts (the run's own rule), images that are not 8-bit or smaller than the run's "
+        "size, constant clips. Exit status: 0 clean, 1 problems found, 2 usage error.",
     )
     parser.add_argument(
         "path",
         help="dataset folder (or one file): videos (.mp4 .webm .mkv .avi .mov ...) decoded "
-        "with PyAV and mapped to [-1, 1]; latents (.safetensors .pt .pth .npy .npz)",
+        "with PyAV and images (.png .jpg .jpeg .webp) with Pillow, mapped to [-1, 1]; latents "
+        "(.safetensors .pt .pth .npy .npz)",
     )
     parser.add_argument(
         "--json",
@@ -316,13 +342,14 @@ def build_parser() -> argparse.ArgumentParser:
         help="report the files a run holds out for its eval loss under data.eval_files=N: a fraction in (0, 1), "
         "a count >= 1, or 0 for none (default %(default)s, the run's default)",
     )
-    for dim in _DIMS:
+    for dim in DIMS:
         parser.add_argument(
             f"--{dim}",
             type=int,
             metavar="N",
-            help=f"expected {dim} of every sample, in the (C, F, H, W) / (C, H, W) layout "
-            "(default: compare with the majority of the folder)",
+            help=f"the run's data.{dim}: samples are checked by the loader's own shape rule, in the (C, F, H, W) / "
+            "(C, H, W) layout (a (C, 1, H, W) file is an image for --frames 1; give all four for the run's verdict; "
+            "default: compare with the majority of the folder)",
         )
     return parser
 
@@ -344,14 +371,14 @@ def main(argv: list[str] | None = None) -> int:
     if problem is not None:
         print(f"doctor: --eval-files: {problem}", file=sys.stderr)
         return 2
-    expected = {d: getattr(args, d) for d in _DIMS if getattr(args, d) is not None}
+    expected = {d: getattr(args, d) for d in DIMS if getattr(args, d) is not None}
     if any(v < 1 for v in expected.values()):
         print("doctor: --channels/--frames/--height/--width must be >= 1", file=sys.stderr)
         return 2
 
     files, unlisted = find_files(root)
     if not files and not unlisted:
-        print(f"doctor: no video or latent files under {root}", file=sys.stderr)
+        print(f"doctor: no video, image or latent files under {root}", file=sys.stderr)
         return 1
     bar = resolve_mode(Progress.auto) is Progress.bar  # a bar for a person at a terminal only
     # A folder that cannot be listed hides its samples: a problem of its own, never "all clean".

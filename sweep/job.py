@@ -23,6 +23,8 @@ from omegaconf import DictConfig, OmegaConf
 from sweep.config import ConfigError, RunConfig, check_device, check_inputs, enum_choices, to_run_config
 from sweep.errors import exiting_on_config_error
 from sweep.run.interrupt import StopOnSignal, stopping_on_signals
+from sweep.run.once import per_sweep
+from sweep.run.progress import current_sweep
 from sweep.run.results import hold_run_dir, release_run_dir
 from sweep.run.trackers import open_sinks
 from sweep.run.urls import scrub
@@ -112,7 +114,8 @@ def run_job(cfg: DictConfig) -> dict:
     with stopping_on_signals() as request:
         # pruning_hooks: reports to the ledger's trial, only with our sweeper's pruner (sweep/search/pruning.py)
         hooks = [*pruning_hooks(job.run, job.sweep_dir), StopOnSignal(request, job.run.steps)]
-        result = execute(job.run, job.run_dir, job.params, label=job.label, hooks=hooks, sinks=job_sinks(job))
+        with per_sweep(job.sweep_dir if job.multirun else None):  # a line every run would repeat: once per sweep
+            result = execute(job.run, job.run_dir, job.params, label=job.label, hooks=hooks, sinks=job_sinks(job))
         returned = finish_job(job, result)
     if request.signum is not None:
         log.warning(
@@ -136,8 +139,16 @@ def job_sinks(job: JobSpec) -> list:
 
 
 def finish_job(job: JobSpec, result) -> dict:
-    """Log the run's headline and record it in the ledger; returns result.json's content."""
-    log.info("%s%s", f"[{job.num}] {job.label}: " if job.multirun else "", result.headline())
+    """Log the run's line and record it in the ledger; returns result.json's content. In a sweep whose sweeper
+    counts its runs in this process (the grid sweeper: sweep/run/progress.py), the line starts with k/N and ends
+    with the sweep's counts and ETA."""
+    line = f"[{job.num}] {job.label}: {result.headline()}" if job.multirun else result.headline()
+    sweep = current_sweep() if job.multirun else None
+    if sweep is not None:
+        sweep.finished(job.num, result.status)
+        sweep.clear()
+        line = f"{sweep.position()} {line}; {sweep.counts()}"
+    log.info("%s", line)
     try:
         record(job.run, job.sweep_dir, job.run_dir, result.to_dict())
     finally:

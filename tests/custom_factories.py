@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import math
+
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
@@ -148,3 +150,48 @@ def needs_real_tensors(channels: int) -> nn.Module:
     rates = [x.item() for x in torch.linspace(0, 0.1, 2)]
     assert rates[0] == 0.0
     return tokens(channels)
+
+
+FACTORY_CALLS = {"outside_dit": 0}
+"""How many times outside_dit was called (tests count the models a sweep builds)."""
+
+
+class TimestepEmbedder(nn.Module):
+    """DiT's timestep embedder as outside code writes it (facebookresearch/DiT models.py): float32 sinusoidal
+    features fed to the MLP without a cast, so under a pure precision its first Linear gets float32."""
+
+    def __init__(self, hidden: int, frequency_embedding_size: int = 32):
+        super().__init__()
+        self.frequency_embedding_size = frequency_embedding_size
+        self.mlp = nn.Sequential(nn.Linear(frequency_embedding_size, hidden), nn.SiLU(), nn.Linear(hidden, hidden))
+
+    @staticmethod
+    def timestep_embedding(t, dim: int, max_period: int = 10000):
+        half = dim // 2
+        freqs = torch.exp(-math.log(max_period) * torch.arange(half, dtype=torch.float32, device=t.device) / half)
+        args = t[:, None].float() * freqs[None]
+        return torch.cat([torch.cos(args), torch.sin(args)], dim=-1)
+
+    def forward(self, t):
+        return self.mlp(self.timestep_embedding(t, self.frequency_embedding_size))
+
+
+class OutsideDiT(nn.Module):
+    """An image model with that embedder: pixels as tokens plus the timestep embedding."""
+
+    def __init__(self, channels: int, dim: int = 16):
+        super().__init__()
+        self.inp, self.t_embedder, self.out = nn.Linear(channels, dim), TimestepEmbedder(dim), nn.Linear(dim, channels)
+
+    def forward(self, x, t):
+        b, c = x.shape[:2]
+        h = self.inp(x.reshape(b, c, -1).transpose(1, 2)) + self.t_embedder(t)[:, None]  # (B, N, dim)
+        return self.out(h).transpose(1, 2).reshape(x.shape)
+
+
+def outside_dit(channels: int) -> nn.Module:
+    FACTORY_CALLS["outside_dit"] += 1
+    return OutsideDiT(channels)
+
+
+outside_dit.is_image = True

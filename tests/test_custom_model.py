@@ -330,3 +330,51 @@ def test_the_example_gets_the_builtin_models_verdicts(precision, lr, attention, 
     builtin = execute(make_run("model=video_dit_tiny", *common), tmp_path / "builtin", {})
     assert ours.status == builtin.status == ("stable" if (precision, lr, attention) in STABLE else "diverged")
     assert ours.verdict == builtin.verdict, (ours.verdict, ours.first_bad_step, builtin.verdict, builtin.first_bad_step)
+
+
+# --- the pure-precision dtype contract: probed once before the sweep -------------------------------------------
+
+
+OUTSIDE = ["model=custom", "model.target=tests.custom_factories:outside_dit", "data=synthetic_image", "data.frames=1"]
+
+
+def test_a_float32_intermediate_under_a_pure_precision_names_the_module_and_the_cast():
+    from sweep.run.dtype_contract import contract_problem
+
+    why = contract_problem(make_run(*OUTSIDE, "precision=fp16_pure"))
+    assert why.startswith(
+        "precision=fp16_pure: t_embedder.mlp.0 (Linear, float16 weights) gets a float32 input (`mat1 and mat2 must"
+    )
+    assert (
+        "`.to(self.t_embedder.mlp[0].weight.dtype)`" in why and "precision.fp32_modules=[model.t_embedder.mlp.0]" in why
+    )
+    assert "bfloat16 weights" in contract_problem(make_run(*OUTSIDE, "precision=bf16_pure"))
+    # The fix it names works: that module kept in float32 (or the cast in the model: examples/my_dit.py) runs.
+    assert (
+        contract_problem(make_run(*OUTSIDE, "precision=fp16_pure", "precision.fp32_modules=[model.t_embedder]")) is None
+    )
+    assert contract_problem(make_run("model=custom", EXAMPLE, SMALL, "precision=fp16_pure")) is None
+    assert contract_problem(make_run(*OUTSIDE, "precision=bf16_amp")) is None  # autocast casts for it
+
+
+def test_a_sweep_skips_the_pure_cells_with_one_line_and_builds_none_of_them(tmp_path, caplog, capsys):
+    """The trial: every fp16_pure run of an outside DiT ended `error: mat1 and mat2 must have the same dtype` with a
+    traceback each. Now the grid's check probes fp16_pure once, says it once, and its cells are `skipped` with that
+    reason without building their model; the other cells run."""
+    from tests import custom_factories
+    from tests.conftest import multirun_in_process, read_results
+
+    before = custom_factories.FACTORY_CALLS["outside_dit"]
+    caplog.set_level("INFO", logger="sweep")
+    grid = ["precision=fp32,fp16_pure", "optim.lr=1e-4,1e-3", "steps=2", "ledger.enabled=false"]
+    multirun_in_process(tmp_path / "sweep", *OUTSIDE, "data.height=4", "data.width=4", *grid)
+    results = read_results(tmp_path / "sweep")
+    statuses = sorted((r["params"]["precision"], r["status"]) for r in results)
+    assert statuses == [("fp16_pure", "skipped")] * 2 + [("fp32", "stable")] * 2
+    assert all("t_embedder.mlp.0 (Linear, float16 weights)" in r["reason"] for r in results if r["status"] == "skipped")
+    warned = [r for r in caplog.records if r.levelname == "WARNING" and "its runs are skipped" in r.getMessage()]
+    jobs = capsys.readouterr().out  # the jobs log through Hydra's job logging, to stdout
+    assert len(warned) == 1 and "Traceback" not in caplog.text + jobs and "run crashed" not in jobs
+    assert jobs.count("skipped: precision=fp16_pure: t_embedder.mlp.0") == 2  # each skipped run's own line
+    # the factory check (counted on meta, then built), one build under fp16_pure, one per fp32 run: none per skip
+    assert custom_factories.FACTORY_CALLS["outside_dit"] - before == 5

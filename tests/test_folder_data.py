@@ -141,3 +141,90 @@ def test_folder_data_in_windows_is_one_sync_per_step_packed_and_alone(tmp_path):
         r = execute(make_run(*common, f"monitor.sync_every={sync}", fast=False), tmp_path / f"alone{sync}", params={})
         alone[sync] = (r.status, (tmp_path / f"alone{sync}" / "metrics.csv").read_bytes(), r.sync["windows"])
     assert alone[4][:2] == alone[1][:2] and alone[4][2] == 2
+
+
+@pytest.fixture(scope="module")
+def single_frames(tmp_path_factory):
+    """Latent folders of (4, 1, 8, 8) files (what a VAE script writes for images) and of (4, 2, 8, 8) files."""
+    out = {}
+    g = torch.Generator().manual_seed(1)
+    for frames in (1, 2):
+        root = tmp_path_factory.mktemp(f"frames{frames}")
+        for i in range(4):
+            save_file(
+                {"latents": torch.rand(4, frames, 8, 8, generator=g) * 1.8 - 0.9}, str(root / f"z{i}.safetensors")
+            )
+        out[frames] = root
+    return out
+
+
+RUN_SHAPE = ["--channels", "4", "--frames", "1", "--height", "8", "--width", "8"]
+IMAGE_RUN = [
+    "model=dit_tiny",
+    "data=latent_folder",
+    "data.channels=4",
+    "data.frames=1",
+    "data.height=8",
+    "data.width=8",
+]
+
+
+def test_the_doctor_and_the_loader_decide_shapes_by_one_rule(single_frames, tmp_path):
+    """The trial: given the run's exact shape, the doctor called (4, 1, 8, 8) files clean and the loop refused every
+    one ("the run expects (4, 8, 8)"). Now a (C, 1, H, W) file is an image sample for frames=1 (squeezed for an
+    image model), and a file neither takes is refused by both with the same sentence."""
+    import json
+
+    from sweep.data.folder import FolderClips
+    from sweep.doctor import main
+
+    shape = dict(frames=1, channels=4, height=8, width=8)
+    assert main([str(single_frames[1]), *RUN_SHAPE, "--json", str(tmp_path / "ones.json")]) == 0
+    image = FolderClips(single_frames[1], "latent_folder", **shape, as_images=True)
+    assert image.problems == [None] * 4 and image[0].shape == (4, 8, 8)
+    video = FolderClips(single_frames[1], "latent_folder", **shape, as_images=False)
+    assert video[0].shape == (4, 1, 8, 8) and torch.equal(video[0][:, 0], image[0])
+
+    assert main([str(single_frames[2]), *RUN_SHAPE, "--json", str(tmp_path / "twos.json")]) == 1
+    report = json.loads((tmp_path / "twos.json").read_text())
+    doctor = {(p["kind"], p["detail"]) for s in report["samples"] for p in s["problems"]}
+    loader = set(FolderClips(single_frames[2], "latent_folder", **shape, as_images=True).problems)
+    sentence = "shape (4, 2, 8, 8), the run expects (4, 1, 8, 8) or (4, 8, 8)"
+    assert doctor == {("frames", sentence)} and loader == {sentence}
+
+
+def test_a_latent_folder_of_single_frames_trains_an_image_model(single_frames, tmp_path):
+    r = execute(make_run(*IMAGE_RUN, f"data.path={single_frames[1]}", "steps=2"), tmp_path / "a", params={})
+    assert r.status == "stable" and r.eval_loss is not None
+
+
+def test_drop_bad_that_refuses_every_sample_says_why_counted(single_frames, tmp_path, caplog):
+    """It said "every sample failed the data check" and no reason (the wrong-shape files, placeholders full of NaN,
+    were counted as NaN); now the reasons, counted, in one line and no traceback."""
+    run = make_run(*IMAGE_RUN, f"data.path={single_frames[2]}", "data.drop_bad=true", "steps=2")
+    r = execute(run, tmp_path / "b", params={})
+    assert r.status == "error"
+    assert r.reason.startswith(
+        "data.drop_bad: every sample failed the data check: "
+        "3 x shape (4, 2, 8, 8), the run expects (4, 1, 8, 8) or (4, 8, 8) (e.g. sample 0 (z"
+    ), r.reason
+    assert "Traceback" not in caplog.text
+
+
+def test_drop_bad_counts_its_reasons_and_says_them_once_per_sweep(tmp_path, caplog):
+    """The same data line for each of a sweep's runs is said once in the sweep (sweep/run/once.py)."""
+    from sweep.data.synthetic import Fault, SyntheticClips
+    from sweep.run.build import drop_bad_samples
+    from sweep.run.once import per_sweep
+
+    clips = SyntheticClips(8, 2, 3, 8, 8, seed=0, faults=[Fault(1, "nan"), Fault(5, "nan"), Fault(6, "range")])
+    caplog.set_level("DEBUG", logger="sweep")
+    with per_sweep(tmp_path):
+        for _ in range(3):
+            kept = drop_bad_samples(clips, 1.001)
+    said = [r for r in caplog.records if r.levelname == "WARNING"]
+    assert len(kept) == 5 and len(said) == 1
+    assert said[0].getMessage() == (
+        "data.drop_bad: left out 3 of 8 samples: 2 x NaN values (e.g. sample 1); "
+        "1 x values outside [-1.001, 1.001] (data.range_limit) (e.g. sample 6)"
+    )

@@ -116,8 +116,9 @@ class GridSweeper(BasicSweeper):
         )
         super().setup(hydra_context=context, task_function=task_function, config=config)
         self.finished: Dict[int, JobReturn] = {}  # job number -> the return of a cell already finished
+        self.job_dirs: Dict[int, Path] = {}  # job number -> its directory (what a watcher of remote jobs reads)
         self.cells_seen = 0
-        self.launcher = ResumingLauncher(self.launcher, self.finished)
+        self.launcher = ResumingLauncher(self.launcher, self.finished, self.job_dirs)
 
     def check_ladder(self, arguments: List[str]) -> None:
         """A ladder sweep (`+ladder=width|depth`) over fewer than three sizes is a ConfigError (one line, exit 2):
@@ -158,12 +159,16 @@ class GridSweeper(BasicSweeper):
             return self.frontier.sweep(arguments)
         from omegaconf import OmegaConf
 
+        from sweep.run.progress import close_sweep
         from sweep.search.replicates import replicate_overrides
 
         replicates = OmegaConf.select(self.config, "replicates", default=1)
         seed = OmegaConf.select(self.config, "seed", default=0)
         extra = replicate_overrides([*self._parse_config(), *arguments], replicates, seed) if replicates else []
-        return super().sweep([*arguments, *extra])
+        try:
+            return super().sweep([*arguments, *extra])
+        finally:
+            close_sweep()
 
     def validate_batch_is_legal(self, batch: Sequence[Sequence[str]]) -> None:
         from omegaconf import OmegaConf
@@ -191,6 +196,7 @@ class GridSweeper(BasicSweeper):
                 job_dir = check_job_dir(cfg, num)
             except ConfigError as e:
                 raise ConfigError(f"{e} (in the sweep cell {' '.join(overrides)})") from None
+            self.job_dirs[num] = job_dir
             result = finished_result(job_dir, overrides)
             if result is not None:
                 self.finished[num] = JobReturn(
@@ -199,6 +205,7 @@ class GridSweeper(BasicSweeper):
                     status=JobStatus.COMPLETED,
                     _return_value=result,
                 )
+        self.count_runs(first, batch)
         if any(first <= n < self.cells_seen for n in self.finished):
             log.info(
                 "grid: %d of %d cells already finished in %s (a result.json says so): not run again",
@@ -206,6 +213,26 @@ class GridSweeper(BasicSweeper):
                 len(batch),
                 self.config.hydra.sweep.dir,
             )
+
+    def count_runs(self, first: int, batch: Sequence[Sequence[str]]) -> None:
+        """The sweep's progress (sweep/run/progress.py): opened at the first batch with every cell of the grid, less
+        those already finished; a later batch takes off its own finished cells."""
+        from omegaconf import OmegaConf
+
+        from sweep.config import Progress
+        from sweep.run.progress import current_sweep, open_sweep
+
+        done_here = sum(first <= n < first + len(batch) for n in self.finished)
+        if first == 0:
+            cells = sum(len(b) for b in self.overrides)
+            mode = OmegaConf.select(self.config, "progress", default="auto")
+            try:
+                mode = Progress(getattr(mode, "value", mode))
+            except ValueError:  # another app's config: no bar
+                mode = Progress.none
+            open_sweep(cells - done_here, mode)
+        elif current_sweep() is not None:
+            current_sweep().total -= done_here
 
 
 FINISHED = ("stable", "diverged", "skipped")
@@ -235,35 +262,97 @@ def finished_result(job_dir: Path, overrides: Sequence[str]) -> Optional[dict]:
     return result
 
 
+IN_PROCESS = ("BasicLauncher", "PackedLauncher")
+"""Launchers that run the jobs in the sweeper's process: the runs count themselves (sweep/job.py finish_job)."""
+
+
 class ResumingLauncher:
     """The configured launcher, given only the cells not finished yet; the finished ones return their
     result.json. Unfinished cells keep their job numbers (and so their directories): each run of
-    consecutive ones is launched on its own."""
+    consecutive ones is launched on its own. Runs launched elsewhere (joblib, submitit) are counted by
+    watching their job directories (ResultWatcher)."""
 
-    def __init__(self, launcher, finished: Dict[int, JobReturn]) -> None:
+    def __init__(self, launcher, finished: Dict[int, JobReturn], job_dirs: Optional[Dict[int, Path]] = None) -> None:
         self.launcher, self.finished = launcher, finished
+        self.job_dirs = job_dirs if job_dirs is not None else {}  # shared: the sweeper fills it as it checks cells
 
     def __getattr__(self, name):
-        if name in ("launcher", "finished"):
+        if name in ("launcher", "finished", "job_dirs"):
             raise AttributeError(name)
         return getattr(self.launcher, name)
 
-    def launch(self, job_overrides: Sequence[Sequence[str]], initial_job_idx: int) -> Sequence[JobReturn]:
+    def launch_some(self, todo: Sequence[Sequence[str]], first: int) -> Sequence[JobReturn]:
         from sweep.run.interrupt import launch_forwarding_signals  # a signal reaches jobs in other processes too
 
+        watched = {n: self.job_dirs[n] for n in range(first, first + len(todo)) if n in self.job_dirs}
+        if type(self.launcher).__name__ in IN_PROCESS or not watched:
+            return launch_forwarding_signals(self.launcher, todo, first)
+        with ResultWatcher(watched):
+            return launch_forwarding_signals(self.launcher, todo, first)
+
+    def launch(self, job_overrides: Sequence[Sequence[str]], initial_job_idx: int) -> Sequence[JobReturn]:
         returns: List[JobReturn] = []
         todo: List[Sequence[str]] = []
         for num, overrides in enumerate(job_overrides, start=initial_job_idx):
             if num in self.finished:
                 if todo:
-                    returns += launch_forwarding_signals(self.launcher, todo, num - len(todo))
+                    returns += self.launch_some(todo, num - len(todo))
                     todo = []
                 returns.append(self.finished[num])
             else:
                 todo.append(overrides)
         if todo:
-            returns += launch_forwarding_signals(self.launcher, todo, initial_job_idx + len(job_overrides) - len(todo))
+            returns += self.launch_some(todo, initial_job_idx + len(job_overrides) - len(todo))
         return returns
+
+
+class ResultWatcher:
+    """While jobs run in other processes, a thread that looks for each one's result.json every `every` seconds and
+    says one line per run finished: `sweep: 3/24 finished: [5] stable; 1 diverged so far, ETA 2m10s`. Files older
+    than the launch (a resumed cell's earlier attempt) are not counted."""
+
+    def __init__(self, job_dirs: Dict[int, Path], every: float = 1.0) -> None:
+        import threading
+        import time
+
+        self.pending, self.every = dict(job_dirs), every
+        self.since = time.time() - 1.0  # file times may be coarser than a second
+        self.stop = threading.Event()
+        self.thread = threading.Thread(target=self._watch, name="sweep-progress", daemon=True)
+
+    def __enter__(self) -> "ResultWatcher":
+        self.thread.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.stop.set()
+        self.thread.join()
+        self.poll()  # what finished since the last look
+
+    def _watch(self) -> None:
+        while not self.stop.wait(self.every):
+            self.poll()
+
+    def poll(self) -> None:
+        import json
+
+        from sweep.run.progress import current_sweep
+
+        sweep, found = current_sweep(), []
+        for num, job_dir in list(self.pending.items()):
+            path = job_dir / "result.json"
+            try:
+                when = path.stat().st_mtime
+                if when < self.since:
+                    continue
+                found.append((when, num, str(json.loads(path.read_text())["status"])))
+            except Exception:  # noqa: BLE001  (not there yet, or being written)
+                continue
+            del self.pending[num]
+        for _, num, status in sorted(found):  # in the order they finished
+            if sweep is not None and sweep.finished(num, status):
+                say = logging.getLogger("sweep").info  # beside the runs' own lines
+                say("sweep: %s finished: [%d] %s; %s", sweep.position(), num, status, sweep.counts())
 
 
 def check_job_dir(cfg, job_num: int) -> Path:

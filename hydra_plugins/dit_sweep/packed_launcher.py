@@ -59,6 +59,7 @@ class PackedLauncher(Launcher):
         from sweep.config import RunConfig
         from sweep.job import finish_job, job_sinks, job_spec_task
         from sweep.run.interrupt import stopping_on_signals
+        from sweep.run.once import per_sweep
         from sweep.run.packing import execute_pack, plan
 
         setup_globals()
@@ -100,7 +101,7 @@ class PackedLauncher(Launcher):
         ours = [i for i, spec in enumerate(specs) if spec is not None]
         # Ctrl-C/SIGTERM: the pack in progress trains to its end and is recorded, no later pack starts (their
         # job dirs have no result.json: a resume runs them); a second signal exits at once (sweep/run/interrupt.py).
-        with stopping_on_signals() as request:
+        with stopping_on_signals() as request, per_sweep(self.config.hydra.sweep.dir):
             for members in plan([specs[i].run for i in ours], self.pack):  # Phase 2: train, pack by pack
                 jobs = [specs[ours[m]] for m in members]
                 if len(jobs) > 1:

@@ -34,6 +34,7 @@ from sweep.config.enums import (
     Param,
     Prediction,
     Progress,
+    Resize,
     Schedule,
     Verdict,
 )
@@ -138,6 +139,7 @@ __all__ = [
     "ReportConfig",
     "Prediction",
     "Progress",
+    "Resize",
     "PrunerConfig",
     "PrunerName",
     "RunConfig",

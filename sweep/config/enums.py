@@ -105,6 +105,14 @@ class DataSource(str, Enum):
     synthetic = "synthetic"
     video_folder = "video_folder"
     latent_folder = "latent_folder"
+    image_folder = "image_folder"
+
+
+class Resize(str, Enum):
+    """How an image_folder image becomes data.height x data.width (sweep/data/readers.py RESIZE_MODES)."""
+
+    crop = "crop"
+    resize = "resize"
 
 
 class LadderAxis(str, Enum):

@@ -1,6 +1,8 @@
 """The checks made just before runs start, not in validate(): the files a run will load exist and fit
 (model.init_from, checkpoint.resume_from), a custom or released model and the precision.fp32_modules globs
-build (probed once per distinct model), the device is there, and the output directory can be created.
+build (probed once per distinct model), a custom model's forward under each pure precision asked for (its
+runs are skipped with the reason when it breaks the dtype contract), the device is there, and the output
+directory can be created.
 """
 
 from __future__ import annotations
@@ -50,6 +52,7 @@ def check_inputs(run: RunConfig) -> RunConfig:
         )
     if run.model.arch is Arch.custom:
         _probe_custom(run)
+        _probe_pure_precision(run)
     if run.model.arch is Arch.diffusers_config:
         _probe_diffusers_config(run)
     if run.precision.fp32_modules:
@@ -130,6 +133,17 @@ def _probe_custom(run: RunConfig) -> None:
             raise ConfigError(f"model.target: {e}") from None
 
     _probe_once(repr((m.target, sorted(m.kwargs.items()), sorted(inputs.items()))), probe)
+
+
+def _probe_pure_precision(run: RunConfig) -> None:
+    """Under bf16_pure/fp16_pure, one forward of the custom model with its weights cast (once per model, dtype and
+    fp32_modules in this process): where a float32 intermediate meets a low-precision weight, one warning line
+    says which module and what to cast, and the runs of that precision are `skipped` with it as their reason
+    (sweep/run/dtype_contract.py), instead of an `error` and a traceback each. Not a ConfigError: the grid's
+    other cells run."""
+    from sweep.run.dtype_contract import contract_problem
+
+    contract_problem(run)
 
 
 def _probe_diffusers_config(run: RunConfig) -> None:

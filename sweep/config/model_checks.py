@@ -8,7 +8,7 @@ the check that needs them (they import torch, which composing a config never nee
 
 from __future__ import annotations
 
-from sweep.config.enums import Arch, FinetuneMethod, Param
+from sweep.config.enums import Arch, DataSource, FinetuneMethod, Param
 from sweep.config.schema import ConfigError, RunConfig, require
 
 
@@ -61,11 +61,22 @@ def check_model_kind(run: RunConfig) -> None:
         require(
             d.frames == 1,
             "data.frames",
-            f"model.arch=dit trains on images: use data=synthetic_image (frames=1), got {d.frames}",
+            f"model.arch=dit trains on images: use {_use(d, True)}, got {d.frames}",
         )
     _validate_diffusers(run)
     _validate_diffusers_config(run)
     _validate_custom(run)
+
+
+def _use(d, image: bool) -> str:
+    """What data an image (or video) model takes, said for the data source in use."""
+    if d.source is DataSource.synthetic:
+        return "data=synthetic_image (frames=1)" if image else "data=synthetic_video (frames > 1)"
+    if image:
+        return f"data.frames=1 (one image per file of data={d.source.value})"
+    if d.source is DataSource.image_folder:
+        return "a video folder or a latent folder of clips (data.frames > 1), not data=image_folder"
+    return "data.frames > 1"
 
 
 def _validate_diffusers(run: RunConfig) -> None:
@@ -94,13 +105,13 @@ def _validate_diffusers(run: RunConfig) -> None:
         require(
             d.frames == 1,
             "data.frames",
-            f"model.name={m.name} trains on images: use data=synthetic_image (frames=1), got {d.frames}",
+            f"model.name={m.name} trains on images: use {_use(d, True)}, got {d.frames}",
         )
     else:
         require(
             d.frames > 1,
             "data.frames",
-            f"model.name={m.name} is a video model: use data=synthetic_video (frames > 1), got {d.frames}",
+            f"model.name={m.name} is a video model: use {_use(d, False)}, got {d.frames}",
         )
 
 
@@ -133,11 +144,11 @@ def _validate_diffusers_config(run: RunConfig) -> None:
             f"is implemented for the native models only; a diffusers model keeps its own (model.shrink), got {value}",
         )
     image = released.spec.is_image
-    use = "an image model: use data=synthetic_image (frames=1)" if image else "a video model: use data=synthetic_video"
+    use = f"an image model: use {_use(d, True)}" if image else f"a video model: use {_use(d, False)}"
     require(
         (d.frames == 1) == image,
         "data.frames",
-        f"{released.cls_name} ({m.config}) is {use}{'' if image else ' (frames > 1)'}, got {d.frames}",
+        f"{released.cls_name} ({m.config}) is {use}, got {d.frames}",
     )
 
 
@@ -188,13 +199,13 @@ def _validate_custom(run: RunConfig) -> None:
         require(
             d.frames == 1,
             "data.frames",
-            f"{m.target} is an image model (is_image=True): use data=synthetic_image (frames=1), got {d.frames}",
+            f"{m.target} is an image model (is_image=True): use {_use(d, True)}, got {d.frames}",
         )
     else:
         require(
             d.frames > 1,
             "data.frames",
-            f"{m.target} is a video model (no is_image=True): use data=synthetic_video (frames > 1), got {d.frames}",
+            f"{m.target} is a video model (no is_image=True): use {_use(d, False)}, got {d.frames}",
         )
     f = run.finetune
     require(

@@ -33,6 +33,7 @@ from sweep.config.enums import (
     Param,
     Prediction,
     Progress,
+    Resize,
     Schedule,
     Verdict,
 )
@@ -179,9 +180,9 @@ class FaultConfig:
 class DataConfig:
     name: str = "synthetic_video"
     source: DataSource = DataSource.synthetic
-    """synthetic clips made from a seed, or every video / latent file under data.path (sweep/data/folder.py)."""
+    """synthetic clips made from a seed, or every video / latent / image file under data.path (sweep/data/folder.py)."""
     path: Optional[str] = None
-    """The folder for video_folder / latent_folder."""
+    """The folder for video_folder / latent_folder / image_folder."""
     num_samples: int = 256
     frames: int = 8
     """1 gives single images (for arch=dit)."""
@@ -210,6 +211,9 @@ class DataConfig:
     relative to data.path, so adding files does not reshuffle them; at least one file always trains. The
     default, 0.1, holds out ~10% of a folder and keeps ~90% training (docs/eval_loss.md). Ignored by
     synthetic data, which holds out the clips after data.num_samples."""
+    resize: Resize = Resize.crop
+    """image_folder: how an image becomes height x width: crop (scale it to cover the size, aspect ratio kept, and
+    cut out the centre) or resize (scale it to the size: the aspect ratio changes); bicubic either way."""
 
 
 @dataclass

@@ -246,6 +246,17 @@ def _check_data(run: RunConfig) -> None:
         require(bool(d.path), "data.path", f"data={d.source.value} reads a folder: set data.path=DIR")
         require(Path(d.path).is_dir(), "data.path", f"no such directory: {d.path}")
         require(not d.faults, "data.faults", "fault injection is for synthetic data; a folder's bad files are real")
+    if d.source is DataSource.image_folder:  # one RGB frame per file (sweep/data/readers.py read_image)
+        require(
+            d.frames == 1,
+            "data.frames",
+            f"data=image_folder is one image per sample, for image models: must be 1, got {d.frames}",
+        )
+        require(
+            d.channels == 3,
+            "data.channels",
+            f"data=image_folder reads images as RGB: must be 3, got {d.channels}",
+        )
 
 
 def _check_optim(run: RunConfig) -> None:

@@ -35,7 +35,24 @@ CONSTANT_TOL = 0.02
 """A sample whose max - min is at most this is constant (1 uint8 level is 2/255 = 0.0078 in [-1, 1])."""
 
 # Every kind of problem the doctor reports, most severe first (the order of the summary table).
-PROBLEM_KINDS = ("unreadable", "truncated", "empty", "nan", "inf", "range", "shape", "frames", "constant")
+PROBLEM_KINDS = (
+    "unreadable",
+    "truncated",
+    "empty",
+    "mode",
+    "nan",
+    "inf",
+    "range",
+    "shape",
+    "frames",
+    "size",
+    "constant",
+)
+
+
+class DataError(ValueError):
+    """The run's data cannot be used at all (no files of its kind, every sample refused): a user's mistake, so the
+    run ends `error` with this one line as its reason and no traceback (sweep/run/execute.py `fail`)."""
 
 
 @dataclass(frozen=True)

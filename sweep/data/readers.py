@@ -1,11 +1,13 @@
-"""Reading the samples of a dataset folder for the data doctor, safely, and saying why one cannot be read.
+"""Reading the samples of a dataset folder (the data doctor, the loader), safely, and saying why one cannot be read.
 
 Videos are decoded with PyAV to RGB and mapped to [-1, 1] the way a training loader would
-(``uint8 / 127.5 - 1``), as one (C, F, H, W) float32 tensor per file. Latent tensors come from
+(``uint8 / 127.5 - 1``), as one (C, F, H, W) float32 tensor per file. Images (PNG, JPEG, WebP) are
+decoded with Pillow, turned upright by their EXIF orientation, converted to RGB and mapped the same
+way, as one (3, H, W) tensor, scaled to the run's size when one is given (``read_image``). Latent tensors come from
 ``.safetensors``, ``.pt``/``.pth`` (``torch.load(weights_only=True)``: a file that pickles
 anything but tensors and plain containers is refused, never run), ``.npy`` and ``.npz``
 (``allow_pickle=False``). A file that cannot be read raises ``ReadError`` with the problem kind
-(``unreadable``, ``truncated`` or ``empty``) and one line saying why.
+(``unreadable``, ``truncated`` or ``empty``; ``mode`` for an image that is not 8-bit) and one line saying why.
 
 Truncation: an MP4/MOV file is a list of boxes each declaring its size, so a cut file is found
 exactly by walking the top-level boxes (a box that runs past the end, or no ``moov`` index box);
@@ -30,10 +32,12 @@ VIDEO_EXTS = frozenset(
     {".mp4", ".m4v", ".mov", ".webm", ".mkv", ".avi", ".mpg", ".mpeg", ".wmv", ".flv", ".ts", ".3gp", ".gif", ".ogv"}
 )
 LATENT_EXTS = frozenset({".safetensors", ".pt", ".pth", ".npy", ".npz"})
+IMAGE_EXTS = frozenset({".png", ".jpg", ".jpeg", ".webp"})
+SAMPLE_EXTS = VIDEO_EXTS | LATENT_EXTS | IMAGE_EXTS
 
 
 class ReadError(Exception):
-    """A file that yields no sample: kind is 'unreadable', 'truncated' or 'empty'."""
+    """A file that yields no sample: kind 'unreadable', 'truncated', 'empty' or 'mode' (an image that is not 8-bit)."""
 
     def __init__(self, kind: str, detail: str) -> None:
         super().__init__(detail)
@@ -48,13 +52,13 @@ class FoundFiles(NamedTuple):
 
 
 def find_files(root: Path) -> FoundFiles:
-    """Every video or latent file under root (recursively, sorted), or root itself if it is such a file.
+    """Every video, image or latent file under root (recursively, sorted), or root itself if it is such a file.
 
     A folder that cannot be listed (no permission) is not skipped silently, as Path.rglob would: it
     is returned in `unlisted`, for the caller to report.
     """
     if root.is_file():
-        return FoundFiles([root] if root.suffix.lower() in VIDEO_EXTS | LATENT_EXTS else [], [])
+        return FoundFiles([root] if root.suffix.lower() in SAMPLE_EXTS else [], [])
     unlisted: list[tuple[Path, str]] = []
 
     def note(err: OSError) -> None:
@@ -66,7 +70,7 @@ def find_files(root: Path) -> FoundFiles:
         Path(folder) / name
         for folder, _, names in os.walk(root, onerror=note)
         for name in names
-        if Path(name).suffix.lower() in VIDEO_EXTS | LATENT_EXTS
+        if Path(name).suffix.lower() in SAMPLE_EXTS
     ]
     return FoundFiles(sorted(p for p in files if p.is_file()), sorted(unlisted))
 
@@ -90,6 +94,15 @@ def check_readable(path: Path) -> None:
 
 def is_video(path: Path) -> bool:
     return path.suffix.lower() in VIDEO_EXTS
+
+
+def is_image(path: Path) -> bool:
+    return path.suffix.lower() in IMAGE_EXTS
+
+
+def source_of(path: Path) -> str:
+    """The kind of sample a file holds: "video", "image" or "latent" (sweep/data/shape.py's sources)."""
+    return "video" if is_video(path) else "image" if is_image(path) else "latent"
 
 
 def _first_line(err: BaseException) -> str:
@@ -207,6 +220,66 @@ def read_video(path: Path) -> tuple[Tensor, str | None]:
     pixels = torch.from_numpy(np.stack(frames))  # (F, H, W, 3) uint8
     clip = pixels.permute(3, 0, 1, 2).float() / 127.5 - 1.0  # (3, F, H, W), as a training loader maps it
     return clip, cut
+
+
+# ---- images -------------------------------------------------------------------------------------
+
+IMAGE_MODES = frozenset({"1", "L", "LA", "La", "P", "PA", "RGB", "RGBA", "RGBa", "RGBX", "CMYK", "YCbCr"})
+"""Pillow modes of at most 8 bits per channel, converted to RGB as read (an alpha channel is dropped, as
+``Image.convert("RGB")`` drops it). Any other mode (16-bit ``I;16``, 32-bit ``I``, float ``F``, ``LAB``,
+``HSV``) is refused as ``mode``: its values have no one mapping to [0, 255], so the run would guess."""
+
+RESIZE_MODES = ("crop", "resize")
+"""How an image becomes the run's height x width (``data.resize``): ``crop`` scales it so it covers the size,
+keeping its aspect ratio, and cuts out the centre (``PIL.ImageOps.fit``); ``resize`` scales it to the size
+(the aspect ratio changes). Both resample with Pillow's bicubic filter."""
+
+
+class ImageInfo(NamedTuple):
+    """An image as read: (3, H, W) float32 in [-1, 1], its mode and its upright size before any scaling."""
+
+    pixels: Tensor
+    mode: str
+    height: int
+    width: int
+
+
+def read_image(path: Path, size: tuple[int, int] | None = None, resize: str = "crop") -> ImageInfo:
+    """The image as RGB (3, H, W) float32 in [-1, 1] (``uint8 / 127.5 - 1``, as a video frame), scaled to
+    size = (height, width) by `resize` (RESIZE_MODES) when given; ReadError when it cannot be used."""
+    from PIL import Image, ImageOps, UnidentifiedImageError
+
+    check_readable(path)
+    try:
+        with Image.open(path) as opened:
+            opened.load()  # decode now: a cut file fails here, not later
+            mode = opened.mode
+            if mode not in IMAGE_MODES:
+                raise ReadError(
+                    "mode",
+                    f"mode {mode}: not an 8-bit image; the run reads 8-bit RGB, grayscale, palette or RGBA images "
+                    "(converted to RGB): save it as 8-bit",
+                )
+            image = ImageOps.exif_transpose(opened).convert("RGB")  # upright, as viewers show it
+    except ReadError:
+        raise
+    except UnidentifiedImageError as err:
+        raise ReadError("unreadable", f"not a readable image ({_first_line(err)})") from None
+    except Exception as err:  # noqa: BLE001 - any decoder error on a corrupt file is a finding, not a crash
+        kind = "truncated" if "truncated" in str(err).lower() else "unreadable"
+        raise ReadError(kind, f"cannot decode ({_first_line(err)})") from None
+    height, width = image.height, image.width
+    if size is not None and (height, width) != tuple(size):
+        h, w = size
+        bicubic = Image.Resampling.BICUBIC
+        if resize == "crop":
+            image = ImageOps.fit(image, (w, h), method=bicubic, centering=(0.5, 0.5))
+        elif resize == "resize":
+            image = image.resize((w, h), bicubic)
+        else:
+            raise ValueError(f"resize must be one of {', '.join(RESIZE_MODES)}, got {resize!r}")
+    pixels = torch.from_numpy(np.asarray(image, dtype=np.uint8).copy())  # (H, W, 3)
+    return ImageInfo(pixels.permute(2, 0, 1).float() / 127.5 - 1.0, mode, height, width)
 
 
 # ---- latents ------------------------------------------------------------------------------------

@@ -23,8 +23,8 @@ import torch
 
 from models import scale_query_key
 from sweep.config import DataSource, FinetuneMethod, RunConfig, Schedule
-from sweep.data.batches import BatchOrder
-from sweep.data.checks import check_sample
+from sweep.data.batches import BatchOrder, sample_labels
+from sweep.data.checks import DataError, check_sample
 from sweep.data.folder import FolderClips, FolderSplit, HeldOutFiles, read_held_out
 from sweep.data.split import describe
 from sweep.data.synthetic import Fault, SyntheticClips
@@ -34,6 +34,7 @@ from sweep.run.diffusion import DiffusionObjective
 from sweep.run.finetune import apply_finetune, param_groups
 from sweep.run.model import build_run_model
 from sweep.run.monitor import DivergenceMonitor
+from sweep.run.once import say_once
 from sweep.run.precision import PrecisionPolicy
 from sweep.run.scaler import DeviceLossScaler
 
@@ -211,14 +212,25 @@ def build_parts(run: RunConfig, device: torch.device, policy: PrecisionPolicy, s
 
 def folder_data(run: RunConfig) -> tuple[FolderClips, HeldOutFiles]:
     """A folder's training files as the dataset, and its held-out files (data.eval_files), read for the eval
-    set when eval is on. The split is a pure function of the files' relative paths (sweep/data/split.py)."""
+    set when eval is on. The split is a pure function of the files' relative paths (sweep/data/split.py).
+    Its log lines are the same for every run of a sweep: said once per sweep (sweep/run/once.py)."""
     d, as_images = run.data, run.model.is_image
     split = FolderSplit.of(Path(d.path), d.source.value, d.eval_files)
     dataset = FolderClips(
-        split.root, d.source.value, d.frames, d.channels, d.height, d.width, as_images, files=split.train
+        split.root,
+        d.source.value,
+        d.frames,
+        d.channels,
+        d.height,
+        d.width,
+        as_images,
+        files=split.train,
+        resize=d.resize.value,
     )
     bad = sum(p is not None for p in dataset.problems)
-    log.info(
+    say_once(
+        log,
+        logging.INFO,
         "data: %d training files from %s%s, %d held out for the eval loss (data.eval_files=%s)",
         len(dataset),
         split.root,
@@ -227,27 +239,78 @@ def folder_data(run: RunConfig) -> tuple[FolderClips, HeldOutFiles]:
         describe(d.eval_files),
     )
     if split.note:
-        log.info("data.eval_files: %s", split.note)
+        say_once(log, logging.INFO, "data.eval_files: %s", split.note)
     if not run.eval.enabled:
         return dataset, HeldOutFiles(split.names(), split.note)
     shape = (d.frames, d.channels, d.height, d.width)
-    return dataset, read_held_out(split, d.source.value, *shape, as_images, d.range_limit)
+    held_out = read_held_out(split, d.source.value, *shape, as_images, d.range_limit, d.resize.value)
+    if held_out.unusable:
+        shown = "; ".join(f"{n}: {w}" for n, w in list(held_out.unusable.items())[:3])
+        more = f"; +{len(held_out.unusable) - 3} more" if len(held_out.unusable) > 3 else ""
+        say_once(
+            log,
+            logging.WARNING,
+            "data.eval_files: %d of %d held-out files in %s are left out of the eval loss: %s%s",
+            len(held_out.unusable),
+            len(held_out.files),
+            split.root,
+            shown,
+            more,
+        )
+    return dataset, held_out
 
 
 def drop_bad_samples(dataset, limit: float) -> torch.utils.data.Dataset:
-    """The dataset without the samples the data doctor's check rejects (NaN/Inf/out of range/constant)."""
-    kept = [i for i in range(len(dataset)) if not check_sample(dataset[i], limit)[0]]
+    """The dataset without the samples the data doctor's check rejects: a file the run cannot use (its problem:
+    unreadable, wrong shape, ...) or values NaN/Inf/out of range/constant. Said once per sweep, with the
+    reasons counted; a DataError with them when every sample fails."""
+    reasons: dict[str, list[str]] = {}  # reason -> labels of the samples it rejects, in order
+    kept = []
+    problem = getattr(dataset, "problem", None)
+    for i in range(len(dataset)):
+        why = problem(i) if problem else None
+        if why is None:
+            found = check_sample(dataset[i], limit)[0]
+            why = _VALUE_REASONS.get(found[0].kind, found[0].kind).format(limit) if found else None
+        if why is None:
+            kept.append(i)
+        else:
+            reasons.setdefault(why, []).append(sample_labels(dataset, [i])[0])
     dropped = len(dataset) - len(kept)
+    if not kept:
+        raise DataError(f"data.drop_bad: every sample failed the data check: {counted(reasons)}")
     if dropped:
-        log.warning(
+        say_once(
+            log,
+            logging.WARNING,
             "data.drop_bad: left out %d of %d samples: %s",
             dropped,
             len(dataset),
-            sorted(set(range(len(dataset))) - set(kept))[:20],
+            counted(reasons),
         )
-    if not kept:
-        raise ValueError("data.drop_bad: every sample failed the data check")
     return torch.utils.data.Subset(dataset, kept) if dropped else dataset
+
+
+_VALUE_REASONS = {
+    "nan": "NaN values",
+    "inf": "Inf values",
+    "range": "values outside [-{0:.4g}, {0:.4g}] (data.range_limit)",
+    "constant": "constant (every value the same)",
+}
+"""A value problem's reason in drop_bad's count: by kind, since its detail differs from sample to sample."""
+
+
+def counted(reasons: dict[str, list[str]], shown: int = 3) -> str:
+    """'96 x shape (4, 2, 8, 8), the run expects (4, 1, 8, 8) or (4, 8, 8) (e.g. 0 (a.safetensors)); ...':
+    the most common reasons first, each with its count and its first sample."""
+    ranked = sorted(reasons.items(), key=lambda item: -len(item[1]))
+    parts = [f"{len(labels)} x {why} (e.g. sample {labels[0]})" for why, labels in ranked[:shown]]
+    more = (
+        f"; +{sum(len(v) for _, v in ranked[shown:])} more for {len(ranked) - shown} other reasons"
+        if len(ranked) > shown
+        else ""
+    )
+    return "; ".join(parts) + more
 
 
 def _maybe_corrupted(run: RunConfig, scratch: Path | None) -> tuple[str | None, str | None]:

@@ -23,10 +23,12 @@ import torch
 from models import KernelUnavailable, backend_unavailable_reason, count_params
 from models.diffusers_zoo import modulate_unsupported_reason
 from sweep.config import RunConfig, Verdict
+from sweep.data.checks import DataError
 from sweep.diagnose.mechanism import of_run as mechanism_of
 from sweep.run.build import RunParts, build_parts, reset_process_state, resolve_device
 from sweep.run.checkpoint import CheckpointHook, CorruptCheckpoint
 from sweep.run.compiled import compile_run, compile_unsupported_reason
+from sweep.run.dtype_contract import contract_problem
 from sweep.run.evaluate import Evaluator, eval_settings, make_evaluator
 from sweep.run.forensics import locate
 from sweep.run.gemm import LOW_PRECISION
@@ -115,6 +117,7 @@ def unsupported_reason(run: RunConfig, device: torch.device, policy: PrecisionPo
         or (modulate_unsupported_reason(diffusers, run.modulate.impl.value) if diffusers else None)
         or compile_unsupported_reason(run, device)
         or graph_unsupported_reason(run.graph, device)
+        or contract_problem(run)  # a custom model that breaks the pure-precision dtype contract (probed once)
     )
 
 
@@ -186,12 +189,16 @@ def conclude(
 
 
 def fail(result: RunResult, e: Exception) -> None:
-    """A forced kernel that refused its inputs is `skipped`; anything else (a bug, an OOM) is `error`.
+    """A forced kernel that refused its inputs is `skipped`; anything else (a bug, an OOM; data the run cannot use
+    at all, sweep.data.checks.DataError, said in one line without a traceback) is `error`.
 
     Either way it is recorded, never raised into the sweep.
     """
     if isinstance(e, KernelUnavailable):  # not a bug, not a result
         result.status, result.reason = "skipped", str(e)
+    elif isinstance(e, DataError):  # the user's data, not a bug: one line, no traceback
+        result.status, result.reason = "error", str(e)
+        log.error("run refused: %s", e)
     else:
         result.status, result.reason = "error", f"{type(e).__name__}: {e}"
         log.error("run crashed:\n%s", "".join(traceback.format_exception(e)))
