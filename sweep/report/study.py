@@ -26,8 +26,7 @@ from optuna.trial import TrialState
 
 from sweep.report.runs import RESULT_KEYS, STARTING_S, outcome_row, runs_frame, younger_than
 from sweep.run.results import is_being_written
-from sweep.search.answer import diagnosed_mechanisms
-from sweep.search.ledger import CONSTRAINTS_KEY, counted_trials, driver_url, mask_url
+from sweep.search.ledger import CONSTRAINTS_KEY, counted_trials, diagnosed_mechanisms, driver_url, mask_url
 
 JOURNAL_SUFFIXES = (".log", ".jsonl", ".journal")
 SQLITE_SUFFIXES = (".db", ".sqlite", ".sqlite3")

@@ -39,8 +39,10 @@ import optuna
 from sweep.config import LedgerConfig
 from sweep.run.urls import scrub
 from sweep.search.ledger import (
+    DIAGNOSED,
     LEDGER_FILE,
     counted_trials,
+    diagnosed_mechanisms,
     load_study,
     mask_url,
     open_storage,
@@ -51,7 +53,6 @@ from sweep.search.ledger import (
     with_retries,
 )
 
-DIAGNOSED = "diagnosed"
 PARAM = "param:"  # the runs table's prefix of a swept value (sweep/report/runs.py)
 
 
@@ -212,12 +213,6 @@ def record_diagnosed(cfg: LedgerConfig, sweep_dir: Path, run_dir: Path, mechanis
     except Exception as e:  # noqa: BLE001  (result.json and diagnosis.json hold it; the study misses it)
         return _not_recorded(f"the diagnosis of {run_dir}", cfg, sweep_dir, e)
     return None
-
-
-def diagnosed_mechanisms(study: optuna.Study) -> dict[str, str]:
-    """The study's `diagnosed` attr: {trial number as a string: mechanism}; {} when none (or not that shape)."""
-    value = study.user_attrs.get(DIAGNOSED)
-    return {str(k): v for k, v in value.items() if isinstance(v, str)} if isinstance(value, dict) else {}
 
 
 def _not_recorded(what: str, cfg: LedgerConfig, sweep_dir: Path, e: BaseException) -> str:

@@ -510,3 +510,14 @@ def _finish_asked_trial(study, number, state, value, constraints, attrs, deadlin
         deadline=deadline,
     )
     return number
+
+
+DIAGNOSED = "diagnosed"
+"""The study user attr where a diagnosis leaves its mechanism, {trial number as a string: mechanism}: Optuna does not
+let a finished trial be updated in every storage (sweep/search/answer.py)."""
+
+
+def diagnosed_mechanisms(study: optuna.Study) -> dict[str, str]:
+    """The study's `diagnosed` attr: {trial number as a string: mechanism}; {} when none (or not that shape)."""
+    value = study.user_attrs.get(DIAGNOSED)
+    return {str(k): v for k, v in value.items() if isinstance(v, str)} if isinstance(value, dict) else {}
