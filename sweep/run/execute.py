@@ -37,6 +37,7 @@ from sweep.run.progress import RunProgress
 from sweep.run.results import RESULT_FILE, MetricSink, MetricsLog, RunResult, package_versions, write_result
 from sweep.run.step import StepHook
 from sweep.run.train import train
+from sweep.run.trend import Weights, judge
 from sweep.run.window import Syncs
 
 log = logging.getLogger("sweep")
@@ -170,6 +171,8 @@ def conclude(
         elif interrupted is not None:  # Ctrl-C or SIGTERM: the files hold the steps run (sweep/run/interrupt.py)
             result.status, result.reason = "interrupted", interrupted.reason
             result.interrupted_at_step = interrupted.step
+        elif run.monitor.trend and metrics.rows and metrics.rows[-1]["step"] == run.steps - 1:
+            judge_trend(result, run, parts, metrics)
     else:
         result.status = "diverged"
         result.verdict, result.first_bad_step = divergence.verdict, divergence.step
@@ -180,8 +183,21 @@ def conclude(
             result.cause = dataclasses.asdict(cause) if cause else result.cause
             result.headroom = headroom
         result.mechanism = mechanism_of(result.to_dict(), metrics.rows, run)
-    if syncs is not None:
-        result.sync = syncs.close(result.first_bad_step).to_dict()
+    if syncs is not None:  # the monitor's first bad step: a trend verdict's is decided after every step ran
+        result.sync = syncs.close(divergence.step if divergence else None).to_dict()
+
+
+def judge_trend(result: RunResult, run: RunConfig, parts: RunParts, metrics: MetricsLog) -> None:
+    """The whole curve of a run that reached its last step with no verdict (sweep/run/trend.py): result.json
+    `trend`, and a slow_divergence or no_progress verdict when the curve shows one."""
+    m = parts.monitor
+    fresh = parts.loaded is None and parts.start_step == 0  # no_progress compares with an untrained model's loss
+    trend = judge(metrics.rows, Weights(m.weight_norm0, m.weight_norm, m.weight_path), run.monitor, fresh)
+    result.trend = trend.to_dict()
+    if trend.verdict is not None:
+        result.status, result.verdict, result.first_bad_step = "diverged", trend.verdict, trend.first_bad_step
+        result.cause = {"where": "optimizer", "module": None, "detail": trend.detail}
+        result.mechanism = mechanism_of(result.to_dict(), metrics.rows, run)
 
 
 def fail(result: RunResult, e: Exception) -> None:

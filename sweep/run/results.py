@@ -128,6 +128,10 @@ class RunResult:
     mechanism: dict | None = None
     """Why a diverged run diverged, from its recorded signals (sweep/diagnose/mechanism.py): {"name", "summary"};
     null for every other run. `python -m sweep.diagnose` tests it against counterfactual runs (diagnosis.json)."""
+    trend: dict | None = None
+    """The whole curve's numbers at the end of a run that reached its last step (sweep/run/trend.py): smoothed
+    minimum and end, the rise after the minimum, the weights' travel, logits, gradient norms, and the verdict
+    they gave (slow_divergence, no_progress or null); null for a run that stopped early or monitor.trend=false."""
     sync: dict = field(default_factory=dict)
     """How the steps met the host (sweep.run.window.Syncs): monitor.sync_every as run, the syncs, the windows
     and those taken back, and the steps run past the first bad one before the host saw it (none of them kept)."""

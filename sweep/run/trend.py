@@ -1,0 +1,238 @@
+"""Verdicts from a whole training curve, decided once at the end of a run: `slow_divergence` and `no_progress`.
+
+The monitor (sweep/run/monitor.py) stops a run whose smoothed loss blows up 10x; a run can also fail to train
+with no blow-up at all: it learns, then climbs back slowly, or it never gets anywhere while its weights thrash.
+`judge` reads the run's own metrics rows (and how far its weights travelled, which the monitor measures at each
+stall check and at the last step) and returns a `Trend`: the numbers, recorded in result.json `trend` for every
+run that reached its last step, and the verdict, if any:
+
+- slow_divergence: the smoothed loss (the median of each `trend_window` consecutive training losses, or of a tenth
+  of the run when that is more: a batch of 4 at random timesteps swings tens of times from step to step, and a
+  median shrugs off the odd batch) ends
+  at `trend_end_factor` x its own minimum or above; or after that minimum the loss rises steadily: a least-squares
+  line through log(loss) of every step after it rises `trend_rise` x or more over those steps, with a t statistic
+  of `trend_rise_t` or more. first_bad_step: the last step of the window whose median is the minimum (the rise
+  began after it).
+- no_progress: a run trained from scratch (no checkpoint, no init_from) whose smoothed final loss is still
+  `trend_progress` x its initial loss or more, while its weights travelled `trend_weight_path` x their initial
+  norm or more (the sum, over the stall windows, of how far they moved in each). A run whose weights moved so
+  little is at too low an lr, which is slow, not broken (the demo's lr 1e-4 runs end at ~0.91 of their initial
+  loss after 30 steps, their weights ~0.005 of their norm along); weights that thrash far and get nowhere are
+  high-lr chaos. first_bad_step: the last step (only the whole run shows it).
+
+The thresholds were chosen from measured healthy and failing runs (docs/verdicts.md, bench/trend.py). A pure
+function of its inputs: sweep/run/execute.py `conclude` calls it once for lone and packed runs alike, after the
+last step, so windows (monitor.sync_every > 1) cannot change it: the rows and the measured path are the same.
+"""
+
+from __future__ import annotations
+
+import math
+import statistics
+from dataclasses import asdict, dataclass, field
+
+from sweep.config import MonitorConfig, Verdict
+
+END_OF_RUN = (Verdict.slow_divergence, Verdict.no_progress)
+"""The verdicts decided here, from the whole curve, once the run has ended."""
+SPAN = 10
+"""A median covers at least 1/SPAN of the judged steps (monitor.trend_window at least): the smallest of more medians is
+further below the curve by chance alone (measured: 200-step healthy runs end 2.0-4.3x their smallest 10-step median,
+1.3-1.9x their smallest 20-step one; docs/verdicts.md)."""
+
+
+@dataclass
+class Weights:
+    """How far a run's weights travelled, as the monitor measured it (sweep.run.monitor.DivergenceMonitor)."""
+
+    norm0: float | None
+    """||weights|| at the start."""
+    norm: float | None
+    """||weights|| at the end."""
+    path: float
+    """The sum over the stall windows (and the last, partial one) of ||weights - the window's start||."""
+
+
+@dataclass
+class Trend:
+    """The numbers of one run's curve and the verdict they give (result.json `trend`)."""
+
+    window: int
+    """Training losses per median: monitor.trend_window, or a tenth of the judged steps when that is more."""
+    steps: int
+    """Steps with a finite loss that were judged."""
+    verdict: str | None = None
+    """slow_divergence, no_progress, or null."""
+    first_bad_step: int | None = None
+    judged: bool = True
+    """False when the run is too short to judge (fewer than 2 windows of finite losses): `reason` says so."""
+    reason: str | None = None
+    initial_loss: float | None = None
+    """The first step's training loss (the untrained model's: result.json initial_loss)."""
+    min_loss: float | None = None
+    """The smallest median of `window` consecutive losses."""
+    min_step: int | None = None
+    """The last step of that window."""
+    final_loss: float | None = None
+    """The median of the last `window` losses."""
+    end_over_min: float | None = None
+    end_over_initial: float | None = None
+    rise: float | None = None
+    """After min_step: the least-squares line through log(loss), as the factor it rises over those steps."""
+    rise_t: float | None = None
+    """That slope's t statistic (slope / its standard error); null with fewer than `window` steps after the min."""
+    rise_steps: int = 0
+    weight_path: float | None = None
+    """How far the weights travelled over the run, in units of their initial norm."""
+    weight_growth: float | None = None
+    """||weights|| at the end over at the start."""
+    logits: dict = field(default_factory=dict)
+    """The largest attention logit (every monitor.logit_every steps): first, max, last (empty when not recorded)."""
+    grad_norm: dict = field(default_factory=dict)
+    """Median gradient norm of the first window, of the minimum's window and of the last window."""
+    eval_loss: dict = field(default_factory=dict)
+    """The eval losses recorded during the run (eval.every): first, min, last (empty when none)."""
+    thresholds: dict = field(default_factory=dict)
+    detail: str = ""
+    """One line: the verdict's evidence, or the numbers of a run that passed."""
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+def thresholds(cfg: MonitorConfig) -> dict:
+    return {
+        "end_factor": cfg.trend_end_factor,
+        "rise": cfg.trend_rise,
+        "rise_t": cfg.trend_rise_t,
+        "progress": cfg.trend_progress,
+        "weight_path": cfg.trend_weight_path,
+    }
+
+
+def judge(rows: list[dict], weights: Weights, cfg: MonitorConfig, fresh: bool = True) -> Trend:
+    """The trend of a run that reached its last step: its numbers and its verdict (None: it trained).
+
+    `rows` are its metrics rows (step, loss, grad_norm, attn_max_logit, eval_loss; a cell may be "" or NaN);
+    `fresh`: it trained from scratch (no checkpoint, no init_from), the only runs no_progress applies to."""
+    pts = [(int(r["step"]), x) for r in rows if (x := _num(r.get("loss"))) is not None and x > 0]
+    w = max(cfg.trend_window, len(pts) // SPAN)
+    t = Trend(window=w, steps=len(pts), thresholds=thresholds(cfg))
+    t.logits = _first_max_last(rows, "attn_max_logit")
+    t.eval_loss = _first_max_last(rows, "eval_loss", low=True)
+    if weights.norm0:
+        t.weight_path = weights.path / weights.norm0
+        t.weight_growth = weights.norm / weights.norm0 if weights.norm is not None else None
+    if len(pts) < 2 * w:
+        t.judged, t.reason = False, f"{len(pts)} steps with a finite loss, fewer than 2 x monitor.trend_window={w}"
+        t.detail = f"not judged: {t.reason}"
+        return t
+    steps, losses = [s for s, _ in pts], [x for _, x in pts]
+    smoothed = [statistics.median(losses[i + 1 - w : i + 1]) for i in range(w - 1, len(losses))]
+    low = min(range(len(smoothed)), key=smoothed.__getitem__)
+    t.initial_loss, t.min_loss, t.min_step, t.final_loss = losses[0], smoothed[low], steps[low + w - 1], smoothed[-1]
+    t.end_over_min, t.end_over_initial = t.final_loss / t.min_loss, t.final_loss / t.initial_loss
+    after = [(s, math.log(x)) for s, x in pts if s > t.min_step]
+    t.rise_steps = len(after)
+    if len(after) >= w:
+        slope, t.rise_t = _ols(after)
+        t.rise = math.exp(slope * (after[-1][0] - t.min_step))
+    grads = [(int(r["step"]), g) for r in rows if (g := _num(r.get("grad_norm"))) is not None]
+    if len(grads) >= w:
+        at = [g for s, g in grads if t.min_step - w < s <= t.min_step]
+        t.grad_norm = {
+            "first": statistics.median(g for _, g in grads[:w]),
+            "at_min": statistics.median(at) if at else None,
+            "last": statistics.median(g for _, g in grads[-w:]),
+        }
+    far = t.end_over_min >= cfg.trend_end_factor
+    rising = t.rise_t is not None and t.rise_t >= cfg.trend_rise_t and t.rise >= cfg.trend_rise
+    thrash = (
+        fresh
+        and t.end_over_initial >= cfg.trend_progress
+        and t.weight_path is not None
+        and t.weight_path >= cfg.trend_weight_path
+    )
+    if far or rising:
+        t.verdict, t.first_bad_step = Verdict.slow_divergence, t.min_step
+    elif thrash:
+        t.verdict, t.first_bad_step = Verdict.no_progress, steps[-1]
+    t.detail = _detail(t, far, rising)
+    return t
+
+
+def _detail(t: Trend, far: bool, rising: bool) -> str:
+    """One line: what decided the verdict, then the evidence (logits, gradient norms, weights)."""
+    th = t.thresholds
+    w = t.window
+    rise = (
+        f"after it the loss rose {t.rise:.2g}x over {t.rise_steps} steps (t={t.rise_t:.1f})"
+        if t.rise is not None
+        else f"{t.rise_steps} steps after it (too few to fit a trend)"
+    )
+    base = (
+        f"the smoothed loss (median of {w} steps) ended at {t.final_loss:.4g}, {t.end_over_min:.2f}x its minimum "
+        f"{t.min_loss:.4g} at step {t.min_step}; {rise}"
+    )
+    if t.verdict == Verdict.slow_divergence:
+        why = []
+        if far:
+            why.append(f"{t.end_over_min:.2f}x >= {th['end_factor']:g}x its minimum")
+        if rising:
+            why.append(f"a rise of {t.rise:.2g}x >= {th['rise']:g}x with t={t.rise_t:.1f} >= {th['rise_t']:g}")
+        head = f"slow divergence ({'; '.join(why)}): {base}"
+    elif t.verdict == Verdict.no_progress:
+        head = (
+            f"no progress: the smoothed final loss {t.final_loss:.4g} is {t.end_over_initial:.2f}x the initial "
+            f"{t.initial_loss:.4g} (>= {th['progress']:g}) while the weights travelled {t.weight_path:.3g}x their "
+            f"norm (>= {th['weight_path']:g})"
+        )
+    else:
+        head = f"trained: {base}; final {t.end_over_initial:.2f}x the initial loss"
+    extra = []
+    if t.verdict != Verdict.no_progress and t.weight_path is not None:
+        extra.append(f"weights travelled {t.weight_path:.3g}x their norm")
+    if t.weight_growth is not None:
+        extra.append(f"their norm x{t.weight_growth:.3g}")
+    if t.logits:
+        extra.append(
+            f"attention logits {t.logits['first']:.3g} -> max {t.logits['max']:.3g}, last {t.logits['last']:.3g}"
+        )
+    g = t.grad_norm
+    if g:
+        at_min = f" -> {g['at_min']:.3g} at the minimum" if g.get("at_min") is not None else ""
+        extra.append(f"grad norm (median of {w}) {g['first']:.3g}{at_min} -> {g['last']:.3g} at the end")
+    if t.eval_loss:
+        e = t.eval_loss
+        extra.append(f"eval loss {e['first']:.4g} -> min {e['min']:.4g}, last {e['last']:.4g}")
+    return head + ("; " + "; ".join(extra) if extra else "")
+
+
+def _ols(points: list[tuple[int, float]]) -> tuple[float, float]:
+    """(slope, its t statistic) of the least-squares line through the points."""
+    n = len(points)
+    mx = sum(x for x, _ in points) / n
+    my = sum(y for _, y in points) / n
+    sxx = sum((x - mx) ** 2 for x, _ in points)
+    if sxx == 0:
+        return 0.0, 0.0
+    slope = sum((x - mx) * (y - my) for x, y in points) / sxx
+    resid = sum((y - my - slope * (x - mx)) ** 2 for x, y in points)
+    se = math.sqrt(resid / (n - 2) / sxx) if n > 2 else math.inf
+    return slope, (slope / se if se > 0 else math.copysign(math.inf, slope) if slope else 0.0)
+
+
+def _first_max_last(rows: list[dict], column: str, low: bool = False) -> dict:
+    values = [x for r in rows if (x := _num(r.get(column))) is not None]
+    if not values:
+        return {}
+    return {"first": values[0], ("min" if low else "max"): (min if low else max)(values), "last": values[-1]}
+
+
+def _num(v) -> float | None:
+    """A metrics cell as a finite float, else None (an empty cell, NaN, Inf)."""
+    try:
+        x = float(v)
+    except (TypeError, ValueError):
+        return None
+    return x if math.isfinite(x) else None
