@@ -6,19 +6,21 @@ with no blow-up at all: it learns, then climbs back slowly, or it never gets any
 stall check and at the last step) and returns a `Trend`: the numbers, recorded in result.json `trend` for every
 run that reached its last step, and the verdict, if any:
 
-- slow_divergence: the smoothed loss (the median of each `trend_window` consecutive training losses, or of a tenth
-  of the run when that is more: a batch of 4 at random timesteps swings tens of times from step to step, and a
-  median shrugs off the odd batch) ends
-  at `trend_end_factor` x its own minimum or above; or after that minimum the loss rises steadily: a least-squares
-  line through log(loss) of every step after it rises `trend_rise` x or more over those steps, with a t statistic
-  of `trend_rise_t` or more. first_bad_step: the last step of the window whose median is the minimum (the rise
-  began after it).
-- no_progress: a run trained from scratch (no checkpoint, no init_from) whose smoothed final loss is still
-  `trend_progress` x its initial loss or more, while its weights travelled `trend_weight_path` x their initial
-  norm or more (the sum, over the stall windows, of how far they moved in each). A run whose weights moved so
-  little is at too low an lr, which is slow, not broken (the demo's lr 1e-4 runs end at ~0.91 of their initial
-  loss after 30 steps, their weights ~0.005 of their norm along); weights that thrash far and get nowhere are
-  high-lr chaos. first_bad_step: the last step (only the whole run shows it).
+- slow_divergence: the smoothed loss ends at `trend_end_factor` x its own minimum or above, or after that minimum
+  it rises steadily: a least-squares line through log(loss) of every step after it rises `trend_rise` x or more
+  over those steps, with a t statistic of `trend_rise_t` or more. The smoothed loss is the median of the training
+  losses of each window of steps that holds `trend_samples` samples (15 steps at batch 4), or a tenth of the run
+  when that is more: a training loss at random timesteps swings tens of times from step to step (more at batch 1),
+  and the smallest of many short medians sits far below the curve by chance alone. first_bad_step: the last step
+  of the window whose median is the minimum (the rise began after it).
+- no_progress: a run trained from scratch (no checkpoint, no init_from) whose final loss is still `trend_progress`
+  x its initial loss or more, while its weights travelled `trend_weight_path` x their initial norm or more (the
+  sum, over the stall windows, of how far they moved in each). With an eval loss, final and initial are the eval
+  losses of the last and of the untrained weights (the same clips, timesteps and noise); without, the median of
+  the last training losses and the first training loss, whose timesteps make it noisy under v-prediction and flow
+  matching. A run whose weights moved little is at too low an lr, which is slow, not broken (the demo's lr 1e-4
+  runs end at 0.93 of their initial loss, their weights 0.037 of their norm along); weights that travel far and
+  get nowhere are high-lr thrashing. first_bad_step: the last step (only the whole run shows it).
 
 The thresholds were chosen from measured healthy and failing runs (docs/verdicts.md, bench/trend.py). A pure
 function of its inputs: sweep/run/execute.py `conclude` calls it once for lone and packed runs alike, after the
@@ -35,8 +37,9 @@ from sweep.config import MonitorConfig, Verdict
 
 END_OF_RUN = (Verdict.slow_divergence, Verdict.no_progress)
 """The verdicts decided here, from the whole curve, once the run has ended."""
+MIN_WINDOW = 3
 SPAN = 10
-"""A median covers at least 1/SPAN of the judged steps (monitor.trend_window at least): the smallest of more medians is
+"""A median covers at least 1/SPAN of the judged steps (and monitor.trend_samples): the smallest of more medians is
 further below the curve by chance alone (measured: 200-step healthy runs end 2.0-4.3x their smallest 10-step median,
 1.3-1.9x their smallest 20-step one; docs/verdicts.md)."""
 
@@ -58,9 +61,10 @@ class Trend:
     """The numbers of one run's curve and the verdict they give (result.json `trend`)."""
 
     window: int
-    """Training losses per median: monitor.trend_window, or a tenth of the judged steps when that is more."""
+    """Steps per median (`window`): monitor.trend_samples training samples, or a tenth of the run when that is more."""
     steps: int
     """Steps with a finite loss that were judged."""
+    batch_size: int = 4
     verdict: str | None = None
     """slow_divergence, no_progress, or null."""
     first_bad_step: int | None = None
@@ -77,6 +81,13 @@ class Trend:
     """The median of the last `window` losses."""
     end_over_min: float | None = None
     end_over_initial: float | None = None
+    eval_initial: float | None = None
+    """The untrained weights' eval loss, measured only where no_progress could apply (`needs_initial_eval`)."""
+    eval_over_initial: float | None = None
+    """The eval loss after the last step over eval_initial; null without both."""
+    progress: float | None = None
+    """What no_progress reads: eval_over_initial when there is one (the same clips, timesteps and noise at both ends),
+    else end_over_initial."""
     rise: float | None = None
     """After min_step: the least-squares line through log(loss), as the factor it rises over those steps."""
     rise_t: float | None = None
@@ -110,21 +121,47 @@ def thresholds(cfg: MonitorConfig) -> dict:
     }
 
 
-def judge(rows: list[dict], weights: Weights, cfg: MonitorConfig, fresh: bool = True) -> Trend:
+@dataclass
+class Context:
+    """What the rows do not say about a run: its batch size, how it started, its eval losses."""
+
+    batch_size: int = 4
+    fresh: bool = True
+    """It trained from scratch (no checkpoint, no init_from): the only runs no_progress applies to."""
+    eval_loss: float | None = None
+    """Its eval loss after the last step (result.json eval_loss), if it has one."""
+    eval_initial: float | None = None
+    """The eval loss of its untrained weights (the same clips, timesteps and noise), when measured
+    (`needs_initial_eval`)."""
+
+
+def window(cfg: MonitorConfig, batch_size: int, steps: int) -> int:
+    """Steps per median: monitor.trend_samples training samples, and at least a tenth of the run (and 3 steps)."""
+    return max(MIN_WINDOW, math.ceil(cfg.trend_samples / batch_size), steps // SPAN)
+
+
+def needs_initial_eval(weights: Weights, cfg: MonitorConfig, ctx: Context) -> bool:
+    """Whether no_progress could apply, so the untrained weights' eval loss is worth measuring: a fresh run with an
+    eval loss whose weights travelled trend_weight_path x their norm or more."""
+    path = weights.path / weights.norm0 if weights.norm0 else None
+    return ctx.fresh and ctx.eval_loss is not None and path is not None and path >= cfg.trend_weight_path
+
+
+def judge(rows: list[dict], weights: Weights, cfg: MonitorConfig, ctx: Context | None = None) -> Trend:
     """The trend of a run that reached its last step: its numbers and its verdict (None: it trained).
 
-    `rows` are its metrics rows (step, loss, grad_norm, attn_max_logit, eval_loss; a cell may be "" or NaN);
-    `fresh`: it trained from scratch (no checkpoint, no init_from), the only runs no_progress applies to."""
+    `rows` are its metrics rows (step, loss, grad_norm, attn_max_logit, eval_loss; a cell may be "" or NaN)."""
+    ctx = ctx or Context()
     pts = [(int(r["step"]), x) for r in rows if (x := _num(r.get("loss"))) is not None and x > 0]
-    w = max(cfg.trend_window, len(pts) // SPAN)
-    t = Trend(window=w, steps=len(pts), thresholds=thresholds(cfg))
+    w = window(cfg, ctx.batch_size, len(pts))
+    t = Trend(window=w, steps=len(pts), batch_size=ctx.batch_size, thresholds=thresholds(cfg))
     t.logits = _first_max_last(rows, "attn_max_logit")
     t.eval_loss = _first_max_last(rows, "eval_loss", low=True)
     if weights.norm0:
         t.weight_path = weights.path / weights.norm0
         t.weight_growth = weights.norm / weights.norm0 if weights.norm is not None else None
     if len(pts) < 2 * w:
-        t.judged, t.reason = False, f"{len(pts)} steps with a finite loss, fewer than 2 x monitor.trend_window={w}"
+        t.judged, t.reason = False, f"{len(pts)} steps with a finite loss, fewer than 2 windows of {w}"
         t.detail = f"not judged: {t.reason}"
         return t
     steps, losses = [s for s, _ in pts], [x for _, x in pts]
@@ -132,6 +169,11 @@ def judge(rows: list[dict], weights: Weights, cfg: MonitorConfig, fresh: bool = 
     low = min(range(len(smoothed)), key=smoothed.__getitem__)
     t.initial_loss, t.min_loss, t.min_step, t.final_loss = losses[0], smoothed[low], steps[low + w - 1], smoothed[-1]
     t.end_over_min, t.end_over_initial = t.final_loss / t.min_loss, t.final_loss / t.initial_loss
+    ev, ev0 = _num(ctx.eval_loss), _num(ctx.eval_initial)
+    t.eval_initial = ev0
+    if ev is not None and ev0:
+        t.eval_over_initial = ev / ev0
+    t.progress = t.eval_over_initial if t.eval_over_initial is not None else t.end_over_initial
     after = [(s, math.log(x)) for s, x in pts if s > t.min_step]
     t.rise_steps = len(after)
     if len(after) >= w:
@@ -148,8 +190,8 @@ def judge(rows: list[dict], weights: Weights, cfg: MonitorConfig, fresh: bool = 
     far = t.end_over_min >= cfg.trend_end_factor
     rising = t.rise_t is not None and t.rise_t >= cfg.trend_rise_t and t.rise >= cfg.trend_rise
     thrash = (
-        fresh
-        and t.end_over_initial >= cfg.trend_progress
+        ctx.fresh
+        and t.progress >= cfg.trend_progress
         and t.weight_path is not None
         and t.weight_path >= cfg.trend_weight_path
     )
@@ -183,12 +225,11 @@ def _detail(t: Trend, far: bool, rising: bool) -> str:
         head = f"slow divergence ({'; '.join(why)}): {base}"
     elif t.verdict == Verdict.no_progress:
         head = (
-            f"no progress: the smoothed final loss {t.final_loss:.4g} is {t.end_over_initial:.2f}x the initial "
-            f"{t.initial_loss:.4g} (>= {th['progress']:g}) while the weights travelled {t.weight_path:.3g}x their "
-            f"norm (>= {th['weight_path']:g})"
+            f"no progress: {_final(t)} (>= {th['progress']:g}) while the weights travelled {t.weight_path:.3g}x "
+            f"their norm (>= {th['weight_path']:g}); {base}"
         )
     else:
-        head = f"trained: {base}; final {t.end_over_initial:.2f}x the initial loss"
+        head = f"trained: {base}; {_final(t)}"
     extra = []
     if t.verdict != Verdict.no_progress and t.weight_path is not None:
         extra.append(f"weights travelled {t.weight_path:.3g}x their norm")
@@ -204,8 +245,18 @@ def _detail(t: Trend, far: bool, rising: bool) -> str:
         extra.append(f"grad norm (median of {w}) {g['first']:.3g}{at_min} -> {g['last']:.3g} at the end")
     if t.eval_loss:
         e = t.eval_loss
-        extra.append(f"eval loss {e['first']:.4g} -> min {e['min']:.4g}, last {e['last']:.4g}")
+        extra.append(f"eval losses during the run {e['first']:.4g} -> min {e['min']:.4g}, last {e['last']:.4g}")
     return head + ("; " + "; ".join(extra) if extra else "")
+
+
+def _final(t: Trend) -> str:
+    """What `progress` compared: the eval losses at both ends when there are, else the training losses."""
+    if t.eval_over_initial is not None:
+        return (
+            f"the eval loss after the last step {t.eval_over_initial * t.eval_initial:.4g} is {t.progress:.2f}x the "
+            f"untrained weights' {t.eval_initial:.4g}"
+        )
+    return f"the smoothed final loss {t.final_loss:.4g} is {t.progress:.2f}x the initial loss {t.initial_loss:.4g}"
 
 
 def _ols(points: list[tuple[int, float]]) -> tuple[float, float]:
