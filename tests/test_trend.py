@@ -266,4 +266,8 @@ def test_the_diagnosis_of_no_progress_reruns_the_whole_run(tmp_path):
     assert (table["from_step"], table["through_step"], table["last_bad_step"]) == (0, 39, 39)
     same = next(r for r in table["rows"] if r["name"] == "same config")["outcome"]
     assert (same["verdict"], same["first_bad_step"]) == ("no_progress", 39)  # reproduced, not nondeterministic
+    record = next(
+        Path(same["run_dir"]) / n for n in ("trial.json", "result.json") if (Path(same["run_dir"]) / n).is_file()
+    )
+    assert json.loads(record.read_text())["trend"]["eval_initial"] > 0  # the row compared eval losses, as the run did
     assert d["mechanism"] in ("lr_too_high", "attention_logit_growth") and "no_progress@39" in render(d)

@@ -257,9 +257,11 @@ def run_table(
         else []
     )
     todo = [r for r in table.rows if r.not_applicable is None]
+    # An end-of-run verdict compares eval losses (sweep/run/trend.py): its rows evaluate as the run did.
+    whole = record.result["verdict"] in END_OF_RUN
     for i, row in enumerate(todo, 1):
         run = with_overrides(record.config, resume + row.overrides)
-        outcome = run_trial(run, scratch / _slug(row.name), last=through)
+        outcome = run_trial(run, scratch / _slug(row.name), last=through, quick=not whole)
         row.outcome = asdict(outcome)
         row.cleared = outcome.healthy or (
             outcome.status == "diverged"

@@ -117,8 +117,9 @@ class RunResult:
     pruned_at_step: int | None = None
     """The step after which the sweeper's pruner stopped this run (status skipped; sweep/search/pruning.py)."""
     eval_loss: float | None = None
-    """The loss on the held-out eval set (sweep/run/evaluate.py): after the last step of a stable run; for a
-    diverged run the last evaluation before its first bad step; null when none was made."""
+    """The loss on the held-out eval set (sweep/run/evaluate.py): after the last step of a stable run (and of a
+    slow_divergence or no_progress one, decided after it); for another diverged run the last evaluation before its
+    first bad step; null when none was made."""
     eval: dict | None = None
     """The eval settings (enabled, every, samples, seed, batch_size), the clips, and `reason` when disabled."""
     logging: dict = field(default_factory=dict)
