@@ -7,6 +7,7 @@ import dataclasses
 import json
 import math
 import random
+import statistics
 from pathlib import Path
 
 import pytest
@@ -18,7 +19,7 @@ from sweep.diagnose.mechanism import decide
 from sweep.diagnose.signals import RunRecord
 from sweep.run.execute import execute
 from sweep.run.packing import execute_pack
-from sweep.run.trend import Context, Weights, judge, needs_initial_eval, window
+from sweep.run.trend import Context, Weights, _rolling_median, judge, needs_initial_eval, window
 
 from .conftest import make_run, multirun_in_process, read_result
 
@@ -105,6 +106,13 @@ def test_with_eval_losses_progress_compares_the_untrained_and_the_last_weights()
 def test_a_median_holds_trend_samples_samples_and_a_tenth_of_the_run():
     assert [window(CFG, b, 60) for b in (1, 4, 16, 64)] == [40, 10, 6, 6]  # 6: a tenth of 60 steps
     assert window(CFG, 4, 600) == 60 and window(CFG, 64, 20) == 3
+
+
+def test_the_rolling_median_is_each_windows_median():
+    rng = random.Random(0)
+    for n, w in [(30, 3), (200, 20), (57, 10), (10, 10), (5, 2)]:
+        v = [rng.random() for _ in range(n)]
+        assert _rolling_median(v, w) == [statistics.median(v[i + 1 - w : i + 1]) for i in range(w - 1, n)]
 
 
 def test_a_run_too_short_for_two_windows_is_not_judged():
