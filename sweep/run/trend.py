@@ -41,8 +41,8 @@ END_OF_RUN = (Verdict.slow_divergence, Verdict.no_progress)
 MIN_WINDOW = 3
 SPAN = 10
 """A median covers at least 1/SPAN of the judged steps (and monitor.trend_samples): the smallest of more medians sits
-further below the curve by chance alone (measured at batch 4: healthy 200-step runs end 1.3-4.3x their smallest
-10-step median, 1.1-1.7x their smallest 20-step one; docs/verdicts.md)."""
+further below the curve by chance alone (measured at batch 4: healthy 200-step runs end 2.0-4.3x their smallest
+10-step median, 1.3-1.7x their smallest 20-step one; docs/verdicts.md)."""
 
 
 @dataclass
@@ -99,11 +99,11 @@ class Trend:
     weight_growth: float | None = None
     """||weights|| at the end over at the start."""
     logits: dict = field(default_factory=dict)
-    """The largest attention logit (every monitor.logit_every steps): first, max, last (empty when not recorded)."""
+    """The largest attention logit (every monitor.logit_every steps): first, max, last (empty with fewer than two)."""
     grad_norm: dict = field(default_factory=dict)
     """Median gradient norm of the first window, of the minimum's window and of the last window."""
     eval_loss: dict = field(default_factory=dict)
-    """The eval losses recorded during the run (eval.every): first, min, last (empty when none)."""
+    """The eval losses recorded during the run (eval.every): first, min, last (empty with fewer than two)."""
     thresholds: dict = field(default_factory=dict)
     detail: str = ""
     """One line: the verdict's evidence, or the numbers of a run that passed."""
@@ -293,8 +293,9 @@ def _ols(points: list[tuple[int, float]]) -> tuple[float, float]:
 
 
 def _first_max_last(rows: list[dict], column: str, low: bool = False) -> dict:
+    """A column's first, largest (or smallest) and last value; {} with fewer than two (a trend needs two)."""
     values = [x for r in rows if (x := _num(r.get(column))) is not None]
-    if not values:
+    if len(values) < 2:
         return {}
     return {"first": values[0], ("min" if low else "max"): (min if low else max)(values), "last": values[-1]}
 
