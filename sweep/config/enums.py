@@ -134,3 +134,5 @@ class Verdict(StrEnum):
     loss_spike = "loss_spike"
     stalled = "stalled"  # the weights stopped moving while updates were applied
     corrupt_checkpoint = "corrupt_checkpoint"  # refused before the first step (sweep/run/checkpoint.py)
+    slow_divergence = "slow_divergence"  # at the end: far above its own minimum, or rising since (sweep/run/trend.py)
+    no_progress = "no_progress"  # at the end: near its initial loss while its weights thrashed (sweep/run/trend.py)

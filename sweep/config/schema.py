@@ -294,6 +294,22 @@ class MonitorConfig:
     diagnose_budget: float = 1.0
     """auto's time limit, as a multiple of the sweep's own run time (its runs' seconds added up); the largest
     failure is diagnosed whatever its cost, 0 diagnoses none."""
+    trend: bool = True
+    """At the end of a run that reached its last step with no verdict, judge its whole curve (sweep/run/trend.py,
+    docs/verdicts.md): slow_divergence or no_progress; result.json `trend` holds the numbers either way."""
+    trend_samples: int = 60
+    """Training samples per median of the smoothed curve: ceil(this / data.batch_size) steps, or a tenth of the run
+    when that is more (at least 3); a run needs 2 of them to be judged."""
+    trend_end_factor: float = 3.0
+    """slow_divergence: the smoothed final loss at this multiple of the smoothed minimum or above."""
+    trend_rise: float = 2.0
+    """slow_divergence: after the minimum, the fitted line through log(loss) rises this many x or more ..."""
+    trend_rise_t: float = 4.0
+    """... with a t statistic of at least this (both, for a steady rise that has not yet reached trend_end_factor)."""
+    trend_progress: float = 0.6
+    """no_progress: the smoothed final loss at this fraction of the initial loss or above ..."""
+    trend_weight_path: float = 1.0
+    """... while the weights travelled at least this many times their initial norm (a low lr moves them far less)."""
 
 
 @dataclass

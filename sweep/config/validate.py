@@ -302,6 +302,12 @@ def _check_monitor(mo: MonitorConfig) -> None:
         f"must be a finite number >= 0, got {mo.diagnose_budget}",
     )
     require(0 < mo.stall_fraction <= 1, "monitor.stall_fraction", f"must be in (0, 1], got {mo.stall_fraction}")
+    require(mo.trend_samples >= 1, "monitor.trend_samples", f"must be >= 1, got {mo.trend_samples}")
+    for key in ("trend_end_factor", "trend_rise"):
+        require(getattr(mo, key) > 1, f"monitor.{key}", f"must be > 1, got {getattr(mo, key)}")
+    require(mo.trend_rise_t > 0, "monitor.trend_rise_t", f"must be > 0, got {mo.trend_rise_t}")
+    require(mo.trend_progress > 0, "monitor.trend_progress", f"must be > 0, got {mo.trend_progress}")
+    require(mo.trend_weight_path > 0, "monitor.trend_weight_path", f"must be > 0, got {mo.trend_weight_path}")
 
 
 def _check_scenario(sc: ScenarioConfig) -> None:

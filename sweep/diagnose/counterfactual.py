@@ -11,6 +11,9 @@ weights the step before it made, so a change must reach the updates that led the
 - a loss spike: the step where the smoothed loss was at its lowest before the spike (the climb starts after);
 - a scale collapse: the first of the overflowing (skipped) steps in a row that ended in the collapse;
 - a stall: the start of the stall window (its updates were the ones lost);
+- an end-of-run verdict (slow_divergence, no_progress: sweep/run/trend.py): the run's start, since only the whole
+  curve decides it: every row trains the whole run again, and is healthy when no verdict, the end-of-run check
+  included, comes by its last step;
 - anything else (a NaN): the step before the first bad one (its update made the weights the bad step used).
 
 The rows:
@@ -46,6 +49,7 @@ from sweep.diagnose.signals import computes_in_fp32
 from sweep.diagnose.trials import Outcome, run_trial, with_overrides
 from sweep.run.build import build_parts
 from sweep.run.precision import PrecisionPolicy
+from sweep.run.trend import END_OF_RUN
 
 PAST = 10
 """Steps run past the one that tripped the verdict: a change that only delays the failure shows as such."""
@@ -180,6 +184,8 @@ def healthy_until(record: RunRecord) -> int:
         return max(start, at)
     if verdict == Verdict.stalled:
         return max(start, first + 1 - run.monitor.stall_window)
+    if verdict in END_OF_RUN:
+        return start
     return max(start, first - 1)
 
 
@@ -251,9 +257,11 @@ def run_table(
         else []
     )
     todo = [r for r in table.rows if r.not_applicable is None]
+    # An end-of-run verdict compares eval losses (sweep/run/trend.py): its rows evaluate as the run did.
+    whole = record.result["verdict"] in END_OF_RUN
     for i, row in enumerate(todo, 1):
         run = with_overrides(record.config, resume + row.overrides)
-        outcome = run_trial(run, scratch / _slug(row.name), last=through)
+        outcome = run_trial(run, scratch / _slug(row.name), last=through, quick=not whole)
         row.outcome = asdict(outcome)
         row.cleared = outcome.healthy or (
             outcome.status == "diverged"

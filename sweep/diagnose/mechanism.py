@@ -17,7 +17,10 @@ The set (docs/design.md, "Diagnosis"); each is decided from evidence, never assu
   2023, Wortsman et al. 2023); qk-layernorm is the known fix.
 - adam_second_moment_lag: AdamW's second moment under-estimated the squared gradients by LAGGED x or
   more when the loss spiked (Wortsman et al. 2023b; sweep.run.adam_lag); update clipping or a lower beta2.
-- lr_too_high: nothing above explains it and the lr/10 counterfactual keeps the bad steps healthy.
+- lr_too_high: nothing above explains it and the lr/10 counterfactual keeps the bad steps healthy; for the
+  end-of-run verdicts (slow_divergence, no_progress) also named from the recorded signals when the weights
+  travelled monitor.trend_weight_path x their initial norm or more (result.json trend): steps that large while the
+  loss rose or went nowhere.
 - nondeterministic: an identical replay did not reproduce the run.
 - unexplained: none of the above; said as such, never guessed.
 
@@ -90,6 +93,8 @@ def decide(record: RunRecord) -> Mechanism:
     found = kernel_mismatch(record)
     if found is not None:
         return found
+    if verdict in (Verdict.slow_divergence, Verdict.no_progress):
+        return trend_mechanism(record)
     overflow = activation_overflow(record, detail)
     if overflow is not None:
         return overflow
@@ -220,9 +225,37 @@ def stalled(record: RunRecord, where: str | None, detail: str) -> Mechanism:
     )
 
 
-def logit_growth(record: RunRecord) -> Mechanism | None:
-    logits = record.column("attn_max_logit", before=record.first_bad + 1)
-    entropy = record.column("attn_min_entropy", before=record.first_bad + 1)
+def trend_mechanism(record: RunRecord) -> Mechanism:
+    """An end-of-run verdict (sweep/run/trend.py): attention-logit growth when the logits grew over the whole run
+    (the same rule as before a spike), else lr_too_high when the weights travelled monitor.trend_weight_path x their
+    norm or more (the step size: the lr/10 row of `python -m sweep.diagnose` tests it), else unexplained."""
+    growth = logit_growth(record, whole_run=True)
+    if growth is not None:
+        return growth
+    trend = record.result.get("trend") or {}
+    path, far = trend.get("weight_path"), record.run.monitor.trend_weight_path
+    what = "rose after its minimum" if record.result["verdict"] == Verdict.slow_divergence else "went nowhere"
+    if path is not None and path >= far:
+        return Mechanism(
+            "lr_too_high",
+            f"the weights travelled {path:.3g}x their initial norm (>= {far:g}) while the loss {what}: steps too "
+            f"large at lr {record.run.optim.lr:g}",
+            {
+                "weight_path": path,
+                "weight_path_threshold": far,
+                "lr": record.run.optim.lr,
+                "trend": trend.get("detail"),
+            },
+        )
+    return Mechanism("unexplained", f"no recorded signal explains it (the loss {what})", _context(record))
+
+
+def logit_growth(record: RunRecord, whole_run: bool = False) -> Mechanism | None:
+    """Logits grown LOGIT_GROWTH x and entropy collapsed before the first bad step (over the whole run for an
+    end-of-run verdict, whose first bad step is where the rise began or the last step)."""
+    before = None if whole_run else record.first_bad + 1
+    logits = record.column("attn_max_logit", before=before)
+    entropy = record.column("attn_min_entropy", before=before)
     if len(logits) < 2 or not entropy:
         return None
     first, peak = logits[0][1], max(v for _, v in logits)
@@ -233,7 +266,8 @@ def logit_growth(record: RunRecord) -> Mechanism | None:
     return Mechanism(
         "attention_logit_growth",
         f"the largest attention logit grew {growth:.0f}x ({first:.3g} at step {logits[0][0]} -> {peak:.3g}) and "
-        f"the attention entropy fell to {low:.3g} from {e0:.3g} before the loss spiked at step {record.first_bad}",
+        f"the attention entropy fell to {low:.3g} from {e0:.3g} "
+        + (_over_the_run(record) if whole_run else f"before the loss spiked at step {record.first_bad}"),
         {
             "logit_first": first,
             "logit_peak": peak,
@@ -243,6 +277,12 @@ def logit_growth(record: RunRecord) -> Mechanism | None:
             "thresholds": {"growth": LOGIT_GROWTH, "entropy_fraction": ENTROPY_COLLAPSE},
         },
     )
+
+
+def _over_the_run(record: RunRecord) -> str:
+    if record.result["verdict"] == Verdict.slow_divergence:
+        return f"over the run, whose loss rose after its minimum at step {record.first_bad}"
+    return "over the run, whose loss went nowhere"
 
 
 _LAG = re.compile(

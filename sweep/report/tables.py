@@ -46,6 +46,8 @@ SHORT = {
     Verdict.stalled: "stalled",
     Verdict.bad_input: "bad-input",
     Verdict.corrupt_checkpoint: "bad-ckpt",
+    Verdict.slow_divergence: "slow-div",
+    Verdict.no_progress: "no-progress",
 }
 """Each verdict's name in a divergence-map cell, in the order the root-causes table lists them. A Verdict equals and
 hashes as its word, so the plain strings the runs table holds look it up."""

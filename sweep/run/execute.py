@@ -39,6 +39,7 @@ from sweep.run.progress import RunProgress
 from sweep.run.results import RESULT_FILE, MetricSink, MetricsLog, RunResult, package_versions, write_result
 from sweep.run.step import StepHook
 from sweep.run.train import train
+from sweep.run.trend import Context, Weights, judge, needs_initial_eval
 from sweep.run.window import Syncs
 
 log = logging.getLogger("sweep")
@@ -174,6 +175,8 @@ def conclude(
         elif interrupted is not None:  # Ctrl-C or SIGTERM: the files hold the steps run (sweep/run/interrupt.py)
             result.status, result.reason = "interrupted", interrupted.reason
             result.interrupted_at_step = interrupted.step
+        elif run.monitor.trend and metrics.rows and metrics.rows[-1]["step"] == run.steps - 1:
+            judge_trend(result, run, parts, metrics, evaluator)
     else:
         result.status = "diverged"
         result.verdict, result.first_bad_step = divergence.verdict, divergence.step
@@ -184,8 +187,36 @@ def conclude(
             result.cause = dataclasses.asdict(cause) if cause else result.cause
             result.headroom = headroom
         result.mechanism = mechanism_of(result.to_dict(), metrics.rows, run)
-    if syncs is not None:
-        result.sync = syncs.close(result.first_bad_step).to_dict()
+    if syncs is not None:  # the monitor's first bad step: a trend verdict's is decided after every step ran
+        result.sync = syncs.close(divergence.step if divergence else None).to_dict()
+
+
+def judge_trend(
+    result: RunResult, run: RunConfig, parts: RunParts, metrics: MetricsLog, evaluator: Evaluator | None
+) -> None:
+    """The whole curve of a run that reached its last step with no verdict (sweep/run/trend.py): result.json
+    `trend`, and a slow_divergence or no_progress verdict when the curve shows one."""
+    m = parts.monitor
+    weights = Weights(m.weight_norm0, m.weight_norm, m.weight_path)
+    fresh = parts.loaded is None and parts.start_step == 0  # no_progress compares with an untrained model's loss
+    ctx = Context(run.data.batch_size, fresh, result.eval_loss)
+    if evaluator is not None and needs_initial_eval(weights, run.monitor, ctx):
+        ctx.eval_initial = untrained_eval_loss(run, parts, evaluator)
+    trend = judge(metrics.rows, weights, run.monitor, ctx)
+    result.trend = trend.to_dict()
+    if trend.verdict is not None:
+        result.status, result.verdict, result.first_bad_step = "diverged", trend.verdict, trend.first_bad_step
+        result.cause = {"where": "optimizer", "module": None, "detail": trend.detail}
+        result.mechanism = mechanism_of(result.to_dict(), metrics.rows, run)
+
+
+def untrained_eval_loss(run: RunConfig, parts: RunParts, evaluator: Evaluator) -> float:
+    """The eval loss of the run's weights before its first step: built again as `prepare` built them (the same
+    seed, so the same weights; a lone run's own were trained in place), on the evaluator's clips, timesteps and
+    noise. Measured at the end, only for a run no_progress could apply to: no cost to any other run."""
+    reset_process_state(run, parts.policy)
+    untrained = build_parts(run, parts.device, parts.policy).model
+    return Evaluator(run, evaluator.data, parts.policy, parts.device)(untrained, -1)
 
 
 def fail(result: RunResult, e: Exception) -> None:

@@ -20,6 +20,11 @@ the previous check. The first criterion met becomes the run's verdict (a `Verdic
   which updates were applied: either the gradients underflowed to exact zeros (fp16 without loss scaling)
   or the updates were below the weights' resolution (pure bf16 at small lr).
 - bad_input is decided before the forward, from the batch itself (sweep.data.checks.check_batch).
+
+It also measures how far the weights travel, for the verdicts decided from the whole curve at the end of a run
+(sweep/run/trend.py): at each stall check and at the run's last step (`measure_end`) the distance from the last
+check's weights is added to `weight_path`; `weight_norm0` and `weight_norm` are the weights' norms at the start
+and at the last measurement.
 """
 
 from __future__ import annotations
@@ -58,6 +63,10 @@ def _flat(tensors: list[torch.Tensor]) -> torch.Tensor:
     return torch.cat([t.detach().reshape(-1) for t in tensors])
 
 
+def _norm(flat: torch.Tensor) -> float:
+    return float(torch.linalg.vector_norm(flat, dtype=torch.float32))
+
+
 class DivergenceMonitor:
     """Applies the verdict criteria to the numbers the loop reports."""
 
@@ -76,6 +85,9 @@ class DivergenceMonitor:
         self.recent_sq: list[
             tuple[int, float]
         ] = []  # (step, squared gradient norm) of the last RECENT finite ones (sweep.run.adam_lag)
+        self.weight_norm0: float | None = None  # ||weights|| at `start` (fp32)
+        self.weight_norm: float | None = None  # ||weights|| at the last measurement
+        self.weight_path = 0.0  # sum of ||weights - the last check's|| over the checks so far (fp32)
 
     RECENT = 32
     _STATE = (
@@ -86,8 +98,12 @@ class DivergenceMonitor:
         "_skip_start",
         "_above_since",
         "recent_sq",
+        "weight_norm0",
+        "weight_norm",
+        "weight_path",
     )  # not `updates`: per run
-    _NEWER = {"_above_since": None, "recent_sq": []}  # absent from older checkpoints: their defaults
+    _NEWER = {"_above_since": None, "recent_sq": [], "weight_norm0": None, "weight_norm": None, "weight_path": 0.0}
+    """Absent from older checkpoints: their defaults (weight_norm0 then is the loaded snapshot's norm)."""
 
     def state_dict(self) -> tuple[dict, dict[str, torch.Tensor]]:
         """(JSON-able numbers, tensors) to checkpoint; a resumed run judges its steps as the original would."""
@@ -100,6 +116,8 @@ class DivergenceMonitor:
             setattr(self, k, numbers.get(k, self._NEWER[k]) if k in self._NEWER else numbers[k])
         self.recent_sq = [(int(s), float(q)) for s, q in self.recent_sq]  # JSON made the pairs lists
         self._snapshot = tensors.get("snapshot")
+        if self.weight_norm0 is None and self._snapshot is not None:
+            self.weight_norm0 = self.weight_norm = _norm(self._snapshot)
 
     def observe(
         self, step: int, loss: float, grad_norm: float, event: ScalerEvent, scaler_detail: str = ""
@@ -162,6 +180,8 @@ class DivergenceMonitor:
         """Take the first weight snapshot, before any update."""
         self._snapshot = _flat(params).clone()
         self._updates_since_snapshot = 0
+        self.weight_norm0 = self.weight_norm = _norm(self._snapshot)
+        self.weight_path = 0.0
 
     def count_update(self, step: int) -> bool:
         """Count an applied update: whether step `step` is a stall check (every `stall_window` steps)."""
@@ -169,9 +189,19 @@ class DivergenceMonitor:
         self.updates += 1
         return (step + 1) % self.cfg.stall_window == 0 and self._snapshot is not None
 
+    def measure_end(self, params: list[torch.Tensor]) -> None:
+        """The weights after the run's last step, when that step was no stall check: the rest of their path."""
+        if self._snapshot is not None:
+            self._travel(_flat(params))
+
+    def _travel(self, now: torch.Tensor) -> None:
+        self.weight_path += _norm(now.float() - self._snapshot.float())
+        self.weight_norm = _norm(now)
+
     def stall_check(self, step: int, params: list[torch.Tensor], grads: list[torch.Tensor]) -> Divergence | None:
         """Compare the weights with the last check (after count_update said this step is one)."""
         now = _flat(params)
+        self._travel(now)
         same = now == self._snapshot
         # Weighted by |w|: zero-initialised weights (adaLN-Zero, biases) sit where every update is
         # representable and would hide that the weights carrying the model stopped moving.

@@ -122,8 +122,9 @@ class RunResult:
     pruned_at_step: int | None = None
     """The step after which the sweeper's pruner stopped this run (status skipped; sweep/search/pruning.py)."""
     eval_loss: float | None = None
-    """The loss on the held-out eval set (sweep/run/evaluate.py): after the last step of a stable run; for a
-    diverged run the last evaluation before its first bad step; null when none was made."""
+    """The loss on the held-out eval set (sweep/run/evaluate.py): after the last step of a stable run (and of a
+    slow_divergence or no_progress one, decided after it); for another diverged run the last evaluation before its
+    first bad step; null when none was made."""
     eval: dict | None = None
     """The eval settings (enabled, every, samples, seed, batch_size), the clips, and `reason` when disabled."""
     logging: dict = field(default_factory=dict)
@@ -133,6 +134,10 @@ class RunResult:
     mechanism: dict | None = None
     """Why a diverged run diverged, from its recorded signals (sweep/diagnose/mechanism.py): {"name", "summary"};
     null for every other run. `python -m sweep.diagnose` tests it against counterfactual runs (diagnosis.json)."""
+    trend: dict | None = None
+    """The whole curve's numbers at the end of a run that reached its last step (sweep/run/trend.py): smoothed
+    minimum and end, the rise after the minimum, the weights' travel, logits, gradient norms, and the verdict
+    they gave (slow_divergence, no_progress or null); null for a run that stopped early or monitor.trend=false."""
     sync: dict = field(default_factory=dict)
     """How the steps met the host (sweep.run.window.Syncs): monitor.sync_every as run, the syncs, the windows
     and those taken back, and the steps run past the first bad one before the host saw it (none of them kept)."""

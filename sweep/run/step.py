@@ -195,10 +195,14 @@ class Steps:
         self, i: int, step: int, d: Decision, params: Callable[[], list[torch.Tensor]], grads: Grads
     ) -> Divergence | None:
         """Run i's verdict after the optimizer: the scaler's and monitor's, or the stall check's when it stepped.
-        `params()` (run i's weights) is called on stall-check steps only: a pack slices them out of its stacks."""
+        `params()` (run i's weights) is called on stall-check steps and the run's last step only: a pack slices them
+        out of its stacks. The last step measures the rest of the weights' path (sweep/run/trend.py reads it)."""
+        m, checked = self.monitors[i], False
         if d.stepping:
-            m = self.monitors[i]
-            d.verdict = m.stall_check(step, params(), grads.of(i)) if m.count_update(step) else None
+            checked = m.count_update(step)
+            d.verdict = m.stall_check(step, params(), grads.of(i)) if checked else None
+        if d.verdict is None and not checked and step == self.runs[i].steps - 1:
+            m.measure_end(params())
         return d.verdict
 
     def log(
