@@ -21,6 +21,7 @@ import os
 import sys
 from pathlib import Path
 
+from sweep.report.confirmation import read_confirmation
 from sweep.report.ladder import ladder_settings
 from sweep.report.registry import TABLES
 from sweep.report.runs import runs_from_dirs
@@ -146,7 +147,10 @@ def main(argv: list[str] | None = None, prog: str = "python -m sweep.report") ->
         where = "--ladder-target" if args.ladder_target is not None else f"ladder.target in {out_dir}/multirun.yaml"
         print(f"{name}: {where}: must be a finite width or depth > 0, got {target:g}", file=sys.stderr)
         return 2
-    summary = summarize(runs, target, confidence)
+    confirmation, problem = read_confirmation(out_dir) if _local(args.source) else (None, None)
+    if problem:
+        print(f"{name}: {problem}", file=sys.stderr)
+    summary = summarize(runs, target, confidence, confirmation=confirmation)
     print(render_text(summary, args.width, args.table), flush=True)
     written = []
     if args.write:
@@ -162,6 +166,11 @@ def main(argv: list[str] | None = None, prog: str = "python -m sweep.report") ->
         file=sys.stderr,
     )
     return 0
+
+
+def _local(source: str) -> bool:
+    """A sweep directory or a ledger file (or SQLite URL) beside one: where its confirmation.json would be."""
+    return "://" not in source or source.startswith("sqlite:///")
 
 
 def _skipped_note(skipped: list[str]) -> str:

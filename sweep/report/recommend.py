@@ -25,6 +25,7 @@ from dataclasses import dataclass, field
 import numpy as np
 import pandas as pd
 
+from sweep.report.confirmation import Confirmation, confirmed_candidates, pick_note
 from sweep.report.noise import Spread, quality_column, quality_name, within_noise
 from sweep.report.runs import PARAM
 from sweep.report.tables import LR, PRECISION, combo_axes, combo_labels, frontier_records, toggle_effects
@@ -94,11 +95,16 @@ def toggle_advice(toggles: pd.DataFrame) -> list[Advice]:
 
 
 def recommend(
-    runs: pd.DataFrame, recs: pd.DataFrame | None = None, toggles: pd.DataFrame | None = None
+    runs: pd.DataFrame,
+    recs: pd.DataFrame | None = None,
+    toggles: pd.DataFrame | None = None,
+    confirmation: Confirmation | None = None,
 ) -> Recommendation:
     """What to use: the best eval loss within noise, then the fastest, then the most margin (module docstring).
 
     `recs` (tables.frontier_records) and `toggles` (tables.toggle_effects) are computed when not given.
+    `confirmation`: the sweep's confirmation at a longer horizon (sweep/report/confirmation.py): `recs` then come
+    without the lrs that failed it, and where the grid's pick failed, the line steps down and says why.
     """
     stable = runs[runs.status == "stable"]
     if stable.empty:
@@ -126,11 +132,12 @@ def recommend(
                 "nothing to recommend."
             )
         cands = cands.loc[right].copy()
+    cands, held = confirmed_candidates(cands, confirmation)  # where the grid's pick failed at a longer horizon
     if cands.empty:
         what = "combination" if recs.empty else "lr"
         where = "" if recs.empty else " of any combination"
         return Recommendation(
-            f"No {what} was stable in every replicate{where}: nothing to recommend; see the divergence map."
+            held or f"No {what} was stable in every replicate{where}: nothing to recommend; see the divergence map."
         )
     precision_of = _precision_by_combo(runs, axes)
     speed, basis = like_with_like_speed(stable, combo_labels(stable, axes))
@@ -149,6 +156,7 @@ def recommend(
     ).iloc[0]
     rec = recs.set_index("combination").loc[best.combination] if len(recs) else None
     out = _line(best, rec, axes, precision_of.get(best.combination), speed, basis, advice, quality, len(tied), top)
+    out.line += held + pick_note(best.combination, None if pd.isna(best[LR]) else best[LR], confirmation)
     for axis, value in sorted(wrong):
         out.line += f" Not {axis}={value}: its kernel fails the parity check (python -m sweep.parity --{axis} {value})."
     return out
