@@ -194,6 +194,22 @@ def test_a_resume_redoes_no_confirmation(sweep_dir):
     ]
 
 
+def test_on_a_gpu_the_seeds_pack_from_step_zero(tmp_path):
+    """The packed path (what a CUDA device chooses; forced here on the CPU): the seeds train as one pack from step
+    0, each with its own trial.json, and by hand (`confirm_sweep`, no kept states) nothing is continued."""
+    from sweep.confirm.multirun import confirm_sweep
+
+    multirun_in_process(tmp_path, "steps=3", "replicates=2", "optim.lr=1e-3", "ledger.enabled=false", "device=cpu")
+    r = confirm_sweep(tmp_path, steps=6, budget=0, progress=lambda _: None, packed=True)
+    (setting,) = r["settings"]
+    assert setting["held"] is True and [x["how"] for x in setting["seeds"]] == ["packed from step 0"] * 2
+    for x in setting["seeds"]:
+        trial = json.loads((tmp_path / x["record"]).read_text())
+        assert (trial["packed"], trial["start_step"], trial["steps_run"], x["steps_run"]) == (2, 0, 6, 6)
+    r = confirm_sweep(tmp_path, steps=9, budget=0, progress=lambda _: None)
+    assert [x["how"] for x in r["settings"][0]["seeds"]] == ["from step 0"] * 2
+
+
 def test_confirm_mode_off_does_nothing(tmp_path):
     multirun_in_process(tmp_path, "steps=2", "optim.lr=1e-3", "ledger.enabled=false", "confirm.mode=off")
     assert (tmp_path / "summary.md").is_file() and "held" not in (tmp_path / "summary.md").read_text()
