@@ -101,7 +101,14 @@ def confirm_sweep(
                 repicked.add(again.key)
             setting = queue[i]
             i += 1
-            seeds = seed_runs(setting.runs, sweep_dir / CONFIRM_DIR / setting.name(), horizon)
+            try:
+                seeds = seed_runs(setting.runs, sweep_dir / CONFIRM_DIR / setting.name(), horizon)
+            except ConfirmError:
+                raise
+            except (ConfigError, OSError) as e:  # a grid run whose config no longer composes: said, not fatal
+                progress(f"{setting.label}: not confirmed: its grid run cannot be rerun ({e})")
+                record["left_out"].append(_left_out(setting, 0.0) | {"note": f"cannot be rerun: {e}"})
+                continue
             pack = packs_pay(seeds) if packed is None else packed and len(seeds) > 1
             prev = _reusable(before.get((setting.combination, setting.lr, seeds[0].run.steps)), seeds, sweep_dir)
             estimate = _estimate(seeds, results, pack)

@@ -87,21 +87,15 @@ def plan(runs: pd.DataFrame) -> list[Setting]:
 
 def recommended(runs: pd.DataFrame, confirmation: Confirmation | None = None) -> Setting | None:
     """The setting the report recommends, given what the confirmation so far says (none: the grid's own pick)."""
-    recs = confirm_records(frontier_records(runs), confirmation)
-    pick = recommend(runs, recs, confirmation=confirmation)
+    grid = frontier_records(runs)
+    pick = recommend(runs, confirm_records(grid, confirmation), confirmation=confirmation)
     if pick.combination is None:
         return None
     axes = combo_axes(runs)
-    s = _setting(
-        runs,
-        combo_labels(runs, axes),
-        pick.combination,
-        {a: pick.settings.get(a) for a in axes},
-        pick.settings.get(LR),
-        RECOMMENDED,
-    )
-    if s is not None and len(recs):
-        s.stable_lrs = list(frontier_records(runs).set_index("combination").loc[pick.combination, "stable_lrs"])
+    values = {a: pick.settings.get(a) for a in axes}
+    s = _setting(runs, combo_labels(runs, axes), pick.combination, values, pick.settings.get(LR), RECOMMENDED)
+    if s is not None and len(grid):
+        s.stable_lrs = list(grid.set_index("combination").loc[pick.combination, "stable_lrs"])  # the grid's own
     return s
 
 
