@@ -1,6 +1,7 @@
 """One setting's runs at the longer horizon: each seed's grid run again, from its recorded config, to `steps`.
 
-Each run is the grid run's config (its .hydra/config.yaml) with `steps` overridden, trained by
+Each run is the grid run's config (its .hydra/config.yaml, sweep.config.recorded.load_recorded) with `steps`
+overridden and validated again, trained by
 sweep.run.execute.execute into <sweep>/confirm/<setting>/seed_<s>/ with its record named trial.json (TRIAL_FILE:
 the sweep's runs alone have a result.json), no ledger trial, no trackers, no forensics replay. How it trains:
 - continued: where the grid run's final state was kept (sweep/confirm/state.py), it is written as a checkpoint in
@@ -23,10 +24,9 @@ import time
 from pathlib import Path
 from typing import Callable
 
-from sweep.config import Progress, RunConfig
+from sweep.config import Progress, RunConfig, validate
 from sweep.config.recorded import load_recorded
 from sweep.confirm.state import continuation_refusal, take
-from sweep.diagnose.trials import with_overrides
 from sweep.run.build import resolve_device
 from sweep.run.checkpoint import write
 from sweep.run.execute import execute
@@ -55,16 +55,18 @@ def seed_runs(members: list[tuple[int, Path]], out_dir: Path, steps: Callable[[R
     """The runs of a setting's seeds (`members`: (seed, grid run dir)), each at `steps(grid run's config)`."""
     out = []
     for seed, grid_run in members:
-        config, recorded = load_recorded(grid_run)
+        _, recorded = load_recorded(grid_run)
         horizon = steps(recorded)
-        run = with_overrides(config, [f"steps={horizon}", "confirm.steps=null"])  # a run of its own, not a sweep
         run = dataclasses.replace(
-            run,
+            recorded,
+            steps=horizon,
+            confirm=dataclasses.replace(recorded.confirm, steps=None),  # a run of its own, not a sweep's
             progress=Progress.none,
-            monitor=dataclasses.replace(run.monitor, forensics=False),  # the verdict and step, not the replay
-            ledger=dataclasses.replace(run.ledger, enabled=False),  # the ledger holds the sweep's runs
-            checkpoint=dataclasses.replace(run.checkpoint, every=0, keep=0, inject=None, inject_tensor=None),
+            monitor=dataclasses.replace(recorded.monitor, forensics=False),  # the verdict and step, not the replay
+            ledger=dataclasses.replace(recorded.ledger, enabled=False),  # the ledger holds the sweep's runs
+            checkpoint=dataclasses.replace(recorded.checkpoint, every=0, keep=0, inject=None, inject_tensor=None),
         )
+        run = validate(run)  # the longer horizon too
         params = {**_grid_params(grid_run), "steps": horizon}
         out.append(SeedRun(seed, grid_run, run, recorded.steps, params, out_dir / f"seed_{seed}"))
     return out
