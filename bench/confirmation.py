@@ -2,6 +2,7 @@
 from step 0 alone and packed from step 0, in one process, on the same sweep.
 
     python bench/confirmation.py                                  # the demo grid (+experiment=demo), 4x its steps
+    python bench/confirmation.py --ab -- +experiment=demo threads=1   # + continued vs from step 0, interleaved
     python bench/confirmation.py --out /tmp/c -- data.frames=4 data.height=8 data.width=8 steps=10 replicates=2 \\
         optim.lr=1e-2,1.5e-2                                       # any grid: its overrides after --
 
@@ -11,8 +12,11 @@ confirm.mode=auto: that confirmation continues the kept final states. Then, on
 copies of the sweep directory without its confirmation, `confirm_sweep` again with no state kept (every seed from
 step 0, alone) and packed (every setting's seeds as one pack from step 0). It prints, for each: the settings and
 whether they held, the runs, the steps trained and the seconds (confirmation.json's: its settings' seconds added
-up, the same measure for each), beside the grid's own steps and seconds. Run it on
-an idle machine, or read the steps: the seconds of a shared one are the others' too.
+up, the same measure for each), beside the grid's own steps and seconds. On a shared machine those variants run
+minutes apart under another load; `--ab` compares like with like instead: for every seed the confirmation ran, its
+grid run again (to hold its state), then that seed continued and from step 0 back to back, the order alternating,
+with the steps, seconds and whether the two eval losses are bit for bit equal. Run it on an idle machine, or read
+the steps and the interleaved ratio.
 """
 
 from __future__ import annotations
@@ -62,6 +66,44 @@ def again(sweep_dir: Path, copy: Path, packed: bool, record: dict) -> dict:
         return confirm_sweep(copy, record["steps"], record["factor"], record["budget"], packed=packed)
 
 
+def interleaved(sweep_dir: Path, out: Path, record: dict) -> None:
+    """Per confirmed seed: continued and from step 0 back to back (order alternating); their totals."""
+    import dataclasses
+
+    from sweep.confirm import state
+    from sweep.confirm.trial import run_alone, seed_runs
+    from sweep.run.execute import execute
+    from sweep.run.interrupt import StopRequest
+
+    totals = {"continued": [0, 0.0], "from step 0": [0, 0.0]}
+    same, k = True, 0
+    for entry in record["settings"]:
+        horizon = entry["steps"]
+        for x in entry["seeds"]:
+            grid_run = sweep_dir / x["grid_run"]
+            (r,) = seed_runs([(x["seed"], grid_run)], out / str(k), lambda run, h=horizon: h)
+            grid = dataclasses.replace(r.run, steps=r.grid_steps)  # the grid run again, to hold its final state
+            execute(grid, out / str(k) / "grid", {}, hooks=[state.KeepFinalState(grid_run, r.grid_steps)])
+            kept = state.take(grid_run)
+            evals = {}
+            for mode in ("continued", "from step 0") if k % 2 == 0 else ("from step 0", "continued"):
+                if mode == "continued":
+                    state._KEPT[state.key(grid_run)] = kept
+                o = run_alone(dataclasses.replace(r, out_dir=out / str(k) / mode.replace(" ", "_")), StopRequest())
+                totals[o["how"]][0] += o["steps_run"] - o["start_step"]
+                totals[o["how"]][1] += o["seconds"]
+                evals[mode] = o["eval_loss"]
+            same &= evals["continued"] == evals["from step 0"]
+            k += 1
+    (sc, tc), (sz, tz) = totals["continued"], totals["from step 0"]
+    print(
+        f"interleaved, {k} seeds: continued {sc} steps {tc:.1f} s, from step 0 {sz} steps {tz:.1f} s: "
+        f"{tc / max(tz, 1e-9):.3f} of the time for {sc / max(sz, 1):.3f} of the steps; eval losses bit for bit "
+        f"equal: {same}",
+        flush=True,
+    )
+
+
 def line(name: str, record: dict) -> str:
     held = ", ".join(
         f"{s['combination']}@{s['lr']:g} {'held' if s['held'] else 'failed' if s['held'] is False else '-'}"
@@ -77,6 +119,7 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--out", type=Path, default=Path("outputs/bench_confirmation"), help="a new folder for the sweeps")
     ap.add_argument("--skip", default="", help="comma list of variants not to run: zero,packed")
+    ap.add_argument("--ab", action="store_true", help="also continued against from step 0, seed by seed, interleaved")
     ap.add_argument("overrides", nargs="*", help="the grid (default: +experiment=demo)")
     args = ap.parse_args()
     if args.out.exists():
@@ -98,6 +141,8 @@ def main() -> int:
             continue
         out = again(sweep_dir, args.out / name, packed, record)
         print(line({"zero": "from step 0", "packed": "packed from step 0"}[name], out), flush=True)
+    if args.ab:
+        interleaved(sweep_dir, args.out / "ab", record)
     return 0
 
 
