@@ -10,7 +10,9 @@ path or an unknown study is one line and exit status 2. A storage password is ne
 written: the report names the storage as postgresql://me:***@db/sweeps. A directory's multirun.yaml
 is not read: every run says its own params (result.json, or a started job's .hydra/overrides.yaml),
 so a sweep whose multirun.yaml is missing or damaged reports as well (`python -m sweep -m` into such
-a directory is refused: it cannot tell that sweep from another, sweep/callbacks.py).
+a directory is refused: it cannot tell that sweep from another, sweep/callbacks.py). Its confirmation.json
+(the answer rerun at a longer horizon, sweep/confirm/) is read too: the frontier's `held` column, and a
+recommendation that names a setting that held (a damaged one is one line on stderr).
 """
 
 from __future__ import annotations
