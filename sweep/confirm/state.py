@@ -98,6 +98,11 @@ def take(run_dir: Path) -> Kept | None:
     return _KEPT.pop(key(run_dir), None)
 
 
+def has(run_dir: Path) -> bool:
+    """Whether the final state of the run in `run_dir` is kept."""
+    return key(run_dir) in _KEPT
+
+
 def held_bytes() -> int:
     return sum(k.state.nbytes for k in _KEPT.values())
 
@@ -106,8 +111,3 @@ def clear() -> None:
     """Drop every kept state (the multirun is over)."""
     _KEPT.clear()
     _FULL[0] = False
-
-
-def has(run_dir: Path) -> bool:
-    """Whether the final state of the run in `run_dir` is kept."""
-    return key(run_dir) in _KEPT
