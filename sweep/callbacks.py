@@ -320,6 +320,7 @@ class SweepSummary(Callback):
     """At the end of every multirun: the tables on the terminal, summary.md/.csv/.parquet in the sweep dir."""
 
     def on_multirun_end(self, config: DictConfig, **kwargs: Any) -> None:
+        from sweep.report.confirmation import read_confirmation
         from sweep.report.runs import runs_from_dirs  # pandas: imported once a sweep has runs to summarize
         from sweep.report.summary import summarize
         from sweep.report.text import WIDTH, render_text, write_summary
@@ -336,12 +337,16 @@ class SweepSummary(Callback):
                 )
             except Exception:
                 log.exception("diagnosing the diverged runs of %s failed; python -m sweep.diagnose RUN_DIR", sweep_dir)
+        confirm_answer(config, sweep_dir)
         runs = runs_from_dirs(sweep_dir, starting_s=0)  # every job of this sweep has returned
         for line in runs.attrs.get("skipped", []):
             log.warning("summary: skipped %s", line)
         if runs.empty:
             log.warning("no run of this sweep wrote a result.json (%s)", sweep_dir)
             return
+        confirmation, problem = read_confirmation(sweep_dir)
+        if problem:
+            log.warning("summary: %s", problem)
         try:
             target = OmegaConf.select(config, "ladder.target", default=None)
             summary = summarize(
@@ -349,6 +354,7 @@ class SweepSummary(Callback):
                 target,
                 OmegaConf.select(config, "ladder.confidence", default=0.9),
                 OmegaConf.select(config, "report.target", default=None),
+                confirmation,
             )
             text = render_text(summary)
             written = write_summary(sweep_dir, summary)
@@ -365,6 +371,31 @@ class SweepSummary(Callback):
             f"Saved in {sweep_dir}: {', '.join(p.name for p in written)}", WIDTH, subsequent_indent="  "
         )
         print(f"\n{text}\n\n{saved}\nHTML report: python -m sweep.report {sweep_dir}", flush=True)
+
+
+def confirm_answer(config: DictConfig, sweep_dir: Path) -> None:
+    """confirm.mode=auto: rerun the sweep's answer at a longer horizon (sweep/confirm/multirun.py) before the
+    summary reads it; a failure is logged, never raised. The runs' kept final states are dropped after."""
+    if OmegaConf.select(config, "confirm.mode", default="off") != "auto":
+        return
+    from sweep.confirm import state
+    from sweep.confirm.multirun import confirm_sweep  # torch: only for sweeps that confirm
+
+    try:
+        confirm_sweep(
+            sweep_dir,
+            OmegaConf.select(config, "confirm.steps", default=None),
+            float(OmegaConf.select(config, "confirm.factor", default=4.0)),
+            float(OmegaConf.select(config, "confirm.budget", default=1.0)),
+            progress=lambda line: print(line, flush=True),
+            target=OmegaConf.select(config, "report.target", default=None),
+        )
+    except ConfigError as e:
+        log.warning("confirm: %s; not confirmed", e)
+    except Exception:
+        log.exception("confirming the answer of %s failed; python -m sweep.confirm %s", sweep_dir, sweep_dir)
+    finally:
+        state.clear()
 
 
 class ScenarioCheck(Callback):

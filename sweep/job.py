@@ -113,7 +113,7 @@ def run_job(cfg: DictConfig) -> dict:
     job = job_spec_task(cfg)
     with stopping_on_signals() as request:
         # pruning_hooks: reports to the ledger's trial, only with our sweeper's pruner (sweep/search/pruning.py)
-        hooks = [*pruning_hooks(job.run, job.sweep_dir), StopOnSignal(request, job.run.steps)]
+        hooks = [*pruning_hooks(job.run, job.sweep_dir), StopOnSignal(request, job.run.steps), *state_hooks(job)]
         with per_sweep(job.sweep_dir if job.multirun else None):  # a line every run would repeat: once per sweep
             result = execute(job.run, job.run_dir, job.params, label=job.label, hooks=hooks, sinks=job_sinks(job))
         returned = finish_job(job, result)
@@ -130,6 +130,15 @@ def run_job(cfg: DictConfig) -> dict:
         # without one keeps the sweep waiting 15 s for it (submitit's _results_timeout_s) before it can exit
         # with 128 + signal itself (sweep.run.interrupt.launch_forwarding_signals).
     return returned
+
+
+def state_hooks(job: JobSpec) -> list:
+    """A multirun that confirms its answer at a longer horizon continues its runs from their final states, kept
+    in this process (sweep/confirm/state.py)."""
+    from sweep.confirm.state import KeepFinalState, keeps_state
+
+    launcher = str(OmegaConf.select(HydraConfig.get(), "launcher._target_", default="")) if job.multirun else ""
+    return [KeepFinalState(job.run_dir, job.run.steps)] if keeps_state(job.run, job.multirun, launcher) else []
 
 
 def job_sinks(job: JobSpec) -> list:

@@ -27,7 +27,8 @@ CONF_DIR = str(REPO / "conf")
 # Small and fast: 4 frames of 8x8, a handful of steps. Tests that need the real default size say so.
 # The device stays `auto` (CUDA where there is one), so the suite runs the GPU path on a GPU machine; a test
 # of a CPU fact (a CPU profiler op name, an emulated GEMM, a refusal on CPU) pins device=cpu itself.
-# A multirun's diagnoses of its diverged runs (monitor.diagnose=auto) are tested in tests/test_diagnose.py.
+# A multirun's diagnoses of its diverged runs (monitor.diagnose=auto) are tested in tests/test_diagnose.py, its
+# confirmation at a longer horizon (confirm.mode=auto) in tests/test_confirm.py.
 FAST = [
     "data.frames=4",
     "data.height=8",
@@ -35,6 +36,7 @@ FAST = [
     "data.num_samples=32",
     "progress=none",
     "monitor.diagnose=off",
+    "confirm.mode=off",
 ]
 
 

@@ -30,6 +30,7 @@ def run_scenario(name: str, sweep_dir, capsys, *overrides: str) -> str:
         "ledger.enabled=false",
         "device=cpu",  # the recorded verdicts (tests/data/native_verdicts.json) are the CPU's
         "monitor.diagnose=off",  # diagnoses are tested below, for the scenarios in DIAGNOSED
+        "confirm.mode=off",  # a scenario reproduces a failure; its answer's confirmation is tested in test_confirm.py
         *overrides,
     ]
     if name not in ON_THE_COMMAND_LINE:
@@ -49,12 +50,13 @@ def run_scenario(name: str, sweep_dir, capsys, *overrides: str) -> str:
 
 
 def cpu_cells(sweep_dir) -> dict[str, list]:
-    """cell_outcomes with what run_scenario adds (device=cpu, monitor.diagnose=off) left out: the record's cells
-    are the scenario's."""
+    """cell_outcomes with what run_scenario adds (device=cpu, monitor.diagnose=off, confirm.mode=off) left out: the
+    record's cells are the scenario's."""
     cells = {}
     for cell, outcome in cell_outcomes(sweep_dir).items():
         params = json.loads(cell)
         assert params.pop("device") == "cpu" and params.pop("monitor.diagnose") == "off"
+        assert params.pop("confirm.mode") == "off"
         cells[json.dumps(params, sort_keys=True)] = outcome
     return cells
 

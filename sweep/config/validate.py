@@ -100,6 +100,7 @@ def validate(run: RunConfig) -> RunConfig:
     _check_scenario(run.scenario)
     _check_checkpoint(run)
     _check_eval(run.eval)
+    _check_confirm(run)
     _check_ledger(run.ledger)
     _check_report(run.report)
     _check_logger(run.logger)
@@ -353,6 +354,19 @@ def _check_eval(e: EvalConfig) -> None:
     require(e.samples > 0, "eval.samples", f"must be > 0, got {e.samples}")
     require(e.batch_size > 0, "eval.batch_size", f"must be > 0, got {e.batch_size}")
     require(0 <= e.seed <= MAX_SEED, "eval.seed", f"must be in [0, {MAX_SEED}] (2**32 - 1), got {e.seed}")
+
+
+def _check_confirm(run: RunConfig) -> None:
+    """The confirmation's horizon lies beyond the sweep's own steps; its budget is a multiple >= 0 of its run time."""
+    c = run.confirm
+    require(c.factor > 1, "confirm.factor", f"must be > 1 (a multiple of steps beyond them), got {c.factor}")
+    require(
+        c.steps is None or c.steps > run.steps,
+        "confirm.steps",
+        f"must be > steps={run.steps} (a longer horizon than the sweep's), or null for confirm.factor x steps, got "
+        f"{c.steps}",
+    )
+    require(c.budget >= 0, "confirm.budget", f"must be >= 0 (a multiple of the sweep's run time), got {c.budget}")
 
 
 def _check_ledger(lc: LedgerConfig) -> None:

@@ -11,7 +11,9 @@ path or an unknown study is one line and exit status 2. A storage password is ne
 written: the report names the storage as postgresql://me:***@db/sweeps. A directory's multirun.yaml
 is not read: every run says its own params (result.json, or a started job's .hydra/overrides.yaml),
 so a sweep whose multirun.yaml is missing or damaged reports as well (`python -m sweep -m` into such
-a directory is refused: it cannot tell that sweep from another, sweep/callbacks.py).
+a directory is refused: it cannot tell that sweep from another, sweep/callbacks.py). Its confirmation.json
+(the answer rerun at a longer horizon, sweep/confirm/) is read too: the frontier's `held` column, and a
+recommendation that names a setting that held (a damaged one is one line on stderr).
 """
 
 from __future__ import annotations
@@ -22,6 +24,7 @@ import os
 import sys
 from pathlib import Path
 
+from sweep.report.confirmation import read_confirmation
 from sweep.report.ladder import ladder_settings
 from sweep.report.registry import TABLES
 from sweep.report.runs import runs_from_dirs
@@ -157,7 +160,10 @@ def main(argv: list[str] | None = None, prog: str = "python -m sweep.report") ->
         where = "--ladder-target" if args.ladder_target is not None else f"ladder.target in {out_dir}/multirun.yaml"
         print(f"{name}: {where}: must be a finite width or depth > 0, got {target:g}", file=sys.stderr)
         return 2
-    summary = summarize(runs, target, confidence, args.target)
+    confirmation, problem = read_confirmation(out_dir) if _local(args.source) else (None, None)
+    if problem:
+        print(f"{name}: {problem}", file=sys.stderr)
+    summary = summarize(runs, target, confidence, args.target, confirmation)
     print(render_text(summary, args.width, args.table), flush=True)
     written = []
     if args.write:
@@ -177,6 +183,11 @@ def main(argv: list[str] | None = None, prog: str = "python -m sweep.report") ->
         file=sys.stderr,
     )
     return 0
+
+
+def _local(source: str) -> bool:
+    """A sweep directory or a ledger file (or SQLite URL) beside one: where its confirmation.json would be."""
+    return "://" not in source or source.startswith("sqlite:///")
 
 
 def _skipped_note(skipped: list[str]) -> str:

@@ -31,6 +31,7 @@ from dataclasses import dataclass, field
 import numpy as np
 import pandas as pd
 
+from sweep.report.confirmation import Confirmation, confirmed_candidates, pick_note
 from sweep.report.noise import Spread, quality_column, quality_name, within_noise
 from sweep.report.runs import PARAM
 from sweep.report.tables import (
@@ -126,14 +127,17 @@ def recommend(
     recs: pd.DataFrame | None = None,
     toggles: pd.DataFrame | None = None,
     target: str | None = None,
+    confirmation: Confirmation | None = None,
 ) -> Recommendation:
     """What to use on `target` (cpu or cuda; None: target.resolve_target's default): the best eval loss within
     noise, then the fastest or cheapest on the target, then the most margin (module docstring).
 
     `recs` (tables.frontier_records) and `toggles` (tables.toggle_effects) are computed when not given.
+    `confirmation`: the sweep's confirmation at a longer horizon (sweep/report/confirmation.py): `recs` then come
+    without the lrs that failed it, and where the grid's pick failed, the line steps down and says why.
     """
     target, why = resolve_target(runs, target)
-    out = _recommend(runs, recs, toggles, target)
+    out = _recommend(runs, recs, toggles, target, confirmation)
     out.target, out.target_why = target, why
     if out.settings or out.left_out:  # "nothing was stable" holds on any target
         out.line += f" Target: {target} ({why}){_left_out_text(out.left_out)}."
@@ -142,7 +146,13 @@ def recommend(
     return out
 
 
-def _recommend(runs: pd.DataFrame, recs: pd.DataFrame | None, toggles: pd.DataFrame | None, target: str):
+def _recommend(
+    runs: pd.DataFrame,
+    recs: pd.DataFrame | None,
+    toggles: pd.DataFrame | None,
+    target: str,
+    confirmation: Confirmation | None,
+):
     stable = runs[runs.status == "stable"]
     if stable.empty:
         return Recommendation(
@@ -169,11 +179,12 @@ def _recommend(runs: pd.DataFrame, recs: pd.DataFrame | None, toggles: pd.DataFr
                 "nothing to recommend."
             )
         cands = cands.loc[right].copy()
+    cands, held = confirmed_candidates(cands, confirmation)  # where the grid's pick failed at a longer horizon
     if cands.empty:
         what = "combination" if recs.empty else "lr"
         where = "" if recs.empty else " of any combination"
         return Recommendation(
-            f"No {what} was stable in every replicate{where}: nothing to recommend; see the divergence map."
+            held or f"No {what} was stable in every replicate{where}: nothing to recommend; see the divergence map."
         )
     choices = {a: _choice_by_combo(runs, axes, a) for a in DEFAULTS}
     precision_of, attention_of = choices[PRECISION], choices["attention"]
@@ -211,6 +222,7 @@ def _recommend(runs: pd.DataFrame, recs: pd.DataFrame | None, toggles: pd.DataFr
     out = _line(best, rec, axes, named, speed, basis, advice, quality, len(tied), top, how)
     out.left_out, out.tie_break = left_out, tie_break
     out.run_dirs = _run_dirs(runs, axes, best)
+    out.line += held + pick_note(best.combination, None if pd.isna(best[LR]) else best[LR], confirmation)
     for axis, value in sorted(wrong):
         out.line += f" Not {axis}={value}: its kernel fails the parity check (python -m sweep.parity --{axis} {value})."
     return out

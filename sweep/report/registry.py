@@ -28,6 +28,7 @@ from typing import Any
 
 import pandas as pd
 
+from sweep.report.confirmation import Confirmation, confirm_records, with_held
 from sweep.report.figures import HEATMAP_ID, heatmap, ladder_figure
 from sweep.report.ladder import ladder_fit, ladder_lines
 from sweep.report.marginal import factor
@@ -57,6 +58,8 @@ class TableInputs:
     """The size the ladder extrapolates the largest stable lr to (`ladder.target`)."""
     confidence: float = 0.9
     """The ladder interval's level (`ladder.confidence`)."""
+    confirmation: Confirmation | None = None
+    """The sweep's confirmation at a longer horizon (confirmation.json, sweep/report/confirmation.py), if any."""
 
     @cached_property
     def cells(self) -> pd.DataFrame:
@@ -65,8 +68,9 @@ class TableInputs:
 
     @cached_property
     def records(self) -> pd.DataFrame:
-        """Per combination: stability per lr and the frontier columns (`tables.frontier_records`)."""
-        return frontier_records(self.runs)
+        """Per combination: stability per lr and the frontier columns (`tables.frontier_records`), as the
+        confirmation at a longer horizon leaves them (`confirmation.confirm_records`)."""
+        return confirm_records(frontier_records(self.runs), self.confirmation)
 
 
 @dataclass(frozen=True)
@@ -215,14 +219,21 @@ register(
     SummaryTable(
         name="frontier",
         title="Stability frontier",
-        build=lambda t: frontier(t.runs, t.records),
+        build=lambda t: with_held(frontier(t.runs, t.records), t.records, t.confirmation),
         explain=lambda s: (
             "per combination: the largest lr stable in every replicate and not marginal, the marginal lrs it "
             f"skipped (stable, but their {_quality(s)} over {_factor(s):g}x the best lr's), and the smallest lr that "
             f"diverged; at the largest stable lr the {_quality(s)}: mean, spread (sd over replicates, - with one) and "
             f"replicates; best_lr, the stable lr of the lowest mean {_quality(s)}; mean steps/s of its stable runs"
+            + (
+                "; held: whether the largest stable lr stayed stable at the longer horizon"
+                if "held" in s.frontier
+                else ""
+            )
         ),
-        help="per combination: largest stable lr (marginal lrs skipped), smallest diverging lr, loss at the former",
+        help="per combination: largest stable lr (marginal lrs skipped), smallest diverging lr, loss at the former,"
+        " whether it held at the longer horizon",
+        lines=lambda table: table.attrs.get("confirmation", []),
     )
 )
 register(

@@ -141,42 +141,70 @@ def _scan(file: str, tensors: dict[str, torch.Tensor], weights: bool) -> None:
 # ---- saving ------------------------------------------------------------------------------------------
 
 
-def save(directory: Path, parts, next_step: int) -> Path:
-    """Write a complete checkpoint of `parts` (sweep.run.build.RunParts) that resumes at `next_step`."""
-    directory = Path(directory)
-    tmp = directory.with_name(directory.name + ".tmp")
-    shutil.rmtree(tmp, ignore_errors=True)
-    tmp.mkdir(parents=True)
+@dataclass
+class State:
+    """What a checkpoint holds, in memory: the tensors of its three safetensors files and trainer.json's numbers."""
+
+    model: dict[str, torch.Tensor]
+    optimizer: dict[str, torch.Tensor]
+    trainer: dict[str, torch.Tensor]
+    numbers: dict
+
+    @property
+    def nbytes(self) -> int:
+        return sum(t.numel() * t.element_size() for d in (self.model, self.optimizer, self.trainer) for t in d.values())
+
+
+def state_of(parts, next_step: int, copy: bool = False) -> State:
+    """The state of `parts` (sweep.run.build.RunParts) that resumes at `next_step`; `copy`: tensors of its own,
+    which later steps of the run cannot change (else views of the run's own tensors where they are on the CPU)."""
+
+    def own(t: torch.Tensor) -> torch.Tensor:
+        t = t.detach().contiguous().cpu()
+        return t.clone() if copy else t
+
     model, opt = parts.model, parts.optimizer
-    save_file({k: v.detach().contiguous().cpu() for k, v in model.state_dict().items()}, tmp / MODEL_FILE)
     names = {p: n for n, p in model.named_parameters()}
     optim = {
-        f"{names[p]}.{k}": v.detach().contiguous().cpu()
-        for p, state in opt.state.items()
-        for k, v in state.items()
-        if torch.is_tensor(v)
+        f"{names[p]}.{k}": own(v) for p, state in opt.state.items() for k, v in state.items() if torch.is_tensor(v)
     }
-    save_file(optim, tmp / OPTIM_FILE)
     monitor_numbers, monitor_tensors = parts.monitor.state_dict()
     trainer = {"rng.noise": parts.noise_gen.get_state(), "rng.torch": torch.get_rng_state()}
     if torch.cuda.is_available():
         trainer.update({f"rng.cuda.{i}": s for i, s in enumerate(torch.cuda.get_rng_state_all())})
-    trainer.update({f"monitor.{k}": v.contiguous().cpu() for k, v in monitor_tensors.items()})
-    save_file(trainer, tmp / TRAINER_FILE)
+    trainer.update({f"monitor.{k}": own(v) for k, v in monitor_tensors.items()})
     numbers = {
         "next_step": next_step,
         "device": parts.device.type,  # the RNG states above continue only on this device type (device_mismatch)
         "scaler": parts.scaler.state_dict(),
-        "monitor": monitor_numbers,
+        "monitor": json.loads(json.dumps(monitor_numbers)),  # a copy, as trainer.json will read back
     }
-    (tmp / TRAINER_JSON).write_text(json.dumps(numbers, indent=2))
+    return State({k: own(v) for k, v in model.state_dict().items()}, optim, trainer, numbers)
+
+
+def save(directory: Path, parts, next_step: int) -> Path:
+    """Write a complete checkpoint of `parts` (sweep.run.build.RunParts) that resumes at `next_step`."""
+    return write(directory, state_of(parts, next_step))
+
+
+def write(directory: Path, state: State) -> Path:
+    """Write `state` as a checkpoint directory (a temporary name, renamed when complete)."""
+    directory = Path(directory)
+    tmp = directory.with_name(directory.name + ".tmp")
+    shutil.rmtree(tmp, ignore_errors=True)
+    tmp.mkdir(parents=True)
+    save_file(state.model, tmp / MODEL_FILE)
+    save_file(state.optimizer, tmp / OPTIM_FILE)
+    save_file(state.trainer, tmp / TRAINER_FILE)
+    (tmp / TRAINER_JSON).write_text(json.dumps(state.numbers, indent=2))
     files = {}
     for f in (MODEL_FILE, OPTIM_FILE, TRAINER_FILE, TRAINER_JSON):
         entry = {"sha256": sha256_file(tmp / f), "bytes": (tmp / f).stat().st_size}
         if f.endswith(".safetensors"):
             entry["tensors"] = tensor_digests(tmp / f)
         files[f] = entry
-    (tmp / MANIFEST).write_text(json.dumps({"format": FORMAT, "step": next_step, "files": files}, indent=2))
+    step = state.numbers["next_step"]
+    (tmp / MANIFEST).write_text(json.dumps({"format": FORMAT, "step": step, "files": files}, indent=2))
     shutil.rmtree(directory, ignore_errors=True)
     os.replace(tmp, directory)
     return directory

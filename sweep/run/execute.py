@@ -53,16 +53,20 @@ def execute(
     hooks: Sequence[StepHook] = (),
     sinks: Sequence[MetricSink] = (),
     record: str = RESULT_FILE,
+    history: Sequence[dict] = (),
 ) -> RunResult:
     """Run one config and write its files; the returned result is what result.json holds.
 
     `hooks` act after every training step (sweep.run.train.StepHook); `sinks` get the metrics rows as the run
     goes, and its verdict at the end (the trackers of `logger`, sweep/run/trackers.py). `record` names the
     result file: TRIAL_FILE for the runs a diagnosis or a confirmation makes, which are not runs of the sweep.
+    `history`: the metrics rows of the steps before a resumed run's checkpoint (a confirmation continuing a grid
+    run, sweep/confirm/): its metrics.csv, numbers and verdicts then cover the whole curve from step 0.
     """
     out_dir = Path(out_dir)
     start = time.perf_counter()
     result, metrics = new_result(run, params), new_metrics(run, out_dir, sinks)
+    metrics.rows.extend(dict(row) for row in history)
     try:
         parts = prepare(run, out_dir, result)
         if parts is None:
@@ -273,7 +277,8 @@ def _fill_from_metrics(result: RunResult, metrics: MetricsLog, train_seconds: fl
     result.final_loss = losses[-1] if losses else None
     result.min_loss = min(finite) if finite else None
     result.max_grad_norm = max(norms) if norms else None
-    result.steps_per_second = len(metrics.rows) / train_seconds if train_seconds > 0 and metrics.rows else None
+    trained = sum(r["step"] >= result.start_step for r in metrics.rows)  # not the rows of a `history`
+    result.steps_per_second = trained / train_seconds if train_seconds > 0 and trained else None
     logits = [r["attn_max_logit"] for r in metrics.rows if _is_number(r.get("attn_max_logit"))]
     entropies = [r["attn_min_entropy"] for r in metrics.rows if _is_number(r.get("attn_min_entropy"))]
     result.max_attn_logit = max(logits) if logits else None

@@ -30,7 +30,7 @@ from sweep.run.execute import conclude, execute, fail, new_metrics, new_result, 
 from sweep.run.packed import train_packed
 from sweep.run.precision import PrecisionPolicy
 from sweep.run.progress import RunProgress
-from sweep.run.results import MetricSink, RunResult
+from sweep.run.results import RESULT_FILE, MetricSink, RunResult
 from sweep.run.window import Syncs
 
 log = logging.getLogger("sweep")
@@ -129,13 +129,15 @@ def execute_pack(
     params: Sequence[dict],
     labels: Sequence[str],
     sinks: Sequence[Sequence[MetricSink]] | None = None,
+    record: str = RESULT_FILE,
 ) -> list[RunResult]:
     """Train the runs as one pack and write each run's files; a pack of one is sweep.run.execute.execute.
 
-    `sinks[i]` are run i's trackers: each packed run logs as a run of its own, with its own curves."""
+    `sinks[i]` are run i's trackers: each packed run logs as a run of its own, with its own curves. `record` names
+    each run's result file (execute's: TRIAL_FILE for a confirmation's runs)."""
     sinks = sinks or [()] * len(runs)
     if len(runs) == 1:
-        return [execute(runs[0], out_dirs[0], params[0], label=labels[0], sinks=sinks[0])]
+        return [execute(runs[0], out_dirs[0], params[0], label=labels[0], sinks=sinks[0], record=record)]
     start = time.perf_counter()
     results = [new_result(run, p) for run, p in zip(runs, params)]
     metrics = [new_metrics(run, Path(d), s) for run, d, s in zip(runs, out_dirs, sinks)]
@@ -182,5 +184,5 @@ def execute_pack(
         finally:
             progress.close()
     for i, result in enumerate(results):
-        write_outcome(Path(out_dirs[i]), result, metrics[i], start)
+        write_outcome(Path(out_dirs[i]), result, metrics[i], start, record)
     return results

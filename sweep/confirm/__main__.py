@@ -1,0 +1,86 @@
+"""Confirm a sweep's answer at a longer horizon: its recommended setting and each combination's largest stable lr,
+every seed, rerun to more steps; where one fails, the next lower stable lr of its combination.
+
+    python -m sweep.confirm outputs/sweeps/2026-11-27/10-00-00
+    python -m sweep.confirm SWEEP_DIR --steps 200          # to 200 steps (default: confirm.steps, or 4x steps)
+    python -m sweep.confirm SWEEP_DIR --budget 3           # within 3x the sweep's run time (default: confirm.budget)
+
+Writes SWEEP_DIR/confirmation.json and keeps its runs under SWEEP_DIR/confirm/ (each with trial.json, not
+result.json: they are not runs of the sweep). Settings confirmed before for the same runs and horizon are not
+rerun. Then `python -m sweep.report SWEEP_DIR` shows the frontier's `held` column and a recommendation that names
+only a setting that held. A multirun does this itself at its end (confirm.mode=auto; docs/confirmation.md).
+Exit status 0 when confirmed (whatever held), 2 on bad input, 128 + the signal's number when Ctrl-C or SIGTERM
+stopped it (what was confirmed is recorded; the same command finishes it).
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import signal
+import sys
+from pathlib import Path
+
+from sweep.config import ConfigError
+
+PROG = "python -m sweep.confirm"
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(
+        prog=PROG,
+        description=__doc__.split("\n\n")[0],
+        epilog="\n\n".join(__doc__.split("\n\n")[1:]),
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    ap.add_argument("sweep_dir", type=Path, help="a multirun's directory (its <n>/result.json, <n>/.hydra/)")
+    ap.add_argument(
+        "--steps",
+        type=int,
+        help="the longer horizon (default: the sweep's confirm.steps, or confirm.factor x its steps)",
+    )
+    ap.add_argument(
+        "--budget",
+        type=float,
+        help="confirm the settings besides the recommended one within this "
+        "many times the sweep's run time (default: the sweep's confirm.budget; 0: the recommended alone)",
+    )
+    ap.add_argument(
+        "--target",
+        choices=("cpu", "cuda"),
+        help="the device the recommendation is for, as python -m sweep.report --target (default: its default: the "
+        "device the sweep ran on, cuda for a sweep on the CPU)",
+    )
+    args = ap.parse_args(argv)
+    name = PROG.split()[-1]
+    if args.budget is not None and not (math.isfinite(args.budget) and args.budget >= 0):
+        print(f"{name}: --budget must be a finite number >= 0, got {args.budget:g}", file=sys.stderr)
+        return 2
+    if not args.sweep_dir.is_dir():
+        print(f"{name}: {args.sweep_dir}: no such directory", file=sys.stderr)
+        return 2
+    from sweep.confirm.multirun import confirm_sweep  # torch and pandas: once the input is known to be there
+    from sweep.confirm.plan import grid_runs
+
+    if grid_runs(args.sweep_dir).empty:
+        print(f"{name}: {args.sweep_dir} holds no runs of a sweep (no <n>/result.json)", file=sys.stderr)
+        return 2
+    try:
+        record = confirm_sweep(
+            args.sweep_dir,
+            steps=args.steps,
+            budget=args.budget,
+            progress=lambda s: print(s, flush=True),
+            target=args.target,
+        )
+    except ConfigError as e:
+        print(f"{name}: {e}", file=sys.stderr)
+        return 2
+    interrupted = (record or {}).get("interrupted")
+    return 128 + signal.Signals[interrupted].value if interrupted else 0
+
+
+if __name__ == "__main__":
+    from sweep.exit import exit_after
+
+    exit_after(main)

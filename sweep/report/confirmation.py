@@ -1,0 +1,237 @@
+"""The confirmation at a longer horizon (confirmation.json, written by sweep/confirm/) as the report reads it.
+
+A sweep's frontier and recommendation rest on N-step runs; the confirmation reran the recommended setting and
+each combination's largest stable lr (and, where one failed, the next lower stable lr) at `confirm.steps`, every
+seed. Here that record changes three things, and only where it says something:
+- the frontier records (`confirm_records`, applied once in registry.TableInputs.records): an lr that failed at the
+  longer horizon is no longer stable; `max_stable_lr` is the largest grid-stable lr below every lr that failed,
+  `min_diverging_lr` the smallest lr that diverged in the grid or failed at the horizon, and the eval loss, best
+  lr and ties are taken over the lrs that are still stable (`by_lr`, the grid's own stability, is left as the
+  grid measured it: the toggle table compares the axes at the grid's horizon);
+- the frontier table gets a `held` column (`with_held`): what the confirmation says of `max_stable_lr`
+  ("2/2 at 120 steps", "not checked", "-" with no confirmation of that combination), and the larger lr that
+  failed, with its verdict, step and seed;
+- the recommendation (`confirmed_candidates` and `pick_note`, called by recommend.recommend): where the grid's pick
+  failed, it steps down to the next lr of that combination that held, and says why; its line says whether the
+  setting it names held.
+A missing confirmation.json changes nothing; a damaged one is one warning line (`read_confirmation`), and the
+report goes on unconfirmed.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+
+from sweep.report.noise import within_noise
+
+CONFIRMATION_FILE = "confirmation.json"
+FORMAT = "dit-sweep-confirmation/1"
+RECOMMENDED, LARGEST, STEP_DOWN = "recommended", "largest_stable_lr", "step_down"
+"""Why a setting was confirmed (its `why` list)."""
+
+
+@dataclass
+class Confirmation:
+    """confirmation.json, read: its settings by (combination, lr)."""
+
+    path: Path
+    settings: list[dict]
+    left_out: list[dict] = field(default_factory=list)
+    command: str | None = None
+    complete: bool = True
+
+    def of(self, combination: str, lr) -> dict | None:
+        """The confirmed setting of this combination at this lr (lr None: a sweep with no lr axis), or None."""
+        for s in self.settings:
+            if s["combination"] == combination and _same_lr(s.get("lr"), lr):
+                return s
+        return None
+
+    def held(self, combination: str, lr) -> bool | None:
+        s = self.of(combination, lr)
+        return None if s is None else s.get("held")
+
+    @property
+    def recommended(self) -> dict | None:
+        """The setting the grid recommended (confirmed whatever its cost)."""
+        return next((s for s in self.settings if RECOMMENDED in s.get("why", [])), None)
+
+
+def _same_lr(a, b) -> bool:
+    if a is None or b is None or (isinstance(b, float) and math.isnan(b)):
+        return (a is None) == (b is None or (isinstance(b, float) and math.isnan(b)))
+    return math.isclose(float(a), float(b), rel_tol=1e-9)
+
+
+def read_confirmation(sweep_dir: Path) -> tuple[Confirmation | None, str | None]:
+    """(the sweep's confirmation, None), (None, None) when it has none, or (None, one line saying why the file
+    cannot be used) when confirmation.json is damaged."""
+    path = Path(sweep_dir) / CONFIRMATION_FILE
+    if not path.is_file():
+        return None, None
+    try:
+        data = json.loads(path.read_text())
+    except (OSError, ValueError) as e:
+        return None, f"{path}: unreadable ({type(e).__name__}); the frontier and the recommendation are unconfirmed"
+    problem = _shape_problem(data)
+    if problem:
+        return None, f"{path}: {problem}; the frontier and the recommendation are unconfirmed"
+    return (
+        Confirmation(
+            path, data["settings"], data.get("left_out") or [], data.get("command"), bool(data.get("complete", True))
+        ),
+        None,
+    )
+
+
+def _shape_problem(data) -> str | None:
+    if not isinstance(data, dict) or data.get("format") != FORMAT:
+        return f"not a {FORMAT} record"
+    if not isinstance(data.get("settings"), list) or not all(isinstance(s, dict) for s in data["settings"]):
+        return "settings is not a list of objects"
+    for s in data["settings"]:
+        if not isinstance(s.get("combination"), str) or not isinstance(s.get("why", []), list):
+            return "a setting has no combination"
+        if s.get("held") not in (True, False, None) or not isinstance(s.get("seeds", []), list):
+            return f"setting {s['combination']}: held or seeds malformed"
+        if s.get("lr") is not None and not isinstance(s["lr"], (int, float)):
+            return f"setting {s['combination']}: lr is not a number"
+        if not isinstance(s.get("steps"), int):
+            return f"setting {s['combination']}: steps is not an integer"
+    return None
+
+
+# --- the frontier ------------------------------------------------------------------------------
+
+
+def failure(s: dict) -> str:
+    """How a setting failed: "loss_spike@74 (seed 1)" (its first failing seed)."""
+    bad = next((x for x in s.get("seeds", []) if x.get("status") == "diverged"), None)
+    if bad is None:
+        return "failed"
+    return f"{bad.get('verdict')}@{bad.get('first_bad_step')} (seed {bad.get('seed')})"
+
+
+def held_text(s: dict) -> str:
+    """ "2/2 at 120 steps" for a setting that held; else how far it got."""
+    seeds = s.get("seeds", [])
+    if s.get("held") is True:
+        return f"{len(seeds)}/{len(seeds)} at {s['steps']} steps"
+    if s.get("held") is False:
+        return f"failed: {failure(s)}"
+    return "not finished" + (f": {s['note']}" if s.get("note") else "")
+
+
+def confirm_records(recs: pd.DataFrame, conf: Confirmation | None) -> pd.DataFrame:
+    """The frontier records (tables.frontier_records) with what the confirmation says (module docstring), plus
+    a `held` column; unchanged (no `held`) without a confirmation."""
+    if conf is None or recs.empty:
+        return recs
+    out = [_confirm_record(rec, conf) for rec in recs.to_dict("records")]
+    confirmed = pd.DataFrame(out)
+    confirmed.attrs.update(recs.attrs)
+    return confirmed
+
+
+def _confirm_record(rec: dict, conf: Confirmation) -> dict:
+    c = rec["combination"]
+    failed = sorted(lr for lr in rec["stable_lrs"] if conf.held(c, lr) is False)
+    stable = [lr for lr in rec["stable_lrs"] if not failed or lr < failed[0]]
+    top = max(stable) if stable else None
+    spreads = {lr: rec["spreads"][lr] for lr in stable}
+    measured = {lr: sp for lr, sp in spreads.items() if sp.n}
+    best_lr = min(measured, key=lambda lr: (measured[lr].mean, -lr)) if measured else None
+    diverging = [x for x in (rec["min_diverging_lr"], failed[0] if failed else None) if x is not None and x == x]
+    at_top = spreads.get(top)
+    checked = conf.of(c, top) if top is not None else None
+    held = held_text(checked) if checked is not None else ("not checked" if failed else "-")
+    if failed:
+        above = conf.of(c, failed[0])
+        at = f" at {above['steps']} steps" if checked is None or checked["steps"] != above["steps"] else ""
+        held += f"; {failed[0]:.4g} failed{at}: {failure(above)}"
+    return rec | {
+        "stable_lrs": stable,
+        "max_stable_lr": top,
+        "min_diverging_lr": min(diverging) if diverging else None,
+        "eval_at_max_stable": at_top.mean if at_top else np.nan,
+        "eval_spread": at_top.sd if at_top else np.nan,
+        "replicates": at_top.n if at_top else 0,
+        "best_lr": best_lr,
+        "eval_at_best": measured[best_lr].mean if best_lr is not None else np.nan,
+        "best_ties": sorted(lr for lr in measured if within_noise(measured[lr], measured[best_lr])) if measured else [],
+        "spreads": spreads,
+        "held": held,
+    }
+
+
+def with_held(table: pd.DataFrame, recs: pd.DataFrame, conf: Confirmation | None) -> pd.DataFrame:
+    """The frontier table with the confirmation's `held` column after `min_diverging_lr`, when there is one, and
+    the sentences to print under it in `attrs["confirmation"]`."""
+    if table.empty or "held" not in recs:
+        return table
+    table = table.copy()
+    at = list(table.columns).index("min_diverging_lr") + 1 if "min_diverging_lr" in table else len(table.columns)
+    table.insert(at, "held", recs.set_index("combination").loc[table.index, "held"].to_numpy())
+    table.attrs["confirmation"] = frontier_lines(table, conf)
+    return table
+
+
+def frontier_lines(table: pd.DataFrame, conf: Confirmation | None) -> list[str]:
+    """The sentences under the frontier: at which horizon `held` was checked, and what the budget left out."""
+    if conf is None or "held" not in table:
+        return []
+    steps = sorted({s["steps"] for s in conf.settings})
+    lines = [
+        f"held: rerun at {'/'.join(map(str, steps)) or '-'} steps, every seed ({CONFIRMATION_FILE}); max_stable_lr is "
+        "the largest lr stable in the grid below every lr that failed there"
+        + ("" if conf.complete else "; the confirmation was stopped before it finished")
+    ]
+    if conf.left_out:
+        names = ", ".join(f"{s['combination']} lr {_lr(s.get('lr'))}" for s in conf.left_out[:4])
+        more = f" and {len(conf.left_out) - 4} more" if len(conf.left_out) > 4 else ""
+        lines.append(f"Not confirmed (the budget left them out): {names}{more}: {conf.command}")
+    return lines
+
+
+def _lr(lr) -> str:
+    return "-" if lr is None else f"{lr:.4g}"
+
+
+# --- the recommendation ------------------------------------------------------------------------
+
+
+def confirmed_candidates(cands: pd.DataFrame, conf: Confirmation | None) -> tuple[pd.DataFrame, str]:
+    """The recommendation's candidates (recommend._candidates, already without the lrs that failed: they are not
+    in the confirmed records) and a sentence for its line. Where the grid's pick failed, only the next lr of its
+    combination that held remains (the step down), or else the settings that held; with none, the sentence is the
+    whole line."""
+    if conf is None or cands.empty or conf.recommended is None or conf.recommended.get("held") is not False:
+        return cands, ""
+    pick = conf.recommended
+    c, lr, steps = pick["combination"], pick.get("lr"), pick["steps"]
+    held = cands[[conf.held(combo, x) is True for combo, x in zip(cands.combination, cands["optim.lr"])]]
+    below = held[(held.combination == c) & (held["optim.lr"] < (lr if lr is not None else -np.inf))]
+    said = f"the grid's pick, {c} at lr {_lr(lr)}, failed at {steps} steps: {failure(pick)}"
+    if len(below):
+        step = below.loc[[below["optim.lr"].idxmax()]]
+        return step, f" The {said[4:]}; stepped down to the next lr of {c} that held."
+    if held.empty:
+        return held, f"No setting held at {steps} steps: nothing to recommend ({said}; see the frontier's held)."
+    return held, f" The {said[4:]}, and no lower lr of {c} held: the best setting that held instead."
+
+
+def pick_note(combination: str, lr, conf: Confirmation | None) -> str:
+    """Whether the recommended setting held at the longer horizon, for the end of the recommendation's line."""
+    if conf is None:
+        return ""
+    s = conf.of(combination, lr)
+    where = conf.path.parent
+    if s is None or s.get("held") is None:
+        return f" Not confirmed at a longer horizon: python -m sweep.confirm {where}."
+    return f" Held {held_text(s)} [{CONFIRMATION_FILE}]." if s["held"] else ""
