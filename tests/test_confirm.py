@@ -143,7 +143,8 @@ def test_the_frontier_and_the_recommendation_name_what_held(sweep_dir):
     assert (row.max_stable_lr, row.min_diverging_lr) == (0.01, 0.015)
     assert row.held == f"2/2 at 60 steps; 0.015 failed: {failure}"
     assert s.recommendation.settings == {"optim.lr": 0.01}
-    assert s.recommendation.line.endswith("Held 2/2 at 60 steps [confirmation.json].")
+    assert "Held 2/2 at 60 steps [confirmation.json]. Target: cuda" in s.recommendation.line
+    assert "lr 0.01: no margin, the next grid lr 0.015 failed at 60 steps" in s.recommendation.line
     unconfirmed = summarize(runs_from_dirs(sweep_dir))
     assert unconfirmed.frontier.loc["all"].max_stable_lr == 0.015 and "held" not in unconfirmed.frontier
     md = (sweep_dir / "summary.md").read_text()

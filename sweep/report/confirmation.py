@@ -28,7 +28,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from sweep.report.noise import within_noise
+from sweep.report.tables import FAILED, refresh_frontier
 
 CONFIRMATION_FILE = "confirmation.json"
 FORMAT = "dit-sweep-confirmation/1"
@@ -140,34 +140,30 @@ def confirm_records(recs: pd.DataFrame, conf: Confirmation | None) -> pd.DataFra
 
 
 def _confirm_record(rec: dict, conf: Confirmation) -> dict:
+    """One combination's record with the lrs that failed at the longer horizon, and the stable lrs above the
+    smallest of them, no longer `stable` in its `by_lr` (tables.refresh_frontier recomputes every column from it;
+    a failure counts as diverging there), and its `held` text."""
     c = rec["combination"]
     failed = sorted(lr for lr in rec["stable_lrs"] if conf.held(c, lr) is False)
-    stable = [lr for lr in rec["stable_lrs"] if not failed or lr < failed[0]]
-    top = max(stable) if stable else None
-    spreads = {lr: rec["spreads"][lr] for lr in stable}
-    measured = {lr: sp for lr, sp in spreads.items() if sp.n}
-    best_lr = min(measured, key=lambda lr: (measured[lr].mean, -lr)) if measured else None
-    diverging = [x for x in (rec["min_diverging_lr"], failed[0] if failed else None) if x is not None and x == x]
-    at_top = spreads.get(top)
+    by_lr, spreads = dict(rec["by_lr"]), dict(rec["spreads"])
+    if failed:
+        at = conf.of(c, failed[0])["steps"]
+        for lr in (x for x in rec["stable_lrs"] if x >= failed[0]):
+            by_lr[lr] = (
+                f"{FAILED} at {conf.of(c, lr)['steps']} steps"
+                if lr in failed
+                else f"above lr {failed[0]:.4g}, which {FAILED} at {at} steps"
+            )
+            spreads.pop(lr, None)
+    out = refresh_frontier(rec | {"by_lr": by_lr, "spreads": spreads})
+    top = out["max_stable_lr"]
     checked = conf.of(c, top) if top is not None else None
     held = held_text(checked) if checked is not None else ("not checked" if failed else "-")
     if failed:
         above = conf.of(c, failed[0])
         at = f" at {above['steps']} steps" if checked is None or checked["steps"] != above["steps"] else ""
         held += f"; {failed[0]:.4g} failed{at}: {failure(above)}"
-    return rec | {
-        "stable_lrs": stable,
-        "max_stable_lr": top,
-        "min_diverging_lr": min(diverging) if diverging else None,
-        "eval_at_max_stable": at_top.mean if at_top else np.nan,
-        "eval_spread": at_top.sd if at_top else np.nan,
-        "replicates": at_top.n if at_top else 0,
-        "best_lr": best_lr,
-        "eval_at_best": measured[best_lr].mean if best_lr is not None else np.nan,
-        "best_ties": sorted(lr for lr in measured if within_noise(measured[lr], measured[best_lr])) if measured else [],
-        "spreads": spreads,
-        "held": held,
-    }
+    return out | {"held": held}
 
 
 def with_held(table: pd.DataFrame, recs: pd.DataFrame, conf: Confirmation | None) -> pd.DataFrame:

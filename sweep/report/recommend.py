@@ -35,6 +35,7 @@ from sweep.report.confirmation import Confirmation, confirmed_candidates, pick_n
 from sweep.report.noise import Spread, quality_column, quality_name, within_noise
 from sweep.report.runs import PARAM
 from sweep.report.tables import (
+    FAILED,
     LR,
     PRECISION,
     combo_axes,
@@ -400,7 +401,8 @@ def _below(lr: float, rec) -> str:
         if steps <= 1:
             return f"no margin, the next grid lr {bad:.4g} diverged"
         return f"{int(steps)} grid steps below the smallest diverging lr {bad:.4g}"
-    what = "was marginal" if rec.by_lr[bad] == "marginal" else f"was {rec.by_lr[bad]}"
+    status = rec.by_lr[bad]  # marginal, failed at a longer horizon (sweep/report/confirmation.py), or above such
+    what = "was marginal" if status == "marginal" else status if status.startswith(FAILED) else f"is {status}"
     if steps <= 1:
         return f"no margin, the next grid lr {bad:.4g} {what}"
     return f"{int(steps)} grid steps below lr {bad:.4g}, which {what}"

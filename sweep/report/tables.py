@@ -297,13 +297,19 @@ def frontier_records(runs: pd.DataFrame) -> pd.DataFrame:
     return recs
 
 
+FAILED = "failed"
+"""How a `by_lr` status starts for an lr stable in the grid that failed at a longer horizon ("failed at 120 steps",
+sweep/report/confirmation.py): it counts as diverging."""
+
+
 def refresh_frontier(rec: dict) -> dict:
     """`rec` with the columns that follow from its `by_lr` and `spreads` (re)computed (frontier_records):
     `grid`, `stable_lrs` and `max_stable_lr` (lrs `stable` in `by_lr`: neither diverged nor marginal),
-    `marginal_lrs`, `min_diverging_lr`, the quality at the largest stable lr, `best_lr` and `best_ties`."""
+    `marginal_lrs`, `min_diverging_lr` (diverged, or failed at a longer horizon), the quality at the largest
+    stable lr, `best_lr` and `best_ties`."""
     by_lr, spreads = rec["by_lr"], rec["spreads"]
     stable = sorted(lr for lr, s in by_lr.items() if s == "stable")
-    diverged = [lr for lr, s in by_lr.items() if s == "diverged"]
+    diverged = [lr for lr, s in by_lr.items() if s == "diverged" or s.startswith(FAILED)]
     best = stable[-1] if stable else None
     measured = {lr: sp for lr, sp in spreads.items() if sp.n}
     best_lr = min(measured, key=lambda lr: (measured[lr].mean, -lr)) if measured else None
