@@ -100,6 +100,8 @@ def test_a_continued_run_is_the_run_from_step_zero(tmp_path):
         for key in ("status", "final_loss", "eval_loss", "initial_loss", "min_loss", "steps_run"):
             assert getattr(a, key) == getattr(b, key), key
         assert a.start_step == 5 and b.start_step == 0
+        # how far the weights travelled, as the trend check reads it: the grid run's last-step tail is not state
+        assert a.trend["weight_path"] == b.trend["weight_path"] and a.trend["weight_growth"] == b.trend["weight_growth"]
         assert not (tmp_path / precision / "cont" / "result.json").exists()
 
 

@@ -201,8 +201,10 @@ def judge_trend(
     """The whole curve of a run that reached its last step with no verdict (sweep/run/trend.py): result.json
     `trend`, and a slow_divergence or no_progress verdict when the curve shows one."""
     m = parts.monitor
-    weights = Weights(m.weight_norm0, m.weight_norm, m.weight_path)
-    fresh = parts.loaded is None and parts.start_step == 0  # no_progress compares with an untrained model's loss
+    weights = Weights(m.weight_norm0, m.weight_norm, m.travelled)
+    # no_progress compares with an untrained model's loss: a run trained from its seed's init, from step 0 or
+    # continued from its own earlier steps (a confirmation: metrics.rows start with the grid run's `history`)
+    fresh = run.model.init_from is None and bool(metrics.rows) and metrics.rows[0]["step"] == 0
     ctx = Context(run.data.batch_size, fresh, result.eval_loss)
     if evaluator is not None and needs_initial_eval(weights, run.monitor, ctx):
         ctx.eval_initial = untrained_eval_loss(run, parts, evaluator)
@@ -218,6 +220,7 @@ def untrained_eval_loss(run: RunConfig, parts: RunParts, evaluator: Evaluator) -
     """The eval loss of the run's weights before its first step: built again as `prepare` built them (the same
     seed, so the same weights; a lone run's own were trained in place), on the evaluator's clips, timesteps and
     noise. Measured at the end, only for a run no_progress could apply to: no cost to any other run."""
+    run = dataclasses.replace(run, checkpoint=dataclasses.replace(run.checkpoint, resume_from=None))  # a continued one
     reset_process_state(run, parts.policy)
     untrained = build_parts(run, parts.device, parts.policy).model
     return Evaluator(run, evaluator.data, parts.policy, parts.device)(untrained, -1)

@@ -22,9 +22,9 @@ the previous check. The first criterion met becomes the run's verdict (a `Verdic
 - bad_input is decided before the forward, from the batch itself (sweep.data.checks.check_batch).
 
 It also measures how far the weights travel, for the verdicts decided from the whole curve at the end of a run
-(sweep/run/trend.py): at each stall check and at the run's last step (`measure_end`) the distance from the last
-check's weights is added to `weight_path`; `weight_norm0` and `weight_norm` are the weights' norms at the start
-and at the last measurement.
+(sweep/run/trend.py): at each stall check the distance from the last check's weights is added to `weight_path`,
+and at the run's last step (`measure_end`) the rest is `weight_tail` (`travelled` is both); `weight_norm0` and
+`weight_norm` are the weights' norms at the start and at the last measurement.
 """
 
 from __future__ import annotations
@@ -88,6 +88,8 @@ class DivergenceMonitor:
         self.weight_norm0: float | None = None  # ||weights|| at `start` (fp32)
         self.weight_norm: float | None = None  # ||weights|| at the last measurement
         self.weight_path = 0.0  # sum of ||weights - the last check's|| over the checks so far (fp32)
+        self.weight_tail = 0.0  # ||weights - the last check's|| after the run's last step: not state (a resume's
+        # next check measures from that same check, so keeping it would count the stretch twice)
 
     RECENT = 32
     _STATE = (
@@ -190,13 +192,22 @@ class DivergenceMonitor:
         return (step + 1) % self.cfg.stall_window == 0 and self._snapshot is not None
 
     def measure_end(self, params: list[torch.Tensor]) -> None:
-        """The weights after the run's last step, when that step was no stall check: the rest of their path."""
+        """The weights after the run's last step, when that step was no stall check: the rest of their path, kept
+        apart (`weight_tail`) from the checks' `weight_path`, which a checkpoint carries on."""
         if self._snapshot is not None:
-            self._travel(_flat(params))
+            now = _flat(params)
+            self.weight_tail = _norm(now.float() - self._snapshot.float())
+            self.weight_norm = _norm(now)
+
+    @property
+    def travelled(self) -> float:
+        """How far the weights travelled from `start` to the last measurement: the checks' path and the tail."""
+        return self.weight_path + self.weight_tail
 
     def _travel(self, now: torch.Tensor) -> None:
         self.weight_path += _norm(now.float() - self._snapshot.float())
         self.weight_norm = _norm(now)
+        self.weight_tail = 0.0
 
     def stall_check(self, step: int, params: list[torch.Tensor], grads: list[torch.Tensor]) -> Divergence | None:
         """Compare the weights with the last check (after count_update said this step is one)."""
