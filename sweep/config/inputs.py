@@ -8,6 +8,7 @@ directory can be created.
 from __future__ import annotations
 
 import os
+import re
 from pathlib import Path
 from typing import Any, Callable
 
@@ -40,9 +41,11 @@ def check_inputs(run: RunConfig) -> RunConfig:
             "model.init_from",
             f"{init} is not a checkpoint directory or a {'/'.join(WEIGHT_SUFFIXES)} weights file",
         )
+        require(not path.is_dir() or is_checkpoint_dir(path), "model.init_from", not_a_checkpoint(path))
     resume = run.checkpoint.resume_from
     if resume is not None:
         require(Path(resume).is_dir(), "checkpoint.resume_from", f"no such checkpoint directory: {resume}")
+        require(is_checkpoint_dir(Path(resume)), "checkpoint.resume_from", not_a_checkpoint(Path(resume)))
         differ = resume_mismatches(run, Path(resume))
         require(
             not differ,
@@ -58,6 +61,42 @@ def check_inputs(run: RunConfig) -> RunConfig:
     if run.precision.fp32_modules:
         _probe_fp32_modules(run)
     return run
+
+
+CHECKPOINT_FILES = (
+    "manifest.json",
+    "model.safetensors",
+    "optimizer.safetensors",
+    "trainer.safetensors",
+    "trainer.json",
+)
+"""What a checkpoint directory holds (sweep/run/checkpoint.py; tests/test_checkpoint.py holds the two to one list)."""
+STEP_DIR = re.compile(r"step_\d+")
+"""A checkpoint's own directory name: <run dir>/checkpoints/step_000010."""
+
+
+def is_checkpoint_dir(path: Path) -> bool:
+    """Whether a directory is meant as one checkpoint: named like a step directory, or holding a checkpoint's
+    files. What is inside (a missing or damaged file) is the verifier's business: verdict `corrupt_checkpoint`."""
+    return bool(STEP_DIR.fullmatch(path.name)) or any((path / name).exists() for name in CHECKPOINT_FILES)
+
+
+def not_a_checkpoint(path: Path) -> str:
+    """The sentence for a directory that is no checkpoint (a run directory, its checkpoints/ folder): it names the
+    step directories found in it, the last few, newest last."""
+    steps = sorted(
+        (p for folder in (path, path / "checkpoints") if folder.is_dir() for p in folder.iterdir()),
+        key=lambda p: p.name,
+    )
+    steps = [p for p in steps if p.is_dir() and STEP_DIR.fullmatch(p.name)]
+    if not steps:
+        return (
+            f"{path} is not a checkpoint (none of {', '.join(CHECKPOINT_FILES[:2])}, ... in it, and no step "
+            "directory): name a <run dir>/checkpoints/step_NNNNNN directory (checkpoint.every=N saves them)"
+        )
+    shown = ", ".join(str(p) for p in steps[-3:])
+    more = f" ({len(steps)} in all)" if len(steps) > 3 else ""
+    return f"{path} is not a checkpoint but holds step directories: name one of them: {shown}{more}"
 
 
 REMOTE_LAUNCHERS = ("slurm", "ray")
