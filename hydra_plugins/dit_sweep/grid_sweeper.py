@@ -12,6 +12,7 @@ string annotations break dataclasses.
 """
 
 import logging
+import os
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Dict, List, Optional, Sequence
@@ -61,7 +62,9 @@ class ComposedOnce:
         self.__dict__.update(state)
 
     def compose_and_keep(self, master, overrides):
-        cfg = self.kept[tuple(overrides)] = self.loader.load_sweep_config(master, list(overrides))
+        cfg = self.kept.get(tuple(overrides))  # composed ahead (a later batch's job dirs: GridSweeper.job_dirs_ahead)
+        if cfg is None:
+            cfg = self.kept[tuple(overrides)] = self.loader.load_sweep_config(master, list(overrides))
         return cfg
 
     def load_sweep_config(self, master, overrides):
@@ -117,6 +120,7 @@ class GridSweeper(BasicSweeper):
         super().setup(hydra_context=context, task_function=task_function, config=config)
         self.finished: Dict[int, JobReturn] = {}  # job number -> the return of a cell already finished
         self.job_dirs: Dict[int, Path] = {}  # job number -> its directory (what a watcher of remote jobs reads)
+        self.dir_cells: Dict[str, Sequence[str]] = {}  # a job directory, normalised -> the cell that runs there
         self.cells_seen = 0
         self.launcher = ResumingLauncher(self.launcher, self.finished, self.job_dirs)
 
@@ -185,6 +189,8 @@ class GridSweeper(BasicSweeper):
         loader = self.hydra_context.config_loader
         compose = getattr(loader, "compose_and_keep", loader.load_sweep_config)
         first, self.cells_seen = self.cells_seen, self.cells_seen + len(batch)  # batches come in launch order
+        if first == 0:
+            self.job_dirs_ahead(compose, len(batch))
         for num, overrides in enumerate(batch, start=first):
             cfg = compose(self.config, list(overrides))
             if OmegaConf.get_type(cfg) is not RunConfig:  # another app's config: Hydra's checks only
@@ -196,6 +202,7 @@ class GridSweeper(BasicSweeper):
                 job_dir = check_job_dir(cfg, num)
             except ConfigError as e:
                 raise ConfigError(f"{e} (in the sweep cell {' '.join(overrides)})") from None
+            self.claim_job_dir(job_dir, overrides)
             self.job_dirs[num] = job_dir
             result = finished_result(job_dir, overrides)
             if result is not None:
@@ -213,6 +220,41 @@ class GridSweeper(BasicSweeper):
                 len(batch),
                 self.config.hydra.sweep.dir,
             )
+
+    def claim_job_dir(self, job_dir: Path, overrides: Sequence[str]) -> None:
+        """A ConfigError when another cell of this grid has the same job directory: the two would overwrite each
+        other's result.json (issue 45: `hydra.sweep.subdir=lr${optim.lr}` with replicates ran 4 cells into 2)."""
+        from sweep.config import ConfigError
+
+        key = os.path.normpath(os.path.abspath(job_dir))
+        other = self.dir_cells.setdefault(key, overrides)
+        if other is not overrides and list(other) != list(overrides):
+            every = set.intersection(*(set(cell) for batch in self.overrides for cell in batch))
+            other, overrides = ([o for o in cell if o not in every] or cell for cell in (other, overrides))
+            raise ConfigError(
+                f"hydra.sweep.subdir: the cells '{' '.join(other)}' and '{' '.join(overrides)}' share the job "
+                f"directory {job_dir} (subdir {written_subdir(self.config)!r}), so one would overwrite the other's "
+                "result.json; "
+                "make the subdir tell every cell apart, e.g. add ${hydra.job.num}"
+            )
+
+    def job_dirs_ahead(self, compose, first_batch: int) -> None:
+        """With hydra.sweeper.max_batch_size, the job directories of the later batches' cells too, before the first
+        run (their configs are kept for their own batch: each cell is still composed once)."""
+        from omegaconf import OmegaConf
+
+        from sweep.config import ConfigError, RunConfig
+
+        num = first_batch
+        for batch in self.overrides[1:]:
+            for overrides in batch:
+                cfg = compose(self.config, list(overrides))
+                if OmegaConf.get_type(cfg) is RunConfig:
+                    try:
+                        self.claim_job_dir(check_job_dir(cfg, num), overrides)
+                    except ConfigError as e:
+                        raise ConfigError(f"{e} (in the sweep cell {' '.join(overrides)})") from None
+                num += 1
 
     def count_runs(self, first: int, batch: Sequence[Sequence[str]]) -> None:
         """The sweep's progress (sweep/run/progress.py): opened at the first batch with every cell of the grid, less
@@ -355,6 +397,13 @@ class ResultWatcher:
                 say("sweep: %s finished: [%d] %s; %s", sweep.position(), num, status, sweep.counts())
 
 
+def written_subdir(cfg) -> str:
+    """hydra.sweep.subdir as the user wrote it (`lr${optim.lr}`), for a message."""
+    from omegaconf import OmegaConf
+
+    return str(OmegaConf.to_container(cfg.hydra.sweep, resolve=False).get("subdir", ""))
+
+
 def check_job_dir(cfg, job_num: int) -> Path:
     """The cell's job directory, <sweep dir>/<subdir>, can be created: a subdir such as
     ${hydra.job.override_dirname} grows with the overrides. hydra.job.num is set only at launch, so a
@@ -369,6 +418,15 @@ def check_job_dir(cfg, job_num: int) -> Path:
     with read_write(cfg), open_dict(cfg):
         cfg.hydra.job.num = job_num
     subdir = OmegaConf.select(cfg, "hydra.sweep.subdir", default="", throw_on_resolution_failure=False)
-    job_dir = Path(str(cfg.hydra.sweep.dir)) / str(subdir or "")
+    sweep_dir = Path(str(cfg.hydra.sweep.dir))
+    job_dir = sweep_dir / str(subdir or "")
     check_output_dir(str(job_dir), "hydra.sweep.subdir")
+    inside = os.path.normpath(os.path.abspath(job_dir))
+    if os.path.commonpath([inside, os.path.normpath(os.path.abspath(sweep_dir))]) != os.path.abspath(sweep_dir):
+        from sweep.config import ConfigError
+
+        raise ConfigError(
+            f"hydra.sweep.subdir: the job directory {inside} is outside the sweep directory {sweep_dir}, where its "
+            "summary, report and resume never look; give a subdir relative to it, without ..: e.g. ${hydra.job.num}"
+        )
     return job_dir

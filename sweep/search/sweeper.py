@@ -67,6 +67,22 @@ warnings.filterwarnings("ignore", message="Heartbeat of storage is supposed to b
 warnings.filterwarnings("ignore", category=optuna.exceptions.ExperimentalWarning)
 
 
+def check_trial_dirs(config: DictConfig) -> None:
+    """Job directories are numbered by trial (hydra.sweep.subdir, default ${hydra.job.num}): a subdir that gives two
+    job numbers one directory (`lr${optim.lr}`: replicates, a resumed study, a sampler that repeats a value) would
+    have one trial overwrite another's result.json, and one outside the sweep dir is never read: a ConfigError."""
+    from hydra_plugins.dit_sweep.grid_sweeper import check_job_dir, written_subdir  # the grid's checks of a job dir
+
+    first, second = (check_job_dir(config, num) for num in (0, 1))
+    if first == second:
+        raise ConfigError(
+            f"hydra.sweep.subdir: the optuna sweeper numbers its job directories by trial, but "
+            f"{written_subdir(config)!r} gives trials 0 and 1 the one directory {first}, so one would overwrite the "
+            "other's result.json; "
+            "put the trial number in it, e.g. ${hydra.job.num}_lr${optim.lr}"
+        )
+
+
 def make_sampler(conf: SamplerConf, space: dict) -> optuna.samplers.BaseSampler:
     """The Optuna sampler; constrained samplers learn the infeasible (diverged) region."""
     constraints = lambda t: t.system_attrs.get(CONSTRAINTS_KEY, (0.0,))  # noqa: E731
@@ -271,6 +287,7 @@ class OptunaSweeperImpl(Sweeper):
             raise ConfigError(
                 "the optuna sweeper needs at least one swept axis (e.g. 'optim.lr=tag(log,interval(1e-5,1e-1))')"
             )
+        check_trial_dirs(self.config)
         Path(self.config.hydra.sweep.dir).mkdir(parents=True, exist_ok=True)
         OmegaConf.save(self.config, Path(self.config.hydra.sweep.dir) / "multirun.yaml")
         study = self._study()
