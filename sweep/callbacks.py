@@ -23,6 +23,7 @@ from sweep.config import RETIRED_KEYS, ConfigError, check_output_dir, to_run_con
 from sweep.errors import exiting_on_config_error
 from sweep.run.once import forget
 from sweep.run.results import lock_held
+from sweep.run.urls import install_secret_filter
 from sweep.search.space import parse
 
 log = logging.getLogger("sweep")
@@ -37,11 +38,13 @@ class OutputDirCheck(Callback):
     """
 
     def on_run_start(self, config: DictConfig, **kwargs: Any) -> None:
+        scrub_logs(config)
         self._check(str(config.hydra.run.dir), "hydra.run.dir")
         with exiting_on_config_error():
             check_run_dir(config)
 
     def on_multirun_start(self, config: DictConfig, **kwargs: Any) -> None:
+        scrub_logs(config)
         self._check(str(config.hydra.sweep.dir), "hydra.sweep.dir")
         with exiting_on_config_error():
             claim_sweep_dir(config)
@@ -54,6 +57,16 @@ class OutputDirCheck(Callback):
     def _check(path: str, key: str) -> None:
         with exiting_on_config_error():  # raised, Hydra would only warn and go on to fail on mkdir
             check_output_dir(path, key)
+
+
+def scrub_logs(config: DictConfig) -> None:
+    """Every log record of this process scrubbed of secrets from here on (sweep.run.urls.install_secret_filter): the
+    secrets of the config's URLs, resolved (an ${oc.env:...} that does not resolve is the config check's to report)."""
+    urls = [
+        OmegaConf.select(config, key, default=None, throw_on_resolution_failure=False)
+        for key in ("ledger.storage", "logger.mlflow.tracking_uri")
+    ]
+    install_secret_filter(*(str(u) for u in urls if u))
 
 
 NOT_WHAT_RUNS = ("threads", "progress", "log_every", "logger", "confirm", "report")

@@ -119,6 +119,9 @@ def test_mask_url_hides_the_password():
         "mysql+pymysql://bob@h/db?passwd=s3cret",
         "postgresql://ann@db/x?credentials=s3cret",
         "https://store/path?sig=s3cret",
+        "postgresql://ann@db/x?pass=s3cret",  # issue 45
+        "https://mlflow/api?passphrase=s3cret",
+        "postgresql://ann@db/x?sslPassPhrase=s3cret",
     ],
 )
 def test_a_secret_query_key_is_a_password_and_is_masked(url):
@@ -129,7 +132,11 @@ def test_a_secret_query_key_is_a_password_and_is_masked(url):
 
 
 def test_a_url_without_a_secret_is_left_alone():
-    for url in ("postgresql://u@h/db?sslmode=require&application_name=x", "http://127.0.0.1:5000"):
+    for url in (
+        "postgresql://u@h/db?sslmode=require&application_name=x",
+        "http://127.0.0.1:5000",
+        "http://h?passive=1",
+    ):
         assert not url_has_password(url) and mask_url(url).split("?")[0] == url.split("?")[0]
 
 
