@@ -20,6 +20,7 @@ from hydra.experimental.callback import Callback
 from omegaconf import DictConfig, OmegaConf
 
 from sweep.config import RETIRED_KEYS, ConfigError, check_output_dir, to_run_config
+from sweep.config.secrets import check_no_literal_secrets
 from sweep.errors import exiting_on_config_error
 from sweep.run.once import forget
 from sweep.run.results import lock_held
@@ -30,7 +31,9 @@ log = logging.getLogger("sweep")
 
 
 class OutputDirCheck(Callback):
-    """Before anything is written: the run or sweep directory must be creatable (sweep.config.check_output_dir).
+    """Before anything is written: the run or sweep directory must be creatable (sweep.config.check_output_dir) and
+    free (check_run_dir, claim_sweep_dir), the composed config must spell out no secret (sweep.config.secrets), and
+    every log record is scrubbed of secrets from here on (scrub_logs).
 
     Hydra creates the job directory before the task function runs, so this cannot wait for sweep.job.
     Listed first in conf/config.yaml: start hooks run in order, so it comes before a scenario's pretraining
@@ -41,12 +44,14 @@ class OutputDirCheck(Callback):
         scrub_logs(config)
         self._check(str(config.hydra.run.dir), "hydra.run.dir")
         with exiting_on_config_error():
+            check_no_literal_secrets(config)  # Hydra copies the composed config into .hydra/config.yaml
             check_run_dir(config)
 
     def on_multirun_start(self, config: DictConfig, **kwargs: Any) -> None:
         scrub_logs(config)
         self._check(str(config.hydra.sweep.dir), "hydra.sweep.dir")
         with exiting_on_config_error():
+            check_no_literal_secrets(config)  # ... and the sweep's into multirun.yaml
             claim_sweep_dir(config)
         forget(config.hydra.sweep.dir)  # a new sweep says its once-per-sweep lines again (sweep/run/once.py)
 

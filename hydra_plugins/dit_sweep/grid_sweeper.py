@@ -185,6 +185,7 @@ class GridSweeper(BasicSweeper):
             launches_here,
             to_run_config,
         )
+        from sweep.config.secrets import check_no_literal_secrets
 
         loader = self.hydra_context.config_loader
         compose = getattr(loader, "compose_and_keep", loader.load_sweep_config)
@@ -196,6 +197,7 @@ class GridSweeper(BasicSweeper):
             if OmegaConf.get_type(cfg) is not RunConfig:  # another app's config: Hydra's checks only
                 continue
             try:
+                check_no_literal_secrets(cfg)  # a cell's own experiment: before Hydra writes its .hydra/config.yaml
                 run = check_inputs(to_run_config(cfg))  # after a scenario's pretraining: its checkpoint exists now
                 if launches_here(self.config):
                     check_device(run)

@@ -85,11 +85,9 @@ def mask_url(url: str) -> str:
         return f"{scheme}://***@{rest.rsplit('@', 1)[1]}" if "@" in rest else f"{scheme}://{rest}"
 
 
-def url_secrets(url: str) -> list[str]:
-    """The secret values a URL spells out (its user info password, its secret query parameters' values), as
-    written and percent-decoded, longest first: what must not appear in a message about it."""
-    from urllib.parse import unquote
-
+def written_secrets(url: str) -> list[str]:
+    """The secret values a URL spells out, as written: its user-info password and its secret query parameters'
+    values (is_secret_key), blank ones left out."""
     found = (
         [v for k, v in parse_qsl(url.split("?", 1)[1], keep_blank_values=True) if is_secret_key(k)]
         if "?" in url
@@ -98,7 +96,15 @@ def url_secrets(url: str) -> list[str]:
     userinfo = re.match(r"[^:/?#]+://([^@/?#]*(?:/[^@?#]*)?)@", url)
     if userinfo and ":" in userinfo.group(1):
         found.append(userinfo.group(1).split(":", 1)[1])
-    values = {s for v in found if v for s in (v, unquote(v))}
+    return [v for v in found if v]
+
+
+def url_secrets(url: str) -> list[str]:
+    """The secret values a URL spells out (written_secrets), as written and percent-decoded, longest first: what
+    must not appear in a message about it."""
+    from urllib.parse import unquote
+
+    values = {s for v in written_secrets(url) for s in (v, unquote(v))}
     return sorted((v for v in values if len(v) >= 3), key=len, reverse=True)
 
 

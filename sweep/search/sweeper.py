@@ -254,6 +254,18 @@ class OptunaSweeperImpl(Sweeper):
             hydra_context=hydra_context, task_function=task_function, config=config
         )
 
+    def validate_batch_is_legal(self, batch) -> None:
+        """Hydra's check that every job composes, and that none spells out a secret (a cell's own experiment)
+        before Hydra writes it into the job's .hydra/config.yaml."""
+        from sweep.config.secrets import check_no_literal_secrets
+
+        for overrides in batch:
+            cfg = self.hydra_context.config_loader.load_sweep_config(self.config, list(overrides))
+            try:
+                check_no_literal_secrets(cfg)
+            except ConfigError as e:
+                raise ConfigError(f"{e} (in the sweep cell {' '.join(overrides)})") from None
+
     def _study(self) -> optuna.Study:
         node = self.config.get("ledger")  # absent when the app is not ours (Hydra's own test apps)
         ledger = LedgerConfig(**OmegaConf.to_container(node, resolve=True)) if node is not None else LedgerConfig()
@@ -338,11 +350,11 @@ class OptunaSweeperImpl(Sweeper):
                     + ([f"ledger.trial_number={t.number}", *pruner_overrides(self.pruner_conf)] if ours else [])
                     for t in batch
                 ]
-                self.validate_batch_is_legal(overrides)
                 # Job dirs are named by trial number: unique even with other sweepers on this study.
                 try:
+                    self.validate_batch_is_legal(overrides)  # a cell that does not compose, or spells out a secret
                     results = launch_forwarding_signals(self.launcher, overrides, batch[0].number)
-                except BaseException:  # Ctrl-C/SIGTERM (sweep/run/interrupt.py), or a crash: no trial stays RUNNING
+                except BaseException:  # a refused cell, Ctrl-C/SIGTERM (sweep/run/interrupt.py), a crash: none RUNNING
                     self._fail_unfinished(study, batch)
                     raise
                 for trial, ret in zip(batch, results):
