@@ -21,6 +21,7 @@ from hydra.core.override_parser.overrides_parser import OverridesParser
 from omegaconf import DictConfig, OmegaConf
 
 from sweep.config import ConfigError, RunConfig, check_device, check_inputs, enum_choices, to_run_config
+from sweep.config.inputs import release_checked_models
 from sweep.errors import exiting_on_config_error
 from sweep.run.interrupt import StopOnSignal, stopping_on_signals
 from sweep.run.once import per_sweep
@@ -75,6 +76,7 @@ class JobSpec:
 def job_spec(cfg: DictConfig) -> JobSpec:
     """The current Hydra job as a JobSpec; raises ConfigError for a bad value."""
     run = check_device(check_inputs(to_run_config(cfg)))
+    release_checked_models()  # the run builds its own model
     hc = HydraConfig.get()
     if run.replicates > 1 and hc.mode.name != "MULTIRUN":
         raise ConfigError(f"replicates={run.replicates}: runs each combination of a sweep with that many seeds; add -m")

@@ -185,6 +185,7 @@ class GridSweeper(BasicSweeper):
             launches_here,
             to_run_config,
         )
+        from sweep.config.inputs import release_checked_models
         from sweep.config.secrets import check_no_literal_secrets
 
         loader = self.hydra_context.config_loader
@@ -214,6 +215,7 @@ class GridSweeper(BasicSweeper):
                     status=JobStatus.COMPLETED,
                     _return_value=result,
                 )
+        release_checked_models()  # the custom models the checks built: the runs build their own
         self.count_runs(first, batch)
         if any(first <= n < self.cells_seen for n in self.finished):
             log.info(

@@ -144,6 +144,9 @@ def check_device_name(device: str) -> None:
 
 _PROBED: dict[str, None] = {}
 """Custom-model factory calls already probed in this process (key: target, kwargs and config inputs)."""
+_BUILT: dict[str, Any] = {}
+"""The model each custom probe built (same keys), lent to the other probes of its run (the pure-precision contract,
+precision.fp32_modules) so the check calls a factory once per distinct call; let go by release_checked_models."""
 
 
 def _probe_once(key: str, probe: Callable[[], None]) -> None:
@@ -155,23 +158,57 @@ def _probe_once(key: str, probe: Callable[[], None]) -> None:
 
 def _probe_custom(run: RunConfig) -> None:
     """Build the custom model once (per distinct call): a factory that raises or returns no nn.Module, a model
-    over the 1,000M-parameter limit (counted on the meta device first), or a forward that does not return a
-    tensor of x's shape is one line and exit 2 before any run, not a crash in the middle of a sweep. Costs one
-    model construction and one forward on a batch of 2."""
+    over the 1,000M-parameter limit (counted as it is built, on the meta device past the limit), or a forward that
+    does not return a tensor of x's shape is one line and exit 2 before any run, not a crash in the middle of a
+    sweep. Costs one model construction and one forward on a batch of 2; the model is kept (_BUILT) for the other
+    probes of the check."""
     from models.custom import CustomModelError, CustomModelTooBig, probe_factory
     from sweep.run.sizes import PARAMS_LIMIT
 
     m, inputs = run.model, run.model_inputs
+    key = _custom_key(run)
 
     def probe() -> None:
         try:
-            probe_factory(m.target, m.kwargs, inputs, params_limit=PARAMS_LIMIT)
+            _BUILT[key] = probe_factory(m.target, m.kwargs, inputs, params_limit=PARAMS_LIMIT)
         except CustomModelTooBig as e:
             raise ConfigError(f"model.kwargs: {e}") from None
         except CustomModelError as e:
             raise ConfigError(f"model.target: {e}") from None
 
-    _probe_once(repr((m.target, sorted(m.kwargs.items()), sorted(inputs.items()))), probe)
+    _probe_once(key, probe)
+
+
+def _custom_key(run: RunConfig) -> str:
+    """One distinct call of a custom factory: its target, kwargs and config inputs."""
+    m = run.model
+    return repr((m.target, sorted(m.kwargs.items()), sorted(run.model_inputs.items())))
+
+
+def checked_model(run: RunConfig, copy: bool = True) -> Callable[[], Any]:
+    """A builder of the run's model (sweep.run.model.build_run_model) that, for a custom model the check has built
+    and still holds, wraps that build (a copy of it, unless `copy` is False) instead of calling the factory again."""
+    from sweep.run.model import build_run_model
+
+    def build() -> Any:
+        built = _BUILT.get(_custom_key(run)) if run.model.arch is Arch.custom else None
+        if built is None:
+            return build_run_model(run)
+        import copy as copying
+
+        from models.custom import build_custom_model
+
+        m = run.model
+        return build_custom_model(
+            m.target, m.kwargs, **run.model_inputs, module=copying.deepcopy(built) if copy else built
+        )
+
+    return build
+
+
+def release_checked_models() -> None:
+    """Let go of the models the custom probes built (the checks are done: the runs build their own)."""
+    _BUILT.clear()
 
 
 def _probe_pure_precision(run: RunConfig) -> None:
@@ -182,7 +219,7 @@ def _probe_pure_precision(run: RunConfig) -> None:
     other cells run."""
     from sweep.run.dtype_contract import contract_problem
 
-    contract_problem(run)
+    contract_problem(run, build=checked_model(run))
 
 
 def _probe_diffusers_config(run: RunConfig) -> None:
@@ -207,18 +244,18 @@ def _probe_fp32_modules(run: RunConfig) -> None:
     a `precision.fp32_modules` glob that matches no module is one line and exit 2 before any run, not a run
     that silently computes everything in low precision."""
     from sweep.run.fp32_modules import example_names, unmatched
-    from sweep.run.model import build_run_model
 
     globs = list(run.precision.fp32_modules)
+    build = checked_model(run, copy=False)  # a custom model: the check's own build, only named here
 
     def probe() -> None:
         import torch
 
         try:
             with torch.device("meta"):
-                names = [n for n, _ in build_run_model(run).named_modules()]
+                names = [n for n, _ in build().named_modules()]
         except Exception:  # noqa: BLE001  (a builder that needs real storage: build it for real, once)
-            names = [n for n, _ in build_run_model(run).named_modules()]
+            names = [n for n, _ in build().named_modules()]
         for glob in unmatched(names, globs):
             raise ConfigError(
                 f"precision.fp32_modules: {glob!r} matches no module of {model_label(run)} "
