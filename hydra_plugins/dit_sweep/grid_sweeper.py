@@ -185,7 +185,7 @@ class GridSweeper(BasicSweeper):
             launches_here,
             to_run_config,
         )
-        from sweep.config.inputs import release_checked_models
+        from sweep.config.inputs import check_job_dir, release_checked_models
         from sweep.config.secrets import check_no_literal_secrets
 
         loader = self.hydra_context.config_loader
@@ -229,6 +229,7 @@ class GridSweeper(BasicSweeper):
         """A ConfigError when another cell of this grid has the same job directory: the two would overwrite each
         other's result.json (issue 45: `hydra.sweep.subdir=lr${optim.lr}` with replicates ran 4 cells into 2)."""
         from sweep.config import ConfigError
+        from sweep.config.inputs import written_subdir
 
         key = os.path.normpath(os.path.abspath(job_dir))
         other = self.dir_cells.setdefault(key, overrides)
@@ -248,6 +249,7 @@ class GridSweeper(BasicSweeper):
         from omegaconf import OmegaConf
 
         from sweep.config import ConfigError, RunConfig
+        from sweep.config.inputs import check_job_dir
 
         num = first_batch
         for batch in self.overrides[1:]:
@@ -399,38 +401,3 @@ class ResultWatcher:
             if sweep is not None and sweep.finished(num, status):
                 say = logging.getLogger("sweep").info  # beside the runs' own lines
                 say("sweep: %s finished: [%d] %s; %s", sweep.position(), num, status, sweep.counts())
-
-
-def written_subdir(cfg) -> str:
-    """hydra.sweep.subdir as the user wrote it (`lr${optim.lr}`), for a message."""
-    from omegaconf import OmegaConf
-
-    return str(OmegaConf.to_container(cfg.hydra.sweep, resolve=False).get("subdir", ""))
-
-
-def check_job_dir(cfg, job_num: int) -> Path:
-    """The cell's job directory, <sweep dir>/<subdir>, can be created: a subdir such as
-    ${hydra.job.override_dirname} grows with the overrides. hydra.job.num is set only at launch, so a
-    copy gets one (the number the launcher will give it). Returns the directory."""
-    import copy
-
-    from omegaconf import OmegaConf, open_dict, read_write
-
-    from sweep.config import check_output_dir
-
-    cfg = copy.deepcopy(cfg)  # the launcher gets the composed cell (ComposedOnce): leave it as it was
-    with read_write(cfg), open_dict(cfg):
-        cfg.hydra.job.num = job_num
-    subdir = OmegaConf.select(cfg, "hydra.sweep.subdir", default="", throw_on_resolution_failure=False)
-    sweep_dir = Path(str(cfg.hydra.sweep.dir))
-    job_dir = sweep_dir / str(subdir or "")
-    check_output_dir(str(job_dir), "hydra.sweep.subdir")
-    inside = os.path.normpath(os.path.abspath(job_dir))
-    if os.path.commonpath([inside, os.path.normpath(os.path.abspath(sweep_dir))]) != os.path.abspath(sweep_dir):
-        from sweep.config import ConfigError
-
-        raise ConfigError(
-            f"hydra.sweep.subdir: the job directory {inside} is outside the sweep directory {sweep_dir}, where its "
-            "summary, report and resume never look; give a subdir relative to it, without ..: e.g. ${hydra.job.num}"
-        )
-    return job_dir

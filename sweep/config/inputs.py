@@ -309,3 +309,34 @@ def _path_limits(path: str) -> tuple[int, int]:
         return os.pathconf(probe, "PC_NAME_MAX"), os.pathconf(probe, "PC_PATH_MAX")
     except (OSError, ValueError, AttributeError):  # no pathconf (Windows) or no answer: the common limits
         return 255, 4096
+
+
+def written_subdir(cfg: Any) -> str:
+    """hydra.sweep.subdir as the user wrote it (`lr${optim.lr}`), for a message."""
+    return str(OmegaConf.to_container(cfg.hydra.sweep, resolve=False).get("subdir", ""))
+
+
+def check_job_dir(cfg: Any, job_num: int) -> Path:
+    """A sweep job's directory, <sweep dir>/<subdir>, for the composed Hydra config of its cell: one the file system
+    can create (a subdir such as ${hydra.job.override_dirname} grows with the overrides) and inside the sweep dir
+    (elsewhere its summary, report and resume never look). hydra.job.num is set only at launch, so a copy gets one
+    (the number the launcher will give it). Returns the directory; ConfigError naming hydra.sweep.subdir."""
+    import copy
+
+    from omegaconf import open_dict, read_write
+
+    cfg = copy.deepcopy(cfg)  # the launcher gets the composed cell (the grid's ComposedOnce): leave it as it was
+    with read_write(cfg), open_dict(cfg):
+        cfg.hydra.job.num = job_num
+    subdir = OmegaConf.select(cfg, "hydra.sweep.subdir", default="", throw_on_resolution_failure=False)
+    sweep_dir = Path(str(cfg.hydra.sweep.dir))
+    job_dir = sweep_dir / str(subdir or "")
+    check_output_dir(str(job_dir), "hydra.sweep.subdir")
+    inside, root = os.path.abspath(job_dir), os.path.abspath(sweep_dir)
+    require(
+        os.path.commonpath([inside, root]) == root,
+        "hydra.sweep.subdir",
+        f"the job directory {inside} is outside the sweep directory {sweep_dir}, where its summary, report and resume"
+        " never look; give a subdir relative to it, without ..: e.g. ${hydra.job.num}",
+    )
+    return job_dir

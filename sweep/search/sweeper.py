@@ -71,7 +71,7 @@ def check_trial_dirs(config: DictConfig) -> None:
     """Job directories are numbered by trial (hydra.sweep.subdir, default ${hydra.job.num}): a subdir that gives two
     job numbers one directory (`lr${optim.lr}`: replicates, a resumed study, a sampler that repeats a value) would
     have one trial overwrite another's result.json, and one outside the sweep dir is never read: a ConfigError."""
-    from hydra_plugins.dit_sweep.grid_sweeper import check_job_dir, written_subdir  # the grid's checks of a job dir
+    from sweep.config.inputs import check_job_dir, written_subdir  # the grid's checks of a job dir
 
     first, second = (check_job_dir(config, num) for num in (0, 1))
     if first == second:
