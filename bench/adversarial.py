@@ -137,13 +137,14 @@ def with_env(extra: dict) -> Callable[["Case", Path], Outcome]:
     return driver
 
 
-def secret_nowhere(o: Outcome) -> Optional[str]:
-    if o.rc != 0:
-        return f"exit {o.rc}, not 0"
+def secret_nowhere(o: Outcome, rc: int = 0, but: tuple = ()) -> Optional[str]:
+    """The secret `cr3t` is neither printed nor in any file of the case (but those under a folder named in `but`)."""
+    if o.rc != rc:
+        return f"exit {o.rc}, not {rc}"
     if "cr3t" in o.text:
         return "the secret is printed"
     for p in o.dir.rglob("*"):
-        if p.is_file() and b"cr3t" in p.read_bytes():
+        if p.is_file() and not set(but) & set(p.relative_to(o.dir).parts) and b"cr3t" in p.read_bytes():
             return f"the secret is written in {p.relative_to(o.dir)}"
     return None
 
@@ -1200,14 +1201,7 @@ def held_out_red_team_cases() -> list[Case]:
         return setup
 
     def no_secret_written(o: Outcome) -> Optional[str]:
-        if o.rc != 2:
-            return f"exit {o.rc}, not 2"
-        if "cr3t" in o.text:
-            return "the secret is printed"
-        for p in o.dir.rglob("*"):
-            if p.is_file() and "mine" not in p.relative_to(o.dir).parts and b"cr3t" in p.read_bytes():
-                return f"the secret is written in {p.relative_to(o.dir)}"
-        return None
+        return secret_nowhere(o, rc=2, but=("mine",))  # the experiment file itself holds it
 
     config_dir = ["--config-dir", "{d}/mine"]
     for name, body, how in [
