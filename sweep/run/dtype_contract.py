@@ -7,9 +7,10 @@ weights' dtype before it reaches a Linear, or the first forward raises "mat1 and
 dtype". A user's trial met that in an outside DiT (its timestep embedder fed float32 features to a float16
 Linear) as 24 `error` runs with a traceback each.
 
-`contract_problem(run)` builds the run's model once on the CPU as the run builds it (the weights cast,
-`precision.fp32_modules` applied), forwards a batch of 2 with x in the low dtype under no_grad, and when the
-forward raises a dtype mismatch says which module and what to cast. Forward pre-hooks record, for each
+`contract_problem(run)` takes the run's model as the run builds it (a copy of the config check's one build
+of it, sweep/config/inputs.py `checked_model`; the weights cast, `precision.fp32_modules` applied), forwards a
+batch of 2 with x in the low dtype under no_grad, and when the forward raises a dtype mismatch says which
+module and what to cast. Forward pre-hooks record, for each
 module entered and not yet left, whether a floating input's dtype differs from its own weights'; when the
 forward raises, the innermost such module is the one to fix (the innermost module still running, when no
 input differed). A forward that fails for another reason is left to the run (a CPU without an fp16 kernel
