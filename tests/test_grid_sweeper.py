@@ -275,3 +275,17 @@ def test_an_optuna_subdir_without_the_trial_number_is_refused(tmp_path, subdir):
             f"hydra.sweep.subdir={subdir}",
         )
     assert not list(tmp_path.rglob("result.json"))
+
+
+def test_an_optuna_subdir_of_the_override_dirname_runs(tmp_path):
+    """${hydra.job.override_dirname} holds each job's ledger.trial_number: two trials of one lr get two dirs."""
+    multirun_in_process(
+        tmp_path / "s",
+        "hydra/sweeper=optuna_sweep",
+        "hydra.sweeper.sampler.name=grid",
+        "optim.lr=choice(1e-3)",
+        "replicates=2",
+        "steps=1",
+        "hydra.sweep.subdir=${hydra.job.override_dirname}",
+    )
+    assert len(list((tmp_path / "s").glob("*/result.json"))) == 2

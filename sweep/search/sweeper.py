@@ -67,22 +67,6 @@ warnings.filterwarnings("ignore", message="Heartbeat of storage is supposed to b
 warnings.filterwarnings("ignore", category=optuna.exceptions.ExperimentalWarning)
 
 
-def check_trial_dirs(config: DictConfig) -> None:
-    """Job directories are numbered by trial (hydra.sweep.subdir, default ${hydra.job.num}): a subdir that gives two
-    job numbers one directory (`lr${optim.lr}`: replicates, a resumed study, a sampler that repeats a value) would
-    have one trial overwrite another's result.json, and one outside the sweep dir is never read: a ConfigError."""
-    from sweep.config.inputs import check_job_dir, written_subdir  # the grid's checks of a job dir
-
-    first, second = (check_job_dir(config, num) for num in (0, 1))
-    if first == second:
-        raise ConfigError(
-            f"hydra.sweep.subdir: the optuna sweeper numbers its job directories by trial, but "
-            f"{written_subdir(config)!r} gives trials 0 and 1 the one directory {first}, so one would overwrite the "
-            "other's result.json; "
-            "put the trial number in it, e.g. ${hydra.job.num}_lr${optim.lr}"
-        )
-
-
 def make_sampler(conf: SamplerConf, space: dict) -> optuna.samplers.BaseSampler:
     """The Optuna sampler; constrained samplers learn the infeasible (diverged) region."""
     constraints = lambda t: t.system_attrs.get(CONSTRAINTS_KEY, (0.0,))  # noqa: E731
@@ -254,6 +238,28 @@ class OptunaSweeperImpl(Sweeper):
             hydra_context=hydra_context, task_function=task_function, config=config
         )
 
+    def _check_trial_dirs(self, fixed: list) -> None:
+        """Job directories are numbered by trial (hydra.sweep.subdir, default ${hydra.job.num}); a sampler may give two
+        trials the same values (the grid's replicates, a categorical, a resumed study), so the subdir must tell any two
+        trials apart: two of the same values, composed as their jobs are (`ledger.trial_number` included, which
+        ${hydra.job.override_dirname} holds), must get two directories inside the sweep dir. Else one trial would
+        overwrite another's result.json: a ConfigError before any run."""
+        from sweep.config.inputs import check_job_dir, written_subdir  # the grid's checks of a job dir
+
+        loader = self.hydra_context.config_loader
+        ours = "ledger" in self.config
+        first, second = (
+            check_job_dir(loader.load_sweep_config(self.config, [*fixed, *([f"ledger.trial_number={n}"] * ours)]), n)
+            for n in (0, 1)
+        )
+        if first == second:
+            raise ConfigError(
+                f"hydra.sweep.subdir: the optuna sweeper numbers its job directories by trial, but "
+                f"{written_subdir(self.config)!r} gives two trials of the same values the one directory {first}, so "
+                "one would overwrite the other's result.json; put the trial number in it, e.g. "
+                "${hydra.job.num}_lr${optim.lr}"
+            )
+
     def validate_batch_is_legal(self, batch) -> None:
         """Hydra's check that every job composes, and that none spells out a secret (a cell's own experiment)
         before Hydra writes it into the job's .hydra/config.yaml."""
@@ -299,7 +305,7 @@ class OptunaSweeperImpl(Sweeper):
             raise ConfigError(
                 "the optuna sweeper needs at least one swept axis (e.g. 'optim.lr=tag(log,interval(1e-5,1e-1))')"
             )
-        check_trial_dirs(self.config)
+        self._check_trial_dirs(fixed)
         Path(self.config.hydra.sweep.dir).mkdir(parents=True, exist_ok=True)
         OmegaConf.save(self.config, Path(self.config.hydra.sweep.dir) / "multirun.yaml")
         study = self._study()
