@@ -137,13 +137,14 @@ def with_env(extra: dict) -> Callable[["Case", Path], Outcome]:
     return driver
 
 
-def secret_nowhere(o: Outcome) -> Optional[str]:
-    if o.rc != 0:
-        return f"exit {o.rc}, not 0"
+def secret_nowhere(o: Outcome, rc: int = 0, but: tuple = ()) -> Optional[str]:
+    """The secret `cr3t` is neither printed nor in any file of the case (but those under a folder named in `but`)."""
+    if o.rc != rc:
+        return f"exit {o.rc}, not {rc}"
     if "cr3t" in o.text:
         return "the secret is printed"
     for p in o.dir.rglob("*"):
-        if p.is_file() and b"cr3t" in p.read_bytes():
+        if p.is_file() and not set(but) & set(p.relative_to(o.dir).parts) and b"cr3t" in p.read_bytes():
             return f"the secret is written in {p.relative_to(o.dir)}"
     return None
 
@@ -560,6 +561,8 @@ def cases() -> list[Case]:
                 quick=target == "os:system",
             )
         )
+
+    cs += held_out_red_team_cases()  # issue 45, items 1, 3-7 and 10
 
     # Finding (issue 33): config mistakes that surfaced as crashed runs, and a custom model with no size limit.
     import torch
@@ -1088,6 +1091,382 @@ def cases() -> list[Case]:
             timeout=600,
         )
     )
+    return cs
+
+
+def held_out_red_team_cases() -> list[Case]:
+    """Issue 45's held-out red team, findings 1, 3, 4, 5, 6, 7 and 10, and their variants."""
+    cs: list[Case] = []
+
+    # Finding 1: cells that share a job dir overwrote each other ("2 runs" of 4).
+    def no_result_and_names(key: str, *words: str) -> Check:
+        def check(o: Outcome) -> Optional[str]:
+            problem = exit2_naming(key)(o)
+            missing = [w for w in words if w not in o.err]
+            return problem or (f"the line does not say {missing}" if missing else None)
+
+        return check
+
+    grid = ["-m", "optim.lr=1e-3,2e-3", "hydra.sweep.dir={d}/s", "steps=1"]
+    for name, extra, words in [
+        ("subdir lr${optim.lr} with replicates=2", ["replicates=2", "hydra.sweep.subdir=lr${optim.lr}"], ["seed=1"]),
+        ("a constant subdir", ["hydra.sweep.subdir=same"], ["optim.lr=0.002"]),
+        ("a collision across batches", ["hydra.sweeper.max_batch_size=1", "hydra.sweep.subdir=one"], []),
+        ("subdir ../out${hydra.job.num}", ["hydra.sweep.subdir=../out${hydra.job.num}"], ["outside"]),
+        ("an absolute subdir", ["hydra.sweep.subdir={d}/abs${hydra.job.num}"], ["outside"]),
+    ]:
+        cs.append(
+            Case(
+                f"job dirs: {name}",
+                sweep(*grid, *extra),
+                no_result_and_names("hydra.sweep.subdir", *words),
+                quick=name.startswith("subdir lr"),
+            )
+        )
+    cs.append(
+        Case(
+            "job dirs: Optuna subdir lr${optim.lr}",
+            sweep(
+                "-m",
+                "hydra/sweeper=optuna_sweep",
+                "hydra.sweeper.sampler.name=grid",
+                "optim.lr=choice(1e-3,2e-3)",
+                "replicates=2",
+                "hydra.sweep.dir={d}/s",
+                "hydra.sweep.subdir=lr${optim.lr}",
+                "steps=1",
+            ),
+            no_result_and_names("hydra.sweep.subdir", "${hydra.job.num}"),
+        )
+    )
+
+    def both_cells(o: Outcome) -> Optional[str]:
+        found = sorted(p.parent.name for p in (o.dir / "s").glob("*/result.json"))
+        return None if o.rc == 0 and found == ["lr0.001", "lr0.002"] else f"exit {o.rc}, results in {found}"
+
+    cs.append(
+        Case(
+            "job dirs: subdir lr${optim.lr} that tells cells apart",
+            sweep(*grid, "hydra.sweep.subdir=lr${optim.lr}"),
+            both_cells,
+        )
+    )
+
+    # Finding 3a: a tracking server's ?token= reached stdout and __main__.log through urllib3's retry warning.
+    for key in ("token", "access_token", "pass", "passphrase"):
+        cs.append(
+            Case(
+                f"secret: mlflow ?{key}= from the environment, server down, retries on",
+                sweep(
+                    "logger=mlflow",
+                    "logger.mlflow.tracking_uri=${oc.env:MY_URI}",
+                    "logger.mlflow.timeout_s=2",
+                    "hydra.run.dir={d}/run",
+                    "steps=2",
+                ),
+                secret_nowhere,
+                driver=with_env({"MY_URI": f"http://127.0.0.1:9/?{key}=s3cr3t"}),
+                quick=key == "token",
+            )
+        )
+    cs.append(
+        Case(
+            "secret: ledger ?pass= from the environment, server down",
+            sweep(
+                "ledger.storage=${oc.env:SWEEP_LEDGER_URL}",
+                "ledger.lock_timeout_s=2",
+                "hydra.run.dir={d}/run",
+                "steps=2",
+            ),
+            secret_nowhere,
+            driver=with_env({"SWEEP_LEDGER_URL": "postgresql://me@127.0.0.1:9/x?pass=s3cr3t"}),
+        )
+    )
+    for key in ("pass", "passphrase"):  # finding 10: on the command line too
+        cs.append(
+            Case(
+                f"password ?{key}=",
+                sweep(f"ledger.storage='postgresql://me@db/x?{key}=s3cr3t'", "hydra.run.dir={d}/run"),
+                no_secret,
+            )
+        )
+
+    # Finding 3b: a password in a --config-dir experiment file was copied into every .hydra/config.yaml.
+    def experiment(body: str, name: str = "leak") -> Callable[[Path], None]:
+        def setup(d: Path) -> None:
+            (d / "mine" / "experiment").mkdir(parents=True, exist_ok=True)
+            (d / "mine" / "experiment" / f"{name}.yaml").write_text("# @package _global_\n" + body)
+            (d / "mine" / "experiment" / "ok.yaml").write_text("# @package _global_\nsteps: 1\n")
+
+        return setup
+
+    def no_secret_written(o: Outcome) -> Optional[str]:
+        return secret_nowhere(o, rc=2, but=("mine",))  # the experiment file itself holds it
+
+    config_dir = ["--config-dir", "{d}/mine"]
+    for name, body, how in [
+        ("ledger user:pw@", "ledger:\n  storage: postgresql://me:s3cr3t@127.0.0.1:9/x\n", ["+experiment=leak"]),
+        (
+            "mlflow ?token=",
+            "logger:\n  mlflow:\n    tracking_uri: http://127.0.0.1:9/?token=s3cr3t\n",
+            ["+experiment=leak"],
+        ),
+        ("?passphrase=", "ledger:\n  storage: postgresql://me@127.0.0.1:9/x?passphrase=s3cr3t\n", ["+experiment=leak"]),
+        (
+            "env_set password",
+            "hydra:\n  job:\n    env_set:\n      MLFLOW_TRACKING_PASSWORD: s3cr3t\n",
+            ["+experiment=leak"],
+        ),
+        ("a URL in model.kwargs", "model:\n  kwargs:\n    weights: https://me:s3cr3t@hub/x\n", ["+experiment=leak"]),
+        (
+            "a grid",
+            "ledger:\n  storage: postgresql://me:s3cr3t@127.0.0.1:9/x\n",
+            ["-m", "+experiment=leak", "optim.lr=1e-3,2e-3"],
+        ),
+        (
+            "one cell of a grid",
+            "ledger:\n  storage: postgresql://me:s3cr3t@127.0.0.1:9/x\n",
+            ["-m", "+experiment=ok,leak"],
+        ),
+        (
+            "hydra.sweeper.params",
+            "hydra:\n  sweeper:\n    params:\n      ledger.storage: sqlite:///a.db,postgresql://me:s3cr3t@db/x\n",
+            ["-m", "+experiment=leak"],
+        ),
+    ]:
+        args = [*config_dir, *FAST, "steps=1", "hydra.run.dir={d}/run", "hydra.sweep.dir={d}/s", *how]
+        cs.append(
+            Case(
+                f"secret in a --config-dir experiment: {name}",
+                ["-m", "sweep", *(["-m"] if "-m" in how else []), *[a for a in args if a != "-m"]],
+                no_secret_written,
+                setup=experiment(body),
+                quick=name == "ledger user:pw@",
+            )
+        )
+
+    # Finding 4: a sweep inside a finished sweep's dir, or a single run into <sweep>/7, leaked into its report.
+    def finished_sweep(d: Path) -> None:
+        o = run(sweep("-m", "optim.lr=1e-3", "hydra.sweep.dir={d}/s", "steps=1", "ledger.enabled=false"), d)
+        assert (d / "s" / "0" / "result.json").exists(), o.text[-2000:]
+
+    def refused_and_sweep_intact(key: str, where: str) -> Check:
+        def check(o: Outcome) -> Optional[str]:
+            if o.rc != 2 or key not in o.err:
+                return f"exit {o.rc}, not 2 naming {key}"
+            found = sorted(str(p.relative_to(o.dir)) for p in o.dir.rglob("result.json"))
+            if found != ["s/0/result.json"]:
+                return f"results now: {found}"
+            return f"{where} was written" if (o.dir / where).exists() else None
+
+        return check
+
+    for name, args, key, where in [
+        ("a single run into <sweep>/7", sweep("steps=1", "hydra.run.dir={d}/s/7"), "hydra.run.dir", "s/7"),
+        (
+            "a single run into <sweep>/0",
+            sweep("steps=1", "optim.lr=1e-3", "hydra.run.dir={d}/s/0/x"),
+            "hydra.run.dir",
+            "s/0/x",
+        ),
+        (
+            "a sweep into <sweep>/sub",
+            sweep("-m", "optim.lr=1e-3,2e-3", "steps=1", "hydra.sweep.dir={d}/s/sub"),
+            "hydra.sweep.dir",
+            "s/sub",
+        ),
+        (
+            "an Optuna sweep into <sweep>/sub",
+            sweep(
+                "-m",
+                "hydra/sweeper=optuna_sweep",
+                "hydra.sweeper.sampler.name=grid",
+                "optim.lr=choice(1e-3)",
+                "steps=1",
+                "hydra.sweep.dir={d}/s/sub",
+            ),
+            "hydra.sweep.dir",
+            "s/sub",
+        ),
+    ]:
+        cs.append(
+            Case(
+                f"leak: {name}",
+                args,
+                refused_and_sweep_intact(key, where),
+                setup=finished_sweep,
+                quick=name.endswith("/7"),
+            )
+        )
+    cs.append(
+        Case(
+            "leak: a single run beside a sweep is fine",
+            sweep("steps=1", "hydra.run.dir={d}/run"),
+            lambda o: None if o.rc == 0 and (o.dir / "run" / "result.json").exists() else f"exit {o.rc}",
+            setup=finished_sweep,
+        )
+    )
+
+    # Finding 10: a sweep refused beside a single run was told about "a sweep whose multirun.yaml is missing".
+    def single_run(d: Path) -> None:
+        o = run(sweep("steps=1", "ledger.enabled=false", "hydra.run.dir={d}/run"), d)
+        assert (d / "run" / "result.json").exists(), o.text[-2000:]
+
+    for name, where in [("its dir", "{d}/run"), ("its parent", "{d}")]:
+        cs.append(
+            Case(
+                f"a sweep into a single run's {name}",
+                sweep("-m", "optim.lr=1e-3,2e-3", "steps=1", f"hydra.sweep.dir={where}"),
+                lambda o: (
+                    f"exit {o.rc}, not 2 naming hydra.sweep.dir"
+                    if o.rc != 2 or "hydra.sweep.dir" not in o.err
+                    else (
+                        "does not say it holds a single run"
+                        if "single run" not in o.err or "missing" in o.err
+                        else None
+                    )
+                ),
+                setup=single_run,
+            )
+        )
+
+    # Finding 5: os:popen, subprocess:run, shutil:rmtree ran (twice) before "not a torch.nn.Module".
+    def victim(d: Path) -> None:
+        (d / "victim").mkdir()
+        (d / "victim" / "keep.txt").write_text("keep me")
+
+    for target, kw in [
+        ("os:popen", "model.kwargs={cmd:'touch {d}/PWNED'}"),
+        ("subprocess:run", "model.kwargs={args:[touch,'{d}/PWNED']}"),
+        ("subprocess:Popen", "model.kwargs={args:[touch,'{d}/PWNED']}"),
+        ("shutil:rmtree", "model.kwargs={path:'{d}/victim'}"),
+        ("os.path:join", "model.kwargs={a:x}"),
+        ("pathlib:Path.touch", "model.kwargs={self:'{d}/PWNED'}"),
+        ("tests.custom_factories:popen_alias", "model.kwargs={cmd:'touch {d}/PWNED'}"),
+        ("tests.custom_factories:partial_factory", "model.kwargs={}"),
+    ]:
+        cs.append(
+            Case(
+                f"model.target={target}",
+                sweep("model=custom", f"model.target={target}", kw, "hydra.run.dir={d}/run"),
+                lambda o: (
+                    exit2_naming("model.target")(o)
+                    or ("the factory ran" if (o.dir / "PWNED").exists() or not (o.dir / "victim").is_dir() else None)
+                ),
+                setup=victim,
+                quick=target == "shutil:rmtree",
+            )
+        )
+
+    # Finding 6: a huge custom model passing device="cpu" was built for real (4.4 GB) before the refusal.
+    def refused_small_naming(key: str) -> Check:
+        def check(o: Outcome) -> Optional[str]:
+            problem = exit2_naming(key)(o) or (None if "meta device" in o.err else "not counted on the meta device")
+            if problem is None and o.extra["peak_mb"] > 2000:
+                return f"refused, but only after it took {o.extra['peak_mb']:,.0f} MB (built for real)"
+            return problem or (None if o.extra["s"] < 30 else f"took {o.extra['s']:.0f} s")
+
+        return check
+
+    def peak_memory(case: Case, d: Path) -> Outcome:
+        """The command, with its own peak memory (os.wait4's ru_maxrss of that child) and its time."""
+        argv = [PY, *[str(a).replace("{d}", str(d)) for a in case.args]]
+        t0 = time.time()
+        with open(d / ".out", "w") as out, open(d / ".err", "w") as err:
+            p = subprocess.Popen(argv, cwd=d, env=ENV, stdout=out, stderr=err)
+            import threading
+
+            timer = threading.Timer(case.timeout, p.kill)
+            timer.start()
+            _, status, usage = os.wait4(p.pid, 0)
+            timer.cancel()
+        o = Outcome(os.waitstatus_to_exitcode(status), (d / ".out").read_text(), (d / ".err").read_text(), d)
+        o.extra.update(s=time.time() - t0, peak_mb=usage.ru_maxrss / 1024)
+        return o
+
+    for target in ("huge_on_cpu", "huge_then_reads"):
+        cs.append(
+            Case(
+                f"custom model {target}",
+                sweep(
+                    "model=custom", f"model.target=tests.custom_factories:{target}", "hydra.run.dir={d}/run", "steps=2"
+                ),
+                refused_small_naming("model.kwargs"),
+                driver=peak_memory,
+                timeout=60,
+                quick=target == "huge_on_cpu",
+            )
+        )
+
+    # Finding 7: logger.tensorboard.dir wrote outside the run dir.
+    for folder in ("{d}/elsewhere", "../..", "tb/../../up"):
+        cs.append(
+            Case(
+                f"logger.tensorboard.dir={folder.replace('{d}', '/abs')}",
+                sweep("logger=tensorboard", f"logger.tensorboard.dir={folder}", "hydra.run.dir={d}/a/b/run", "steps=2"),
+                lambda o: (
+                    exit2_naming("logger.tensorboard.dir")(o)
+                    or ("event files written" if list(o.dir.rglob("events.out.tfevents*")) else None)
+                ),
+                quick=folder == "../..",
+            )
+        )
+
+    # Finding 10: resume_from the run dir or its checkpoints/ was a corrupt_checkpoint divergence.
+    def names_steps(key: str) -> Check:
+        def check(o: Outcome) -> Optional[str]:
+            if o.rc != 2 or key not in o.err:
+                return f"exit {o.rc}, not 2 naming {key} ({result(o) and result(o).get('verdict')})"
+            return None if "step_000002" in o.err else "the step directories are not named"
+
+        return check
+
+    for name, over, key in [
+        ("resume_from the run dir", "checkpoint.resume_from={d}/sweepdir/0", "checkpoint.resume_from"),
+        ("resume_from checkpoints/", "checkpoint.resume_from={d}/sweepdir/0/checkpoints", "checkpoint.resume_from"),
+        ("init_from the run dir", "model.init_from={d}/sweepdir/0", "model.init_from"),
+    ]:
+        cs.append(
+            Case(
+                name,
+                sweep(over, "hydra.run.dir={d}/run", "steps=4"),
+                names_steps(key),
+                setup=lambda d: copy_run(d),
+                quick=name == "resume_from checkpoints/",
+            )
+        )
+
+    # Finding 10: one unreadable overrides.yaml split the divergence map by every fixed key.
+    def broken_overrides(content: str) -> Callable[[Path], None]:
+        def setup(d: Path) -> None:
+            copy_run(d, "sweepdir/0")
+            (d / "sweepdir" / "1" / ".hydra").mkdir(parents=True)
+            (d / "sweepdir" / "1" / ".hydra" / "overrides.yaml").write_text(content)
+
+        return setup
+
+    def map_not_split(o: Outcome) -> Optional[str]:
+        if o.rc != 0:
+            return f"exit {o.rc}"
+        head = o.out.split("Stability frontier")[0]
+        if "None" in head or "NaN" in head:
+            return "the divergence map is split by the unreadable run"
+        return None if "overrides.yaml" in o.err else "the unreadable overrides.yaml is not named"
+
+    for name, content in [
+        ("unclosed YAML", "optim.lr: [unclosed\n"),
+        ("a mapping", "optim.lr: 1\n"),
+        ("bad grammar", "- 'optim.lr=='\n"),
+    ]:
+        cs.append(
+            Case(
+                f"report: overrides.yaml {name}",
+                ["-m", "sweep.report", "{d}/sweepdir", "--no-html"],
+                map_not_split,
+                setup=broken_overrides(content),
+                quick=name == "unclosed YAML",
+            )
+        )
     return cs
 
 

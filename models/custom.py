@@ -26,9 +26,11 @@ Torch only: no sweep/ or Hydra imports (tests/test_layout.py).
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import importlib
 import inspect
+import sys
 import types
 import typing
 from typing import Any, Callable
@@ -36,6 +38,7 @@ from typing import Any, Callable
 import torch
 import torch.nn as nn
 from torch import Tensor
+from torch.overrides import TorchFunctionMode
 
 from models.attention import KernelUnavailable
 from models.modulate import MODULATE_KERNELS, ModulateCount
@@ -59,6 +62,11 @@ def load_factory(target: str) -> Callable[..., Any]:
     module_name, _, attr = target.partition(":")
     if not module_name or not attr:
         raise CustomModelError(f"must be pkg.module:factory (module and attribute both named), got {target!r}")
+    if in_standard_library(module_name):
+        raise CustomModelError(
+            f"{target} is in Python's standard library ({module_name}), not a model factory: name a class or a "
+            "function of your own code (it is never imported or called)"
+        )
     try:
         module = importlib.import_module(module_name)
     except Exception as e:  # any import failure of user code is a config mistake, one line
@@ -84,18 +92,24 @@ _C_CALLABLES = (
 )
 
 
+def in_standard_library(module_name: str | None) -> bool:
+    """Whether a module (or a submodule: os.path) is Python's standard library, builtins included."""
+    return str(module_name or "").split(".")[0] in sys.stdlib_module_names
+
+
 def check_factory_kind(obj: Any, target: str) -> None:
     """Refuse, before it is ever called, what cannot be a model factory: validating the config must not
-    run the user's callable with the user's kwargs (`model.target=os:system model.kwargs={command:...}`
-    ran a shell command before the "not a torch.nn.Module" refusal). Refused: a builtin or any other
-    callable implemented in C (os.system, a ufunc), a class that is not an nn.Module subclass, and a
-    function whose return annotation says it returns something other than an nn.Module. A function
-    without a return annotation, or with one that cannot be resolved, is allowed: it is called, and what
-    it returns is checked then (model.target runs code, as Hydra's `_target_` does: docs/models.md)."""
+    run a callable with the user's kwargs (`model.target=os:system model.kwargs={command:...}` ran a shell
+    command, and `shutil:rmtree` deleted a directory, before the "not a torch.nn.Module" refusal). Only a class
+    (an nn.Module subclass) or a Python function (a method too) defined outside Python's standard library is
+    called: refused are a builtin or any other callable implemented in C (a ufunc), a class or function defined in
+    the standard library whatever module re-exports it (`mymod:popen = os.popen`), what is neither a class nor a
+    function (a functools.partial, a callable object), and a function whose return annotation says it returns
+    something other than an nn.Module. A function without a return annotation, or with one that cannot be
+    resolved, is called once by the check, and what it returns is checked then (docs/models.md)."""
     inner = obj
-    while isinstance(inner, functools.partial):
-        inner = inner.func
     if inspect.isclass(inner):
+        _check_not_stdlib(inner, target)
         if not issubclass(inner, nn.Module):
             raise CustomModelError(f"{target} is the class {inner.__qualname__}, not a torch.nn.Module subclass")
         return
@@ -103,15 +117,28 @@ def check_factory_kind(obj: Any, target: str) -> None:
         raise CustomModelError(f"{target} is a builtin ({type(inner).__name__}), not a model factory")
     if inspect.ismethod(inner):
         inner = inner.__func__
-    if not inspect.isfunction(inner):  # a callable object: its class's __call__ must be Python code
+    if not inspect.isfunction(inner):
         call = inspect.getattr_static(type(inner), "__call__", None)
-        if not inspect.isfunction(call):
+        if not isinstance(inner, functools.partial) and not inspect.isfunction(call):
             raise CustomModelError(f"{target} is a {type(inner).__name__} implemented in C, not a model factory")
-        inner = call
+        raise CustomModelError(
+            f"{target} is a {type(inner).__name__}, not a class or a function: name the class or function itself "
+            "(model.kwargs gives its arguments)"
+        )
+    _check_not_stdlib(inner, target)
     returns = _return_annotation(inner)
     if returns is not None and not _may_be_module(returns):
         raise CustomModelError(
             f"{target} is annotated to return {_annotation_name(returns)}, not a torch.nn.Module: not a model factory"
+        )
+
+
+def _check_not_stdlib(obj: Any, target: str) -> None:
+    module = getattr(obj, "__module__", None)
+    if in_standard_library(module):
+        raise CustomModelError(
+            f"{target} is {module}.{obj.__qualname__}, defined in Python's standard library ({module}), not a model "
+            "factory: name a class or a function of your own code"
         )
 
 
@@ -176,12 +203,14 @@ def factory_arguments(factory: Callable[..., Any], kwargs: dict, inputs: dict) -
     return {**kwargs, **{n: inputs[n] for n in factory_inputs(factory)}}
 
 
-def call_factory(target: str, kwargs: dict, inputs: dict) -> nn.Module:
-    """The user's module, built; CustomModelError (one line) when the factory raises or returns a non-module."""
+def call_factory(target: str, kwargs: dict, inputs: dict, within: Any = None) -> nn.Module:
+    """The user's module, built (inside `within`, a context such as CountingBuild, when given); CustomModelError (one
+    line) when the factory raises or returns a non-module."""
     factory = load_factory(target)
     arguments = factory_arguments(factory, kwargs, inputs)
     try:
-        module = factory(**arguments)
+        with within if within is not None else contextlib.nullcontext():
+            module = factory(**arguments)
     except Exception as e:  # the user's code: any failure is reported in one line
         shown = ", ".join(f"{k}={v!r}" for k, v in arguments.items())
         message = str(e).strip().splitlines()[0] if str(e).strip() else ""
@@ -271,8 +300,10 @@ def build_custom_model(
     patch_size: int,
     attention: str = "math",
     modulate: str = "eager",
+    module: nn.Module | None = None,
 ) -> CustomAdapter:
-    """factory(**kwargs, **the config values its signature names), wrapped in CustomAdapter."""
+    """factory(**kwargs, **the config values its signature names), wrapped in CustomAdapter; `module` is that call's
+    result already made (the config check's model: sweep/config/inputs.py), wrapped as it is, not built again."""
     inputs = dict(
         channels=channels,
         frames=frames,
@@ -282,7 +313,8 @@ def build_custom_model(
         attention=attention,
         modulate=modulate,
     )
-    module = call_factory(target, dict(kwargs), inputs)
+    if module is None:
+        module = call_factory(target, dict(kwargs), inputs)
     return CustomAdapter(module, target, attention, modulate, factory_is_image(load_factory(target)))
 
 
@@ -294,39 +326,84 @@ class CustomModelTooBig(CustomModelError):
     """The factory's model has more parameters than the limit (sweep/run/sizes.py PARAMS_LIMIT)."""
 
 
-def probe_factory(target: str, kwargs: dict, inputs: dict, params_limit: int | None = None) -> None:
-    """Count the model's parameters on the meta device against `params_limit`, then build it once and run one
-    forward on a tiny batch of the configured data shape, leaving the global RNG as it was: CustomModelError
-    when the factory fails, when forward(x, t) raises or does not return a tensor of x's shape (before, each
-    run ended `error` with a traceback), or CustomModelTooBig over the limit (before, a 4.3G-parameter
-    factory was built for real and SIGKILLed after 86 s).
+def probe_factory(target: str, kwargs: dict, inputs: dict, params_limit: int | None = None) -> nn.Module:
+    """Build the model once, counted as it is built (CountingBuild) against `params_limit`, and run one forward on a
+    tiny batch of the configured data shape, leaving the global RNG as it was; returns the model built. Raises
+    CustomModelError when the factory fails, when forward(x, t) raises or does not return a tensor of x's shape
+    (before, each run ended `error` with a traceback), or CustomModelTooBig over the limit (before, a
+    4.3G-parameter factory was built for real and SIGKILLed after 86 s).
 
-    A factory that cannot build on the meta device (it reads a tensor's values while it builds, e.g.
-    timm-style `torch.linspace(...).item()` drop-path rates, or loads weights it copies) is built for real,
-    as before this check, and counted then: that build is the one its runs would make anyway, but a huge
-    model of that kind can still exhaust memory in the probe. Such a factory should count itself small.
+    One call of the factory: what it builds up to the limit is real (the probe's model), and past the limit the
+    rest is built on the meta device, explicit devices included, so a huge model is counted, never allocated (a
+    factory passing device="cpu" was built for real, 4.4 GB, by the `with torch.device("meta")` count before). Only
+    a model whose parameters fit but whose build made more values than the limit in passing (temporaries) is
+    then built again, for real.
     """
     with torch.random.fork_rng(devices=[]):
-        if params_limit is not None:
-            counted = meta_params(target, kwargs, inputs)
-            if counted is not None:
-                _check_params(target, counted, params_limit, "counted on the meta device")
-        module = call_factory(target, dict(kwargs), inputs)
+        counting = CountingBuild(params_limit) if params_limit is not None else None
+        try:
+            module = call_factory(target, dict(kwargs), inputs, within=counting)
+        except CustomModelError as e:
+            if counting is None or not counting.on_meta:
+                raise
+            cause = e.__cause__ if e.__cause__ is not None else e
+            said = (str(cause).strip().splitlines() or [""])[0]
+            raise CustomModelTooBig(
+                f"{target} makes over {params_limit / 1e6:,.0f}M values as it builds (counted on the meta device, "
+                f"where it then raised {type(cause).__name__}: {said}), over the {params_limit / 1e6:,.0f}M limit: "
+                "lower its size through model.kwargs"
+            ) from None
+        if counting is not None and counting.on_meta:
+            _check_params(target, _params(module), params_limit, "counted on the meta device")
+            module = call_factory(target, dict(kwargs), inputs)  # its parameters fit; its temporaries did not
         if params_limit is not None:
             _check_params(target, _params(module), params_limit, "built")
         probe_forward(module, target, inputs, factory_is_image(load_factory(target)))
+    return module
 
 
-def meta_params(target: str, kwargs: dict, inputs: dict) -> int | None:
-    """The factory's parameter count, built on the meta device (no memory); None when it cannot build there."""
-    factory = load_factory(target)
-    arguments = factory_arguments(factory, dict(kwargs), inputs)
-    try:
-        with torch.device("meta"):
-            module = factory(**arguments)
-    except Exception:  # noqa: BLE001  (a factory that needs real tensors: it is counted once built for real)
-        return None
-    return _params(module) if isinstance(module, nn.Module) else None
+_CONSTRUCTORS = frozenset(
+    (
+        *(getattr(torch, name) for name in ("empty", "zeros", "ones", "full", "rand", "randn", "randint", "randperm")),
+        *(getattr(torch, name) for name in ("arange", "linspace", "logspace", "eye", "tensor", "as_tensor")),
+        *(getattr(torch, name) for name in ("empty_strided", "scalar_tensor")),
+        *(getattr(torch, f"{kind}_like") for kind in ("empty", "zeros", "ones", "full", "rand", "randn", "randint")),
+        *(getattr(Tensor, f"new_{kind}") for kind in ("empty", "zeros", "ones", "full", "tensor")),
+    )
+)
+"""What makes a new tensor of a size its arguments give (and takes a device): what CountingBuild counts."""
+_MOVES = frozenset((Tensor.to, Tensor.cpu, Tensor.cuda))
+
+
+class CountingBuild(TorchFunctionMode):
+    """While a factory builds its model: each new tensor's values are counted before it is made (the call made once
+    on the meta device first, which allocates nothing); once they pass `limit`, that tensor and every later one are
+    made on the meta device whatever device the factory names (device="cpu", .to("cpu"), .cuda()), so the model is
+    counted without being allocated. Until then the build is the factory's own, for real."""
+
+    def __init__(self, limit: int) -> None:
+        super().__init__()
+        self.limit, self.values, self.on_meta = limit, 0, False
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        kwargs = dict(kwargs or {})
+        if func in _CONSTRUCTORS:
+            on_meta = {**{k: v for k, v in kwargs.items() if k not in ("generator", "out")}, "device": "meta"}
+            if not self.on_meta:
+                try:
+                    ahead = func(*args, **on_meta)
+                except Exception:  # noqa: BLE001  (what it cannot say ahead it counts once made)
+                    ahead = None
+                if ahead is None or self.values + ahead.numel() <= self.limit:
+                    made = func(*args, **kwargs)
+                    self.values += made.numel() if isinstance(made, Tensor) else 0
+                    return made
+                self.on_meta = True
+            return func(*args, **on_meta)
+        if self.on_meta and func in _MOVES and isinstance(args[0], Tensor) and args[0].is_meta:
+            dtype = torch._C._nn._parse_to(*args[1:], **kwargs)[1] if func is Tensor.to else None
+            return args[0] if dtype is None else func(args[0], dtype=dtype)
+        return func(*args, **kwargs)
 
 
 def _params(module: nn.Module) -> int:

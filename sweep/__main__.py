@@ -14,13 +14,13 @@ from __future__ import annotations
 
 import errno
 import os
-import re
 import sys
 
 import hydra
 from omegaconf import DictConfig
 
 from sweep import config as _schemas  # noqa: F401  (registers the schema before Hydra composes)
+from sweep.config.secrets import literal_password_arg
 from sweep.errors import config_error_line, exit_config_error
 from sweep.job import run_job
 
@@ -32,48 +32,6 @@ CONF_DIR = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__
 @hydra.main(config_path=CONF_DIR, config_name="config", version_base="1.3")
 def _hydra_main(cfg: DictConfig) -> dict:
     return run_job(cfg)
-
-
-def literal_password_arg(argv: list[str]) -> str | None:
-    """The key of the first command-line override that spells out a storage password, if any.
-
-    Hydra writes every override into .hydra/overrides.yaml, multirun.yaml and its log before any of
-    our code runs, so a password must come in through the environment instead. Every URL in an
-    override's value counts, however it is written (ledger.storage=URL, ledger={storage:URL}, a sweep
-    of URLs), and a password counts wherever the URL carries it (user:secret@, ?password=, and any query key
-    that names a secret: ?sslpassword=, ?token=, ?api_key=, sweep.run.urls.is_secret_key).
-    """
-    from sweep.search.ledger import url_has_password
-
-    for arg in argv:
-        if "://" in arg and any(url_has_password(url) for url in urls_in_override(arg)):
-            return arg.split("=", 1)[0].strip("'\"")
-    return None
-
-
-def urls_in_override(arg: str) -> list[str]:
-    """The URL-looking strings in an override's value: parsed with Hydra's grammar, or, where that
-    fails (an unquoted ?password=... is not valid grammar, yet still reaches Hydra's log), found in the text."""
-    from hydra.core.override_parser.overrides_parser import OverridesParser
-
-    try:
-        (override,) = OverridesParser.create().parse_overrides([arg])
-        return [s for s in _strings(override.value()) if "://" in s]
-    except Exception:  # noqa: BLE001  (any parse failure: fall back to the raw text)
-        return re.findall(r"[A-Za-z][\w+.-]*://[^\s'\"{}\[\],]*", arg)
-
-
-def _strings(value) -> list[str]:
-    """Every string inside a parsed override value (dicts, lists, a choice sweep's options)."""
-    from hydra.core.override_parser.types import ChoiceSweep
-
-    if isinstance(value, str):
-        return [value]
-    if isinstance(value, ChoiceSweep):
-        value = value.list
-    if isinstance(value, dict):
-        value = list(value.values())
-    return [s for v in value for s in _strings(v)] if isinstance(value, (list, tuple)) else []
 
 
 def main() -> None:

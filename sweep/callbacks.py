@@ -20,16 +20,20 @@ from hydra.experimental.callback import Callback
 from omegaconf import DictConfig, OmegaConf
 
 from sweep.config import RETIRED_KEYS, ConfigError, check_output_dir, to_run_config
+from sweep.config.secrets import check_no_literal_secrets
 from sweep.errors import exiting_on_config_error
 from sweep.run.once import forget
 from sweep.run.results import lock_held
+from sweep.run.urls import install_secret_filter
 from sweep.search.space import parse
 
 log = logging.getLogger("sweep")
 
 
 class OutputDirCheck(Callback):
-    """Before anything is written: the run or sweep directory must be creatable (sweep.config.check_output_dir).
+    """Before anything is written: the run or sweep directory must be creatable (sweep.config.check_output_dir) and
+    free (check_run_dir, claim_sweep_dir), the composed config must spell out no secret (sweep.config.secrets), and
+    every log record is scrubbed of secrets from here on (scrub_logs).
 
     Hydra creates the job directory before the task function runs, so this cannot wait for sweep.job.
     Listed first in conf/config.yaml: start hooks run in order, so it comes before a scenario's pretraining
@@ -37,13 +41,17 @@ class OutputDirCheck(Callback):
     """
 
     def on_run_start(self, config: DictConfig, **kwargs: Any) -> None:
+        scrub_logs(config)
         self._check(str(config.hydra.run.dir), "hydra.run.dir")
         with exiting_on_config_error():
+            check_no_literal_secrets(config)  # Hydra copies the composed config into .hydra/config.yaml
             check_run_dir(config)
 
     def on_multirun_start(self, config: DictConfig, **kwargs: Any) -> None:
+        scrub_logs(config)
         self._check(str(config.hydra.sweep.dir), "hydra.sweep.dir")
         with exiting_on_config_error():
+            check_no_literal_secrets(config)  # ... and the sweep's into multirun.yaml
             claim_sweep_dir(config)
         forget(config.hydra.sweep.dir)  # a new sweep says its once-per-sweep lines again (sweep/run/once.py)
 
@@ -54,6 +62,16 @@ class OutputDirCheck(Callback):
     def _check(path: str, key: str) -> None:
         with exiting_on_config_error():  # raised, Hydra would only warn and go on to fail on mkdir
             check_output_dir(path, key)
+
+
+def scrub_logs(config: DictConfig) -> None:
+    """Every log record of this process scrubbed of secrets from here on (sweep.run.urls.install_secret_filter): the
+    secrets of the config's URLs, resolved (an ${oc.env:...} that does not resolve is the config check's to report)."""
+    urls = [
+        OmegaConf.select(config, key, default=None, throw_on_resolution_failure=False)
+        for key in ("ledger.storage", "logger.mlflow.tracking_uri")
+    ]
+    install_secret_filter(*(str(u) for u in urls if u))
 
 
 NOT_WHAT_RUNS = ("threads", "progress", "log_every", "logger", "confirm", "report")
@@ -94,7 +112,8 @@ def sweep_identity(config: DictConfig) -> list[str]:
 
 
 def claim_sweep_dir(config: DictConfig) -> None:
-    """Refuse a hydra.sweep.dir that belongs to another sweep, before any run (raises ConfigError).
+    """Refuse a hydra.sweep.dir that belongs to another sweep, or lies inside one's tree (enclosing_sweep), before
+    any run (raises ConfigError).
 
     Both sweepers number job directories from what they know of their own sweep only (the grid from 0,
     the Optuna sweeper by trial number of its study), so two sweeps in one directory overwrite each
@@ -110,13 +129,20 @@ def claim_sweep_dir(config: DictConfig) -> None:
     dead sweep's claim is free: the kernel drops its lock with the process.
     """
     sweep_dir = Path(str(config.hydra.sweep.dir))
+    outer = enclosing_sweep(sweep_dir)
+    if outer is not None:
+        raise ConfigError(
+            f"hydra.sweep.dir: {sweep_dir} is inside the sweep {outer[0]} (it holds {outer[1]}), whose summary and "
+            "report would count this sweep's runs as its own; give this one a directory outside it"
+        )
     sweep_dir.mkdir(parents=True, exist_ok=True)
     release_sweep_dir(sweep_dir)  # this process ran a sweep here before (in-process tests): that one is over
     ours = sweep_identity(config)
     with open(sweep_dir / ".sweep.lock", "a") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)  # two sweeps starting at once decide one after the other
         saved = sweep_dir / SWEEP_FILE
-        started = next(sweep_dir.rglob(".hydra/overrides.yaml"), None) is not None
+        found = next(sweep_dir.rglob(".hydra/overrides.yaml"), None)
+        started = found is not None
         if _sweep_alive(sweep_dir):
             claim = _read_claim(sweep_dir)
             if "optuna" not in ours[0] or claim.get("identity") != ours:
@@ -128,6 +154,9 @@ def claim_sweep_dir(config: DictConfig) -> None:
         if saved.is_file() or started:
             theirs, why = saved_identity(saved)
             if started and theirs != ours:
+                other = not_this_sweeps(sweep_dir, found.parent.parent)
+                if other is not None:
+                    raise ConfigError(f"hydra.sweep.dir: {sweep_dir} {other}; give this sweep its own hydra.sweep.dir")
                 if theirs is None:  # runs of a sweep no one can name: this one could be any other
                     raise ConfigError(
                         f"hydra.sweep.dir: {sweep_dir} holds runs of a sweep whose {SWEEP_FILE} {why}; restore it"
@@ -162,6 +191,40 @@ SWEEP_MARKS = (SWEEP_FILE, ".sweep.lock", ".sweep.alive", ".sweep.claim")
 """Files only a sweep writes in its own directory: a run directory holding one is a sweep's root."""
 
 
+def sweep_mark(directory: Path) -> str | None:
+    """The first of SWEEP_MARKS the directory holds (it is a sweep's root), or None."""
+    return next((m for m in SWEEP_MARKS if (directory / m).exists()), None)
+
+
+def enclosing_sweep(path: Path) -> tuple[Path, str] | None:
+    """(the sweep's root, its mark) of the nearest directory strictly above `path` that is a sweep's root, or None.
+
+    A run or a sweep placed there would be counted by that sweep's summary and report (they read every
+    result.json below the root), resumed or not. Runs a sweep makes in its own tree do not come through here:
+    its job directories are Hydra's, and a diagnosis's or a confirmation's runs call sweep.run.execute directly.
+    """
+    for parent in Path(os.path.abspath(path)).parents:
+        mark = sweep_mark(parent)
+        if mark is not None:
+            return parent, mark
+    return None
+
+
+def not_this_sweeps(sweep_dir: Path, job_dir: Path) -> str | None:
+    """What a run directory found below `sweep_dir` belongs to, when it is not a job of a sweep rooted there: "holds
+    the sweep X" (a sweep rooted between them) or "holds a single run (X)" (Hydra's mode RUN); None otherwise."""
+    for parent in [job_dir, *job_dir.parents]:
+        if parent == sweep_dir or sweep_dir not in parent.parents:
+            break
+        if sweep_mark(parent) is not None:
+            return f"holds the sweep {parent}"
+    try:
+        mode = OmegaConf.select(OmegaConf.load(job_dir / ".hydra" / "hydra.yaml"), "hydra.mode", default=None)
+    except Exception:  # noqa: BLE001  (unreadable or missing: no one can say what ran there)
+        return None
+    return f"holds a single run ({job_dir}: python -m sweep without -m)" if str(mode) == "RUN" else None
+
+
 def run_identity(config: DictConfig) -> dict:
     """What makes two single runs the same run: the composed config less `hydra` and NOT_WHAT_RUNS, flat,
     unresolved (an ${oc.env:...} stays itself), as Hydra saves it in .hydra/config.yaml; less RETIRED_KEYS
@@ -187,14 +250,20 @@ RESUME_OF_THE_SAME_RUN = ("checkpoint.resume_from", "checkpoint.resume_optimizer
 
 
 def check_run_dir(config: DictConfig) -> None:
-    """Refuse a hydra.run.dir (a single run, no -m) that holds a sweep or a run of another config, before
-    anything is written (raises ConfigError).
+    """Refuse a hydra.run.dir (a single run, no -m) that lies inside a sweep's tree (enclosing_sweep), or holds a
+    sweep or a run of another config, before anything is written (raises ConfigError).
 
     A run directory holds one run: the same config again reruns it as before (its checkpoints resume it),
     but a run of other settings would overwrite its result.json, and a sweep's root would get a result.json
     and a trial in that sweep's study.
     """
     run_dir = Path(str(config.hydra.run.dir))
+    outer = enclosing_sweep(run_dir)
+    if outer is not None:
+        raise ConfigError(
+            f"hydra.run.dir: {run_dir} is inside the sweep {outer[0]} (it holds {outer[1]}), whose summary and report "
+            "would count this run as one of its own; give this run a directory outside it"
+        )
     if not run_dir.is_dir():
         return
     marks = [m for m in SWEEP_MARKS if (run_dir / m).exists()]

@@ -21,13 +21,14 @@ from hydra.core.override_parser.overrides_parser import OverridesParser
 from omegaconf import DictConfig, OmegaConf
 
 from sweep.config import ConfigError, RunConfig, check_device, check_inputs, enum_choices, to_run_config
+from sweep.config.inputs import release_checked_models
 from sweep.errors import exiting_on_config_error
 from sweep.run.interrupt import StopOnSignal, stopping_on_signals
 from sweep.run.once import per_sweep
 from sweep.run.progress import current_sweep
 from sweep.run.results import hold_run_dir, release_run_dir
 from sweep.run.trackers import open_sinks
-from sweep.run.urls import scrub
+from sweep.run.urls import install_secret_filter, scrub
 from sweep.search.ledger import is_locked, mask_url, record_run, storage_error_line, storage_url
 from sweep.search.pending import mark_pending
 from sweep.search.pruning import pruning_hooks
@@ -75,6 +76,7 @@ class JobSpec:
 def job_spec(cfg: DictConfig) -> JobSpec:
     """The current Hydra job as a JobSpec; raises ConfigError for a bad value."""
     run = check_device(check_inputs(to_run_config(cfg)))
+    release_checked_models()  # the run builds its own model
     hc = HydraConfig.get()
     if run.replicates > 1 and hc.mode.name != "MULTIRUN":
         raise ConfigError(f"replicates={run.replicates}: runs each combination of a sweep with that many seeds; add -m")
@@ -111,6 +113,7 @@ def run_job(cfg: DictConfig) -> dict:
     Ctrl-C or SIGTERM stops the run after its current step; its files and trial are written, then the
     process exits with 128 + the signal's number, ending the sweep (sweep/run/interrupt.py)."""
     job = job_spec_task(cfg)
+    install_secret_filter(job.run.ledger.storage, job.run.logger.mlflow.tracking_uri)  # Hydra's job logging is new
     with stopping_on_signals() as request:
         # pruning_hooks: reports to the ledger's trial, only with our sweeper's pruner (sweep/search/pruning.py)
         hooks = [*pruning_hooks(job.run, job.sweep_dir), StopOnSignal(request, job.run.steps), *state_hooks(job)]
@@ -144,7 +147,9 @@ def state_hooks(job: JobSpec) -> list:
 def job_sinks(job: JobSpec) -> list:
     """The trackers of `logger` for this job, each run named by its job number and swept params."""
     name = f"{job.num}: {job.label}" if job.multirun else job.label or job.run_dir.name
-    return open_sinks(job.run.logger, job.run_dir, job.sweep_dir, job.params, name)
+    sinks = open_sinks(job.run.logger, job.run_dir, job.sweep_dir, job.params, name)
+    install_secret_filter()  # a tracker's library may have made handlers of its own
+    return sinks
 
 
 def finish_job(job: JobSpec, result) -> dict:

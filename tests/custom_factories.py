@@ -141,8 +141,9 @@ HUGE_BUILT_ON: list[str] = []
 
 def huge(channels: int, dim: int = 66_000) -> nn.Module:
     """4.4G parameters: must be refused on the meta device, never built for real."""
-    HUGE_BUILT_ON.append(torch.empty(0).device.type)  # under `with torch.device("meta")`: meta
-    return nn.Sequential(nn.Linear(dim, dim, bias=False))
+    model = nn.Sequential(nn.Linear(dim, dim, bias=False))
+    HUGE_BUILT_ON.append(model[0].weight.device.type)  # past the limit the count goes on on the meta device: meta
+    return model
 
 
 def needs_real_tensors(channels: int) -> nn.Module:
@@ -195,3 +196,43 @@ def outside_dit(channels: int) -> nn.Module:
 
 
 outside_dit.is_image = True
+
+
+HUGE_WEIGHT_ON: list[str] = []
+"""The device huge_on_cpu's weight ended on (tests/test_custom_model.py: only ever "meta")."""
+
+
+def huge_on_cpu(channels: int, dim: int = 33_000) -> nn.Module:
+    """1.09G parameters (4.4 GB), built with an explicit device="cpu" and moved with .to("cpu") as outside code does:
+    `with torch.device("meta")` alone does not override either, so it was built for real before the refusal."""
+    model = nn.Sequential(nn.Linear(dim, dim, bias=False, device="cpu")).to("cpu")
+    HUGE_WEIGHT_ON.append(model[0].weight.device.type)
+    return model
+
+
+popen_alias = __import__("os").popen  # a user module re-exporting the standard library's function
+
+partial_factory = __import__("functools").partial(tokens, dim=8)
+
+
+class CallableFactory:
+    def __call__(self, channels: int) -> nn.Module:
+        return tokens(channels)
+
+
+callable_factory = CallableFactory()
+
+CALLS: dict[str, int] = {}
+"""Calls of `counted`, by its `tag` kwarg (a fresh tag per test: the probe is cached per distinct call)."""
+
+
+def counted(channels: int, tag: str = "") -> nn.Module:
+    CALLS[tag] = CALLS.get(tag, 0) + 1
+    return tokens(channels)
+
+
+def huge_then_reads(channels: int, dim: int = 66_000) -> nn.Module:
+    """Past the limit, then reads a value (a meta tensor has none): refused with what it counted, never allocated."""
+    model = nn.Sequential(nn.Linear(dim, dim, bias=False))
+    assert model[0].weight.abs().max().item() < 1.0
+    return model

@@ -323,3 +323,44 @@ def test_a_cuda_checkpoint_resumes_bit_for_bit_on_cuda_and_is_refused_on_the_cpu
     assert losses(tmp_path / "cuda") == {s: v for s, v in losses(full).items() if s >= 4}
     r = execute(make_run("device=cpu", *common, f"checkpoint.resume_from={ckpt}"), tmp_path / "cpu", params={})
     assert r.status == "error" and f"{ckpt} was saved by a run on cuda and this run is on cpu" in r.reason
+
+
+@pytest.mark.parametrize("where", ["run", "checkpoints"])
+def test_resume_from_a_run_dir_or_its_checkpoints_folder_is_a_config_error_naming_the_steps(trained, where):
+    """issue 45: resume_from=<run dir> or <run dir>/checkpoints (not a step directory) became a
+    `corrupt_checkpoint` divergence; it is a config error that names the step directories found there."""
+    from sweep.config import ConfigError, check_inputs
+
+    path = trained if where == "run" else trained / "checkpoints"
+    with pytest.raises(ConfigError) as err:
+        check_inputs(make_run("precision=fp16_amp", f"checkpoint.resume_from={path}"))
+    line = str(err.value)
+    assert line.startswith("checkpoint.resume_from: ") and "not a checkpoint" in line, line
+    assert "checkpoints/step_000006" in line and "checkpoints/step_000012" in line and "\n" not in line, line
+
+
+def test_resume_from_a_step_dir_is_left_to_the_verifier(trained, tmp_path):
+    """What is inside a step directory (or a copied checkpoint) is the verifier's business: not a config error."""
+    from sweep.config import check_inputs
+
+    empty = tmp_path / "checkpoints" / "step_000003"
+    empty.mkdir(parents=True)
+    check_inputs(make_run(f"checkpoint.resume_from={empty}"))
+    copied = tmp_path / "mine"
+    copied.mkdir()
+    (copied / "model.safetensors").write_bytes(b"")
+    check_inputs(make_run(f"checkpoint.resume_from={copied}"))
+
+
+def test_init_from_a_run_dir_is_a_config_error_too(trained):
+    from sweep.config import ConfigError, check_inputs
+
+    with pytest.raises(ConfigError, match=r"^model.init_from: .* not a checkpoint but holds step directories"):
+        check_inputs(make_run(f"model.init_from={trained}"))
+
+
+def test_the_config_check_knows_every_file_a_checkpoint_holds():
+    from sweep.config.inputs import CHECKPOINT_FILES
+
+    names = (checkpoint.MANIFEST, checkpoint.MODEL_FILE, checkpoint.OPTIM_FILE, checkpoint.TRAINER_FILE)
+    assert set(CHECKPOINT_FILES) == {*names, checkpoint.TRAINER_JSON}

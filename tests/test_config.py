@@ -145,7 +145,9 @@ def test_files_a_run_loads_are_checked_before_it_starts(tmp_path):
         with pytest.raises(ConfigError, match="^" + re.escape(message)):
             check_inputs(make_run(override))
     # what is inside is the checkpoint verifier's business (verdict corrupt_checkpoint), not a config error
-    check_inputs(make_run(f"model.init_from={tmp_path}/w.safetensors", f"checkpoint.resume_from={tmp_path}"))
+    (tmp_path / "ckpt").mkdir()
+    (tmp_path / "ckpt" / "manifest.json").write_text("{}")
+    check_inputs(make_run(f"model.init_from={tmp_path}/w.safetensors", f"checkpoint.resume_from={tmp_path}/ckpt"))
 
 
 @pytest.mark.parametrize(
@@ -290,3 +292,16 @@ def test_a_remote_launcher_leaves_the_device_to_the_job():
     assert not launches_here(cfg("hydra_plugins.hydra_submitit_launcher.submitit_launcher.SlurmLauncher"))
     assert launches_here(cfg("hydra_plugins.hydra_submitit_launcher.submitit_launcher.LocalLauncher"))
     assert launches_here(cfg("hydra._internal.core_plugins.basic_launcher.BasicLauncher"))
+
+
+@pytest.mark.parametrize("folder", ["/tmp/elsewhere", "../..", "tb/../../up", "'~/tb'"])
+def test_a_tensorboard_dir_outside_the_run_dir_is_refused(folder):
+    """issue 45: logger.tensorboard.dir=/abs or ../.. wrote event files outside the run directory, against the
+    schema's "inside the run directory" (and a sweep's runs would all write into one folder)."""
+    with pytest.raises(ConfigError, match=r"^logger.tensorboard.dir: .*inside the run directory"):
+        make_run(f"logger.tensorboard.dir={folder}")
+
+
+@pytest.mark.parametrize("folder", ["tensorboard", "tb/events", "a/../b"])
+def test_a_tensorboard_dir_inside_the_run_dir_is_fine(folder):
+    assert make_run(f"logger.tensorboard.dir={folder}").logger.tensorboard.dir == folder

@@ -108,8 +108,8 @@ def test_a_failing_factory_is_a_config_error_before_any_run(target, words):
 @pytest.mark.parametrize(
     "target,words",
     [
-        ("os:system", "is a builtin"),
-        ("builtins:eval", "is a builtin"),
+        ("os:system", "Python's standard library"),
+        ("builtins:eval", "Python's standard library"),
         ("numpy:add", "implemented in C"),
         ("tests.custom_factories:NotAModule", "not a torch.nn.Module subclass"),
         ("tests.custom_factories:not_a_module", "annotated to return int"),
@@ -147,6 +147,46 @@ def test_a_forward_of_the_wrong_shape_or_kind_is_refused_before_any_run(target, 
     assert str(err.value).startswith("model.target: ") and words in str(err.value), str(err.value)
 
 
+@pytest.mark.parametrize(
+    "target,kwargs,words",
+    [
+        ("os:popen", "{cmd:'touch {pwned}'}", "Python's standard library"),
+        ("subprocess:run", "{args:[touch,'{pwned}']}", "Python's standard library"),
+        ("shutil:rmtree", "{path:'{victim}'}", "Python's standard library"),
+        ("os.path:join", "{a:x}", "Python's standard library"),
+        ("tests.custom_factories:popen_alias", "{cmd:'touch {pwned}'}", "defined in Python's standard library (os)"),
+        ("tests.custom_factories:partial_factory", "{}", "not a class or a function"),
+        ("tests.custom_factories:callable_factory", "{}", "not a class or a function"),
+    ],
+)
+def test_the_standard_library_and_what_is_no_class_or_function_is_never_called(target, kwargs, words, tmp_path):
+    """issue 45: os:popen, subprocess:run and shutil:rmtree (it deleted a directory) all ran, twice, before "not a
+    torch.nn.Module". A target in Python's standard library (or defined there, whatever module re-exports it), or
+    anything that is not a class or a function, is refused before any call."""
+    pwned, victim = tmp_path / "PWNED", tmp_path / "victim"
+    victim.mkdir()
+    kwargs = kwargs.replace("{pwned}", str(pwned)).replace("{victim}", str(victim))
+    with pytest.raises(ConfigError) as err:
+        check_inputs(custom(target, f"model.kwargs={kwargs}"))
+    assert str(err.value).startswith("model.target: ") and words in str(err.value), str(err.value)
+    assert not pwned.exists() and victim.is_dir()
+
+
+def test_the_check_calls_a_factory_once_whatever_it_probes():
+    """issue 45: the check called a factory on the meta device, again for real, again per pure precision and again
+    for precision.fp32_modules; now once per distinct call (the runs then build their own)."""
+    from tests import custom_factories
+
+    kwargs = "model.kwargs={tag:once}"
+    for precision in ("fp32", "bf16_pure", "fp16_pure"):
+        check_inputs(
+            custom(
+                "tests.custom_factories:counted", kwargs, f"precision={precision}", "precision.fp32_modules=[model.out]"
+            )
+        )
+    assert custom_factories.CALLS["once"] == 1
+
+
 def test_a_custom_model_over_the_parameter_limit_is_refused_from_the_meta_device_in_seconds():
     """issue 33: a 4.3G-parameter factory was built for real and SIGKILLed after 86 s. It is now counted on
     the meta device against the native models' 1,000M limit (sweep/run/sizes.py) before any real build: the
@@ -161,10 +201,25 @@ def test_a_custom_model_over_the_parameter_limit_is_refused_from_the_meta_device
     assert HUGE_BUILT_ON and set(HUGE_BUILT_ON) == {"meta"}, HUGE_BUILT_ON
 
 
-def test_a_factory_that_cannot_build_on_meta_is_built_for_real_and_counted():
-    from models.custom import meta_params
+def test_a_huge_model_built_with_an_explicit_device_is_counted_on_meta_not_built():
+    """issue 45: a factory passing device="cpu" (and calling .to("cpu")) was built for real, 4.4 GB, before the
+    refusal that said "counted on the meta device". Explicit devices are overridden while it is counted."""
+    from tests.custom_factories import HUGE_WEIGHT_ON
 
-    assert meta_params("tests.custom_factories:needs_real_tensors", {}, {"channels": 3}) is None
+    HUGE_WEIGHT_ON.clear()
+    with pytest.raises(
+        ConfigError, match=r"^model.kwargs: .*huge_on_cpu would have 1,089.0M parameters \(counted on the meta"
+    ):
+        check_inputs(custom("tests.custom_factories:huge_on_cpu", "model.kwargs={}"))
+    assert HUGE_WEIGHT_ON == ["meta"], HUGE_WEIGHT_ON
+
+
+def test_a_huge_model_that_reads_its_values_is_refused_with_what_was_counted():
+    with pytest.raises(ConfigError, match=r"^model.kwargs: .*huge_then_reads makes over 1,000M values as it builds"):
+        check_inputs(custom("tests.custom_factories:huge_then_reads", "model.kwargs={}"))
+
+
+def test_a_factory_that_cannot_build_on_meta_is_built_for_real_and_counted():
     check_inputs(custom("tests.custom_factories:needs_real_tensors", "model.kwargs={}"))
 
 
@@ -184,7 +239,9 @@ def test_os_system_as_model_target_is_one_line_and_runs_nothing(tmp_path):
         f"hydra.run.dir={tmp_path}/run",
     )
     lines = proc.stderr.strip().splitlines()
-    assert proc.returncode == 2 and len(lines) == 1 and "model.target: os:system is a builtin" in lines[0], proc.stderr
+    assert proc.returncode == 2 and len(lines) == 1 and "model.target: os:system is in Python's standard" in lines[0], (
+        proc.stderr
+    )
     assert not touched.exists()
 
 
@@ -376,5 +433,5 @@ def test_a_sweep_skips_the_pure_cells_with_one_line_and_builds_none_of_them(tmp_
     jobs = capsys.readouterr().out  # the jobs log through Hydra's job logging, to stdout
     assert len(warned) == 1 and "Traceback" not in caplog.text + jobs and "run crashed" not in jobs
     assert jobs.count("skipped: precision=fp16_pure: t_embedder.mlp.0") == 2  # each skipped run's own line
-    # the factory check (counted on meta, then built), one build under fp16_pure, one per fp32 run: none per skip
-    assert custom_factories.FACTORY_CALLS["outside_dit"] - before == 5
+    # the check's one build (counted, probed, and probed again under fp16_pure), one per fp32 run: none per skip
+    assert custom_factories.FACTORY_CALLS["outside_dit"] - before == 3

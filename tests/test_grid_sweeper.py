@@ -12,7 +12,9 @@ from hydra._internal.config_loader_impl import ConfigLoaderImpl
 from .conftest import FAST, multirun_in_process, read_result, read_results, run_cli
 
 
-def test_each_cell_is_composed_once_and_runs_its_own_overrides(tmp_path, monkeypatch):
+@pytest.mark.parametrize("batches", [[], ["hydra.sweeper.max_batch_size=1"]])
+def test_each_cell_is_composed_once_and_runs_its_own_overrides(tmp_path, monkeypatch, batches):
+    """In batches too: the later batches' job dirs are checked before the first run, their configs kept."""
     composed = []
     real = ConfigLoaderImpl.load_sweep_config
 
@@ -21,7 +23,7 @@ def test_each_cell_is_composed_once_and_runs_its_own_overrides(tmp_path, monkeyp
         return real(self, master, overrides)
 
     monkeypatch.setattr(ConfigLoaderImpl, "load_sweep_config", counting)
-    multirun_in_process(tmp_path, "optim.lr=1e-4,1e-3", "seed=3", "steps=1", "ledger.enabled=false")
+    multirun_in_process(tmp_path, "optim.lr=1e-4,1e-3", "seed=3", "steps=1", "ledger.enabled=false", *batches)
     assert len(composed) == 2  # the cell check's two; the launcher composed nothing again
     assert sorted(o for cell in composed for o in cell if o.startswith("optim.lr=")) == [
         "optim.lr=0.0001",
@@ -211,3 +213,79 @@ def test_a_single_value_replaces_a_params_axis_in_the_grid(tmp_path):
     results = read_results(tmp_path / "s")
     assert len(results) == 2 and sorted(r["seed"] for r in results) == [0, 1]  # the demo's 2 replicates of one cell
     assert all((r["params"]["precision"], r["params"]["optim.lr"]) == ("fp32", 5e-4) for r in results)
+
+
+@pytest.mark.parametrize(
+    "overrides,named",
+    [
+        (["optim.lr=1e-3,2e-3", "replicates=2", "hydra.sweep.subdir=lr${optim.lr}"], "seed=0"),
+        (["optim.lr=1e-3,2e-3", "hydra.sweep.subdir=same"], "optim.lr=0.002"),
+        (["optim.lr=1e-3,2e-3", "hydra.sweep.max_batch_size=1", "hydra.sweep.subdir=one"], "optim.lr=0.001"),
+    ],
+)
+def test_cells_that_share_a_job_dir_are_refused_before_any_run(tmp_path, overrides, named):
+    """issue 45: `hydra.sweep.subdir=lr${optim.lr}` with replicates=2 ran 4 cells into 2 directories, each
+    overwriting the other's result.json; the summary said "2 runs". Every cell's job dir is now computed first,
+    and two cells with one dir are one line naming both cells and the key."""
+    from sweep.config import ConfigError
+
+    overrides = [o.replace("hydra.sweep.max_batch_size", "hydra.sweeper.max_batch_size") for o in overrides]
+    with pytest.raises(ConfigError) as err:
+        multirun_in_process(tmp_path / "s", "steps=2", "ledger.enabled=false", *overrides)
+    line = str(err.value)
+    assert line.startswith("hydra.sweep.subdir: ") and "share the job directory" in line, line
+    assert named in line and "\n" not in line, line
+    assert not list((tmp_path / "s").rglob("result.json"))
+
+
+@pytest.mark.parametrize("subdir", ["../out${hydra.job.num}", "{tmp}/elsewhere${hydra.job.num}"])
+def test_a_job_dir_outside_the_sweep_dir_is_refused(tmp_path, subdir):
+    """A subdir that leaves the sweep dir puts runs where its summary, report and resume never look."""
+    from sweep.config import ConfigError
+
+    subdir = subdir.replace("{tmp}", str(tmp_path))
+    with pytest.raises(ConfigError, match=r"^hydra.sweep.subdir: .* outside the sweep directory"):
+        multirun_in_process(
+            tmp_path / "s", "steps=2", "ledger.enabled=false", "optim.lr=1e-3", f"hydra.sweep.subdir={subdir}"
+        )
+    assert not list(tmp_path.rglob("result.json"))
+
+
+def test_a_subdir_that_tells_the_cells_apart_runs(tmp_path):
+    multirun_in_process(
+        tmp_path / "s", "steps=1", "ledger.enabled=false", "optim.lr=1e-3,2e-3", "hydra.sweep.subdir=lr${optim.lr}"
+    )
+    assert sorted(p.parent.name for p in (tmp_path / "s").glob("*/result.json")) == ["lr0.001", "lr0.002"]
+
+
+@pytest.mark.parametrize("subdir", ["lr${optim.lr}", "fixed"])
+def test_an_optuna_subdir_without_the_trial_number_is_refused(tmp_path, subdir):
+    """The Optuna sweeper numbers job directories by trial: a subdir that does not use the number gives two trials
+    of one lr (replicates, a resumed study, a sampler that repeats a value) one directory."""
+    from sweep.config import ConfigError
+
+    with pytest.raises(ConfigError, match=r"^hydra.sweep.subdir: .*\$\{hydra.job.num\}"):
+        multirun_in_process(
+            tmp_path / "s",
+            "hydra/sweeper=optuna_sweep",
+            "hydra.sweeper.sampler.name=grid",
+            "optim.lr=choice(1e-3,2e-3)",
+            "replicates=2",
+            "steps=2",
+            f"hydra.sweep.subdir={subdir}",
+        )
+    assert not list(tmp_path.rglob("result.json"))
+
+
+def test_an_optuna_subdir_of_the_override_dirname_runs(tmp_path):
+    """${hydra.job.override_dirname} holds each job's ledger.trial_number: two trials of one lr get two dirs."""
+    multirun_in_process(
+        tmp_path / "s",
+        "hydra/sweeper=optuna_sweep",
+        "hydra.sweeper.sampler.name=grid",
+        "optim.lr=choice(1e-3)",
+        "replicates=2",
+        "steps=1",
+        "hydra.sweep.subdir=${hydra.job.override_dirname}",
+    )
+    assert len(list((tmp_path / "s").glob("*/result.json"))) == 2

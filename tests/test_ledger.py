@@ -119,6 +119,9 @@ def test_mask_url_hides_the_password():
         "mysql+pymysql://bob@h/db?passwd=s3cret",
         "postgresql://ann@db/x?credentials=s3cret",
         "https://store/path?sig=s3cret",
+        "postgresql://ann@db/x?pass=s3cret",  # issue 45
+        "https://mlflow/api?passphrase=s3cret",
+        "postgresql://ann@db/x?sslPassPhrase=s3cret",
     ],
 )
 def test_a_secret_query_key_is_a_password_and_is_masked(url):
@@ -129,7 +132,11 @@ def test_a_secret_query_key_is_a_password_and_is_masked(url):
 
 
 def test_a_url_without_a_secret_is_left_alone():
-    for url in ("postgresql://u@h/db?sslmode=require&application_name=x", "http://127.0.0.1:5000"):
+    for url in (
+        "postgresql://u@h/db?sslmode=require&application_name=x",
+        "http://127.0.0.1:5000",
+        "http://h?passive=1",
+    ):
         assert not url_has_password(url) and mask_url(url).split("?")[0] == url.split("?")[0]
 
 
@@ -197,6 +204,56 @@ def test_password_on_the_command_line_is_refused_before_hydra_writes_it(tmp_path
     assert proc.returncode == 2 and "s3cret" not in proc.stderr
     assert ("MLFLOW_TRACKING_URI" if "logger" in arg else "oc.env") in proc.stderr
     assert len(proc.stderr.strip().splitlines()) == 1 and not (tmp_path / "run").exists()
+
+
+EXPERIMENT_SECRETS = {
+    "user:pw@": "ledger:\n  storage: postgresql://me:s3cret@127.0.0.1:9/x\n",
+    "?password=": "ledger:\n  storage: postgresql://me@127.0.0.1:9/x?password=s3cret\n",
+    "mlflow ?token=": "logger:\n  mlflow:\n    tracking_uri: http://127.0.0.1:9/?token=s3cret\n",
+    "?pass=": "ledger:\n  storage: postgresql://me@127.0.0.1:9/x?pass=s3cret\n",
+    "a URL in model.kwargs": "model:\n  kwargs:\n    weights: https://me:s3cret@hub/x\n",
+    "env_set password": "hydra:\n  job:\n    env_set:\n      MLFLOW_TRACKING_PASSWORD: s3cret\n",
+    "a swept URL": "hydra:\n  sweeper:\n    params:\n      ledger.storage: sqlite:///a.db,postgresql://me:s3cret@db/x\n",
+}
+
+
+@pytest.mark.parametrize(
+    "case,multirun",
+    [(c, False) for c in sorted(EXPERIMENT_SECRETS) if c != "a swept URL"]
+    + [("user:pw@", True), ("a swept URL", True), ("env_set password", True)],
+)
+def test_a_secret_in_a_config_file_is_refused_before_hydra_writes_it(tmp_path, case, multirun):
+    """issue 45: a password in a --config-dir experiment file was copied in clear into every .hydra/config.yaml
+    (only the command line was checked). The composed config is checked too, before any file is written."""
+    (tmp_path / "mine" / "experiment").mkdir(parents=True)
+    (tmp_path / "mine" / "experiment" / "leak.yaml").write_text("# @package _global_\n" + EXPERIMENT_SECRETS[case])
+    where = [f"hydra.sweep.dir={tmp_path}/s", "optim.lr=1e-3,2e-3", "-m"] if multirun else []
+    proc = run_cli(
+        "-m", "sweep", "--config-dir", str(tmp_path / "mine"), "+experiment=leak", *FAST, "steps=2",
+        f"hydra.run.dir={tmp_path}/run", *where, cwd=tmp_path,
+    )  # fmt: skip
+    lines = [ln for ln in proc.stderr.splitlines() if ln.strip()]
+    assert proc.returncode == 2 and len(lines) == 1 and "oc.env" in lines[0], proc.stderr[-2000:]
+    assert "s3cret" not in proc.stdout + proc.stderr
+    leaked = [p for p in tmp_path.rglob("*") if p.is_file() and b"s3cret" in p.read_bytes() and "mine" not in p.parts]
+    assert not leaked, leaked
+
+
+@pytest.mark.parametrize(
+    "value",
+    [
+        "postgresql://me:${oc.env:DB_PASSWORD}@127.0.0.1:9/x",
+        "postgresql://me@127.0.0.1:9/x?sslpassword=${oc.env:PW,nope}",
+        "${oc.env:SWEEP_LEDGER_URL,sqlite:///l.db}",
+        "sqlite:///ledger.db",
+    ],
+)
+def test_a_secret_through_the_environment_in_a_config_file_is_fine(value):
+    from omegaconf import OmegaConf
+
+    from sweep.config.secrets import literal_secret_keys
+
+    assert literal_secret_keys(OmegaConf.create({"ledger": {"storage": value}})) == []
 
 
 @pytest.mark.slow

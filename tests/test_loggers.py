@@ -300,3 +300,51 @@ def test_the_server_killed_mid_sweep_loses_nothing_but_the_tracking(grid, server
     # job 1 lost the server while logging its rows (mid-run), jobs 2 and 3 when creating their runs
     assert "runs/log-batch" in read_result(sweep_dir / "1")["logging"]["mlflow"]
     assert "runs/create" in read_result(sweep_dir / "2")["logging"]["mlflow"]
+
+
+def test_a_tracking_uri_token_never_reaches_the_terminal_or_the_log_through_urllib3(tmp_path):
+    """issue 45: an MLflow `?token=` in a URI from the environment still reached stdout and __main__.log through
+    urllib3's "Retrying ... : /?token=..." warning when the server was down. Every log record is scrubbed at the
+    root handlers (sweep.run.urls.SecretFilter), whoever logs it."""
+    from .conftest import FAST, run_cli
+
+    with socket.socket() as s:  # a port nobody listens on
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    proc = run_cli(
+        "-m",
+        "sweep",
+        *FAST,
+        "threads=1",
+        "steps=2",
+        "ledger.enabled=false",
+        "logger=mlflow",
+        "logger.mlflow.tracking_uri=${oc.env:MY_URI}",
+        "logger.mlflow.timeout_s=2",
+        f"hydra.run.dir={tmp_path}/run",
+        env={"MY_URI": f"http://127.0.0.1:{port}/?token=s3cr3t&pass=p4ssw&passphrase=ph4se"},
+        cwd=tmp_path,
+    )
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert "Retrying" in proc.stdout + proc.stderr  # the record urllib3 logs is there, scrubbed
+    for secret in ("s3cr3t", "p4ssw", "ph4se"):
+        assert secret not in proc.stdout + proc.stderr, (proc.stdout + proc.stderr)[-2000:]
+        assert not [p for p in tmp_path.rglob("*") if p.is_file() and secret.encode() in p.read_bytes()]
+
+
+def test_the_secret_filter_scrubs_any_record_and_its_traceback():
+    import logging
+
+    from sweep.run.urls import SecretFilter
+
+    record = logging.LogRecord(
+        "urllib3.connectionpool", logging.WARNING, __file__, 1, "after %s: %s", ("broken", "/?x=1&token=s3cr3t"), None
+    )
+    try:
+        raise ValueError("cannot reach postgresql://me:hunter22@db/x?sslpassword=w0rd")
+    except ValueError:
+        record.exc_info = sys.exc_info()
+    assert SecretFilter().filter(record)
+    text = logging.Formatter().format(record)
+    assert "s3cr3t" not in text and "hunter22" not in text and "w0rd" not in text, text
+    assert "token=***" in text and "postgresql://me:***@db" in text, text

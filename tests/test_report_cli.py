@@ -224,7 +224,7 @@ def test_a_malformed_result_json_is_skipped_and_named(tmp_path, capsys, name, co
     assert out.startswith("2 runs: 1 stable, 1 diverged")  # not counted, not "running" either
     lines = err.strip().splitlines()
     assert lines[0].startswith(f"sweep.report: skipped {bad}: {why}"), lines
-    assert lines[-1].startswith("sweep.report: 2 runs from ") and "1 result.json skipped" in lines[-1]
+    assert lines[-1].startswith("sweep.report: 2 runs from ") and "(1 skipped: " in lines[-1]
     assert "Traceback" not in err
 
 
@@ -305,3 +305,23 @@ def test_report_write_puts_the_answer_on_the_study_from_either_source(tmp_path, 
     bare = make_grid(tmp_path / "bare")
     assert main([str(bare), "--write", "--no-html"]) == 0
     assert not (bare / "ledger.db").exists() and "ledger" not in capsys.readouterr().err
+
+
+def test_an_unreadable_overrides_yaml_is_named_and_splits_nothing(tmp_path, capsys):
+    """issue 45: one started job whose .hydra/overrides.yaml could not be read became a run with no params, and the
+    divergence map was split by every fixed key (steps, data.*: None against their value). It is left out of the
+    runs table and named in one line; the other runs' tables are as without it."""
+    from sweep.report.tables import swept_axes
+
+    root = tmp_path / "s"
+    write_run(root, 0, {"optim.lr": 1e-3, "steps": 8}, {"status": "stable", "final_loss": 0.5})
+    write_run(root, 1, {"optim.lr": 1e-2, "steps": 8}, diverged("loss_spike", 2, "forward"))
+    broken = write_run(root, 2, {"optim.lr": 1e-1, "steps": 8}, None) / ".hydra" / "overrides.yaml"
+    broken.write_text("optim.lr: [unclosed\n")
+    runs = runs_from_dirs(root, starting_s=0)
+    assert len(runs) == 2 and swept_axes(runs) == ["optim.lr"], runs
+    assert [line for line in runs.attrs["skipped"] if str(broken) in line and "\n" not in line], runs.attrs
+    assert main([str(root), "--no-html"]) == 0
+    out, err = capsys.readouterr()
+    assert out.startswith("2 runs: 1 stable, 1 diverged") and "steps" not in out.split("Stability frontier")[0], out
+    assert len([ln for ln in err.splitlines() if "overrides.yaml" in ln]) == 1 and "Traceback" not in err, err

@@ -62,3 +62,66 @@ def test_a_sweep_root_as_run_dir_is_one_line_and_writes_nothing(tmp_path):
     lines = [ln for ln in proc.stderr.splitlines() if ln.strip()]
     assert proc.returncode == 2 and len(lines) == 1 and "directory of a sweep" in lines[0], proc.stderr[-2000:]
     assert not (sweep_dir / "result.json").exists() and sorted(p.name for p in sweep_dir.iterdir()) == trials
+
+
+@pytest.fixture(scope="module")
+def finished_sweep(tmp_path_factory):
+    """A finished 1-cell grid (its root holds multirun.yaml and .sweep.lock, its job dir 0/)."""
+    from .conftest import multirun_in_process
+
+    sweep_dir = tmp_path_factory.mktemp("finished") / "s"
+    multirun_in_process(sweep_dir, "steps=1", "optim.lr=1e-3", "ledger.enabled=false")
+    return sweep_dir
+
+
+@pytest.mark.parametrize("inside", ["7", "0", "0/deeper", "summary/x"])
+def test_a_single_run_inside_a_sweeps_tree_is_refused(finished_sweep, inside):
+    """issue 45: a single run into <sweep>/7 was accepted, and the sweep's report then counted it as one of its
+    runs. Any directory below a sweep's root (found by walking up for SWEEP_MARKS) is refused."""
+    with pytest.raises(ConfigError, match=r"^hydra.run.dir: .* is inside the sweep .*finished.*/s "):
+        check_run_dir(hydra_cfg("steps=2", f"hydra.run.dir={finished_sweep / inside}"))
+
+
+def test_a_sweep_inside_another_sweeps_dir_is_refused_before_anything_is_written(finished_sweep, capsys):
+    """issue 45: hydra.sweep.dir=<finished sweep>/sub ran, and the parent's report counted its runs."""
+    from .conftest import multirun_in_process
+
+    inner = finished_sweep / "sub"
+    with pytest.raises(SystemExit) as exit_:
+        multirun_in_process(inner, "steps=1", "optim.lr=2e-3", "ledger.enabled=false")
+    err = [ln for ln in capsys.readouterr().err.splitlines() if ln.strip()]
+    assert exit_.value.code == 2 and len(err) == 1, err
+    assert "hydra.sweep.dir" in err[0] and "is inside the sweep" in err[0] and str(finished_sweep) in err[0], err
+    assert not inner.exists()
+
+
+def test_a_run_or_sweep_beside_a_sweep_is_fine(finished_sweep, tmp_path):
+    """Siblings of a sweep, and the sweep's own dir (a resume), are not inside another sweep."""
+    check_run_dir(hydra_cfg("steps=2", f"hydra.run.dir={finished_sweep.parent / 'run'}"))
+    from sweep.callbacks import enclosing_sweep
+
+    assert enclosing_sweep(finished_sweep) is None and enclosing_sweep(finished_sweep.parent / "t" / "0") is None
+    assert enclosing_sweep(finished_sweep / "3") == (finished_sweep, "multirun.yaml")
+
+
+@pytest.mark.parametrize("where", ["run", "."])
+def test_a_sweep_into_a_dir_holding_a_single_run_says_so(tmp_path, capsys, where):
+    """issue 45: a sweep refused beside a single run was told about "a sweep whose multirun.yaml is missing"."""
+    from .conftest import multirun_in_process
+
+    proc = run_cli(*RUN, "steps=1", "ledger.enabled=false", f"hydra.run.dir={tmp_path / 'run'}", cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    with pytest.raises(SystemExit):
+        multirun_in_process(tmp_path / where, "steps=1", "optim.lr=2e-3", "ledger.enabled=false")
+    err = [ln for ln in capsys.readouterr().err.splitlines() if ln.strip()]
+    assert len(err) == 1 and "holds a single run" in err[0] and "multirun.yaml" not in err[0], err
+    assert str(tmp_path / "run") in err[0], err
+
+
+def test_a_sweep_into_the_parent_of_a_sweep_names_that_sweep(finished_sweep, capsys):
+    from .conftest import multirun_in_process
+
+    with pytest.raises(SystemExit):
+        multirun_in_process(finished_sweep.parent, "steps=1", "optim.lr=2e-3", "ledger.enabled=false")
+    err = [ln for ln in capsys.readouterr().err.splitlines() if ln.strip()]
+    assert len(err) == 1 and f"holds the sweep {finished_sweep}" in err[0] and "missing" not in err[0], err

@@ -98,7 +98,7 @@ def test_scenario_reproduces_and_its_fix_is_stable(name, tmp_path, capsys):
     here = cpu_cells(tmp_path)
     assert verdict_differences(native, here, across_machines=True) == []
     if uses_native_low_precision_gemms(tmp_path):  # this CPU ran bf16/fp16 natively: emulate them here too
-        emulated = tmp_path / "emulated"
+        emulated = tmp_path.with_name(f"{tmp_path.name}-emulated")  # beside the sweep: inside, it is refused
         run_scenario(name, emulated, capsys, "precision.cpu_gemm=emulated")
         assert verdict_differences(here, cpu_cells(emulated)) == []  # one machine: TOLERANCE, no window
     if name in DIAGNOSED:

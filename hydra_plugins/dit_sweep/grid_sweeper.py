@@ -12,6 +12,7 @@ string annotations break dataclasses.
 """
 
 import logging
+import os
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Dict, List, Optional, Sequence
@@ -61,7 +62,9 @@ class ComposedOnce:
         self.__dict__.update(state)
 
     def compose_and_keep(self, master, overrides):
-        cfg = self.kept[tuple(overrides)] = self.loader.load_sweep_config(master, list(overrides))
+        cfg = self.kept.get(tuple(overrides))  # composed ahead (a later batch's job dirs: GridSweeper.job_dirs_ahead)
+        if cfg is None:
+            cfg = self.kept[tuple(overrides)] = self.loader.load_sweep_config(master, list(overrides))
         return cfg
 
     def load_sweep_config(self, master, overrides):
@@ -117,6 +120,7 @@ class GridSweeper(BasicSweeper):
         super().setup(hydra_context=context, task_function=task_function, config=config)
         self.finished: Dict[int, JobReturn] = {}  # job number -> the return of a cell already finished
         self.job_dirs: Dict[int, Path] = {}  # job number -> its directory (what a watcher of remote jobs reads)
+        self.dir_cells: Dict[str, Sequence[str]] = {}  # a job directory, normalised -> the cell that runs there
         self.cells_seen = 0
         self.launcher = ResumingLauncher(self.launcher, self.finished, self.job_dirs)
 
@@ -181,21 +185,27 @@ class GridSweeper(BasicSweeper):
             launches_here,
             to_run_config,
         )
+        from sweep.config.inputs import check_job_dir, release_checked_models
+        from sweep.config.secrets import check_no_literal_secrets
 
         loader = self.hydra_context.config_loader
         compose = getattr(loader, "compose_and_keep", loader.load_sweep_config)
         first, self.cells_seen = self.cells_seen, self.cells_seen + len(batch)  # batches come in launch order
+        if first == 0:
+            self.job_dirs_ahead(compose, len(batch))
         for num, overrides in enumerate(batch, start=first):
             cfg = compose(self.config, list(overrides))
             if OmegaConf.get_type(cfg) is not RunConfig:  # another app's config: Hydra's checks only
                 continue
             try:
+                check_no_literal_secrets(cfg)  # a cell's own experiment: before Hydra writes its .hydra/config.yaml
                 run = check_inputs(to_run_config(cfg))  # after a scenario's pretraining: its checkpoint exists now
                 if launches_here(self.config):
                     check_device(run)
                 job_dir = check_job_dir(cfg, num)
             except ConfigError as e:
                 raise ConfigError(f"{e} (in the sweep cell {' '.join(overrides)})") from None
+            self.claim_job_dir(job_dir, overrides)
             self.job_dirs[num] = job_dir
             result = finished_result(job_dir, overrides)
             if result is not None:
@@ -205,6 +215,7 @@ class GridSweeper(BasicSweeper):
                     status=JobStatus.COMPLETED,
                     _return_value=result,
                 )
+        release_checked_models()  # the custom models the checks built: the runs build their own
         self.count_runs(first, batch)
         if any(first <= n < self.cells_seen for n in self.finished):
             log.info(
@@ -213,6 +224,43 @@ class GridSweeper(BasicSweeper):
                 len(batch),
                 self.config.hydra.sweep.dir,
             )
+
+    def claim_job_dir(self, job_dir: Path, overrides: Sequence[str]) -> None:
+        """A ConfigError when another cell of this grid has the same job directory: the two would overwrite each
+        other's result.json (issue 45: `hydra.sweep.subdir=lr${optim.lr}` with replicates ran 4 cells into 2)."""
+        from sweep.config import ConfigError
+        from sweep.config.inputs import written_subdir
+
+        key = os.path.normpath(os.path.abspath(job_dir))
+        other = self.dir_cells.setdefault(key, overrides)
+        if other is not overrides and list(other) != list(overrides):
+            every = set.intersection(*(set(cell) for batch in self.overrides for cell in batch))
+            other, overrides = ([o for o in cell if o not in every] or cell for cell in (other, overrides))
+            raise ConfigError(
+                f"hydra.sweep.subdir: the cells '{' '.join(other)}' and '{' '.join(overrides)}' share the job "
+                f"directory {job_dir} (subdir {written_subdir(self.config)!r}), so one would overwrite the other's "
+                "result.json; "
+                "make the subdir tell every cell apart, e.g. add ${hydra.job.num}"
+            )
+
+    def job_dirs_ahead(self, compose, first_batch: int) -> None:
+        """With hydra.sweeper.max_batch_size, the job directories of the later batches' cells too, before the first
+        run (their configs are kept for their own batch: each cell is still composed once)."""
+        from omegaconf import OmegaConf
+
+        from sweep.config import ConfigError, RunConfig
+        from sweep.config.inputs import check_job_dir
+
+        num = first_batch
+        for batch in self.overrides[1:]:
+            for overrides in batch:
+                cfg = compose(self.config, list(overrides))
+                if OmegaConf.get_type(cfg) is RunConfig:
+                    try:
+                        self.claim_job_dir(check_job_dir(cfg, num), overrides)
+                    except ConfigError as e:
+                        raise ConfigError(f"{e} (in the sweep cell {' '.join(overrides)})") from None
+                num += 1
 
     def count_runs(self, first: int, batch: Sequence[Sequence[str]]) -> None:
         """The sweep's progress (sweep/run/progress.py): opened at the first batch with every cell of the grid, less
@@ -353,22 +401,3 @@ class ResultWatcher:
             if sweep is not None and sweep.finished(num, status):
                 say = logging.getLogger("sweep").info  # beside the runs' own lines
                 say("sweep: %s finished: [%d] %s; %s", sweep.position(), num, status, sweep.counts())
-
-
-def check_job_dir(cfg, job_num: int) -> Path:
-    """The cell's job directory, <sweep dir>/<subdir>, can be created: a subdir such as
-    ${hydra.job.override_dirname} grows with the overrides. hydra.job.num is set only at launch, so a
-    copy gets one (the number the launcher will give it). Returns the directory."""
-    import copy
-
-    from omegaconf import OmegaConf, open_dict, read_write
-
-    from sweep.config import check_output_dir
-
-    cfg = copy.deepcopy(cfg)  # the launcher gets the composed cell (ComposedOnce): leave it as it was
-    with read_write(cfg), open_dict(cfg):
-        cfg.hydra.job.num = job_num
-    subdir = OmegaConf.select(cfg, "hydra.sweep.subdir", default="", throw_on_resolution_failure=False)
-    job_dir = Path(str(cfg.hydra.sweep.dir)) / str(subdir or "")
-    check_output_dir(str(job_dir), "hydra.sweep.subdir")
-    return job_dir

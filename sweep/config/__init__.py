@@ -13,7 +13,8 @@ first run cheaply. Its modules:
 - `schema.py`: the dataclasses, RunConfig, `register_schemas`, ConfigError and `enum_choices`;
 - `validate.py`: `to_run_config` and `validate`, one check per section (`model_checks.py`: the model's);
 - `inputs.py`: `check_inputs` (files, model probes), `check_device`, `check_output_dir`;
-- `recorded.py`: a recorded run's config read back (what a checkpoint resume must match, retired keys).
+- `recorded.py`: a recorded run's config read back (what a checkpoint resume must match, retired keys);
+- `secrets.py`: the command line and the composed config spell out no password (`check_no_literal_secrets`).
 Every name is re-exported here: import from `sweep.config`.
 """
 

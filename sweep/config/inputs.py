@@ -8,6 +8,7 @@ directory can be created.
 from __future__ import annotations
 
 import os
+import re
 from pathlib import Path
 from typing import Any, Callable
 
@@ -40,9 +41,11 @@ def check_inputs(run: RunConfig) -> RunConfig:
             "model.init_from",
             f"{init} is not a checkpoint directory or a {'/'.join(WEIGHT_SUFFIXES)} weights file",
         )
+        require(not path.is_dir() or is_checkpoint_dir(path), "model.init_from", not_a_checkpoint(path))
     resume = run.checkpoint.resume_from
     if resume is not None:
         require(Path(resume).is_dir(), "checkpoint.resume_from", f"no such checkpoint directory: {resume}")
+        require(is_checkpoint_dir(Path(resume)), "checkpoint.resume_from", not_a_checkpoint(Path(resume)))
         differ = resume_mismatches(run, Path(resume))
         require(
             not differ,
@@ -58,6 +61,42 @@ def check_inputs(run: RunConfig) -> RunConfig:
     if run.precision.fp32_modules:
         _probe_fp32_modules(run)
     return run
+
+
+CHECKPOINT_FILES = (
+    "manifest.json",
+    "model.safetensors",
+    "optimizer.safetensors",
+    "trainer.safetensors",
+    "trainer.json",
+)
+"""What a checkpoint directory holds (sweep/run/checkpoint.py; tests/test_checkpoint.py holds the two to one list)."""
+STEP_DIR = re.compile(r"step_\d+")
+"""A checkpoint's own directory name: <run dir>/checkpoints/step_000010."""
+
+
+def is_checkpoint_dir(path: Path) -> bool:
+    """Whether a directory is meant as one checkpoint: named like a step directory, or holding a checkpoint's
+    files. What is inside (a missing or damaged file) is the verifier's business: verdict `corrupt_checkpoint`."""
+    return bool(STEP_DIR.fullmatch(path.name)) or any((path / name).exists() for name in CHECKPOINT_FILES)
+
+
+def not_a_checkpoint(path: Path) -> str:
+    """The sentence for a directory that is no checkpoint (a run directory, its checkpoints/ folder): it names the
+    step directories found in it, the last few, newest last."""
+    steps = sorted(
+        (p for folder in (path, path / "checkpoints") if folder.is_dir() for p in folder.iterdir()),
+        key=lambda p: p.name,
+    )
+    steps = [p for p in steps if p.is_dir() and STEP_DIR.fullmatch(p.name)]
+    if not steps:
+        return (
+            f"{path} is not a checkpoint (none of {', '.join(CHECKPOINT_FILES[:2])}, ... in it, and no step "
+            "directory): name a <run dir>/checkpoints/step_NNNNNN directory (checkpoint.every=N saves them)"
+        )
+    shown = ", ".join(str(p) for p in steps[-3:])
+    more = f" ({len(steps)} in all)" if len(steps) > 3 else ""
+    return f"{path} is not a checkpoint but holds step directories: name one of them: {shown}{more}"
 
 
 REMOTE_LAUNCHERS = ("slurm", "ray")
@@ -105,6 +144,9 @@ def check_device_name(device: str) -> None:
 
 _PROBED: dict[str, None] = {}
 """Custom-model factory calls already probed in this process (key: target, kwargs and config inputs)."""
+_BUILT: dict[str, Any] = {}
+"""The model each custom probe built (same keys), lent to the other probes of its run (the pure-precision contract,
+precision.fp32_modules) so the check calls a factory once per distinct call; let go by release_checked_models."""
 
 
 def _probe_once(key: str, probe: Callable[[], None]) -> None:
@@ -116,23 +158,57 @@ def _probe_once(key: str, probe: Callable[[], None]) -> None:
 
 def _probe_custom(run: RunConfig) -> None:
     """Build the custom model once (per distinct call): a factory that raises or returns no nn.Module, a model
-    over the 1,000M-parameter limit (counted on the meta device first), or a forward that does not return a
-    tensor of x's shape is one line and exit 2 before any run, not a crash in the middle of a sweep. Costs one
-    model construction and one forward on a batch of 2."""
+    over the 1,000M-parameter limit (counted as it is built, on the meta device past the limit), or a forward that
+    does not return a tensor of x's shape is one line and exit 2 before any run, not a crash in the middle of a
+    sweep. Costs one model construction and one forward on a batch of 2; the model is kept (_BUILT) for the other
+    probes of the check."""
     from models.custom import CustomModelError, CustomModelTooBig, probe_factory
     from sweep.run.sizes import PARAMS_LIMIT
 
     m, inputs = run.model, run.model_inputs
+    key = _custom_key(run)
 
     def probe() -> None:
         try:
-            probe_factory(m.target, m.kwargs, inputs, params_limit=PARAMS_LIMIT)
+            _BUILT[key] = probe_factory(m.target, m.kwargs, inputs, params_limit=PARAMS_LIMIT)
         except CustomModelTooBig as e:
             raise ConfigError(f"model.kwargs: {e}") from None
         except CustomModelError as e:
             raise ConfigError(f"model.target: {e}") from None
 
-    _probe_once(repr((m.target, sorted(m.kwargs.items()), sorted(inputs.items()))), probe)
+    _probe_once(key, probe)
+
+
+def _custom_key(run: RunConfig) -> str:
+    """One distinct call of a custom factory: its target, kwargs and config inputs."""
+    m = run.model
+    return repr((m.target, sorted(m.kwargs.items()), sorted(run.model_inputs.items())))
+
+
+def checked_model(run: RunConfig, copy: bool = True) -> Callable[[], Any]:
+    """A builder of the run's model (sweep.run.model.build_run_model) that, for a custom model the check has built
+    and still holds, wraps that build (a copy of it, unless `copy` is False) instead of calling the factory again."""
+    from sweep.run.model import build_run_model
+
+    def build() -> Any:
+        built = _BUILT.get(_custom_key(run)) if run.model.arch is Arch.custom else None
+        if built is None:
+            return build_run_model(run)
+        import copy as copying
+
+        from models.custom import build_custom_model
+
+        m = run.model
+        return build_custom_model(
+            m.target, m.kwargs, **run.model_inputs, module=copying.deepcopy(built) if copy else built
+        )
+
+    return build
+
+
+def release_checked_models() -> None:
+    """Let go of the models the custom probes built (the checks are done: the runs build their own)."""
+    _BUILT.clear()
 
 
 def _probe_pure_precision(run: RunConfig) -> None:
@@ -143,7 +219,7 @@ def _probe_pure_precision(run: RunConfig) -> None:
     other cells run."""
     from sweep.run.dtype_contract import contract_problem
 
-    contract_problem(run)
+    contract_problem(run, build=checked_model(run))
 
 
 def _probe_diffusers_config(run: RunConfig) -> None:
@@ -168,18 +244,18 @@ def _probe_fp32_modules(run: RunConfig) -> None:
     a `precision.fp32_modules` glob that matches no module is one line and exit 2 before any run, not a run
     that silently computes everything in low precision."""
     from sweep.run.fp32_modules import example_names, unmatched
-    from sweep.run.model import build_run_model
 
     globs = list(run.precision.fp32_modules)
+    build = checked_model(run, copy=False)  # a custom model: the check's own build, only named here
 
     def probe() -> None:
         import torch
 
         try:
             with torch.device("meta"):
-                names = [n for n, _ in build_run_model(run).named_modules()]
+                names = [n for n, _ in build().named_modules()]
         except Exception:  # noqa: BLE001  (a builder that needs real storage: build it for real, once)
-            names = [n for n, _ in build_run_model(run).named_modules()]
+            names = [n for n, _ in build().named_modules()]
         for glob in unmatched(names, globs):
             raise ConfigError(
                 f"precision.fp32_modules: {glob!r} matches no module of {model_label(run)} "
@@ -233,3 +309,34 @@ def _path_limits(path: str) -> tuple[int, int]:
         return os.pathconf(probe, "PC_NAME_MAX"), os.pathconf(probe, "PC_PATH_MAX")
     except (OSError, ValueError, AttributeError):  # no pathconf (Windows) or no answer: the common limits
         return 255, 4096
+
+
+def written_subdir(cfg: Any) -> str:
+    """hydra.sweep.subdir as the user wrote it (`lr${optim.lr}`), for a message."""
+    return str(OmegaConf.to_container(cfg.hydra.sweep, resolve=False).get("subdir", ""))
+
+
+def check_job_dir(cfg: Any, job_num: int) -> Path:
+    """A sweep job's directory, <sweep dir>/<subdir>, for the composed Hydra config of its cell: one the file system
+    can create (a subdir such as ${hydra.job.override_dirname} grows with the overrides) and inside the sweep dir
+    (elsewhere its summary, report and resume never look). hydra.job.num is set only at launch, so a copy gets one
+    (the number the launcher will give it). Returns the directory; ConfigError naming hydra.sweep.subdir."""
+    import copy
+
+    from omegaconf import open_dict, read_write
+
+    cfg = copy.deepcopy(cfg)  # the launcher gets the composed cell (the grid's ComposedOnce): leave it as it was
+    with read_write(cfg), open_dict(cfg):
+        cfg.hydra.job.num = job_num
+    subdir = OmegaConf.select(cfg, "hydra.sweep.subdir", default="", throw_on_resolution_failure=False)
+    sweep_dir = Path(str(cfg.hydra.sweep.dir))
+    job_dir = sweep_dir / str(subdir or "")
+    check_output_dir(str(job_dir), "hydra.sweep.subdir")
+    inside, root = os.path.abspath(job_dir), os.path.abspath(sweep_dir)
+    require(
+        os.path.commonpath([inside, root]) == root,
+        "hydra.sweep.subdir",
+        f"the job directory {inside} is outside the sweep directory {sweep_dir}, where its summary, report and resume"
+        " never look; give a subdir relative to it, without ..: e.g. ${hydra.job.num}",
+    )
+    return job_dir

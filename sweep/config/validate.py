@@ -16,6 +16,7 @@ import copy
 import dataclasses
 import importlib.util
 import math
+import os
 import typing
 from dataclasses import is_dataclass
 from pathlib import Path
@@ -433,12 +434,24 @@ def _check_logger(lg: LoggerConfig) -> None:
     require(lg.mlflow.timeout_s > 0, "logger.mlflow.timeout_s", f"must be > 0, got {lg.mlflow.timeout_s}")
     require(lg.mlflow.retries >= 0, "logger.mlflow.retries", f"must be >= 0, got {lg.mlflow.retries}")
     require(bool(lg.tensorboard.dir), "logger.tensorboard.dir", "must name a folder inside the run directory")
+    require(
+        _inside(lg.tensorboard.dir),
+        "logger.tensorboard.dir",
+        f"must name a folder inside the run directory (a relative path that stays inside), got {lg.tensorboard.dir!r}",
+    )
     for name, package in (("tensorboard", "tensorboard"), ("mlflow", "mlflow")):
         require(
             not getattr(lg, name).enabled or importlib.util.find_spec(package) is not None,
             "logger",
             f"{name} is not installed: pip install -e '.[tracking]' (docs/loggers.md)",
         )
+
+
+def _inside(folder: str) -> bool:
+    """Whether a folder named relative to a run directory stays inside it: not absolute (nor `~`, which a
+    reader may expand), and no `..` that climbs out of it once the path is normalised."""
+    path = os.path.normpath(folder)
+    return not (os.path.isabs(path) or path.startswith("~") or path == ".." or path.startswith(".." + os.sep))
 
 
 def _check_sizes(run: RunConfig) -> None:

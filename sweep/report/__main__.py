@@ -191,8 +191,9 @@ def _local(source: str) -> bool:
 
 
 def _skipped_note(skipped: list[str]) -> str:
-    """How many result.json files were left out, for the line that says how many runs were used."""
-    return f" ({len(skipped)} result.json skipped: unreadable or malformed, named above)" if skipped else ""
+    """How many runs were left out (a result.json, or a started run's overrides.yaml, unreadable or malformed), for
+    the line that says how many runs were used."""
+    return f" ({len(skipped)} skipped: an unreadable or malformed file, named above)" if skipped else ""
 
 
 if __name__ == "__main__":

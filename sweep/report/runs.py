@@ -7,13 +7,13 @@ result.json yet is a `running` run (its params come from `.hydra/overrides.yaml`
 sweep in progress shows what is still missing. A result.json that cannot be read, is cut short, or
 does not have the contract's shape (docs/design.md, "Files of one run") is left out and named in
 `runs.attrs["skipped"]`, for the caller to report: one foreign or damaged file must not stop the
-report of the others.
+report of the others. So is a started run whose `.hydra/overrides.yaml` cannot be read: its cell is unknown,
+and as a row without params it would split every table by every fixed key.
 """
 
 from __future__ import annotations
 
 import json
-import logging
 import re
 import time
 from pathlib import Path
@@ -21,8 +21,6 @@ from pathlib import Path
 import pandas as pd
 
 from sweep.run.results import METRICS_FILE, RESULT_FILE, is_being_written
-
-log = logging.getLogger("sweep")
 
 OUTCOME_COLUMNS = [
     "status",
@@ -124,7 +122,8 @@ def runs_from_dirs(sweep_dir: Path, starting_s: float = STARTING_S) -> pd.DataFr
     `interrupted` (see the module docstring; the end-of-sweep summary passes starting_s=0: every job of
     its sweep has returned).
 
-    `attrs["skipped"]` lists "<path>: <why>" for each result.json left out (see the module docstring).
+    `attrs["skipped"]` lists "<path>: <why>" for each result.json (or started run's overrides.yaml) left out (see
+    the module docstring).
     """
     sweep_dir = Path(sweep_dir)
     rows, finished, skipped = [], set(), []
@@ -164,7 +163,11 @@ def runs_from_dirs(sweep_dir: Path, starting_s: float = STARTING_S) -> pd.DataFr
         job_dir = overrides.parent.parent.resolve()
         if job_dir in finished:
             continue
-        row = outcome_row("running", str(job_dir), _params_from_overrides(overrides))
+        params = _params_from_overrides(overrides)
+        if isinstance(params, str):  # its cell is unknown: as a row without params it would split every table
+            skipped.append(f"{overrides}: {params} (a started run, cell unknown)")
+            continue
+        row = outcome_row("running", str(job_dir), params)
         twin = done.get(_cell(row))
         if twin is not None:
             row.update(status="interrupted", superseded_by=twin)
@@ -252,17 +255,19 @@ def _first_line(e: Exception) -> str:
     return (str(e).strip().splitlines() or [""])[0]
 
 
-def _params_from_overrides(path: Path) -> dict:
-    """A started job's params from Hydra's overrides.yaml, named as sweep.job.swept_params names them."""
+def _params_from_overrides(path: Path) -> dict | str:
+    """A started job's params from Hydra's overrides.yaml, named as sweep.job.swept_params names them; why not (one
+    line) when the file cannot be read as a list of overrides."""
     import yaml
     from hydra.core.override_parser.overrides_parser import OverridesParser
 
     try:
         lines = yaml.safe_load(path.read_text()) or []
-        parsed = OverridesParser.create().parse_overrides(lines)
-    except Exception as e:  # noqa: BLE001  (a hand-edited or foreign file: the run still counts)
-        log.warning("cannot read the overrides of %s: %s", path.parent.parent, e)
-        return {}
+        if not isinstance(lines, list):
+            raise ValueError(f"a YAML {type(lines).__name__}, not a list of overrides")
+        parsed = OverridesParser.create().parse_overrides([str(line) for line in lines])
+    except Exception as e:  # noqa: BLE001  (a hand-edited, damaged or foreign file)
+        return f"unreadable ({type(e).__name__}: {_first_line(e)})"
     return {
         o.key_or_group: o.value()
         for o in parsed

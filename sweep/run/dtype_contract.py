@@ -7,9 +7,10 @@ weights' dtype before it reaches a Linear, or the first forward raises "mat1 and
 dtype". A user's trial met that in an outside DiT (its timestep embedder fed float32 features to a float16
 Linear) as 24 `error` runs with a traceback each.
 
-`contract_problem(run)` builds the run's model once on the CPU as the run builds it (the weights cast,
-`precision.fp32_modules` applied), forwards a batch of 2 with x in the low dtype under no_grad, and when the
-forward raises a dtype mismatch says which module and what to cast. Forward pre-hooks record, for each
+`contract_problem(run)` takes the run's model as the run builds it (a copy of the config check's one build
+of it, sweep/config/inputs.py `checked_model`; the weights cast, `precision.fp32_modules` applied), forwards a
+batch of 2 with x in the low dtype under no_grad, and when the forward raises a dtype mismatch says which
+module and what to cast. Forward pre-hooks record, for each
 module entered and not yet left, whether a floating input's dtype differs from its own weights'; when the
 forward raises, the innermost such module is the one to fix (the innermost module still running, when no
 input differed). A forward that fails for another reason is left to the run (a CPU without an fp16 kernel
@@ -24,7 +25,7 @@ runs are `skipped` with the sentence as their reason without being built (sweep/
 from __future__ import annotations
 
 import logging
-from typing import Any
+from typing import Any, Callable
 
 import torch
 
@@ -51,29 +52,30 @@ def is_pure(run: Any) -> bool:
     return run.precision.autocast_dtype is None and weights_dtype(run) != torch.float32
 
 
-def contract_problem(run: Any) -> str | None:
+def contract_problem(run: Any, build: Callable[[], torch.nn.Module] | None = None) -> str | None:
     """Why this custom model cannot run under the run's pure precision (one sentence), or None: not a custom
     model, not a pure precision, or its forward runs (or fails for another reason). Probed once per process for
-    each model, dtype and fp32_modules."""
+    each model, dtype and fp32_modules, on the model `build()` returns (a copy of the config check's build:
+    sweep/config/inputs.py checked_model), by default sweep.run.model.build_run_model(run)."""
     if run.model.arch.value != "custom" or not is_pure(run):
         return None
     m = run.model
     key = repr((m.target, sorted(m.kwargs.items()), sorted(run.model_inputs.items()), run.precision.param_dtype.value))
     key += repr(list(run.precision.fp32_modules))
     if key not in _ANSWERS:
-        _ANSWERS[key] = _probe(run)
+        _ANSWERS[key] = _probe(run, build)
         if _ANSWERS[key] is not None:
             say_once(log, logging.WARNING, "%s; its runs are skipped with this reason", _ANSWERS[key])
     return _ANSWERS[key]
 
 
-def _probe(run: Any) -> str | None:
+def _probe(run: Any, build: Callable[[], torch.nn.Module] | None) -> str | None:
     from sweep.run.model import build_run_model
 
     dtype = weights_dtype(run)
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(0)
-        model = build_run_model(run).to(dtype=dtype)  # as sweep/run/build.py casts it
+        model = (build or (lambda: build_run_model(run)))().to(dtype=dtype)  # as sweep/run/build.py casts it
         fp32_modules.apply(model, run.precision.fp32_modules, dtype, dtype)
         d = run.data
         shape = (PROBE_BATCH, d.channels, *(() if run.model.is_image else (d.frames,)), d.height, d.width)

@@ -14,8 +14,9 @@ terabytes and end as an out-of-memory `error` (or take the machine down with it)
 Each limit is far above anything a proxy sweep of a small model uses (the default run: a 0.8 MB data set,
 a 24 KB batch and 1.3M parameters), so only sizes no run here could allocate are refused. The message says
 the estimate, the limit and the keys to lower. A custom model (arch=custom) is held to PARAMS_LIMIT by its
-probe (sweep.config.check_inputs, models/custom.py probe_factory: counted on the meta device before it is
-built for real); a released config (arch=diffusers_config) has its own 100M budget.
+probe (sweep.config.check_inputs, models/custom.py probe_factory: counted as its one build goes, the rest of the
+build on the meta device once past the limit, whatever device the factory names); a released config
+(arch=diffusers_config) has its own 100M budget.
 """
 
 from __future__ import annotations

@@ -238,6 +238,40 @@ class OptunaSweeperImpl(Sweeper):
             hydra_context=hydra_context, task_function=task_function, config=config
         )
 
+    def _check_trial_dirs(self, fixed: list) -> None:
+        """Job directories are numbered by trial (hydra.sweep.subdir, default ${hydra.job.num}); a sampler may give two
+        trials the same values (the grid's replicates, a categorical, a resumed study), so the subdir must tell any two
+        trials apart: two of the same values, composed as their jobs are (`ledger.trial_number` included, which
+        ${hydra.job.override_dirname} holds), must get two directories inside the sweep dir. Else one trial would
+        overwrite another's result.json: a ConfigError before any run."""
+        from sweep.config.inputs import check_job_dir, written_subdir  # the grid's checks of a job dir
+
+        loader = self.hydra_context.config_loader
+        ours = "ledger" in self.config
+        first, second = (
+            check_job_dir(loader.load_sweep_config(self.config, [*fixed, *([f"ledger.trial_number={n}"] * ours)]), n)
+            for n in (0, 1)
+        )
+        if first == second:
+            raise ConfigError(
+                f"hydra.sweep.subdir: the optuna sweeper numbers its job directories by trial, but "
+                f"{written_subdir(self.config)!r} gives two trials of the same values the one directory {first}, so "
+                "one would overwrite the other's result.json; put the trial number in it, e.g. "
+                "${hydra.job.num}_lr${optim.lr}"
+            )
+
+    def validate_batch_is_legal(self, batch) -> None:
+        """Hydra's check that every job composes, and that none spells out a secret (a cell's own experiment)
+        before Hydra writes it into the job's .hydra/config.yaml."""
+        from sweep.config.secrets import check_no_literal_secrets
+
+        for overrides in batch:
+            cfg = self.hydra_context.config_loader.load_sweep_config(self.config, list(overrides))
+            try:
+                check_no_literal_secrets(cfg)
+            except ConfigError as e:
+                raise ConfigError(f"{e} (in the sweep cell {' '.join(overrides)})") from None
+
     def _study(self) -> optuna.Study:
         node = self.config.get("ledger")  # absent when the app is not ours (Hydra's own test apps)
         ledger = LedgerConfig(**OmegaConf.to_container(node, resolve=True)) if node is not None else LedgerConfig()
@@ -271,6 +305,7 @@ class OptunaSweeperImpl(Sweeper):
             raise ConfigError(
                 "the optuna sweeper needs at least one swept axis (e.g. 'optim.lr=tag(log,interval(1e-5,1e-1))')"
             )
+        self._check_trial_dirs(fixed)
         Path(self.config.hydra.sweep.dir).mkdir(parents=True, exist_ok=True)
         OmegaConf.save(self.config, Path(self.config.hydra.sweep.dir) / "multirun.yaml")
         study = self._study()
@@ -321,11 +356,11 @@ class OptunaSweeperImpl(Sweeper):
                     + ([f"ledger.trial_number={t.number}", *pruner_overrides(self.pruner_conf)] if ours else [])
                     for t in batch
                 ]
-                self.validate_batch_is_legal(overrides)
                 # Job dirs are named by trial number: unique even with other sweepers on this study.
                 try:
+                    self.validate_batch_is_legal(overrides)  # a cell that does not compose, or spells out a secret
                     results = launch_forwarding_signals(self.launcher, overrides, batch[0].number)
-                except BaseException:  # Ctrl-C/SIGTERM (sweep/run/interrupt.py), or a crash: no trial stays RUNNING
+                except BaseException:  # a refused cell, Ctrl-C/SIGTERM (sweep/run/interrupt.py), a crash: none RUNNING
                     self._fail_unfinished(study, batch)
                     raise
                 for trial, ret in zip(batch, results):
