@@ -50,6 +50,7 @@ def check_inputs(run: RunConfig) -> RunConfig:
             f"{resume} was saved by a run with other shapes or dtypes: "
             + ", ".join(f"{k}={saved} there, {now} here" for k, saved, now in differ),
         )
+        _check_resume_step(run, Path(resume))
     if run.model.arch is Arch.custom:
         _probe_custom(run)
         _probe_pure_precision(run)
@@ -58,6 +59,27 @@ def check_inputs(run: RunConfig) -> RunConfig:
     if run.precision.fp32_modules:
         _probe_fp32_modules(run)
     return run
+
+
+def _check_resume_step(run: RunConfig, checkpoint: Path) -> None:
+    """`steps` is the run's total, counted from step 0: a resume from a checkpoint saved at step N runs steps N to
+    steps - 1, so steps <= N leaves nothing to run (before: each run ended `error` with a traceback). The step is
+    the checkpoint's manifest.json `step` (sweep/run/checkpoint.py); a manifest that cannot be read is the
+    checkpoint verifier's business (`corrupt_checkpoint`)."""
+    import json
+
+    try:
+        saved_at = json.loads((checkpoint / "manifest.json").read_text())["step"]
+    except (OSError, ValueError, KeyError, TypeError):
+        return
+    if not isinstance(saved_at, int) or isinstance(saved_at, bool):
+        return
+    require(
+        run.steps > saved_at,
+        "steps",
+        f"steps={run.steps}, but checkpoint.resume_from {checkpoint} was saved at step {saved_at}: a resume runs "
+        f"steps {saved_at} to steps - 1 (steps counts from step 0), so nothing is left to run; give steps > {saved_at}",
+    )
 
 
 REMOTE_LAUNCHERS = ("slurm", "ray")
