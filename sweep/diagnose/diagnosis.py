@@ -8,7 +8,8 @@ import time
 from pathlib import Path
 from typing import Callable
 
-from sweep.diagnose.counterfactual import PAST, Table, reproduced, run_table
+from sweep.config import Verdict
+from sweep.diagnose.counterfactual import PAST, ROWS, Row, Table, reproduced, run_table
 from sweep.diagnose.fix import KNOWN, candidates, confirm, lr_delayed_it, reference_kernel
 from sweep.diagnose.mechanism import Mechanism, decide
 from sweep.diagnose.record import RunRecord, load, sweep_dir_of, write_mechanism
@@ -150,8 +151,13 @@ def diagnose(
     scratch = Path(run_dir) / SCRATCH
     mechanism = decide(record)
     progress(f"mechanism from the recorded signals: {mechanism.name}")
-    table, bad = run_table(record, scratch, past, progress)
-    mechanism, agrees, why = settle(record, mechanism, table)
+    if record.result["verdict"] == Verdict.corrupt_checkpoint:  # refused at the load: nothing trained, nothing to run
+        table, agrees, why = refused_at_load(record)
+        bisect = fix = False
+        bad: list[int] = []
+    else:
+        table, bad = run_table(record, scratch, past, progress)
+        mechanism, agrees, why = settle(record, mechanism, table)
     bisection = None
     if bisect:
         from sweep.diagnose.bisect import bisect_fp32
@@ -184,13 +190,31 @@ def diagnose(
             "tried": [],
             "note": "not run (--no-fix)" if tries else "no change to propose",
         },
-        "known_fix": KNOWN.get(mechanism.name),
+        "known_fix": KNOWN.get(mechanism.name) or (REFETCH if table.prefix.get("refused") else None),
         "seconds": time.perf_counter() - start,
         "run_seconds": record.result.get("seconds"),
     }
     (Path(run_dir) / DIAGNOSIS_FILE).write_text(json.dumps(out, indent=2, default=str) + "\n")
     write_back(record, mechanism)
     return out
+
+
+REFETCH = "a good copy of the file (fetch or save it again), or a resume from an earlier checkpoint"
+"""The known fix of a run refused at the load of its weights (verdict corrupt_checkpoint)."""
+
+
+def refused_at_load(record: RunRecord) -> tuple[Table, bool, str]:
+    """The diagnosis of a run refused when its weights were loaded (verdict `corrupt_checkpoint`: a checksum
+    mismatch, non-finite weights, a truncated or foreign file): (its table, agreement, why). The run stopped
+    before its first step, so there is nothing to replay, and every row would load the same file and be refused
+    again: no row runs, and no fix does (before, the replay loaded the file and the diagnosis died of the
+    CorruptCheckpoint exception, a traceback, also in the sweep's own monitor.diagnose=auto)."""
+    step = record.first_bad
+    what = f"the run was refused at the load of its weights, before step {step}"  # the mechanism says why
+    rows = [Row(name, [], not_applicable="every row loads the same file") for name in ROWS]
+    prefix = {"steps": 0, "identical": True, "refused": True, "detail": f"nothing to replay: {what}"}
+    why = f"{what}: no change at the bad steps can help; the file must be replaced"
+    return Table(step, step, step, rows, prefix), True, why
 
 
 def write_back(record: RunRecord, mechanism: Mechanism) -> None:
