@@ -24,11 +24,12 @@ from pathlib import Path
 
 from sweep.report.ladder import ladder_settings
 from sweep.report.registry import TABLES
-from sweep.report.runs import runs_from_dirs
+from sweep.report.runs import DIAGNOSIS_FILE, runs_from_dirs
 from sweep.report.study import SourceError, is_storage, runs_from_study, storage_url
 from sweep.report.summary import summarize
 from sweep.report.target import TARGETS
 from sweep.report.text import WIDTH, render_text, write_summary
+from sweep.run.results import RESULT_FILE
 from sweep.search.ledger import LEDGER_FILE, mask_url
 
 ENV_URL = "SWEEP_LEDGER_URL"
@@ -180,8 +181,11 @@ def main(argv: list[str] | None = None, prog: str = "python -m sweep.report") ->
 
 
 def _skipped_note(skipped: list[str]) -> str:
-    """How many result.json files were left out, for the line that says how many runs were used."""
-    return f" ({len(skipped)} result.json skipped: unreadable or malformed, named above)" if skipped else ""
+    """How many result.json files were left out (and diagnosis.json files: their runs are kept), for the line that
+    says how many runs were used."""
+    diagnoses = sum(line.split(": ", 1)[0].endswith(DIAGNOSIS_FILE) for line in skipped)
+    counts = [f"{n} {name}" for n, name in ((len(skipped) - diagnoses, RESULT_FILE), (diagnoses, DIAGNOSIS_FILE)) if n]
+    return f" ({', '.join(counts)} skipped: unreadable or malformed, named above)" if skipped else ""
 
 
 if __name__ == "__main__":
