@@ -126,3 +126,72 @@ def test_valid_json_of_the_wrong_shape_is_one_line_for_diagnose(spiked, capsys, 
         (run_dir / "result.json").write_text(text)
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and err[0].startswith("sweep.diagnose: ") and words in err[0], err
+
+
+@pytest.fixture
+def read_only_copy(spiked, tmp_path):
+    """A copy of the spiked run in a sweep dir that cannot be written: a read-only bind mount as root (who ignores
+    the mode bits), its mode bits otherwise. Skipped where neither can be staged."""
+    import os
+    import shutil
+    import subprocess
+
+    src = tmp_path / "src"
+    shutil.copytree(spiked[0], src / "0")
+    ro = tmp_path / "ro"
+    ro.mkdir()
+    if os.geteuid() != 0:
+        shutil.copytree(src / "0", ro / "0")
+        for p in (ro / "0", ro):
+            p.chmod(0o555)
+        yield ro
+        for p in (ro, ro / "0"):
+            p.chmod(0o755)
+        return
+    for args in (["mount", "--bind", str(src), str(ro)], ["mount", "-o", "remount,bind,ro", str(ro)]):
+        proc = subprocess.run(args, capture_output=True, text=True)
+        if proc.returncode != 0:
+            subprocess.run(["umount", "-l", str(ro)], capture_output=True)
+            pytest.skip(f"cannot mount a read-only bind here (needs root with CAP_SYS_ADMIN): {proc.stderr.strip()}")
+    yield ro
+    subprocess.run(["umount", "-l", str(ro)], check=False)
+
+
+def test_read_only_run_dirs_are_one_line_or_written_elsewhere(read_only_copy, tmp_path, monkeypatch, capsys):
+    """Before: `sweep.diagnose` on a read-only run dir had every trial fail to write and died reading a missing
+    trial.json; `sweep.replay` and `sweep.report` printed their findings, then a traceback writing forensics.json
+    or report.html. Now: the diagnosis says where it cannot write and what to do (--out DIR) before running
+    anything; the replay and the report write into the current directory, as the data doctor does, and say so;
+    a place given on the command line that cannot be written is one line, exit 1."""
+    from sweep.diagnose.__main__ import main as diagnose
+    from sweep.replay import main as replay
+    from sweep.report.__main__ import main as report
+
+    run_dir, cwd = read_only_copy / "0", tmp_path / "cwd"
+    cwd.mkdir()
+    monkeypatch.chdir(cwd)
+    capsys.readouterr()
+
+    def one_line(rc: int, *words: str) -> None:
+        err = [ln for ln in capsys.readouterr().err.splitlines() if ln.strip()]
+        assert len(err) == 1 and all(w in err[0] for w in words), err
+
+    assert diagnose([str(run_dir), "--no-fix"]) == 2
+    one_line(2, "is not writable (Read-only file system", "give --out DIR")
+    assert not list(run_dir.glob("diagnosis*"))
+    assert diagnose([str(run_dir), "--no-fix", "--out", str(tmp_path / "out")]) == 0
+    assert json.loads((tmp_path / "out" / "diagnosis.json").read_text())["mechanism"]
+    capsys.readouterr()
+
+    assert replay([str(run_dir)]) == 0
+    one_line(0, "forensics.json: Read-only file system: wrote", str(cwd / "forensics.json"))
+    assert json.loads((cwd / "forensics.json").read_text())["step"] == 4
+    assert replay([str(run_dir), "--json", str(run_dir / "f.json")]) == 1
+    one_line(1, "could not write the findings", "--json FILE")
+
+    assert report([str(read_only_copy)]) == 0
+    err = capsys.readouterr().err
+    assert "report.html: Read-only file system: wrote report.html into the current directory" in err, err
+    assert (cwd / "report.html").is_file()
+    assert report([str(read_only_copy), "--html", str(read_only_copy / "r.html")]) == 1
+    one_line(1, "could not write r.html", "--no-html")

@@ -12,8 +12,8 @@ from sweep.config import Verdict
 from sweep.diagnose.counterfactual import PAST, ROWS, Row, Table, reproduced, run_table
 from sweep.diagnose.fix import KNOWN, candidates, confirm, lr_delayed_it, reference_kernel
 from sweep.diagnose.mechanism import Mechanism, decide
-from sweep.diagnose.record import RunRecord, load, sweep_dir_of, write_mechanism
-from sweep.run.results import recorded_mechanism
+from sweep.diagnose.record import DiagnoseError, RunRecord, load, sweep_dir_of, write_mechanism
+from sweep.run.results import recorded_mechanism, unwritable
 
 log = logging.getLogger("sweep")
 
@@ -144,11 +144,22 @@ def diagnose(
     past: int = PAST,
     fix: bool = True,
     progress: Callable[[str], None] = print,
+    out: Path | None = None,
 ) -> dict:
-    """Diagnose the diverged run in `run_dir` and write diagnosis.json there; returns what it holds."""
+    """Diagnose the diverged run in `run_dir` and write diagnosis.json there (or into `out`, with the diagnosis's
+    own runs, `diagnosis/`); returns what it holds. A directory it cannot write is one line (DiagnoseError) before
+    anything runs: before, a read-only run dir let every trial fail to write its record, then a traceback."""
     start = time.perf_counter()
     record = load(run_dir)
-    scratch = Path(run_dir) / SCRATCH
+    out = Path(run_dir) if out is None else Path(out)
+    problem = unwritable(out)
+    if problem is not None:
+        given = "" if out == Path(run_dir) else " (--out)"
+        raise DiagnoseError(
+            f"{out}{given} is not writable ({problem}): a diagnosis writes {DIAGNOSIS_FILE} and its runs ({SCRATCH}/) "
+            "there; give --out DIR, a directory you can write"
+        )
+    scratch = out / SCRATCH
     mechanism = decide(record)
     progress(f"mechanism from the recorded signals: {mechanism.name}")
     if record.result["verdict"] == Verdict.corrupt_checkpoint:  # refused at the load: nothing trained, nothing to run
@@ -170,7 +181,7 @@ def diagnose(
         mechanism, agrees, why = settled
     if (settled := kernel_proven(record, mechanism, agrees, confirmed)) is not None:
         mechanism, agrees, why = settled
-    out = {
+    written = {
         "format": "dit-sweep-diagnosis/1",
         "run_dir": str(run_dir),
         "verdict": record.result["verdict"],
@@ -194,9 +205,9 @@ def diagnose(
         "seconds": time.perf_counter() - start,
         "run_seconds": record.result.get("seconds"),
     }
-    (Path(run_dir) / DIAGNOSIS_FILE).write_text(json.dumps(out, indent=2, default=str) + "\n")
+    (out / DIAGNOSIS_FILE).write_text(json.dumps(written, indent=2, default=str) + "\n")
     write_back(record, mechanism)
-    return out
+    return written
 
 
 REFETCH = "a good copy of the file (fetch or save it again), or a resume from an earlier checkpoint"

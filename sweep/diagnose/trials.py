@@ -20,6 +20,7 @@ import yaml
 from omegaconf import DictConfig, OmegaConf
 
 from sweep.config import ConfigError, Progress, RunConfig, to_run_config
+from sweep.diagnose.record import DiagnoseError
 from sweep.run.execute import execute
 from sweep.run.results import TRIAL_FILE
 
@@ -105,8 +106,11 @@ def run_trial(run: RunConfig, out_dir: Path, last: int | None = None, quick: boo
             eval=dataclasses.replace(run.eval, enabled=False),
         )
     start = time.perf_counter()
-    execute(run, out_dir, {}, hooks=[StopAfter(last)] if last is not None else [], record=TRIAL_FILE)
-    r = json.loads((Path(out_dir) / TRIAL_FILE).read_text())
+    result = execute(run, out_dir, {}, hooks=[StopAfter(last)] if last is not None else [], record=TRIAL_FILE)
+    try:
+        r = json.loads((Path(out_dir) / TRIAL_FILE).read_text())
+    except (OSError, ValueError):  # its files could not be written (a full disk): the result says why
+        raise DiagnoseError(f"{out_dir}: the diagnosis's run could not record itself: {result.reason}") from None
     return Outcome(
         str(out_dir),
         r["status"],

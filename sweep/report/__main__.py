@@ -21,6 +21,7 @@ import math
 import os
 import sys
 from pathlib import Path
+from typing import Callable
 
 from sweep.report.ladder import ladder_settings
 from sweep.report.registry import TABLES
@@ -160,9 +161,13 @@ def main(argv: list[str] | None = None, prog: str = "python -m sweep.report") ->
         return 2
     summary = summarize(runs, target, confidence, args.target)
     print(render_text(summary, args.width, args.table), flush=True)
-    written = []
+    written, notes, failed = [], [], []  # notes: written elsewhere; failed: not written
+    here = Path(args.html).parent if args.html else Path(out_dir)
     if args.write:
-        written += write_summary(Path(args.html).parent if args.html else out_dir, summary)
+        files, note = write_files("the summary files", lambda d: write_summary(d, summary), here, not args.html)
+        written += files
+        if note:
+            (notes if files else failed).append(note)
         from sweep.search.answer import record_report_answer  # the answer on the study too (optuna-dashboard)
 
         if (problem := record_report_answer(args.source, args.study, summary)) is not None:
@@ -170,7 +175,16 @@ def main(argv: list[str] | None = None, prog: str = "python -m sweep.report") ->
     if not args.no_html:
         from sweep.report.html import write_report
 
-        written.append(write_report(args.html or Path(out_dir) / REPORT_FILE, summary, title, source))
+        file = Path(args.html).name if args.html else REPORT_FILE
+        files, note = write_files(file, lambda d: [write_report(d / file, summary, title, source)], here, not args.html)
+        written += files
+        if note:
+            (notes if files else failed).append(note)
+    for line in notes:
+        print(f"{name}: {line}", file=sys.stderr)
+    if failed:
+        print(f"{name}: {'; '.join(failed)}", file=sys.stderr)
+        return 1
     print(
         f"{name}: {len(runs)} runs from {source}"
         + _skipped_note(skipped)
@@ -178,6 +192,27 @@ def main(argv: list[str] | None = None, prog: str = "python -m sweep.report") ->
         file=sys.stderr,
     )
     return 0
+
+
+def write_files(what: str, write: Callable[[Path], list[Path]], where: Path, fallback: bool) -> tuple[list, str]:
+    """`write(directory)` into `where`, else, when `where` was not asked for (no --html), into the current
+    directory, as the data doctor does: (the files written, a note saying why they are not in `where`, or
+    what went wrong when none was written). Before, a sweep directory on a read-only mount (or another user's)
+    ended the report, its tables printed, with a traceback."""
+    try:
+        return write(where), ""
+    except OSError as e:
+        first = f"{e.filename or where}: {e.strerror or type(e).__name__}"
+    cwd = Path.cwd()
+    if fallback and cwd.resolve() != where.resolve():
+        try:
+            return write(cwd), f"{first}: wrote {what} into the current directory instead"
+        except OSError as e:
+            first += f"; {e.filename or cwd}: {e.strerror or type(e).__name__}"
+    return [], (
+        f"could not write {what} ({first}); give --html FILE where you can write (--write puts the summary files "
+        "next to it), or --no-html"
+    )
 
 
 def _skipped_note(skipped: list[str]) -> str:

@@ -314,6 +314,21 @@ def json_type(v) -> str:
     return names.get(type(v), type(v).__name__)
 
 
+def unwritable(directory: Path) -> str | None:
+    """Why a command cannot write its files into `directory` (made if missing): the OS's reason ("Read-only file
+    system", "Permission denied", "No space left on device"), or None when a file can be made there. Tried for
+    real, not read from the mode bits, which root ignores and a read-only mount does not show."""
+    import tempfile
+
+    try:
+        Path(directory).mkdir(parents=True, exist_ok=True)
+        with tempfile.TemporaryFile(dir=directory):
+            pass
+    except OSError as e:
+        return e.strerror or type(e).__name__
+    return None
+
+
 _HELD: dict[str, int] = {}
 """Lock files this process holds, by path: their open descriptors."""
 
