@@ -195,3 +195,49 @@ def test_read_only_run_dirs_are_one_line_or_written_elsewhere(read_only_copy, tm
     assert (cwd / "report.html").is_file()
     assert report([str(read_only_copy), "--html", str(read_only_copy / "r.html")]) == 1
     one_line(1, "could not write r.html", "--no-html")
+
+
+def signal_when(proc, needle: str, sig: int) -> tuple[str, str]:
+    """Send `sig` to `proc` once `needle` is in its stdout; wait for it; (stdout, stderr)."""
+    import threading
+    import time
+
+    out: list[str] = []
+    reader = threading.Thread(target=lambda: out.extend(proc.stdout), daemon=True)
+    reader.start()
+    deadline = time.time() + 300
+    while proc.poll() is None and not any(needle in line for line in out) and time.time() < deadline:
+        time.sleep(0.05)
+    proc.send_signal(sig)
+    err = proc.stderr.read()
+    proc.wait(timeout=120)
+    reader.join(timeout=10)
+    return "".join(out), err
+
+
+def test_ctrl_c_during_a_diagnosis_stops_it_with_one_line_and_no_misleading_record(tmp_path):
+    """Before: Ctrl-C during `python -m sweep.diagnose` (or the sweep's monitor.diagnose=auto) was a
+    KeyboardInterrupt traceback, and the run in progress was recorded as `error`. Now the run stops after its
+    step, recorded as `interrupted`; the diagnosis stops there with one line, exit 130, diagnosis.json not
+    written. A 3000-step run that spikes at step 4: its fix runs 3000 steps, stopped by the signal."""
+    import signal
+
+    from .conftest import FAST, run_cli
+
+    argv = ["-m", "sweep", "-m", *FAST, "threads=1", "steps=3000", "optim.lr=3e-2", "ledger.enabled=false"]
+    sweep = run_cli(*argv, "monitor.diagnose=auto", f"hydra.sweep.dir={tmp_path}/s", background=True, cwd=tmp_path)
+    out, err = signal_when(sweep, "fix 1/", signal.SIGINT)
+    run_dir = tmp_path / "s" / "0"
+    assert sweep.returncode == 130 and "Traceback" not in out + err, err[-3000:]
+    assert f"sweep: SIGINT: stopped diagnosing {run_dir} (no diagnosis.json written" in err, err
+    assert not (run_dir / "diagnosis.json").exists()
+    fix = json.loads((run_dir / "diagnosis" / "fix_1" / "trial.json").read_text())
+    assert fix["status"] == "interrupted", fix["reason"]
+
+    diagnosis = run_cli("-m", "sweep.diagnose", str(run_dir), background=True, cwd=tmp_path)
+    out, err = signal_when(diagnosis, "fix 1/", signal.SIGINT)
+    assert diagnosis.returncode == 130 and "Traceback" not in out + err, err[-3000:]
+    lines = [ln for ln in err.splitlines() if ln.startswith("sweep.diagnose:")]
+    assert len(lines) == 1 and "SIGINT: stopped" in lines[0] and "diagnosis.json is not written" in lines[0], err
+    assert not (run_dir / "diagnosis.json").exists()
+    assert json.loads((run_dir / "diagnosis" / "fix_1" / "trial.json").read_text())["status"] == "interrupted"

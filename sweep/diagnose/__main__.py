@@ -22,6 +22,7 @@ from sweep.config import ConfigError
 from sweep.diagnose.counterfactual import PAST
 from sweep.diagnose.diagnosis import diagnose, render
 from sweep.diagnose.record import DiagnoseError
+from sweep.run.interrupt import Stopped, stopping_on_signals
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -47,17 +48,29 @@ def main(argv: list[str] | None = None) -> int:
         print("sweep.diagnose: --past must be >= 0", file=sys.stderr)
         return 2
     try:
-        d = diagnose(
-            args.run_dir,
-            bisect=args.bisect,
-            past=args.past,
-            fix=not args.no_fix,
-            progress=lambda line: print(line, flush=True),
-            out=args.out,
-        )
+        # Ctrl-C/SIGTERM: the diagnosis's run in progress stops after its step (recorded as interrupted), and the
+        # diagnosis stops there, diagnosis.json not written (before: a KeyboardInterrupt traceback, and the run in
+        # progress recorded as `error`)
+        with stopping_on_signals(when="after the step of the diagnosis's run in progress"):
+            d = diagnose(
+                args.run_dir,
+                bisect=args.bisect,
+                past=args.past,
+                fix=not args.no_fix,
+                progress=lambda line: print(line, flush=True),
+                out=args.out,
+            )
     except (DiagnoseError, ConfigError) as e:
         print(f"sweep.diagnose: {e}", file=sys.stderr)
         return 2
+    except Stopped as e:
+        where = args.out or args.run_dir
+        print(
+            f"sweep.diagnose: {e.name}: stopped; {where}/diagnosis.json is not written (the runs made so far are in "
+            f"{where}/diagnosis/, the one stopped recorded as interrupted); run the same command again to diagnose",
+            file=sys.stderr,
+        )
+        return 128 + e.signum
     print()
     print(render(d))
     return 0

@@ -22,6 +22,7 @@ from omegaconf import DictConfig, OmegaConf
 from sweep.config import ConfigError, Progress, RunConfig, to_run_config
 from sweep.diagnose.record import DiagnoseError
 from sweep.run.execute import execute
+from sweep.run.interrupt import StopOnSignal, active_request, stop_if_asked
 from sweep.run.results import TRIAL_FILE
 
 CONF = Path(__file__).resolve().parents[2] / "conf"
@@ -97,7 +98,9 @@ class Outcome:
 
 def run_trial(run: RunConfig, out_dir: Path, last: int | None = None, quick: bool = True) -> Outcome:
     """Train `run` into `out_dir`; with `last`, stop after that step. `quick` turns off what only slows a trial
-    (forensics' replay, the eval loss, progress output)."""
+    (forensics' replay, the eval loss, progress output). Under `stopping_on_signals` (the diagnosis's commands),
+    a stop signal stops the trial after its step (its record says `interrupted`, never a misleading `error`) and
+    then raises sweep.run.interrupt.Stopped, as it does before a trial starts once one came."""
     run = dataclasses.replace(run, progress=Progress.none)
     if quick:
         run = dataclasses.replace(
@@ -106,11 +109,16 @@ def run_trial(run: RunConfig, out_dir: Path, last: int | None = None, quick: boo
             eval=dataclasses.replace(run.eval, enabled=False),
         )
     start = time.perf_counter()
-    result = execute(run, out_dir, {}, hooks=[StopAfter(last)] if last is not None else [], record=TRIAL_FILE)
+    stop_if_asked()  # Ctrl-C/SIGTERM under a command of several runs: no new run starts (sweep/run/interrupt.py)
+    hooks: list = [StopAfter(last)] if last is not None else []
+    if (request := active_request()) is not None:  # the run stops after its step, recorded as interrupted
+        hooks.append(StopOnSignal(request, run.steps))
+    result = execute(run, out_dir, {}, hooks=hooks, record=TRIAL_FILE)
     try:
         r = json.loads((Path(out_dir) / TRIAL_FILE).read_text())
     except (OSError, ValueError):  # its files could not be written (a full disk): the result says why
         raise DiagnoseError(f"{out_dir}: the diagnosis's run could not record itself: {result.reason}") from None
+    stop_if_asked()  # this run was interrupted (its record says so): its outcome is not the config's
     return Outcome(
         str(out_dir),
         r["status"],

@@ -33,6 +33,7 @@ from sweep.run.evaluate import Evaluator, eval_settings, make_evaluator
 from sweep.run.forensics import locate
 from sweep.run.gemm import LOW_PRECISION
 from sweep.run.graph import graph_unsupported_reason
+from sweep.run.interrupt import SetUpInterrupted, setting_up
 from sweep.run.monitor import Divergence
 from sweep.run.precision import PrecisionPolicy
 from sweep.run.progress import RunProgress
@@ -63,11 +64,13 @@ def execute(
     start = time.perf_counter()
     result, metrics = new_result(run, params), new_metrics(run, out_dir, sinks)
     try:
-        parts = prepare(run, out_dir, result)
-        if parts is None:
-            return result
-        if run.compile:  # raises KernelUnavailable (skipped) when the compiled graph runs another kernel
-            compile_run(run, parts)
+        with setting_up():  # a stop signal stops the set-up at once (sweep/run/interrupt.py)
+            parts = prepare(run, out_dir, result)
+            if parts is None:
+                return result
+            if run.compile:  # raises KernelUnavailable (skipped) when the compiled graph runs another kernel
+                compile_run(run, parts)
+            evaluator = make_evaluator(run, parts)
         if run.checkpoint.every:
             hooks = [CheckpointHook(out_dir, run.checkpoint.every, run.checkpoint.keep), *hooks]
             if run.monitor.sync_every > 1:  # said, not silent: the run syncs every step (README, sync_every)
@@ -78,7 +81,6 @@ def execute(
                     label or out_dir,
                     run.checkpoint.every,
                 )
-        evaluator = make_evaluator(run, parts)
         progress = RunProgress(run.steps, run.progress, run.log_every, label)
         train_start, syncs = time.perf_counter(), Syncs()
         try:
@@ -86,6 +88,8 @@ def execute(
         finally:
             progress.close()
         conclude(result, run, parts, divergence, metrics, time.perf_counter() - train_start, hooks, evaluator, syncs)
+    except SetUpInterrupted as e:  # Ctrl-C or SIGTERM before step 0: no step ran, nothing was measured
+        result.status, result.reason = "interrupted", f"{e.name} during the set-up, before step {_start_step(run)}"
     except Exception as e:  # noqa: BLE001  (see fail)
         fail(result, e)
     finally:
