@@ -241,3 +241,24 @@ def test_ctrl_c_during_a_diagnosis_stops_it_with_one_line_and_no_misleading_reco
     assert len(lines) == 1 and "SIGINT: stopped" in lines[0] and "diagnosis.json is not written" in lines[0], err
     assert not (run_dir / "diagnosis.json").exists()
     assert json.loads((run_dir / "diagnosis" / "fix_1" / "trial.json").read_text())["status"] == "interrupted"
+
+
+@pytest.mark.parametrize(
+    "url,words",
+    [
+        ("notaurl", "ledger.storage: must be a database URL"),
+        ("postgresql://me@127.0.0.1:9/x", "cannot open postgresql://me@127.0.0.1:9/x (OperationalError: connection"),
+        ("sqlite:////proc/nowhere/x.db", "cannot open sqlite:////proc/nowhere/x.db (FileNotFoundError: "),
+    ],
+)
+def test_the_optuna_sweeper_with_a_ledger_it_cannot_open_is_one_line(tmp_path, url, words):
+    """Before: hydra/sweeper=optuna_sweep with a malformed ledger URL was a 40-line ValueError traceback, and with
+    an unreachable server 160 lines of SQLAlchemy traceback. Now both are one line (ConfigError, exit 2 from
+    `python -m sweep`), before any run."""
+    from .conftest import multirun_in_process
+
+    overrides = ["hydra/sweeper=optuna_sweep", "hydra.sweeper.sampler.name=grid", "optim.lr=choice(1e-3,2e-3)"]
+    with pytest.raises(ConfigError, match=r"^ledger.storage: ") as err:
+        multirun_in_process(tmp_path / "s", "steps=2", f"ledger.storage={url}", *overrides)
+    assert words in str(err.value) and "\n" not in str(err.value), str(err.value)
+    assert not list((tmp_path / "s").glob("*/result.json"))

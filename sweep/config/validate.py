@@ -350,14 +350,18 @@ def _check_eval(e: EvalConfig) -> None:
 
 
 def _check_ledger(lc: LedgerConfig) -> None:
-    st = lc.storage
+    check_storage(lc.storage)
+    validate_pruner(lc.pruner, "ledger.pruner")
+    require(lc.lock_timeout_s > 0, "ledger.lock_timeout_s", f"must be > 0, got {lc.lock_timeout_s}")
+
+
+def check_storage(st: str | None) -> None:
+    """ledger.storage is a database URL or a journal file (also checked by the Optuna sweeper, which opens it)."""
     require(
         st is None or "://" in st or st.endswith((".log", ".jsonl", ".journal")),
         "ledger.storage",
         f"must be a database URL (sqlite:///..., postgresql://...) or a journal file ending in .log, got {st!r}",
     )
-    validate_pruner(lc.pruner, "ledger.pruner")
-    require(lc.lock_timeout_s > 0, "ledger.lock_timeout_s", f"must be > 0, got {lc.lock_timeout_s}")
 
 
 def _check_report(r: ReportConfig) -> None:
