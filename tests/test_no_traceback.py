@@ -262,3 +262,46 @@ def test_the_optuna_sweeper_with_a_ledger_it_cannot_open_is_one_line(tmp_path, u
         multirun_in_process(tmp_path / "s", "steps=2", f"ledger.storage={url}", *overrides)
     assert words in str(err.value) and "\n" not in str(err.value), str(err.value)
     assert not list((tmp_path / "s").glob("*/result.json"))
+
+
+def custom(target: str, *overrides: str):
+    return make_run("model=custom", f"model.target=tests.custom_factories:{target}", *overrides)
+
+
+@pytest.mark.parametrize(
+    "target,words",
+    [
+        ("batch_of_two_only", "must return a prediction of x's shape (4, 3, 4, 8, 8), got (2, 3, 4, 8, 8)"),
+        ("reshapes_to_two", "on a batch of shape (4, 3, 4, 8, 8) raised RuntimeError: shape '[2, 3, 4, 8, 8]'"),
+        ("no_parameters", "the model has no parameter to train (0 parameters"),
+        ("frozen", "the model has no parameter to train (1 parameters, none with requires_grad=True)"),
+        ("no_grad_forward", "returns a prediction with no grad_fn (computed under torch.no_grad() or detached)"),
+        ("detached_output", "returns a prediction with no grad_fn"),
+    ],
+)
+def test_a_custom_model_that_passes_a_batch_2_forward_but_cannot_train_is_refused_before_any_run(target, words):
+    """Before: these passed the probe (one no-grad forward on a batch of 2) and every run ended `error` with a
+    traceback: the shape at the run's batch of 4, AdamW's "optimizer got an empty parameter list", backward's
+    "element 0 of tensors does not require grad". The probe now runs its forward with autograd, also at the run's
+    batch size, and checks there is something to train."""
+    with pytest.raises(ConfigError) as err:
+        check_inputs(custom(target, "model.kwargs={}"))
+    assert str(err.value).startswith("model.target: ") and words in str(err.value), str(err.value)
+
+
+@pytest.mark.parametrize(
+    "target,overrides,words",
+    [
+        ("batch_of_two_only", ["data.batch_size=2", "steps=1"], "x's shape (16, 3, 4, 8, 8), got (2, 3, 4, 8, 8)"),
+        ("no_grad_forward", ["steps=2"], "returns a prediction with no grad_fn"),
+        ("no_parameters", ["steps=2"], "model: no parameter to train (0 parameters"),
+    ],
+)
+def test_what_the_probe_cannot_tell_is_an_error_of_one_line_per_run(tmp_path, caplog, target, overrides, words):
+    """What reaches a run all the same (the eval batch of 16 of a model that works at 2 only; a run started without
+    the probe) is `error` with one line: the reason, no traceback in the log (before: a traceback per run)."""
+    from sweep.run.execute import execute
+
+    r = execute(custom(target, "model.kwargs={}", *overrides), tmp_path, {})
+    assert r.status == "error" and words in r.reason and "\n" not in r.reason, r.reason
+    assert "Traceback" not in caplog.text and "run crashed" not in caplog.text, caplog.text[-2000:]

@@ -138,13 +138,16 @@ def _probe_once(key: str, probe: Callable[[], None]) -> None:
 
 def _probe_custom(run: RunConfig) -> None:
     """Build the custom model once (per distinct call): a factory that raises or returns no nn.Module, a model
-    over the 1,000M-parameter limit (counted on the meta device first), or a forward that does not return a
-    tensor of x's shape is one line and exit 2 before any run, not a crash in the middle of a sweep. Costs one
-    model construction and one forward on a batch of 2."""
+    over the 1,000M-parameter limit (counted on the meta device first), a forward that does not return a tensor of
+    x's shape (on a batch of 2, and of the run's batch size), a model with nothing to train or a prediction with no
+    grad_fn is one line and exit 2 before any run, not a crash in the middle of a sweep. Costs one model
+    construction, one forward with autograd on a batch of 2 and one without on the run's batch."""
     from models.custom import CustomModelError, CustomModelTooBig, probe_factory
     from sweep.run.sizes import PARAMS_LIMIT
 
-    m, inputs = run.model, run.model_inputs
+    m = run.model
+    # what the forward must also work with: the run's batch size, and whether a finetune brings its own parameters
+    inputs = {**run.model_inputs, "batch_size": run.data.batch_size, "finetune": run.finetune.method.value}
 
     def probe() -> None:
         try:

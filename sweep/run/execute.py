@@ -21,6 +21,7 @@ from typing import Sequence
 import torch
 
 from models import KernelUnavailable, backend_unavailable_reason, count_params
+from models.custom import CustomModelError
 from models.diffusers_zoo import modulate_unsupported_reason
 from sweep.config import RunConfig, Verdict
 from sweep.data.checks import DataError
@@ -194,13 +195,14 @@ def conclude(
 
 def fail(result: RunResult, e: Exception) -> None:
     """A forced kernel that refused its inputs is `skipped`; anything else (a bug, an OOM; data the run cannot use
-    at all, sweep.data.checks.DataError, said in one line without a traceback) is `error`.
+    at all, sweep.data.checks.DataError, or a custom model that cannot train, models.custom.CustomModelError, both
+    said in one line without a traceback) is `error`.
 
     Either way it is recorded, never raised into the sweep.
     """
     if isinstance(e, KernelUnavailable):  # not a bug, not a result
         result.status, result.reason = "skipped", str(e)
-    elif isinstance(e, DataError):  # the user's data, not a bug: one line, no traceback
+    elif isinstance(e, (DataError, CustomModelError)):  # the user's data or model, not a bug: one line, no traceback
         result.status, result.reason = "error", str(e)
         log.error("run refused: %s", e)
     else:
