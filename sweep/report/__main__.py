@@ -17,12 +17,12 @@ a directory is refused: it cannot tell that sweep from another, sweep/callbacks.
 from __future__ import annotations
 
 import argparse
-import math
 import os
 import sys
 from pathlib import Path
 from typing import Callable
 
+from sweep.config.validate import ladder_target_problem
 from sweep.report.ladder import ladder_settings
 from sweep.report.registry import TABLES
 from sweep.report.runs import DIAGNOSIS_FILE, runs_from_dirs
@@ -154,10 +154,12 @@ def main(argv: list[str] | None = None, prog: str = "python -m sweep.report") ->
         print(f"{name}: no runs in {source}" + _skipped_note(skipped), file=sys.stderr)
         return 2
     target, confidence = ladder_settings(out_dir) if args.ladder_target is None else (args.ladder_target, 0.9)
-    if target is not None and not (math.isfinite(target) and target > 0):
-        # log(target) must exist: 0 or -3 was a math domain error (a traceback), inf predicted an lr of 0
+    problem = None if target is None else ladder_target_problem(target)
+    if problem is not None:
+        # log(target) must exist and exp(fit at it) fit a float: 0 or -3 was a math domain error (a traceback),
+        # inf predicted an lr of 0, 1e308 and 1e-300 overflowed (a traceback)
         where = "--ladder-target" if args.ladder_target is not None else f"ladder.target in {out_dir}/multirun.yaml"
-        print(f"{name}: {where}: must be a finite width or depth > 0, got {target:g}", file=sys.stderr)
+        print(f"{name}: {where}: {problem}", file=sys.stderr)
         return 2
     summary = summarize(runs, target, confidence, args.target)
     print(render_text(summary, args.width, args.table), flush=True)
