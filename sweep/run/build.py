@@ -33,6 +33,7 @@ from sweep.run import checkpoint, fp32_modules
 from sweep.run.adamw import DeviceAdamW
 from sweep.run.diffusion import DiffusionObjective
 from sweep.run.finetune import apply_finetune, param_groups
+from sweep.run.graph import table_span
 from sweep.run.model import build_run_model
 from sweep.run.monitor import DivergenceMonitor
 from sweep.run.once import say_once
@@ -161,7 +162,15 @@ def build_parts(run: RunConfig, device: torch.device, policy: PrecisionPolicy, s
     # torch's single-tensor AdamW, bit for bit on the CPU, with its scalars on the device (sweep/run/adamw.py):
     # the state stays in the params' dtype (pure fp16/bf16 means exactly that) and nothing reads the host.
     optimizer = DeviceAdamW(
-        param_groups(run, model), lr_schedule(run), run.steps, o.betas, o.eps, o.weight_decay, device, o.update_clip
+        param_groups(run, model),
+        lr_schedule(run),
+        run.steps,
+        o.betas,
+        o.eps,
+        o.weight_decay,
+        device,
+        o.update_clip,
+        table_span(run.monitor.sync_every),  # its lr table holds a window of steps at a time
     )
     if d.source is DataSource.synthetic:
         dataset = SyntheticClips(
