@@ -246,6 +246,11 @@ def write_back(record: RunRecord, mechanism: Mechanism) -> None:
         log.warning("%s", problem)
 
 
+def _through(fix: dict) -> str:
+    """through step N: where a fix run from step 0 stopped short of the run's end (FROM_START_HORIZON)."""
+    return f" through step {fix['through_step']}" if fix.get("through_step") is not None else ""
+
+
 def render(d: dict) -> str:
     """The terminal view of a diagnosis."""
     lines = [
@@ -273,8 +278,9 @@ def render(d: dict) -> str:
     f = d["fix"]
     if f.get("tried"):
         lines.append(
-            f"fix: {' '.join(f['overrides'])} - {'CONFIRMED stable from step 0' if f['confirmed'] else 'not confirmed'}"
-            f" ({'; '.join(t['outcome'] + ' with ' + ' '.join(t['overrides']) for t in f['tried'])})"
+            f"fix: {' '.join(f['overrides'])} - "
+            + (f"CONFIRMED stable from step 0{_through(f)}" if f["confirmed"] else "not confirmed")
+            + f" ({'; '.join(t['outcome'] + ' with ' + ' '.join(t['overrides']) for t in f['tried'])})"
         )
     else:
         lines.append(f"fix: {f.get('note', 'none')}" + (f"; known fix: {d['known_fix']}" if d.get("known_fix") else ""))

@@ -21,6 +21,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from sweep.config import ConfigError, Progress, RunConfig, to_run_config
 from sweep.diagnose.record import DiagnoseError
+from sweep.diagnose.signals import RunRecord
 from sweep.run.execute import execute
 from sweep.run.interrupt import StopOnSignal, active_request, stop_if_asked
 from sweep.run.results import TRIAL_FILE
@@ -58,6 +59,25 @@ def with_overrides(config: DictConfig, overrides: list[str]) -> RunConfig:
         else:
             OmegaConf.update(cfg, key, parse_value(value), merge=False, force_add=True)
     return to_run_config(OmegaConf.merge(OmegaConf.structured(RunConfig), cfg))
+
+
+FROM_START_HORIZON = 4
+"""A diagnosis's run from the run's start (a fix, a bisection trial) trains to this many times the steps the run
+took to fail (from step 0 to its last bad step), and at least FROM_START_MIN steps, or to the run's end if that
+comes first: a fix that holds four times as long as the run did is confirmed, and a 1e6-step run that failed at
+step 50 is not trained again for 1e6 steps per candidate (before, each fix ran the run's whole length, whatever the
+budget). With the counterfactual rows (from the last healthy step to `past` steps after the bad one) and the replay
+(to the last healthy step), a diagnosis costs a bounded multiple of the failed run's own steps."""
+
+FROM_START_MIN = 1000
+"""Steps a run from the start trains at least (when the run has them): every run of up to 1,000 steps, every
+scenario's among them, is confirmed over its whole length as before."""
+
+
+def from_start_last(record: RunRecord) -> int | None:
+    """The last step a diagnosis's run from the run's start trains (FROM_START_HORIZON); None: the run's end."""
+    last = max(FROM_START_HORIZON * (record.last_step + 1), FROM_START_MIN) - 1
+    return None if last >= record.run.steps - 1 else last
 
 
 class StopAfter:
