@@ -1155,7 +1155,15 @@ def signal_on(needle: str, sig: int) -> Callable[[Case, Path], Outcome]:
         import threading
 
         argv = [PY, *[str(a).replace("{d}", str(d)) for a in case.args]]
-        p = subprocess.Popen(argv, cwd=d, env=ENV, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        p = subprocess.Popen(
+            argv,
+            cwd=d,
+            env=ENV,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+            preexec_fn=_default_sigint,  # a bench started in the background (`&`) ignores SIGINT: its children too
+        )
         out: list = []
         threading.Thread(target=lambda: out.extend(p.stdout), daemon=True).start()
         deadline = time.time() + case.timeout
@@ -1172,6 +1180,10 @@ def signal_on(needle: str, sig: int) -> Callable[[Case, Path], Outcome]:
         return Outcome(p.returncode, "".join(out), err, d)
 
     return driver
+
+
+def _default_sigint() -> None:
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
 
 
 def stopped_diagnosis(sig: int, run_dir: str) -> Check:
