@@ -1091,6 +1091,487 @@ def cases() -> list[Case]:
             timeout=600,
         )
     )
+    cs += tracebacks_45() + steps_45()
+    return cs
+
+
+# -- issue 45 (held-out red team), findings 8 and 9: the cases' names start with "45/8" and "45/9" --------------
+
+
+def spiked_run(d: Path, rel: str = "run", steps: int = 12) -> Path:
+    """A real run that spikes at step 4 (lr 3e-2), made in the case's dir (ledger off)."""
+    o = run(sweep(f"steps={steps}", "optim.lr=3e-2", "ledger.enabled=false", f"hydra.run.dir={d}/{rel}"), d)
+    assert (d / rel / "result.json").exists(), o.text[-2000:]
+    return d / rel
+
+
+def flipped_resume(d: Path) -> str:
+    """A copy of the base run whose step-2 checkpoint has one byte of its weights flipped: its directory."""
+    f = copy_run(d, "ckpt") / "checkpoints" / "step_000002" / "model.safetensors"
+    b = bytearray(f.read_bytes())
+    b[-5] ^= 0xFF
+    f.write_bytes(bytes(b))
+    return str(f.parent)
+
+
+def corrupt_run(d: Path, how: str) -> None:
+    """A run in {d}/run refused at the load of its weights (verdict corrupt_checkpoint)."""
+    if how == "resume":
+        over = [f"checkpoint.resume_from={flipped_resume(d)}", "steps=4"]
+    else:
+        (d / "junk.safetensors").write_bytes(os.urandom(4096))
+        over = [f"model.init_from={d}/junk.safetensors", "steps=2"]
+    run(sweep(*over, "ledger.enabled=false", f"hydra.run.dir={d}/run"), d)
+    assert verdict("corrupt_checkpoint")(Outcome(0, "", "", d)) is None
+
+
+def diagnosed(mechanism: str, rel: str = "run") -> Check:
+    def check(o: Outcome) -> Optional[str]:
+        if o.rc != 0:
+            return f"exit {o.rc}"
+        path = o.dir / rel / "diagnosis.json"
+        got = json.loads(path.read_text()).get("mechanism") if path.exists() else None
+        return None if got == mechanism else f"diagnosis.json mechanism {got!r}, not {mechanism!r}"
+
+    return check
+
+
+def exit_with(rc: int, *words: str) -> Check:
+    """Exit status `rc`, the text holding `words`, and, for a refusal (rc 1 or 2), one line on stderr."""
+
+    def check(o: Outcome) -> Optional[str]:
+        if o.rc != rc:
+            return f"exit {o.rc}, not {rc}"
+        missing = [w for w in words if w not in o.text]
+        if missing:
+            return f"does not say {missing[0]!r}"
+        lines = [ln for ln in o.err.splitlines() if ln.strip() and not ln.startswith("[")]
+        return None if rc == 0 or len(lines) == 1 else f"{len(lines)} lines on stderr"
+
+    return check
+
+
+def signal_on(needle: str, sig: int) -> Callable[[Case, Path], Outcome]:
+    """Start the case's command, send `sig` once `needle` is in its stdout, wait for it (no rerun)."""
+
+    def driver(case: Case, d: Path) -> Outcome:
+        import threading
+
+        argv = [PY, *[str(a).replace("{d}", str(d)) for a in case.args]]
+        p = subprocess.Popen(
+            argv,
+            cwd=d,
+            env=ENV,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+            preexec_fn=_default_sigint,  # a bench started in the background (`&`) ignores SIGINT: its children too
+        )
+        out: list = []
+        threading.Thread(target=lambda: out.extend(p.stdout), daemon=True).start()
+        deadline = time.time() + case.timeout
+        while p.poll() is None and not any(needle in ln for ln in out) and time.time() < deadline:
+            time.sleep(0.05)
+        p.send_signal(sig)
+        err = p.stderr.read()
+        try:
+            p.wait(timeout=120)
+        except subprocess.TimeoutExpired:
+            p.kill()
+            p.wait()
+        time.sleep(0.3)
+        return Outcome(p.returncode, "".join(out), err, d)
+
+    return driver
+
+
+def _default_sigint() -> None:
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
+def stopped_diagnosis(sig: int, run_dir: str) -> Check:
+    def check(o: Outcome) -> Optional[str]:
+        if o.rc != 128 + sig:
+            return f"exit {o.rc}, not {128 + sig}"
+        d = o.dir / run_dir
+        if (d / "diagnosis.json").exists():
+            return "a partial diagnosis.json was written"
+        records = [json.loads(p.read_text())["status"] for p in (d / "diagnosis").rglob("trial.json")]
+        if "error" in records:
+            return "a run of the diagnosis is recorded as error"
+        if "interrupted" not in records:
+            return f"no run of the diagnosis recorded as interrupted: {records}"
+        lines = [ln for ln in o.err.splitlines() if "stopped" in ln]
+        return None if len(lines) == 1 else f"{len(lines)} lines say it stopped"
+
+    return check
+
+
+def read_only(case: Case, d: Path) -> Outcome:
+    """Run the case with {d}/ro a read-only bind mount of {d}/src (as root; the mode bits otherwise), from {d}/cwd."""
+    src, ro, cwd = d / "src", d / "ro", d / "cwd"
+    ro.mkdir()
+    cwd.mkdir()
+    if os.geteuid() == 0:
+        for args in (["mount", "--bind", str(src), str(ro)], ["mount", "-o", "remount,bind,ro", str(ro)]):
+            if subprocess.run(args, capture_output=True).returncode != 0:
+                subprocess.run(["umount", "-l", str(ro)], capture_output=True)
+                return Outcome(0, "", "", d, {"skip": "cannot mount a read-only bind here"})
+    else:
+        ro.rmdir()
+        shutil.copytree(src, ro)
+        for p in [ro, *ro.rglob("*")]:
+            if p.is_dir():
+                p.chmod(0o555)
+    try:
+        argv = [PY, *[str(a).replace("{d}", str(d)) for a in case.args]]
+        p = subprocess.run(argv, cwd=cwd, env=ENV, capture_output=True, text=True, timeout=case.timeout)
+        return Outcome(p.returncode, p.stdout, p.stderr, d)
+    finally:
+        if os.geteuid() == 0:
+            subprocess.run(["umount", "-l", str(ro)], capture_output=True)
+        else:
+            for p in [ro, *ro.rglob("*")]:
+                if p.is_dir():
+                    p.chmod(0o755)
+
+
+def ladder_sweep(d: Path) -> None:
+    """{d}/sweepdir: a width ladder's run dirs whose max stable lr falls as width^-0.5 (tests/test_ladder.py), so
+    the report fits a line and extrapolates it to the target."""
+    sys.path.insert(0, str(REPO))
+    from tests.test_ladder import power_law_sweep
+
+    power_law_sweep(d / "sweepdir", widths=(32, 64, 128))
+
+
+def tracebacks_45() -> list[Case]:
+    """Finding 8: what ended in a traceback, each now one clear line or a correct result."""
+    cs: list[Case] = []
+    # sweep.diagnose on every corrupt_checkpoint run, and the sweep's own auto-diagnosis
+    for how in ("resume", "init_from"):
+        cs.append(
+            Case(
+                f"45/8 diagnose a corrupt_checkpoint run ({how})",
+                ["-m", "sweep.diagnose", "{d}/run"],
+                diagnosed("corrupt_checkpoint"),
+                setup=lambda d, how=how: corrupt_run(d, how),
+            )
+        )
+
+    cs.append(
+        Case(
+            "45/8 monitor.diagnose=auto, every run a corrupt checkpoint",
+            sweep(
+                "-m",
+                "optim.lr=1e-3,2e-3",
+                "checkpoint.resume_from={d}/ckpt/checkpoints/step_000002",
+                "steps=4",
+                "monitor.diagnose=auto",
+                "hydra.sweep.dir={d}/s",
+            ),
+            diagnosed("corrupt_checkpoint", "s/0"),
+            setup=flipped_resume,
+        )
+    )
+    cs.append(
+        Case(
+            "45/8 hallo_corrupt_checkpoint scenario, monitor.diagnose=auto",
+            [
+                "-m",
+                "sweep",
+                "+scenario=hallo_corrupt_checkpoint",
+                "progress=none",
+                "threads=1",
+                "monitor.diagnose=auto",
+                "monitor.diagnose_budget=100",
+                "hydra.sweep.dir={d}/s",
+            ],
+            diagnosed("corrupt_checkpoint", "s/3"),
+            timeout=600,
+        )
+    )
+    # Ctrl-C / SIGTERM during a diagnosis: stops after the step of its run, one line, no misleading record
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        name = signal.Signals(sig).name
+        cs.append(
+            Case(
+                f"45/8 {name} during python -m sweep.diagnose",
+                ["-m", "sweep.diagnose", "{d}/run"],
+                stopped_diagnosis(sig, "run"),
+                setup=lambda d: spiked_run(d, steps=3000),
+                driver=signal_on("fix 1/", sig),
+                timeout=600,
+            )
+        )
+        cs.append(
+            Case(
+                f"45/8 {name} during a sweep's monitor.diagnose=auto",
+                sweep(
+                    "-m",
+                    "steps=3000",
+                    "optim.lr=3e-2",
+                    "monitor.diagnose=auto",
+                    "hydra.sweep.dir={d}/s",
+                    "ledger.enabled=false",
+                ),
+                stopped_diagnosis(sig, "s/0"),
+                driver=signal_on("fix 1/", sig),
+                timeout=600,
+            )
+        )
+    # read-only run dirs: diagnose, replay, report
+    for name, args, check in [
+        ("diagnose", ["-m", "sweep.diagnose", "{d}/ro/run"], exit_with(2, "is not writable", "--out DIR")),
+        ("diagnose --out", ["-m", "sweep.diagnose", "{d}/ro/run", "--no-fix", "--out", "{d}/out"], exit_with(0)),
+        ("replay", ["-m", "sweep.replay", "{d}/ro/run"], exit_with(0, "wrote", "forensics.json instead")),
+        (
+            "replay --json into it",
+            ["-m", "sweep.replay", "{d}/ro/run", "--json", "{d}/ro/f.json"],
+            exit_with(1, "could not write the findings"),
+        ),
+        ("report", ["-m", "sweep.report", "{d}/ro"], exit_with(0, "into the current directory instead")),
+        (
+            "report --html into it",
+            ["-m", "sweep.report", "{d}/ro", "--html", "{d}/ro/r.html"],
+            exit_with(1, "could not write r.html"),
+        ),
+    ]:
+        cs.append(
+            Case(
+                f"45/8 read-only run dir: {name}",
+                args,
+                check,
+                setup=lambda d: spiked_run(d, "src/run"),
+                driver=read_only,
+            )
+        )
+    # the Optuna sweeper with a ledger URL it cannot open
+    for url in (
+        "notaurl",
+        "postgresql://me@127.0.0.1:9/x",
+        "mysql://me@127.0.0.1:9/x",
+        "sqlite:////proc/nowhere/x.db",
+        "postgresql://me@nosuchhost.invalid/x",
+    ):
+        cs.append(
+            Case(
+                f"45/8 optuna sweeper, ledger.storage={url}",
+                sweep(
+                    "-m",
+                    "hydra/sweeper=optuna_sweep",
+                    "hydra.sweeper.sampler.name=grid",
+                    "optim.lr=choice(1e-3,2e-3)",
+                    f"ledger.storage={url}",
+                    "hydra.sweep.dir={d}/s",
+                    "steps=2",
+                ),
+                exit2_naming("ledger.storage"),
+            )
+        )
+    # custom models that pass a batch-2 no-grad forward but cannot train
+    for target in (
+        "batch_of_two_only",
+        "reshapes_to_two",
+        "no_parameters",
+        "frozen",
+        "no_grad_forward",
+        "detached_output",
+    ):
+        cs.append(
+            Case(
+                f"45/8 custom model {target}",
+                sweep(
+                    "model=custom", f"model.target=tests.custom_factories:{target}", "hydra.run.dir={d}/run", "steps=2"
+                ),
+                exit2_naming("model.target"),
+            )
+        )
+
+    def one_line_error(words: str) -> Check:
+        def check(o: Outcome) -> Optional[str]:
+            r = result(o)
+            if r is None or r.get("status") != "error":
+                return f"exit {o.rc}, result {r and r.get('status')}"
+            return None if words in (r.get("reason") or "") and "\n" not in r["reason"] else f"reason {r['reason']!r}"
+
+        return check
+
+    cs.append(
+        Case(
+            "45/8 custom model right at batch 2 only, eval batch 16",
+            sweep(
+                "model=custom",
+                "model.target=tests.custom_factories:batch_of_two_only",
+                "data.batch_size=2",
+                "steps=1",
+                "hydra.run.dir={d}/run",
+            ),
+            one_line_error("x's shape (16,"),
+        )
+    )
+    # a resume with steps at or below the checkpoint's step
+    for steps in (1, 2):
+        cs.append(
+            Case(
+                f"45/8 resume at step 2 with steps={steps}",
+                sweep(
+                    "checkpoint.resume_from={d}/sweepdir/0/checkpoints/step_000002",
+                    f"steps={steps}",
+                    "hydra.run.dir={d}/run",
+                ),
+                lambda o: exit_with(2, "steps: ")(o) or ("a run started" if result(o) is not None else None),
+                setup=lambda d: copy_run(d),
+            )
+        )
+    # valid JSON of the wrong shape: the report names and skips it, diagnose says it in one line
+    for name, change in [
+        ("mechanism a string", {"mechanism": "boom"}),
+        ("mechanism a list", {"mechanism": [1]}),
+        ("headroom a string", {"headroom": "x"}),
+        ("seconds a string", {"seconds": "fast"}),
+    ]:
+        cs.append(
+            Case(
+                f"45/8 report: result.json {name}",
+                ["-m", "sweep.report", "{d}/sweepdir", "--no-html"],
+                report_names_skip,
+                setup=damaged_report(lambda r, change=change: json.dumps({**r, **change})),
+            )
+        )
+    for name, content in [("null", "null"), ("a list", "[1]"), ("fix a string", '{"mechanism": "x", "fix": "x"}')]:
+
+        def bad_diagnosis(d: Path, content=content) -> None:
+            copy_run(d, "sweepdir/0")
+            bad = copy_run(d, "sweepdir/1")
+            r = json.loads((bad / "result.json").read_text())
+            (bad / "result.json").write_text(
+                json.dumps({**r, "status": "diverged", "verdict": "loss_spike", "first_bad_step": 1})
+            )
+            (bad / "diagnosis.json").write_text(content)
+
+        cs.append(
+            Case(
+                f"45/8 report: diagnosis.json {name}",
+                ["-m", "sweep.report", "{d}/sweepdir", "--no-html"],
+                exit_with(0, "1/diagnosis.json", "the run is kept"),
+                setup=bad_diagnosis,
+            )
+        )
+    for name, change in [
+        ("cause a list", {"cause": [1]}),
+        ("first_bad_step a string", {"first_bad_step": "four"}),
+        ("first_bad_step past the run", {"first_bad_step": 999}),
+        ("seconds a string", {"seconds": "fast"}),
+        ("headroom a string", {"headroom": "x"}),
+        ("status a number", {"status": 3}),
+    ]:
+
+        def damaged_spike(d: Path, change=change) -> None:
+            path = spiked_run(d) / "result.json"
+            path.write_text(json.dumps({**json.loads(path.read_text()), **change}))
+
+        cs.append(
+            Case(
+                f"45/8 diagnose: result.json {name}",
+                ["-m", "sweep.diagnose", "{d}/run", "--no-fix"],
+                exit_with(2, "sweep.diagnose: "),
+                setup=damaged_spike,
+            )
+        )
+    # ladder targets with no float, or far past any model
+    huge = "1" + "0" * 320  # 10**320
+    for target in ("1e308", "1e-300", huge, "0.5"):
+        cs.append(
+            Case(
+                f"45/8 report --ladder-target {'10**320' if target == huge else target}",
+                ["-m", "sweep.report", "{d}/sweepdir", "--no-html", "--ladder-target", target],
+                exit_with(2, "--ladder-target: must be a width or depth from 1 to 1,000,000"),
+                setup=ladder_sweep,
+            )
+        )
+    for target in ("1e308", "1e-300", huge):
+        cs.append(
+            Case(
+                f"45/8 ladder.target={'10**320' if target == huge else target} at composition",
+                sweep("-m", "+ladder=width", f"ladder.target={target}", "hydra.sweep.dir={d}/s"),
+                exit2_naming("ladder.target"),
+            )
+        )
+    return cs
+
+
+def steps_45() -> list[Case]:
+    """Finding 9: `steps` without a bound, its tables built before step 0, SIGTERM ignored there, and a diagnosis
+    of a long run training its fix for the run's whole length."""
+    cs = [
+        Case(f"45/9 steps={v}", sweep(f"steps={v}", "hydra.run.dir={d}/run"), exit2_naming("steps"))
+        for v in ("100000000000", "1e11", "7158279")
+    ]
+    cs.append(
+        Case(
+            "45/9 steps=5000000 on a model too big to run them in 30 days",
+            sweep(
+                "model.size=B",
+                "data.frames=16",
+                "data.height=256",
+                "data.width=256",
+                "data.batch_size=8",
+                "data.num_samples=8",
+                "steps=5000000",
+                "hydra.run.dir={d}/run",
+            ),
+            exit2_naming("steps"),
+        )
+    )
+
+    def soon(sig: int, after_s: float) -> Callable[[Case, Path], Outcome]:
+        def driver(case: Case, d: Path) -> Outcome:
+            argv = [PY, *[str(a).replace("{d}", str(d)) for a in case.args]]
+            t0 = time.time()
+            p = subprocess.Popen(argv, cwd=d, env=ENV, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+            try:
+                out, err = p.communicate(timeout=after_s)
+            except subprocess.TimeoutExpired:
+                p.send_signal(sig)
+                out, err = p.communicate(timeout=120)
+            return Outcome(p.returncode, out, err, d, {"s": time.time() - t0})
+
+        return driver
+
+    def stopped_soon(o: Outcome) -> Optional[str]:
+        r = result(o)
+        if o.rc != 143 or r is None or r.get("status") != "interrupted":
+            return f"exit {o.rc}, result {r and r.get('status')}"
+        return None if o.extra["s"] < 90 else f"took {o.extra['s']:.0f} s to stop"
+
+    cs.append(
+        Case(
+            "45/9 SIGTERM 8 s into a run of steps=7000000 (windows)",
+            sweep("steps=7000000", "monitor.sync_every=4", "optim.schedule=cosine", "hydra.run.dir={d}/run"),
+            stopped_soon,
+            driver=soon(signal.SIGTERM, 8.0),
+        )
+    )
+
+    def horizon(o: Outcome) -> Optional[str]:
+        if o.rc != 0:
+            return f"exit {o.rc}"
+        d = json.loads((o.dir / "run" / "diagnosis.json").read_text())
+        fix = d["fix"]
+        runs = [json.loads(p.read_text()) for p in (o.dir / "run" / "diagnosis").glob("fix_*/trial.json")]
+        longest = max((r.get("steps_run") or 0 for r in runs), default=0)
+        return None if fix.get("through_step") == 999 and longest <= 1000 else f"fix {fix}, longest {longest}"
+
+    cs.append(
+        Case(
+            "45/9 diagnose a 100000-step run that spiked at step 4",
+            ["-m", "sweep.diagnose", "{d}/run"],
+            horizon,
+            setup=lambda d: spiked_run(d, steps=100_000),
+            timeout=900,
+        )
+    )
     return cs
 
 
@@ -1484,6 +1965,8 @@ class _Bomb:
 
 
 def classify(case: Case, o: Outcome) -> tuple[str, str]:
+    if o.extra.get("skip"):  # the driver found the machine cannot stage it
+        return "skipped", o.extra["skip"]
     text = o.text + "".join(e.text for e in o.extra.values() if isinstance(e, Outcome))
     if o.rc is None:
         return "unclear", "timed out"

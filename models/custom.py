@@ -239,8 +239,13 @@ class CustomAdapter(nn.Module):
         self.modulate_calls = dict(self.counter.calls)
         if not isinstance(out, Tensor) or out.shape != x.shape:
             got = tuple(out.shape) if isinstance(out, Tensor) else type(out).__name__
-            raise ValueError(
+            raise CustomModelError(
                 f"{self.target}: forward(x, t) must return a prediction of x's shape {tuple(x.shape)}, got {got}"
+            )
+        if torch.is_grad_enabled() and not out.requires_grad and any(p.requires_grad for p in self.parameters()):
+            raise CustomModelError(
+                f"{self.target}: forward(x, t) returns a prediction with no grad_fn (computed under torch.no_grad() "
+                "or detached), so no gradient reaches the model's weights"
             )
         if self.forwards == 0:
             self._check_axes_reached()
@@ -419,19 +424,38 @@ def _check_params(target: str, n: int, limit: int, how: str) -> None:
 
 
 def probe_forward(module: nn.Module, target: str, inputs: dict, is_image: bool) -> None:
-    """One forward of `module` on CPU in float32, no gradients, on (PROBE_BATCH, C, [F,] H, W) and t (B,)."""
-    shape = (
-        PROBE_BATCH,
-        inputs["channels"],
-        *(() if is_image else (inputs["frames"],)),
-        inputs["height"],
-        inputs["width"],
-    )
+    """The model's forward as training calls it, on CPU in float32: on (PROBE_BATCH, C, [F,] H, W) and t (B,) with
+    autograd on, then, when the run trains at another batch size (`inputs["batch_size"]`), on a batch of that size
+    without gradients. CustomModelError (one line) when a forward raises or does not return a tensor of x's shape,
+    when the model has no parameter to train (none, or every one frozen, unless a finetune brings its own:
+    `inputs["finetune"]`), or when its prediction has no grad_fn (a forward under torch.no_grad(), a detached
+    output: no gradient reaches the weights). Each of the last three passed a batch-2 no-grad probe and ended every
+    run `error` with a traceback (issue 45)."""
+    trains = [p for p in module.parameters() if p.requires_grad]
+    if not trains and inputs.get("finetune", "none") == "none":
+        n = sum(p.numel() for p in module.parameters())
+        raise CustomModelError(
+            f"{target}: the model has no parameter to train ({n} parameters, none with requires_grad=True): "
+            "AdamW would have nothing to update"
+        )
+    batch = inputs.get("batch_size") or PROBE_BATCH
+    for size, grad in ((PROBE_BATCH, True), *(((batch, False),) if batch != PROBE_BATCH else ())):
+        out = _probe_batch(module, target, inputs, is_image, size, grad)
+        if grad and trains and not out.requires_grad:
+            raise CustomModelError(
+                f"{target}: forward(x, t) returns a prediction with no grad_fn (computed under torch.no_grad() or "
+                "detached), so no gradient reaches the model's weights: training needs the forward to build the graph"
+            )
+
+
+def _probe_batch(module: nn.Module, target: str, inputs: dict, is_image: bool, size: int, grad: bool) -> Tensor:
+    """One forward on a random batch of `size` (autograd on when `grad`): the output, checked to be x's shape."""
+    shape = (size, inputs["channels"], *(() if is_image else (inputs["frames"],)), inputs["height"], inputs["width"])
     torch.manual_seed(0)
-    x, t = torch.randn(shape), torch.tensor([10.0, 500.0])
+    x, t = torch.randn(shape), torch.linspace(10.0, 500.0, size)
     was_training = module.training
     try:
-        with torch.no_grad():
+        with torch.set_grad_enabled(grad):
             out = module(x, t)
     except Exception as e:  # the user's code: one line
         message = str(e).strip().splitlines()[0] if str(e).strip() else ""
@@ -448,3 +472,4 @@ def probe_forward(module: nn.Module, target: str, inputs: dict, is_image: bool) 
         raise CustomModelError(
             f"{target}: forward(x, t) must return a prediction of x's shape {tuple(shape)}, got {tuple(out.shape)}"
         )
+    return out

@@ -124,7 +124,13 @@ def run_job(cfg: DictConfig) -> dict:
         log.warning(
             "%s: stopped%s; run the same command again to resume the unfinished %s",
             request.name,
-            f" {job.run_dir} after step {result.interrupted_at_step}" if result.status == "interrupted" else "",
+            (
+                f" {job.run_dir} after step {result.interrupted_at_step}"
+                if result.interrupted_at_step is not None
+                else f" {job.run_dir} during its set-up"
+            )
+            if result.status == "interrupted"
+            else "",
             "cells" if job.multirun else "run",
         )
         if not os.environ.get("SUBMITIT_LOCAL_JOB_ID"):

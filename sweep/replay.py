@@ -4,7 +4,8 @@
 
 Rebuilds the run from its saved config (.hydra/config.yaml), re-trains it deterministically to the
 step, and prints where the values first went non-finite (forward or backward, which module) and the
-modules closest to their dtype's overflow edge. Writes forensics.json into the run directory.
+modules closest to their dtype's overflow edge. Writes forensics.json into the run directory (`--json FILE`
+elsewhere; into the current directory when the run directory cannot be written, as the data doctor does).
 
 A run that did not diverge has nothing to replay unless `--step N` asks for a step, and then the
 replay says whether the values stayed finite. `--step` must be a step the run ran (0 to steps_run - 1):
@@ -24,6 +25,8 @@ from sweep.run.build import resolve_device
 from sweep.run.forensics import locate
 from sweep.run.results import run_record
 
+FORENSICS_FILE = "forensics.json"
+
 
 def load_run(run_dir: Path) -> RunConfig:
     """The RunConfig a run directory was made with (sweep.config.recorded.load_recorded)."""
@@ -34,6 +37,13 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m sweep.replay", description=__doc__.split("\n\n")[0])
     ap.add_argument("run_dir", type=Path, help="a run directory (holds result.json and .hydra/config.yaml)")
     ap.add_argument("--step", type=int, default=None, help="probe this step instead of the first bad (or last) one")
+    ap.add_argument(
+        "--json",
+        type=Path,
+        metavar="FILE",
+        help=f"where to write the findings (default: RUN_DIR/{FORENSICS_FILE}, or ./{FORENSICS_FILE} when the run "
+        "directory is not writable)",
+    )
     args = ap.parse_args(argv)
     run_dir: Path = args.run_dir
     record = run_record(run_dir)  # result.json; trial.json for a confirmation's own run
@@ -82,8 +92,30 @@ def main(argv: list[str] | None = None) -> int:
     for h in headroom:
         print(f"  {h['module']:<32} {h['headroom']:>9.3g}  amax {h['amax']:.3g} ({h['dtype']})")
     out = {"step": step, "cause": None if cause is None else cause.__dict__, "headroom": headroom}
-    (run_dir / "forensics.json").write_text(json.dumps(out, indent=2) + "\n")
-    return 0
+    return write_findings(json.dumps(out, indent=2) + "\n", args.json, run_dir)
+
+
+def write_findings(text: str, given: Path | None, run_dir: Path) -> int:
+    """forensics.json: to --json FILE, else into the run dir, else (a run dir that cannot be written: a read-only
+    mount, another user's files) into the current directory, said on stderr. Before, a read-only run dir ended
+    the replay, its findings printed, with a traceback. Exit status 0, or 1 with one line when none takes it."""
+    tried = [given] if given is not None else [run_dir / FORENSICS_FILE, Path.cwd() / FORENSICS_FILE]
+    errors = []
+    for path in tried:
+        try:
+            path.write_text(text)
+        except OSError as e:
+            errors.append(f"{path}: {e.strerror or type(e).__name__}")
+            continue
+        if errors:
+            print(f"sweep.replay: {'; '.join(errors)}: wrote {path} instead", file=sys.stderr)
+        return 0
+    print(
+        f"sweep.replay: could not write the findings ({'; '.join(errors)}); they are printed above, and "
+        "--json FILE writes them where you can write",
+        file=sys.stderr,
+    )
+    return 1
 
 
 if __name__ == "__main__":

@@ -236,3 +236,57 @@ def huge_then_reads(channels: int, dim: int = 66_000) -> nn.Module:
     model = nn.Sequential(nn.Linear(dim, dim, bias=False))
     assert model[0].weight.abs().max().item() < 1.0
     return model
+
+class _Scale(nn.Module):
+    """x times one weight, then `out(x, y)`: the base of the models below that pass the probe's forward on a
+    batch of 2 and cannot train."""
+
+    def __init__(self, out):
+        super().__init__()
+        self.w, self.out = nn.Parameter(torch.ones(())), out
+
+    def forward(self, x, t):
+        return self.out(x, x * self.w)
+
+
+def batch_of_two_only(channels: int) -> nn.Module:
+    """The right shape at the probe's batch of 2 only: it keeps the first two samples."""
+    return _Scale(lambda x, y: y[:2])
+
+
+def reshapes_to_two(channels: int) -> nn.Module:
+    """A batch of 2 hard-coded in a reshape: any other batch raises."""
+    return _Scale(lambda x, y: y.reshape(2, *x.shape[1:]))
+
+
+def no_parameters(channels: int) -> nn.Module:
+    """Nothing to train: a module without parameters."""
+
+    class Half(nn.Module):
+        def forward(self, x, t):
+            return x * 0.5
+
+    return Half()
+
+
+def frozen(channels: int) -> nn.Module:
+    """Nothing to train: every parameter has requires_grad=False."""
+    model = _Scale(lambda x, y: y)
+    model.requires_grad_(False)
+    return model
+
+
+def no_grad_forward(channels: int) -> nn.Module:
+    """A forward under torch.no_grad(): its prediction has no grad_fn, so no gradient reaches the weights."""
+
+    class NoGrad(_Scale):
+        def forward(self, x, t):
+            with torch.no_grad():
+                return super().forward(x, t)
+
+    return NoGrad(lambda x, y: y)
+
+
+def detached_output(channels: int) -> nn.Module:
+    """Its prediction detached from the graph: no gradient reaches the weights."""
+    return _Scale(lambda x, y: y.detach())

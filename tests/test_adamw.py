@@ -105,7 +105,7 @@ def test_pure_fp16_keeps_torchs_zero_over_zero_at_the_first_update():
 def test_scalars_are_pythons_doubles_rounded_to_fp32():
     h = Hyper.of(schedule, 20, (0.9, 0.95), 1e-6, 0.05, torch.device("cpu"))
     counts = torch.tensor([1, 7, 20])
-    per_step = per_step_scalars(h.lr[torch.tensor([9])], h, counts)
+    per_step = per_step_scalars(h.lr.at(torch.tensor([9])), h, counts)
     lr = schedule(9)
     assert h.consts == (1 - 0.9, 0.95, 1 - 0.95, 1e-6)  # Python floats, as torch's kernels take them
     for j, n in enumerate(counts.tolist()):

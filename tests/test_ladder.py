@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import re
 
 import numpy as np
 import pytest
@@ -90,7 +91,7 @@ def test_ladder_configs_compose_a_search_over_the_size():
     [
         ("model.width=48", "model.width: must be a positive multiple of 32 (the head dim of size tiny), got 48"),
         ("model.depth=3", "model.depth: video_dit spends its blocks as (spatial, temporal) pairs: must be even"),
-        ("ladder.target=0", "ladder.target: must be > 0, got 0"),
+        ("ladder.target=0", "ladder.target: must be a width or depth from 1 to 1,000,000, got 0"),
     ],
 )
 def test_bad_size_values_are_config_errors(override, message):
@@ -151,18 +152,47 @@ def test_a_list_replaces_the_ladders_sizes_and_the_comments_advice_is_accepted()
         assert advice and all(shadowed_axis(params, [a.rstrip(";,.")]) is None for a in advice if "," in a), advice
 
 
-@pytest.mark.parametrize("target", ["0", "-3", "inf", "nan"])
+@pytest.mark.parametrize("target", ["0", "-3", "inf", "nan", "1e308", "1e-300", "1" + "0" * 320, "0.5"])
 def test_a_ladder_target_with_no_logarithm_is_one_line_and_exit_2(tmp_path, capsys, target):
     """issue 33: `python -m sweep.report DIR --ladder-target 0` (or -3) was a traceback (math domain error);
-    inf was accepted and predicted lr 0."""
+    inf was accepted and predicted lr 0. issue 45: 1e308, 1e-300 and 10**320 (inf as a float) were tracebacks
+    (OverflowError: the prediction's exp): a target is a width or depth from 1 to LADDER_TARGET_MAX."""
     from sweep.report.__main__ import main
 
     power_law_sweep(tmp_path / "s", widths=(32, 64, 128))
     assert main([str(tmp_path / "s"), "--no-html", "--ladder-target", target]) == 2
     err = capsys.readouterr().err.strip().splitlines()
-    assert len(err) == 1 and "--ladder-target: must be a finite width or depth > 0" in err[0], err
+    assert len(err) == 1 and "--ladder-target: must be a width or depth from 1 to 1,000,000, got" in err[0], err
 
 
 def test_a_ladder_target_of_inf_in_the_config_is_refused():
     with pytest.raises(Exception, match="ladder.target"):
         make_run("+ladder=width", "ladder.target=1e400")
+
+
+@pytest.mark.parametrize(
+    "target,shown", [("1" + "0" * 320, "an integer of 321 digits"), ("0", "0"), ("2000000", "2e+06")]
+)
+def test_a_ladder_target_out_of_range_in_the_config_is_one_line(target, shown):
+    """issue 45: ladder.target=10**320 (an int: the key is an integer) was an OverflowError traceback at
+    composition (math.isfinite converts it to a float)."""
+    with pytest.raises(
+        ConfigError, match=rf"^ladder.target: must be a width or depth from 1 to 1,000,000, got {re.escape(shown)}$"
+    ):
+        make_run("+ladder=width", f"ladder.target={target}")
+
+
+def test_a_steep_fit_far_from_its_sizes_predicts_inf_not_a_traceback():
+    """issue 45: exp(a + b log target) past float's range raised OverflowError; the prediction is then inf."""
+    points = [
+        (s, 10.0 ** (k - 9), 2 * 10.0 ** (k - 9), math.sqrt(2) * 10.0 ** (k - 9)) for k, s in enumerate((32, 64, 128))
+    ]
+    row = fit_line(
+        [
+            (s, lo * 10.0 ** (40 * i), hi * 10.0 ** (40 * i), lr * 10.0 ** (40 * i))
+            for i, (s, lo, hi, lr) in enumerate(points)
+        ],
+        1e6,
+        0.9,
+    )
+    assert row["exponent"] > 100 and row["predicted_lr"] == math.inf and row["high"] == math.inf

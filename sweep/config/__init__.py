@@ -85,6 +85,7 @@ from sweep.config.validate import (
     MAX_SEED,
     MAX_THREADS,
     check_nodes,
+    check_storage,
     flatten,
     nonfinite_floats,
     to_run_config,
@@ -164,5 +165,6 @@ __all__ = [
     "to_run_config",
     "validate",
     "validate_pruner",
+    "check_storage",
     "without_retired",
 ]

@@ -53,6 +53,7 @@ def check_inputs(run: RunConfig) -> RunConfig:
             f"{resume} was saved by a run with other shapes or dtypes: "
             + ", ".join(f"{k}={saved} there, {now} here" for k, saved, now in differ),
         )
+        _check_resume_step(run, Path(resume))
     if run.model.arch is Arch.custom:
         _probe_custom(run)
         _probe_pure_precision(run)
@@ -97,6 +98,27 @@ def not_a_checkpoint(path: Path) -> str:
     shown = ", ".join(str(p) for p in steps[-3:])
     more = f" ({len(steps)} in all)" if len(steps) > 3 else ""
     return f"{path} is not a checkpoint but holds step directories: name one of them: {shown}{more}"
+
+
+def _check_resume_step(run: RunConfig, checkpoint: Path) -> None:
+    """`steps` is the run's total, counted from step 0: a resume from a checkpoint saved at step N runs steps N to
+    steps - 1, so steps <= N leaves nothing to run (before: each run ended `error` with a traceback). The step is
+    the checkpoint's manifest.json `step` (sweep/run/checkpoint.py); a manifest that cannot be read is the
+    checkpoint verifier's business (`corrupt_checkpoint`)."""
+    import json
+
+    try:
+        saved_at = json.loads((checkpoint / "manifest.json").read_text())["step"]
+    except (OSError, ValueError, KeyError, TypeError):
+        return
+    if not isinstance(saved_at, int) or isinstance(saved_at, bool):
+        return
+    require(
+        run.steps > saved_at,
+        "steps",
+        f"steps={run.steps}, but checkpoint.resume_from {checkpoint} was saved at step {saved_at}: a resume runs "
+        f"steps {saved_at} to steps - 1 (steps counts from step 0), so nothing is left to run; give steps > {saved_at}",
+    )
 
 
 REMOTE_LAUNCHERS = ("slurm", "ray")
@@ -158,14 +180,15 @@ def _probe_once(key: str, probe: Callable[[], None]) -> None:
 
 def _probe_custom(run: RunConfig) -> None:
     """Build the custom model once (per distinct call): a factory that raises or returns no nn.Module, a model
-    over the 1,000M-parameter limit (counted as it is built, on the meta device past the limit), or a forward that
-    does not return a tensor of x's shape is one line and exit 2 before any run, not a crash in the middle of a
-    sweep. Costs one model construction and one forward on a batch of 2; the model is kept (_BUILT) for the other
-    probes of the check."""
+    over the 1,000M-parameter limit (counted as it is built, on the meta device past the limit), a forward that does
+    not return a tensor of x's shape (on a batch of 2, and of the run's batch size), a model with nothing to train or
+    a prediction with no grad_fn is one line and exit 2 before any run, not a crash in the middle of a sweep. Costs
+    one model construction, one forward with autograd on a batch of 2 and one without on the run's batch; the model
+    is kept (_BUILT) for the other probes of the check."""
     from models.custom import CustomModelError, CustomModelTooBig, probe_factory
     from sweep.run.sizes import PARAMS_LIMIT
 
-    m, inputs = run.model, run.model_inputs
+    m, inputs = run.model, _probe_inputs(run)
     key = _custom_key(run)
 
     def probe() -> None:
@@ -179,10 +202,16 @@ def _probe_custom(run: RunConfig) -> None:
     _probe_once(key, probe)
 
 
+def _probe_inputs(run: RunConfig) -> dict:
+    """The config inputs of a custom factory, and what its probed forward must also work with: the run's batch
+    size, and whether a finetune brings its own parameters."""
+    return {**run.model_inputs, "batch_size": run.data.batch_size, "finetune": run.finetune.method.value}
+
+
 def _custom_key(run: RunConfig) -> str:
-    """One distinct call of a custom factory: its target, kwargs and config inputs."""
+    """One distinct call of a custom factory: its target, kwargs and config inputs (and what its probe checks)."""
     m = run.model
-    return repr((m.target, sorted(m.kwargs.items()), sorted(run.model_inputs.items())))
+    return repr((m.target, sorted(m.kwargs.items()), sorted(_probe_inputs(run).items())))
 
 
 def checked_model(run: RunConfig, copy: bool = True) -> Callable[[], Any]:

@@ -193,9 +193,26 @@ def _check_precision(run: RunConfig) -> None:
     )
 
 
+LADDER_TARGET_MAX = 1_000_000
+"""The largest width or depth a ladder extrapolates to (ladder.target, sweep.report --ladder-target): far beyond any
+model's (the largest are ~10^4 wide and ~10^2 deep); a target of 1e308 or 10**320 overflowed the prediction."""
+
+
+def ladder_target_problem(target) -> str | None:
+    """Why `target` (an int from the config, a float from the command line) is no width or depth to extrapolate
+    to, or None. Compared without a float conversion: 10**320 has none."""
+    if isinstance(target, (int, float)) and not isinstance(target, bool) and 1 <= target <= LADDER_TARGET_MAX:
+        return None
+    if isinstance(target, int) and abs(target) >= 10**16:
+        shown = f"an integer of {len(str(abs(target)))} digits"
+    else:
+        shown = f"{target:g}" if isinstance(target, (int, float)) else repr(target)
+    return f"must be a width or depth from 1 to {LADDER_TARGET_MAX:,}, got {shown}"
+
+
 def _check_ladder(lad: LadderConfig) -> None:
-    require(lad.target is None or lad.target > 0, "ladder.target", f"must be > 0, got {lad.target}")
-    require(lad.target is None or math.isfinite(lad.target), "ladder.target", f"must be finite, got {lad.target}")
+    problem = None if lad.target is None else ladder_target_problem(lad.target)
+    require(problem is None, "ladder.target", str(problem))
     require(0 < lad.confidence < 1, "ladder.confidence", f"must be in (0, 1), got {lad.confidence}")
 
 
@@ -371,14 +388,18 @@ def _check_confirm(run: RunConfig) -> None:
 
 
 def _check_ledger(lc: LedgerConfig) -> None:
-    st = lc.storage
+    check_storage(lc.storage)
+    validate_pruner(lc.pruner, "ledger.pruner")
+    require(lc.lock_timeout_s > 0, "ledger.lock_timeout_s", f"must be > 0, got {lc.lock_timeout_s}")
+
+
+def check_storage(st: str | None) -> None:
+    """ledger.storage is a database URL or a journal file (also checked by the Optuna sweeper, which opens it)."""
     require(
         st is None or "://" in st or st.endswith((".log", ".jsonl", ".journal")),
         "ledger.storage",
         f"must be a database URL (sqlite:///..., postgresql://...) or a journal file ending in .log, got {st!r}",
     )
-    validate_pruner(lc.pruner, "ledger.pruner")
-    require(lc.lock_timeout_s > 0, "ledger.lock_timeout_s", f"must be > 0, got {lc.lock_timeout_s}")
 
 
 def _check_report(r: ReportConfig) -> None:

@@ -7,7 +7,8 @@
 Reads the run's result.json, metrics.csv and .hydra/config.yaml; names its mechanism from what it
 recorded; replays it bit for bit to its last healthy step and runs the bad steps again with one change at
 a time (same config, fp32, reference kernels, without extreme samples, lr/10, update clipping); runs the
-proposed fix from step 0. Writes RUN_DIR/diagnosis.json and keeps its runs under RUN_DIR/diagnosis/.
+proposed fix from step 0. Writes RUN_DIR/diagnosis.json and keeps its runs under RUN_DIR/diagnosis/ (--out DIR:
+there instead, for a run dir you cannot write).
 Exit status 0 when diagnosed, 2 on bad input (not a run dir, a run that did not diverge, an older run).
 """
 
@@ -21,6 +22,7 @@ from sweep.config import ConfigError
 from sweep.diagnose.counterfactual import PAST
 from sweep.diagnose.diagnosis import diagnose, render
 from sweep.diagnose.record import DiagnoseError
+from sweep.run.interrupt import Stopped, stopping_on_signals
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -34,21 +36,41 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--bisect", action="store_true", help="search the modules that must compute in fp32")
     ap.add_argument("--past", type=int, default=PAST, help=f"steps run past the bad ones (default {PAST})")
     ap.add_argument("--no-fix", action="store_true", help="do not run the proposed fix")
+    ap.add_argument(
+        "--out",
+        type=Path,
+        metavar="DIR",
+        help="write diagnosis.json and the diagnosis's runs (diagnosis/) into DIR (default: the run dir; for a run "
+        "dir you cannot write)",
+    )
     args = ap.parse_args(argv)
     if args.past < 0:
         print("sweep.diagnose: --past must be >= 0", file=sys.stderr)
         return 2
     try:
-        d = diagnose(
-            args.run_dir,
-            bisect=args.bisect,
-            past=args.past,
-            fix=not args.no_fix,
-            progress=lambda line: print(line, flush=True),
-        )
+        # Ctrl-C/SIGTERM: the diagnosis's run in progress stops after its step (recorded as interrupted), and the
+        # diagnosis stops there, diagnosis.json not written (before: a KeyboardInterrupt traceback, and the run in
+        # progress recorded as `error`)
+        with stopping_on_signals(when="after the step of the diagnosis's run in progress"):
+            d = diagnose(
+                args.run_dir,
+                bisect=args.bisect,
+                past=args.past,
+                fix=not args.no_fix,
+                progress=lambda line: print(line, flush=True),
+                out=args.out,
+            )
     except (DiagnoseError, ConfigError) as e:
         print(f"sweep.diagnose: {e}", file=sys.stderr)
         return 2
+    except Stopped as e:
+        where = args.out or args.run_dir
+        print(
+            f"sweep.diagnose: {e.name}: stopped; {where}/diagnosis.json is not written (the runs made so far are in "
+            f"{where}/diagnosis/, the one stopped recorded as interrupted); run the same command again to diagnose",
+            file=sys.stderr,
+        )
+        return 128 + e.signum
     print()
     print(render(d))
     return 0

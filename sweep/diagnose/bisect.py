@@ -20,7 +20,7 @@ import torch
 
 from sweep.diagnose.record import RunRecord
 from sweep.diagnose.signals import computes_in_fp32
-from sweep.diagnose.trials import run_trial, with_overrides
+from sweep.diagnose.trials import from_start_last, run_trial, with_overrides
 from sweep.run.build import build_parts
 from sweep.run.module_flops import module_flops
 from sweep.run.precision import PrecisionPolicy
@@ -112,7 +112,8 @@ def bisect_fp32(record: RunRecord, scratch: Path, progress: Callable[[str], None
         if len(trials) >= MAX_TRIALS:
             raise TimeoutError
         o = overrides if overrides is not None else [f"precision.fp32_modules=[{','.join(sorted(names))}]"]
-        outcome = run_trial(with_overrides(record.config, o), scratch / f"trial_{len(trials) + 1:02d}")
+        last = from_start_last(record)  # from step 0: at most FROM_START_HORIZON x the steps the run took to fail
+        outcome = run_trial(with_overrides(record.config, o), scratch / f"trial_{len(trials) + 1:02d}", last=last)
         cache[key] = outcome.healthy
         trials.append(
             {

@@ -8,11 +8,12 @@ import time
 from pathlib import Path
 from typing import Callable
 
-from sweep.diagnose.counterfactual import PAST, Table, reproduced, run_table
+from sweep.config import Verdict
+from sweep.diagnose.counterfactual import PAST, ROWS, Row, Table, reproduced, run_table
 from sweep.diagnose.fix import KNOWN, candidates, confirm, lr_delayed_it, reference_kernel
 from sweep.diagnose.mechanism import Mechanism, decide
-from sweep.diagnose.record import RunRecord, load, sweep_dir_of, write_mechanism
-from sweep.run.results import recorded_mechanism
+from sweep.diagnose.record import DiagnoseError, RunRecord, load, sweep_dir_of, write_mechanism
+from sweep.run.results import recorded_mechanism, unwritable
 
 log = logging.getLogger("sweep")
 
@@ -143,15 +144,31 @@ def diagnose(
     past: int = PAST,
     fix: bool = True,
     progress: Callable[[str], None] = print,
+    out: Path | None = None,
 ) -> dict:
-    """Diagnose the diverged run in `run_dir` and write diagnosis.json there; returns what it holds."""
+    """Diagnose the diverged run in `run_dir` and write diagnosis.json there (or into `out`, with the diagnosis's
+    own runs, `diagnosis/`); returns what it holds. A directory it cannot write is one line (DiagnoseError) before
+    anything runs: before, a read-only run dir let every trial fail to write its record, then a traceback."""
     start = time.perf_counter()
     record = load(run_dir)
-    scratch = Path(run_dir) / SCRATCH
+    out = Path(run_dir) if out is None else Path(out)
+    problem = unwritable(out)
+    if problem is not None:
+        given = "" if out == Path(run_dir) else " (--out)"
+        raise DiagnoseError(
+            f"{out}{given} is not writable ({problem}): a diagnosis writes {DIAGNOSIS_FILE} and its runs ({SCRATCH}/) "
+            "there; give --out DIR, a directory you can write"
+        )
+    scratch = out / SCRATCH
     mechanism = decide(record)
     progress(f"mechanism from the recorded signals: {mechanism.name}")
-    table, bad = run_table(record, scratch, past, progress)
-    mechanism, agrees, why = settle(record, mechanism, table)
+    if record.result["verdict"] == Verdict.corrupt_checkpoint:  # refused at the load: nothing trained, nothing to run
+        table, agrees, why = refused_at_load(record)
+        bisect = fix = False
+        bad: list[int] = []
+    else:
+        table, bad = run_table(record, scratch, past, progress)
+        mechanism, agrees, why = settle(record, mechanism, table)
     bisection = None
     if bisect:
         from sweep.diagnose.bisect import bisect_fp32
@@ -164,7 +181,7 @@ def diagnose(
         mechanism, agrees, why = settled
     if (settled := kernel_proven(record, mechanism, agrees, confirmed)) is not None:
         mechanism, agrees, why = settled
-    out = {
+    written = {
         "format": "dit-sweep-diagnosis/1",
         "run_dir": str(run_dir),
         "verdict": record.result["verdict"],
@@ -184,13 +201,31 @@ def diagnose(
             "tried": [],
             "note": "not run (--no-fix)" if tries else "no change to propose",
         },
-        "known_fix": KNOWN.get(mechanism.name),
+        "known_fix": KNOWN.get(mechanism.name) or (REFETCH if table.prefix.get("refused") else None),
         "seconds": time.perf_counter() - start,
         "run_seconds": record.result.get("seconds"),
     }
-    (Path(run_dir) / DIAGNOSIS_FILE).write_text(json.dumps(out, indent=2, default=str) + "\n")
+    (out / DIAGNOSIS_FILE).write_text(json.dumps(written, indent=2, default=str) + "\n")
     write_back(record, mechanism)
-    return out
+    return written
+
+
+REFETCH = "a good copy of the file (fetch or save it again), or a resume from an earlier checkpoint"
+"""The known fix of a run refused at the load of its weights (verdict corrupt_checkpoint)."""
+
+
+def refused_at_load(record: RunRecord) -> tuple[Table, bool, str]:
+    """The diagnosis of a run refused when its weights were loaded (verdict `corrupt_checkpoint`: a checksum
+    mismatch, non-finite weights, a truncated or foreign file): (its table, agreement, why). The run stopped
+    before its first step, so there is nothing to replay, and every row would load the same file and be refused
+    again: no row runs, and no fix does (before, the replay loaded the file and the diagnosis died of the
+    CorruptCheckpoint exception, a traceback, also in the sweep's own monitor.diagnose=auto)."""
+    step = record.first_bad
+    what = f"the run was refused at the load of its weights, before step {step}"  # the mechanism says why
+    rows = [Row(name, [], not_applicable="every row loads the same file") for name in ROWS]
+    prefix = {"steps": 0, "identical": True, "refused": True, "detail": f"nothing to replay: {what}"}
+    why = f"{what}: no change at the bad steps can help; the file must be replaced"
+    return Table(step, step, step, rows, prefix), True, why
 
 
 def write_back(record: RunRecord, mechanism: Mechanism) -> None:
@@ -209,6 +244,11 @@ def write_back(record: RunRecord, mechanism: Mechanism) -> None:
     )
     if problem:
         log.warning("%s", problem)
+
+
+def _through(fix: dict) -> str:
+    """through step N: where a fix run from step 0 stopped short of the run's end (FROM_START_HORIZON)."""
+    return f" through step {fix['through_step']}" if fix.get("through_step") is not None else ""
 
 
 def render(d: dict) -> str:
@@ -238,8 +278,9 @@ def render(d: dict) -> str:
     f = d["fix"]
     if f.get("tried"):
         lines.append(
-            f"fix: {' '.join(f['overrides'])} - {'CONFIRMED stable from step 0' if f['confirmed'] else 'not confirmed'}"
-            f" ({'; '.join(t['outcome'] + ' with ' + ' '.join(t['overrides']) for t in f['tried'])})"
+            f"fix: {' '.join(f['overrides'])} - "
+            + (f"CONFIRMED stable from step 0{_through(f)}" if f["confirmed"] else "not confirmed")
+            + f" ({'; '.join(t['outcome'] + ' with ' + ' '.join(t['overrides']) for t in f['tried'])})"
         )
     else:
         lines.append(f"fix: {f.get('note', 'none')}" + (f"; known fix: {d['known_fix']}" if d.get("known_fix") else ""))

@@ -16,7 +16,7 @@ from typing import Callable
 from sweep.config import Arch
 from sweep.diagnose.counterfactual import Table
 from sweep.diagnose.record import RunRecord
-from sweep.diagnose.trials import run_trial, with_overrides
+from sweep.diagnose.trials import from_start_last, run_trial, with_overrides
 
 TRIES = 2
 """At most this many candidate fixes are run (each is a whole run)."""
@@ -132,12 +132,14 @@ def _fp32_kept_it(table: Table | None) -> bool:
 
 
 def confirm(record: RunRecord, tries: list[list[str]], scratch: Path, progress: Callable[[str], None] = print) -> dict:
-    """Run the candidates from step 0, the run's whole length, until one is stable."""
-    tried = []
+    """Run the candidates from step 0, the run's whole length (at most FROM_START_HORIZON x the steps it took to
+    fail: sweep/diagnose/trials.py), until one is stable."""
+    tried, last = [], from_start_last(record)
     for i, overrides in enumerate(tries[:TRIES], 1):
         run = with_overrides(record.config, overrides)
-        progress(f"fix {i}/{min(len(tries), TRIES)}: {' '.join(overrides)} from step {record.start}, {run.steps} steps")
-        outcome = run_trial(run, scratch / f"fix_{i}", quick=False)
+        through = run.steps - 1 if last is None else last
+        progress(f"fix {i}/{min(len(tries), TRIES)}: {' '.join(overrides)} from step {record.start} through {through}")
+        outcome = run_trial(run, scratch / f"fix_{i}", last=last, quick=False)
         tried.append(
             {
                 "overrides": overrides,
@@ -149,10 +151,17 @@ def confirm(record: RunRecord, tries: list[list[str]], scratch: Path, progress: 
         )
         progress(f"fix {i}: {outcome.short()} ({outcome.seconds:.1f} s)")
         if outcome.healthy:
-            return {"overrides": overrides, "confirmed": True, "run_dir": outcome.run_dir, "tried": tried}
+            return {
+                "overrides": overrides,
+                "confirmed": True,
+                "run_dir": outcome.run_dir,
+                "tried": tried,
+                "through_step": through,
+            }
     return {
         "overrides": tried[0]["overrides"] if tried else [],
         "confirmed": False,
         "run_dir": tried[0]["run_dir"] if tried else None,
         "tried": tried,
+        "through_step": through if tried else None,
     }

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import logging
+import sys
 import time
 from pathlib import Path
 from typing import Callable
@@ -18,6 +19,7 @@ from typing import Callable
 from sweep.diagnose.diagnosis import DIAGNOSIS_FILE, diagnose
 from sweep.diagnose.record import DiagnoseError
 from sweep.report.tables import failure_key
+from sweep.run.interrupt import Stopped, stopping_on_signals
 from sweep.run.results import recorded_mechanism
 
 log = logging.getLogger("sweep")
@@ -73,10 +75,20 @@ def diagnose_sweep(sweep_dir: Path, budget: float, progress: Callable[[str], Non
             f"{len(group)} run(s) like it)"
         )
         try:
-            d = diagnose(run["_dir"], progress=lambda line: progress("  " + line))
+            with stopping_on_signals(when="after the step of the diagnosis's run in progress"):
+                d = diagnose(run["_dir"], progress=lambda line: progress("  " + line))
         except (DiagnoseError, ValueError, RuntimeError) as e:  # a diagnosis never fails the sweep
             progress(f"  not diagnosed: {e}")
             continue
+        except Stopped as e:  # Ctrl-C/SIGTERM: the sweep stops, as it does during its runs
+            print(
+                f"sweep: {e.name}: stopped diagnosing {run['_dir']} (no diagnosis.json written; every run of the "
+                f"sweep is done): python -m sweep.diagnose {run['_dir']} diagnoses it, python -m sweep.report "
+                f"{sweep_dir} prints the summary",
+                file=sys.stderr,
+                flush=True,
+            )
+            raise SystemExit(128 + e.signum) from None
         spent += time.perf_counter() - start
         fix = d["fix"]
         progress(

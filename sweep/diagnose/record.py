@@ -10,7 +10,7 @@ from pathlib import Path
 from sweep.config import ConfigError, Verdict
 from sweep.config.recorded import UnresolvedReference, load_recorded
 from sweep.diagnose.signals import RunRecord, as_number
-from sweep.run.results import RESULT_FILE, run_record, write_record
+from sweep.run.results import RESULT_FILE, record_problem, run_record, write_record
 
 CONFIG_FILE = Path(".hydra") / "config.yaml"
 METRICS_FILE = "metrics.csv"
@@ -34,6 +34,9 @@ def load(run_dir: Path, diverged_only: bool = True) -> RunRecord:
         result = json.loads(path.read_text())
     except (OSError, ValueError) as e:
         raise DiagnoseError(f"{path}: unreadable ({type(e).__name__})") from e
+    problem = record_problem(result)  # valid JSON of the wrong shape: one line, not a traceback in a reader
+    if problem is not None:
+        raise DiagnoseError(f"{path}: {problem}: it was not written by a run (or was changed since)")
     missing = [k for k in NEEDED if k not in result]
     if missing:
         raise DiagnoseError(
@@ -53,6 +56,12 @@ def load(run_dir: Path, diverged_only: bool = True) -> RunRecord:
         raise DiagnoseError(f"{run_dir}: its config no longer composes: {e}") from e
     except Exception as e:
         raise DiagnoseError(f"{run_dir}: its config cannot be read ({type(e).__name__}: {e})") from e
+    step, start = result["first_bad_step"], result.get("start_step") or 0
+    if result["status"] == "diverged" and not (isinstance(step, int) and start <= step < run.steps):
+        raise DiagnoseError(
+            f"{path}: first_bad_step {step!r} is not a step of the run (steps {start} to {run.steps - 1}): "
+            "it was not written by this run (or was changed since)"
+        )
     return RunRecord(run_dir, result, rows, config, run)
 
 

@@ -20,7 +20,10 @@ import yaml
 from omegaconf import DictConfig, OmegaConf
 
 from sweep.config import ConfigError, Progress, RunConfig, to_run_config
+from sweep.diagnose.record import DiagnoseError
+from sweep.diagnose.signals import RunRecord
 from sweep.run.execute import execute
+from sweep.run.interrupt import StopOnSignal, active_request, stop_if_asked
 from sweep.run.results import TRIAL_FILE
 
 CONF = Path(__file__).resolve().parents[2] / "conf"
@@ -56,6 +59,25 @@ def with_overrides(config: DictConfig, overrides: list[str]) -> RunConfig:
         else:
             OmegaConf.update(cfg, key, parse_value(value), merge=False, force_add=True)
     return to_run_config(OmegaConf.merge(OmegaConf.structured(RunConfig), cfg))
+
+
+FROM_START_HORIZON = 4
+"""A diagnosis's run from the run's start (a fix, a bisection trial) trains to this many times the steps the run
+took to fail (from step 0 to its last bad step), and at least FROM_START_MIN steps, or to the run's end if that
+comes first: a fix that holds four times as long as the run did is confirmed, and a 1e6-step run that failed at
+step 50 is not trained again for 1e6 steps per candidate (before, each fix ran the run's whole length, whatever the
+budget). With the counterfactual rows (from the last healthy step to `past` steps after the bad one) and the replay
+(to the last healthy step), a diagnosis costs a bounded multiple of the failed run's own steps."""
+
+FROM_START_MIN = 1000
+"""Steps a run from the start trains at least (when the run has them): every run of up to 1,000 steps, every
+scenario's among them, is confirmed over its whole length as before."""
+
+
+def from_start_last(record: RunRecord) -> int | None:
+    """The last step a diagnosis's run from the run's start trains (FROM_START_HORIZON); None: the run's end."""
+    last = max(FROM_START_HORIZON * (record.last_step + 1), FROM_START_MIN) - 1
+    return None if last >= record.run.steps - 1 else last
 
 
 class StopAfter:
@@ -96,7 +118,9 @@ class Outcome:
 
 def run_trial(run: RunConfig, out_dir: Path, last: int | None = None, quick: bool = True) -> Outcome:
     """Train `run` into `out_dir`; with `last`, stop after that step. `quick` turns off what only slows a trial
-    (forensics' replay, the eval loss, progress output)."""
+    (forensics' replay, the eval loss, progress output). Under `stopping_on_signals` (the diagnosis's commands),
+    a stop signal stops the trial after its step (its record says `interrupted`, never a misleading `error`) and
+    then raises sweep.run.interrupt.Stopped, as it does before a trial starts once one came."""
     run = dataclasses.replace(run, progress=Progress.none)
     if quick:
         run = dataclasses.replace(
@@ -105,8 +129,16 @@ def run_trial(run: RunConfig, out_dir: Path, last: int | None = None, quick: boo
             eval=dataclasses.replace(run.eval, enabled=False),
         )
     start = time.perf_counter()
-    execute(run, out_dir, {}, hooks=[StopAfter(last)] if last is not None else [], record=TRIAL_FILE)
-    r = json.loads((Path(out_dir) / TRIAL_FILE).read_text())
+    stop_if_asked()  # Ctrl-C/SIGTERM under a command of several runs: no new run starts (sweep/run/interrupt.py)
+    hooks: list = [StopAfter(last)] if last is not None else []
+    if (request := active_request()) is not None:  # the run stops after its step, recorded as interrupted
+        hooks.append(StopOnSignal(request, run.steps))
+    result = execute(run, out_dir, {}, hooks=hooks, record=TRIAL_FILE)
+    try:
+        r = json.loads((Path(out_dir) / TRIAL_FILE).read_text())
+    except (OSError, ValueError):  # its files could not be written (a full disk): the result says why
+        raise DiagnoseError(f"{out_dir}: the diagnosis's run could not record itself: {result.reason}") from None
+    stop_if_asked()  # this run was interrupted (its record says so): its outcome is not the config's
     return Outcome(
         str(out_dir),
         r["status"],

@@ -19,19 +19,21 @@ recommendation that names a setting that held (a damaged one is one line on stde
 from __future__ import annotations
 
 import argparse
-import math
 import os
 import sys
 from pathlib import Path
+from typing import Callable
 
+from sweep.config.validate import ladder_target_problem
 from sweep.report.confirmation import read_confirmation
 from sweep.report.ladder import ladder_settings
 from sweep.report.registry import TABLES
-from sweep.report.runs import runs_from_dirs
+from sweep.report.runs import DIAGNOSIS_FILE, runs_from_dirs
 from sweep.report.study import SourceError, is_storage, runs_from_study, storage_url
 from sweep.report.summary import summarize
 from sweep.report.target import TARGETS
 from sweep.report.text import WIDTH, render_text, write_summary
+from sweep.run.results import RESULT_FILE
 from sweep.search.ledger import LEDGER_FILE, mask_url
 
 ENV_URL = "SWEEP_LEDGER_URL"
@@ -155,19 +157,25 @@ def main(argv: list[str] | None = None, prog: str = "python -m sweep.report") ->
         print(f"{name}: no runs in {source}" + _skipped_note(skipped), file=sys.stderr)
         return 2
     target, confidence = ladder_settings(out_dir) if args.ladder_target is None else (args.ladder_target, 0.9)
-    if target is not None and not (math.isfinite(target) and target > 0):
-        # log(target) must exist: 0 or -3 was a math domain error (a traceback), inf predicted an lr of 0
+    problem = None if target is None else ladder_target_problem(target)
+    if problem is not None:
+        # log(target) must exist and exp(fit at it) fit a float: 0 or -3 was a math domain error (a traceback),
+        # inf predicted an lr of 0, 1e308 and 1e-300 overflowed (a traceback)
         where = "--ladder-target" if args.ladder_target is not None else f"ladder.target in {out_dir}/multirun.yaml"
-        print(f"{name}: {where}: must be a finite width or depth > 0, got {target:g}", file=sys.stderr)
+        print(f"{name}: {where}: {problem}", file=sys.stderr)
         return 2
     confirmation, problem = read_confirmation(out_dir) if _local(args.source) else (None, None)
     if problem:
         print(f"{name}: {problem}", file=sys.stderr)
     summary = summarize(runs, target, confidence, args.target, confirmation)
     print(render_text(summary, args.width, args.table), flush=True)
-    written = []
+    written, notes, failed = [], [], []  # notes: written elsewhere; failed: not written
+    here = Path(args.html).parent if args.html else Path(out_dir)
     if args.write:
-        written += write_summary(Path(args.html).parent if args.html else out_dir, summary)
+        files, note = write_files("the summary files", lambda d: write_summary(d, summary), here, not args.html)
+        written += files
+        if note:
+            (notes if files else failed).append(note)
         from sweep.search.answer import record_report_answer  # the answer on the study too (optuna-dashboard)
 
         if (problem := record_report_answer(args.source, args.study, summary)) is not None:
@@ -175,7 +183,16 @@ def main(argv: list[str] | None = None, prog: str = "python -m sweep.report") ->
     if not args.no_html:
         from sweep.report.html import write_report
 
-        written.append(write_report(args.html or Path(out_dir) / REPORT_FILE, summary, title, source))
+        file = Path(args.html).name if args.html else REPORT_FILE
+        files, note = write_files(file, lambda d: [write_report(d / file, summary, title, source)], here, not args.html)
+        written += files
+        if note:
+            (notes if files else failed).append(note)
+    for line in notes:
+        print(f"{name}: {line}", file=sys.stderr)
+    if failed:
+        print(f"{name}: {'; '.join(failed)}", file=sys.stderr)
+        return 1
     print(
         f"{name}: {len(runs)} runs from {source}"
         + _skipped_note(skipped)
@@ -190,10 +207,42 @@ def _local(source: str) -> bool:
     return "://" not in source or source.startswith("sqlite:///")
 
 
+def write_files(what: str, write: Callable[[Path], list[Path]], where: Path, fallback: bool) -> tuple[list, str]:
+    """`write(directory)` into `where`, else, when `where` was not asked for (no --html), into the current
+    directory, as the data doctor does: (the files written, a note saying why they are not in `where`, or
+    what went wrong when none was written). Before, a sweep directory on a read-only mount (or another user's)
+    ended the report, its tables printed, with a traceback."""
+    try:
+        return write(where), ""
+    except OSError as e:
+        first = f"{e.filename or where}: {e.strerror or type(e).__name__}"
+    cwd = Path.cwd()
+    if fallback and cwd.resolve() != where.resolve():
+        try:
+            return write(cwd), f"{first}: wrote {what} into the current directory instead"
+        except OSError as e:
+            first += f"; {e.filename or cwd}: {e.strerror or type(e).__name__}"
+    return [], (
+        f"could not write {what} ({first}); give --html FILE where you can write (--write puts the summary files "
+        "next to it), or --no-html"
+    )
+
+
 def _skipped_note(skipped: list[str]) -> str:
-    """How many runs were left out (a result.json, or a started run's overrides.yaml, unreadable or malformed), for
-    the line that says how many runs were used."""
-    return f" ({len(skipped)} skipped: an unreadable or malformed file, named above)" if skipped else ""
+    """How many runs were left out (a result.json, or a started run's overrides.yaml, unreadable or malformed) and
+    how many diagnosis.json files (their runs are kept), for the line that says how many runs were used."""
+    diagnoses = sum(line.split(": ", 1)[0].endswith(DIAGNOSIS_FILE) for line in skipped)
+    overrides = sum(line.split(": ", 1)[0].endswith("overrides.yaml") for line in skipped)
+    counts = [
+        f"{n} {name}"
+        for n, name in (
+            (len(skipped) - diagnoses - overrides, RESULT_FILE),
+            (overrides, "overrides.yaml"),
+            (diagnoses, DIAGNOSIS_FILE),
+        )
+        if n
+    ]
+    return f" ({', '.join(counts)} skipped: unreadable or malformed, named above)" if skipped else ""
 
 
 if __name__ == "__main__":

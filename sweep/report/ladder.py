@@ -94,7 +94,7 @@ def ladder_settings(sweep_dir) -> tuple[float | None, float]:
     try:
         node = (yaml.safe_load((Path(sweep_dir) / "multirun.yaml").read_text()) or {}).get("ladder") or {}
         target, confidence = node.get("target"), float(node.get("confidence", 0.9))
-        return (float(target) if target is not None else None), confidence
+        return (target if isinstance(target, int) else float(target) if target is not None else None), confidence
     except (OSError, ValueError, TypeError, AttributeError, yaml.YAMLError):
         return None, 0.9
 
@@ -192,15 +192,20 @@ def fit_line(points: list[tuple], target: float | None, confidence: float) -> di
     if target is None:
         return row
     x0 = math.log(target)
-    row["predicted_lr"] = math.exp(a + b * x0)
+    row["predicted_lr"] = _exp(a + b * x0)
     if n < 3:
         return row
     bracket_var = float(np.mean([math.log(hi / lo) ** 2 / 12 for _, lo, hi, _ in fitted]))
     var = float((resid**2).sum()) / (n - 2) + bracket_var
     se = math.sqrt(var * (1 + 1 / n + (x0 - x.mean()) ** 2 / sxx))
     t = float(stats.t.ppf(0.5 + confidence / 2, n - 2))
-    row.update(low=math.exp(a + b * x0 - t * se), high=math.exp(a + b * x0 + t * se))
+    row.update(low=_exp(a + b * x0 - t * se), high=_exp(a + b * x0 + t * se))
     return row
+
+
+def _exp(v: float) -> float:
+    """e**v, inf past float's range (math.exp raises there: a steep fit far from its sizes)."""
+    return math.exp(v) if v < 709.0 else math.inf
 
 
 def curvature_test(fitted: list[tuple]) -> dict:

@@ -20,7 +20,8 @@ from pathlib import Path
 
 import pandas as pd
 
-from sweep.run.results import METRICS_FILE, RESULT_FILE, is_being_written
+from sweep.run.results import METRICS_FILE, RESULT_FILE, is_being_written, json_type
+from sweep.run.results import record_problem as result_problem  # the one shape rule of result.json
 
 OUTCOME_COLUMNS = [
     "status",
@@ -101,10 +102,45 @@ def outcome_row(status: str, run_dir: str | None, params: dict, **outcome) -> di
 def _mechanism(result: dict, run_dir: Path) -> str | None:
     """The run's mechanism: its diagnosis's (diagnosis.json, after the counterfactual runs) where it has one,
     else the one result.json names from the recorded signals."""
+    diagnosis, _ = read_diagnosis(run_dir)
+    if diagnosis is not None and diagnosis.get("mechanism") is not None:
+        return diagnosis["mechanism"]
+    return (result.get("mechanism") or {}).get("name")
+
+
+DIAGNOSIS_FILE = "diagnosis.json"
+
+
+def read_diagnosis(run_dir: Path) -> tuple[dict | None, str | None]:
+    """A run dir's diagnosis.json as the report reads it: (its content, None); (None, None) when there is none;
+    (None, why) when it cannot be read or has not the shape sweep/diagnose writes (docs/design.md,
+    "diagnosis.json"): the run is still reported, its diagnosis left out and named (before, a diagnosis.json of
+    valid JSON but the wrong shape, `null` or `{"fix": "x"}`, stopped the report with a traceback)."""
+    path = Path(run_dir) / DIAGNOSIS_FILE
     try:
-        return json.loads((run_dir / "diagnosis.json").read_text())["mechanism"]
-    except (OSError, ValueError, KeyError, TypeError):
-        return (result.get("mechanism") or {}).get("name")
+        d = json.loads(path.read_text())
+    except FileNotFoundError:
+        return None, None
+    except (OSError, ValueError) as e:
+        return None, f"{path}: unreadable ({type(e).__name__}: {_first_line(e)})"
+    problem = diagnosis_problem(d)
+    return (None, f"{path}: {problem}") if problem else (d, None)
+
+
+def diagnosis_problem(d) -> str | None:
+    """Why a parsed diagnosis.json cannot be read by the report (its mechanism, the diagnoses table), or None."""
+    if not isinstance(d, dict):
+        return f"not a JSON object (a JSON {json_type(d)})"
+    for key in ("mechanism", "verdict"):
+        if d.get(key) is not None and not isinstance(d[key], str):
+            return f"{key} is not a string or null"
+    fix = d.get("fix")
+    if fix is not None and not isinstance(fix, dict):
+        return "fix is not an object or null"
+    overrides = (fix or {}).get("overrides")
+    if overrides is not None and not (isinstance(overrides, list) and all(isinstance(o, str) for o in overrides)):
+        return "fix.overrides is not a list of strings"
+    return None
 
 
 def _diagnosis_run(path: Path, sweep_dir: Path) -> bool:
@@ -141,6 +177,8 @@ def runs_from_dirs(sweep_dir: Path, starting_s: float = STARTING_S) -> pd.DataFr
             skipped.append(f"{path}: {problem}")
             continue
         cause = r.get("cause") or {}
+        if (problem := read_diagnosis(path.parent)[1]) is not None:
+            skipped.append(f"{problem} (the run is kept, its diagnosis left out)")
         rows.append(
             outcome_row(
                 r.get("status", "error"),
@@ -189,66 +227,6 @@ def younger_than(path: Path, seconds: float) -> bool:
         return time.time() - path.stat().st_mtime < seconds
     except OSError:
         return False
-
-
-def result_problem(r) -> str | None:
-    """Why a parsed result.json cannot be a row of the runs table, or None when it can.
-
-    Checks what the tables rely on: an object, a string status and verdict, cause and params as
-    objects, cause.where/module as strings, and the outcome numbers as numbers an Int64 or a float
-    column can hold (a hand-edited 10**30 overflowed pandas).
-    """
-    if not isinstance(r, dict):
-        return f"not a JSON object (a JSON {_json_type(r)})"
-    if not isinstance(r.get("status", "error"), str):
-        return "status is not a string"
-    if r.get("verdict") is not None and not isinstance(r["verdict"], str):
-        return "verdict is not a string or null"
-    for key in ("cause", "params"):
-        if r.get(key) is not None and not isinstance(r[key], dict):
-            return f"{key} is not an object or null (a JSON {_json_type(r[key])})"
-    for key in ("where", "module"):
-        value = (r.get("cause") or {}).get(key)
-        if value is not None and not isinstance(value, str):
-            return f"cause.{key} is not a string or null"
-    for key in INT_COLUMNS:
-        if not _is_int64_or_none(r.get(key)):
-            return f"{key} is not a 64-bit integer or null (got {_short(r.get(key))})"
-    for key in FLOAT_COLUMNS:
-        if not _is_float_or_none(r.get(key)):
-            return f"{key} is not a number or null (got {_short(r.get(key))})"
-    return None
-
-
-def _is_int64_or_none(v) -> bool:
-    return v is None or (isinstance(v, int) and not isinstance(v, bool) and -(2**63) <= v < 2**63)
-
-
-def _is_float_or_none(v) -> bool:
-    """None, a float, or an int that has a float (one past 1.8e308 has none)."""
-    if v is None or isinstance(v, float):
-        return True
-    if not isinstance(v, int) or isinstance(v, bool):
-        return False
-    try:
-        float(v)
-    except OverflowError:
-        return False
-    return True
-
-
-def _short(v) -> str:
-    """A value for a one-line message: a huge integer by its size, anything else cut at 40 characters."""
-    if isinstance(v, int) and not isinstance(v, bool) and abs(v) >= 10**30:
-        return f"an integer of {len(str(abs(v)))} digits"
-    text = repr(v)
-    return text if len(text) <= 40 else text[:37] + "..."
-
-
-def _json_type(v) -> str:
-    """A parsed JSON value's type in JSON's words (array, not list)."""
-    names = {bool: "boolean", int: "number", float: "number", str: "string", list: "array", dict: "object"}
-    return names.get(type(v), type(v).__name__)
 
 
 def _first_line(e: Exception) -> str:

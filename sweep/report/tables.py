@@ -32,7 +32,7 @@ import pandas as pd
 from sweep.config import Verdict
 from sweep.report.marginal import is_marginal
 from sweep.report.noise import Spread, effect_label, paired_change, quality_column, within_noise
-from sweep.report.runs import DECIDED, PARAM, param_columns
+from sweep.report.runs import DECIDED, PARAM, param_columns, read_diagnosis
 from sweep.run.results import recorded_mechanism
 
 LR = "optim.lr"
@@ -646,10 +646,8 @@ def diagnoses(runs: pd.DataFrame) -> pd.DataFrame:
     rows = []
     axes = [c for c in runs.columns if c.startswith(PARAM) and _varies(runs, c)]
     for r in runs[runs.status == "diverged"].to_dict("records"):  # records: "param:x" is no attribute name
-        path = Path(str(r["run_dir"])) / "diagnosis.json"
-        try:
-            d = json.loads(path.read_text())
-        except (OSError, ValueError, TypeError):
+        d, _ = read_diagnosis(Path(str(r["run_dir"])))  # a malformed one is named by runs_from_dirs
+        if d is None:
             continue
         fix = d.get("fix") or {}
         rows.append(

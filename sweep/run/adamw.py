@@ -10,10 +10,13 @@ rounds to 0 and the Sana case (fp16 weights, AdamW's 0/0 at the first update) wo
 the update is torch's CPU single-tensor one, op for op and rounding for rounding, with its scalars computed on
 the device:
 
-- the lr of every step comes from a table made once on the host (sweep.run.build.lr_schedule, in
-  double, times the group's lr_scale), indexed by the optimizer's `clock`, a device step index;
+- the lr of every step comes from a table made on the host (sweep.run.build.lr_schedule, in double, times the
+  group's lr_scale) a window of steps at a time (sweep/data/step_table.py: `at` moves it on before the steps
+  run), read at the optimizer's `clock`, a device step index;
 - each weight's update count stays in its state's "step" tensor, on the weight's device, and indexes
-  tables of 1 - beta1**n and (1 - beta2**n) ** 0.5, computed in double by Python as torch does;
+  tables of 1 - beta1**n and (1 - beta2**n) ** 0.5, computed in double by Python as torch does, up to the count
+  where 1 - beta**n is 1.0 in double (`bias_table`: 357 entries for beta 0.9, 37,413 for 0.999), which every
+  later count reads: a run of any length builds them in milliseconds;
 - the step size lr / (1 - beta1**n) and the decay 1 - lr * weight_decay are IEEE double operations
   on the device: the same numbers torch computes in Python, then rounded to fp32 as its kernels take
   Python scalars.
@@ -56,6 +59,8 @@ from enum import IntEnum
 from typing import Callable, NamedTuple, Sequence
 
 import torch
+
+from sweep.data.step_table import SPAN, StepTable
 
 
 def copies(tensors: Sequence[torch.Tensor], into: Sequence[torch.Tensor] | None = None) -> list[torch.Tensor]:
@@ -118,12 +123,13 @@ class Consts(NamedTuple):
 class Hyper:
     """One optimizer group's (or one packed run's) hyperparameters, as the device computes with them."""
 
-    lr: torch.Tensor
-    """(steps,) float64: the lr of every step (the schedule times the group's lr_scale)."""
+    lr: StepTable
+    """float64: the lr of each step (the schedule times the group's lr_scale), a window of steps at a time
+    (sweep/data/step_table.py); stacked, a column per packed run."""
     bias_correction1: torch.Tensor
-    """(steps + 1,) float64: 1 - beta1**n for every update count n."""
+    """(n,) float64: 1 - beta1**k for update counts k < n (`bias_table`); a count past them reads the last."""
     bias_correction2_sqrt: torch.Tensor
-    """(steps + 1,) float64: (1 - beta2**n) ** 0.5 for every update count n."""
+    """(n,) float64: (1 - beta2**k) ** 0.5 for update counts k < n (`bias_table`); a count past them reads the last."""
     consts: Consts
     """Constant over the run, so Python floats the kernels take as torch's do (a CUDA graph keeps them as they
     are); a pack whose runs differ in them has (K,) fp32 tensors."""
@@ -144,15 +150,20 @@ class Hyper:
         device: torch.device,
         lr_scale: float = 1.0,
         update_clip: float = 0.0,
+        span: int = SPAN,
     ) -> "Hyper":
-        """Tables for a run of `steps` steps (an update count never exceeds the steps run)."""
+        """Tables for a run of `steps` steps (an update count never exceeds the steps run); the lr's holds `span`
+        steps at a time."""
         beta1, beta2 = betas
-        n = range(steps + 1)  # the count 0 is never used (the first update has count 1): a placeholder
         f64 = dict(dtype=torch.float64, device=device)
+
+        def lr_rows(start: int, stop: int) -> torch.Tensor:
+            return torch.tensor([lr_at(s) * lr_scale for s in range(start, stop)], dtype=torch.float64)
+
         return cls(
-            lr=torch.tensor([lr_at(s) * lr_scale for s in range(steps)], **f64),
-            bias_correction1=torch.tensor([1 - beta1**k for k in n], **f64),
-            bias_correction2_sqrt=torch.tensor([(1 - beta2**k) ** 0.5 for k in n], **f64),
+            lr=StepTable.of(lr_rows, steps, device, span),
+            bias_correction1=torch.tensor(bias_table(beta1, steps), **f64),
+            bias_correction2_sqrt=torch.tensor([c**0.5 for c in bias_table(beta2, steps)], **f64),
             consts=Consts(1 - beta1, beta2, 1 - beta2, eps),
             weight_decay=torch.tensor(weight_decay, **f64),
             update_clip=float(update_clip),
@@ -160,31 +171,49 @@ class Hyper:
 
     @staticmethod
     def stack(hypers: Sequence["Hyper"]) -> "Hyper":
-        """K runs' hyperparameters, one row each (tables padded to the longest run with their last value)."""
-        width = max(h.lr.shape[0] for h in hypers)
+        """K runs' hyperparameters, one row each (bias tables padded to the longest with their last value, which
+        every later count reads)."""
+        width = max(h.bias_correction1.shape[0] for h in hypers)
+        width2 = max(h.bias_correction2_sqrt.shape[0] for h in hypers)
+        device = hypers[0].weight_decay.device
 
         def pad(t: torch.Tensor, size: int) -> torch.Tensor:
             return torch.cat([t, t[-1:].expand(size - t.shape[0])]) if t.shape[0] < size else t
 
         return Hyper(
-            lr=torch.stack([pad(h.lr, width) for h in hypers]),
-            bias_correction1=torch.stack([pad(h.bias_correction1, width + 1) for h in hypers]),
-            bias_correction2_sqrt=torch.stack([pad(h.bias_correction2_sqrt, width + 1) for h in hypers]),
-            consts=_stacked_consts([h.consts for h in hypers], hypers[0].lr.device),
+            lr=StepTable.stack([h.lr for h in hypers]),
+            bias_correction1=torch.stack([pad(h.bias_correction1, width) for h in hypers]),
+            bias_correction2_sqrt=torch.stack([pad(h.bias_correction2_sqrt, width2) for h in hypers]),
+            consts=_stacked_consts([h.consts for h in hypers], device),
             weight_decay=torch.stack([h.weight_decay for h in hypers]),
-            update_clip=_stacked_clip([h.update_clip for h in hypers], hypers[0].lr.device),
+            update_clip=_stacked_clip([h.update_clip for h in hypers], device),
         )
 
     def keep(self, positions: torch.Tensor) -> "Hyper":
         """The rows at these positions (a stacked Hyper: a pack compacting)."""
+        self.lr.keep(positions.tolist())
         return Hyper(
-            self.lr[positions],
+            self.lr,
             self.bias_correction1[positions],
             self.bias_correction2_sqrt[positions],
             self.consts if isinstance(self.consts.eps, float) else Consts(*(c[positions] for c in self.consts)),
             self.weight_decay[positions],
             self.update_clip if isinstance(self.update_clip, float) else self.update_clip[positions],
         )
+
+
+def bias_table(beta: float, steps: int) -> list[float]:
+    """1 - beta**k for update counts k = 0, 1, ... (in double, as torch computes it in Python), up to the count
+    `steps` (no count exceeds the steps run) or the first count where it is 1.0 in double, whichever comes first:
+    beta**k only falls from there, so every later count has that value too, and a reader takes
+    min(count, len - 1). 357 entries for beta 0.9, 37,413 for 0.999, 3.7M for 0.99999 (0.45 s): a long run's table is
+    its betas' length, not its steps' (they were steps + 1 long: 2.1 GB and 27 s with the lr's at 30M steps)."""
+    out = []
+    for k in range(steps + 1):  # the count 0 is never used (the first update has count 1): a placeholder
+        out.append(1 - beta**k)
+        if k and out[-1] == 1.0:
+            break
+    return out
 
 
 def _stacked_consts(each: list[Consts], device: torch.device) -> Consts:
@@ -208,8 +237,9 @@ def per_step_scalars(lr: torch.Tensor, h: Hyper, counts: torch.Tensor) -> torch.
     are one row (a group's, shared by its R weights) or R rows (a pack's runs)."""
     updates = counts.shape[0]
 
-    def at_counts(table: torch.Tensor) -> torch.Tensor:
-        return table.reshape(-1, table.shape[-1]).expand(updates, -1).gather(1, counts.view(-1, 1)).view(-1)
+    def at_counts(table: torch.Tensor) -> torch.Tensor:  # a count past the table reads its last value (bias_table)
+        at = counts.clamp(max=table.shape[-1] - 1).view(-1, 1)
+        return table.reshape(-1, table.shape[-1]).expand(updates, -1).gather(1, at).view(-1)
 
     lr = lr.expand(updates)
     rows = {
@@ -383,12 +413,15 @@ class DeviceAdamW(torch.optim.Optimizer):
         weight_decay: float,
         device: torch.device,
         update_clip: float = 0.0,
+        span: int = SPAN,
     ):
         super().__init__(groups, dict(lr=lr_at(0), betas=tuple(betas), eps=eps, weight_decay=weight_decay))
         self.clock = torch.zeros(1, dtype=torch.long, device=device)
         """The step the next update belongs to (its lr), on the device: a captured step reads it there."""
         self.hyper = [
-            Hyper.of(lr_at, steps, g["betas"], g["eps"], g["weight_decay"], device, g.get("lr_scale", 1.0), update_clip)
+            Hyper.of(
+                lr_at, steps, g["betas"], g["eps"], g["weight_decay"], device, g.get("lr_scale", 1.0), update_clip, span
+            )
             for g in self.param_groups
         ]
         self.known = KnownCounts()
@@ -402,8 +435,11 @@ class DeviceAdamW(torch.optim.Optimizer):
     def zero_grad(self, set_to_none: bool = True) -> None:
         _undecorated(torch.optim.Optimizer.zero_grad)(self, set_to_none)
 
-    def at(self, step: int) -> None:
-        """The next update is step `step`'s (its lr)."""
+    def at(self, step: int, stop: int | None = None) -> None:
+        """The next update is step `step`'s (its lr); the updates up to `stop` (default: this one) may follow from
+        the device alone (a window of steps, a graph's warm-up), their lrs in the tables."""
+        for h in self.hyper:
+            h.lr.cover(step, stop if stop is not None else step + 1)
         self.clock.fill_(step)
 
     def saved(self, into: Sequence[torch.Tensor] | None = None) -> Saved:
@@ -461,7 +497,7 @@ class DeviceAdamW(torch.optim.Optimizer):
             states = [self.state[p] for p in params]
             counts = [s["step"] for s in states]
             torch._foreach_add_(counts, 1.0)
-            lr, decays = h.lr.index_select(0, self.clock), group["weight_decay"] != 0
+            lr, decays = h.lr.at(self.clock), group["weight_decay"] != 0
             if together and key[1] == torch.float32 and not h.update_clip:
                 moments = [[s[k] for s in states] for k in ("exp_avg", "exp_avg_sq")]
                 per_step = per_step_scalars(lr, h, counts[0].view(1).long())
@@ -507,8 +543,9 @@ class StackedAdamW:
             self.beta2[run],
         )
 
-    def at(self, step: int) -> None:
-        """The next update is step `step`'s (each run's lr of that step)."""
+    def at(self, step: int, stop: int | None = None) -> None:
+        """The next update is step `step`'s (each run's lr of that step); as DeviceAdamW.at."""
+        self.hyper.lr.cover(step, stop if stop is not None else step + 1)
         self.clock.fill_(step)
 
     def saved(self, into: Sequence[torch.Tensor] | None = None) -> Saved:
@@ -529,7 +566,7 @@ class StackedAdamW:
         the host, as a window's step does) with their lr of the step the clock is at."""
         keep = [i for i, go in enumerate(stepping) if not go] if stepping is not None else []
         self.counts += torch.tensor(stepping, device=self.device) if keep else 1
-        lr = self.hyper.lr.index_select(1, self.clock).view(-1)
+        lr = self.hyper.lr.at(self.clock).view(-1)
         # (len(PerStep), K): a column per run; a skipped run's go unused
         per_step = per_step_scalars(lr, self.hyper, self.counts.clamp(min=1))
         for name, (m, v) in self.moments.items():

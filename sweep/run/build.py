@@ -22,6 +22,7 @@ import numpy as np
 import torch
 
 from models import scale_query_key
+from models.custom import CustomModelError
 from sweep.config import DataSource, FinetuneMethod, RunConfig, Schedule
 from sweep.data.batches import BatchOrder, sample_labels
 from sweep.data.checks import DataError, check_sample
@@ -32,6 +33,7 @@ from sweep.run import checkpoint, fp32_modules
 from sweep.run.adamw import DeviceAdamW
 from sweep.run.diffusion import DiffusionObjective
 from sweep.run.finetune import apply_finetune, param_groups
+from sweep.run.graph import table_span
 from sweep.run.model import build_run_model
 from sweep.run.monitor import DivergenceMonitor
 from sweep.run.once import say_once
@@ -151,11 +153,24 @@ def build_parts(run: RunConfig, device: torch.device, policy: PrecisionPolicy, s
     model = apply_finetune(run, model, policy.param_dtype)  # after init_from: adapters on the loaded base
     if run.finetune.method is not FinetuneMethod.none:  # LoRA cast the whole model and swapped modules in
         fp32_modules.apply(model, run.precision.fp32_modules, policy.param_dtype, policy.compute_dtype)
+    if not any(p.requires_grad for p in model.parameters()):  # AdamW's "empty parameter list", said plainly
+        raise CustomModelError(
+            f"model: no parameter to train ({sum(p.numel() for p in model.parameters())} parameters, none with "
+            f"requires_grad=True after finetune={run.finetune.method.value}): AdamW would have nothing to update"
+        )
     o = run.optim
     # torch's single-tensor AdamW, bit for bit on the CPU, with its scalars on the device (sweep/run/adamw.py):
     # the state stays in the params' dtype (pure fp16/bf16 means exactly that) and nothing reads the host.
     optimizer = DeviceAdamW(
-        param_groups(run, model), lr_schedule(run), run.steps, o.betas, o.eps, o.weight_decay, device, o.update_clip
+        param_groups(run, model),
+        lr_schedule(run),
+        run.steps,
+        o.betas,
+        o.eps,
+        o.weight_decay,
+        device,
+        o.update_clip,
+        table_span(run.monitor.sync_every),  # its lr table holds a window of steps at a time
     )
     if d.source is DataSource.synthetic:
         dataset = SyntheticClips(

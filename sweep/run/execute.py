@@ -21,6 +21,7 @@ from typing import Sequence
 import torch
 
 from models import KernelUnavailable, backend_unavailable_reason, count_params
+from models.custom import CustomModelError
 from models.diffusers_zoo import modulate_unsupported_reason
 from sweep.config import RunConfig, Verdict
 from sweep.data.checks import DataError
@@ -33,6 +34,7 @@ from sweep.run.evaluate import Evaluator, eval_settings, make_evaluator
 from sweep.run.forensics import locate
 from sweep.run.gemm import LOW_PRECISION
 from sweep.run.graph import graph_unsupported_reason
+from sweep.run.interrupt import SetUpInterrupted, setting_up
 from sweep.run.monitor import Divergence
 from sweep.run.precision import PrecisionPolicy
 from sweep.run.progress import RunProgress
@@ -68,11 +70,13 @@ def execute(
     result, metrics = new_result(run, params), new_metrics(run, out_dir, sinks)
     metrics.rows.extend(dict(row) for row in history)
     try:
-        parts = prepare(run, out_dir, result)
-        if parts is None:
-            return result
-        if run.compile:  # raises KernelUnavailable (skipped) when the compiled graph runs another kernel
-            compile_run(run, parts)
+        with setting_up():  # a stop signal stops the set-up at once (sweep/run/interrupt.py)
+            parts = prepare(run, out_dir, result)
+            if parts is None:
+                return result
+            if run.compile:  # raises KernelUnavailable (skipped) when the compiled graph runs another kernel
+                compile_run(run, parts)
+            evaluator = make_evaluator(run, parts)
         if run.checkpoint.every:
             hooks = [CheckpointHook(out_dir, run.checkpoint.every, run.checkpoint.keep), *hooks]
             if run.monitor.sync_every > 1:  # said, not silent: the run syncs every step (README, sync_every)
@@ -83,7 +87,6 @@ def execute(
                     label or out_dir,
                     run.checkpoint.every,
                 )
-        evaluator = make_evaluator(run, parts)
         progress = RunProgress(run.steps, run.progress, run.log_every, label)
         train_start, syncs = time.perf_counter(), Syncs()
         try:
@@ -91,6 +94,8 @@ def execute(
         finally:
             progress.close()
         conclude(result, run, parts, divergence, metrics, time.perf_counter() - train_start, hooks, evaluator, syncs)
+    except SetUpInterrupted as e:  # Ctrl-C or SIGTERM before step 0: no step ran, nothing was measured
+        result.status, result.reason = "interrupted", f"{e.name} during the set-up, before step {_start_step(run)}"
     except Exception as e:  # noqa: BLE001  (see fail)
         fail(result, e)
     finally:
@@ -228,13 +233,14 @@ def untrained_eval_loss(run: RunConfig, parts: RunParts, evaluator: Evaluator) -
 
 def fail(result: RunResult, e: Exception) -> None:
     """A forced kernel that refused its inputs is `skipped`; anything else (a bug, an OOM; data the run cannot use
-    at all, sweep.data.checks.DataError, said in one line without a traceback) is `error`.
+    at all, sweep.data.checks.DataError, or a custom model that cannot train, models.custom.CustomModelError, both
+    said in one line without a traceback) is `error`.
 
     Either way it is recorded, never raised into the sweep.
     """
     if isinstance(e, KernelUnavailable):  # not a bug, not a result
         result.status, result.reason = "skipped", str(e)
-    elif isinstance(e, DataError):  # the user's data, not a bug: one line, no traceback
+    elif isinstance(e, (DataError, CustomModelError)):  # the user's data or model, not a bug: one line, no traceback
         result.status, result.reason = "error", str(e)
         log.error("run refused: %s", e)
     else:

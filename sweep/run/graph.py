@@ -36,11 +36,19 @@ from typing import Protocol
 
 import torch
 
+from sweep.data.step_table import SPAN
+
 log = logging.getLogger("sweep")
 
 WARMUP = 3
 """Eager steps run (and taken back) on a side stream before the capture, as torch's whole-network capture
 example does."""
+
+
+def table_span(sync_every: int) -> int:
+    """The steps a run's per-step tables hold at once (sweep/data/step_table.py): a window of `sync_every` steps and
+    a capture's warm-up after it must fit (each window moves them on before it runs)."""
+    return max(SPAN, sync_every + WARMUP + 1)
 
 
 def graph_unsupported_reason(mode: str, device: torch.device) -> str | None:

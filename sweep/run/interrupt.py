@@ -8,6 +8,17 @@ directory is then left without result.json, which a report calls `interrupted` t
 
 The handlers are installed only around a job, and only in the main thread (Python delivers signals
 there); the ones before are put back after it.
+
+A signal while a run is set up (`setting_up`: the model, the data, the checkpoint and the compiled graph are
+built, before step 0) does not wait for a step: the set-up is stopped at once (`SetUpInterrupted`, raised by
+the handler in the main thread, as Ctrl-C's KeyboardInterrupt would be), and the run ends `interrupted` before
+its first step (sweep/run/execute.py). Before, a run whose set-up took long (per-step tables of `steps=1e11`)
+ignored SIGTERM until a step that never came.
+
+Commands made of several runs (`python -m sweep.diagnose`, the sweep's monitor.diagnose=auto) install the
+handlers around all of them: each run stops after its step (or during its set-up) and records itself as
+`interrupted`, and `stop_if_asked` then raises `Stopped`, which the command turns into one line and exit status
+128 + the signal's number, its own result (diagnosis.json) not written.
 """
 
 from __future__ import annotations
@@ -42,10 +53,67 @@ class StopRequest:
     """Which signal asked the run to stop (None: none did)."""
 
     signum: int | None = None
+    setting_up: bool = False
+    """A run is being set up (`setting_up`): the first signal stops it at once (SetUpInterrupted)."""
 
     @property
     def name(self) -> str:
         return signal.Signals(self.signum).name if self.signum is not None else ""
+
+
+class SignalStop(BaseException):
+    """A stop signal, raised: a BaseException, as KeyboardInterrupt is, so that no `except Exception` on the way
+    swallows it."""
+
+    def __init__(self, signum: int) -> None:
+        super().__init__(signum)
+        self.signum = signum
+
+    @property
+    def name(self) -> str:
+        return signal.Signals(self.signum).name
+
+
+class SetUpInterrupted(SignalStop):
+    """A signal came while a run was set up (before step 0), raised in the main thread by the handler;
+    sweep/run/execute.py records the run as `interrupted`."""
+
+
+class Stopped(SignalStop):
+    """A command of several runs was asked to stop (`stop_if_asked`): its caller says so in one line and exits
+    with 128 + signum, its own result unwritten (each run it made records itself)."""
+
+
+_ACTIVE: list[StopRequest] = []
+"""The requests of the `stopping_on_signals` this process is inside, innermost last (main thread only)."""
+
+
+def active_request() -> StopRequest | None:
+    """The request of the innermost `stopping_on_signals` this process is in, None outside any."""
+    return _ACTIVE[-1] if _ACTIVE else None
+
+
+def stop_if_asked() -> None:
+    """Raise Stopped when a signal asked this process to stop (a command between its runs)."""
+    request = active_request()
+    if request is not None and request.signum is not None:
+        raise Stopped(request.signum)
+
+
+@contextlib.contextmanager
+def setting_up() -> Iterator[None]:
+    """While a run is set up: a stop signal (one that came before too) raises SetUpInterrupted here."""
+    request = active_request()
+    if request is None:
+        yield
+        return
+    if request.signum is not None:  # asked before the set-up began
+        raise SetUpInterrupted(request.signum)
+    request.setting_up = True
+    try:
+        yield
+    finally:
+        request.setting_up = False
 
 
 @dataclasses.dataclass
@@ -78,14 +146,20 @@ def stopping_on_signals(
             os.write(2, f"\nsweep: second {name}: exiting now, the run in progress is left unfinished\n".encode())
             os._exit(128 + signum)
         request.signum = signum
-        os.write(2, f"\nsweep: {name}: stopping {when} ({name} again to exit at once)\n".encode())
+        now = "the set-up now" if request.setting_up else when
+        os.write(2, f"\nsweep: {name}: stopping {now} ({name} again to exit at once)\n".encode())
+        if request.setting_up:
+            request.setting_up = False
+            raise SetUpInterrupted(signum)
 
     previous = {s: signal.getsignal(s) for s in (*signals, *FORWARDED)}
     for s in previous:
         signal.signal(s, handler)
+    _ACTIVE.append(request)
     try:
         yield request
     finally:
+        _ACTIVE.remove(request)
         for s, h in previous.items():
             signal.signal(s, h if h is not None else signal.SIG_DFL)
 

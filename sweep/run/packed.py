@@ -33,7 +33,7 @@ from sweep.data.device import DeviceBatches, PackBatches
 from sweep.run.adamw import StackedAdamW
 from sweep.run.build import RunParts
 from sweep.run.evaluate import Evaluator
-from sweep.run.graph import StepGraph, wanted
+from sweep.run.graph import WARMUP, StepGraph, table_span, wanted
 from sweep.run.monitor import Cause, Divergence
 from sweep.run.packed_model import PackedModel
 from sweep.run.progress import RunProgress
@@ -80,12 +80,14 @@ class Pack:
         self.first: list[Divergence | None] = [None] * len(runs)
         self.training, self.packed = list(range(len(runs))), list(range(len(runs)))
         # Windows draw every run's synthetic batch with one gather on the device (sweep/data/device.py).
-        pack = None
+        self.device_batches = None
         if any(r.monitor.sync_every > 1 for r in runs):
-            cpu = torch.device("cpu")
-            each = [DeviceBatches.of(p.dataset, p.order, r.steps, cpu, r.data.range_limit) for r, p in zip(runs, parts)]
-            pack = PackBatches.of(each, [r.data.check for r in runs])
-        self.device_batches = pack.to(self.device) if pack is not None else None
+            cpu, span = torch.device("cpu"), table_span(max(r.monitor.sync_every for r in runs))
+            each = [
+                DeviceBatches.of(p.dataset, p.order, r.steps, cpu, r.data.range_limit, span)
+                for r, p in zip(runs, parts)
+            ]
+            self.device_batches = PackBatches.of(each, [r.data.check for r in runs], self.device)
         self.flagged = self.device_batches is not None  # each run's data flag is in its row
         self.loss_weights = torch.tensor([r.objective.loss_weight for r in runs], device=self.device)
         # graph=true on CUDA: window steps replay one capture of device_step (sweep/run/graph.py)
@@ -105,6 +107,11 @@ class Pack:
     def window_end(self, step: int) -> int:
         size = min(self.runs[k].monitor.sync_every for k in self.training)
         return min(window_end(self.runs[k], step, self.evaluators[k], size) for k in self.training)
+
+    def at(self, start: int, stop: int) -> None:
+        self.opt.at(start, stop + WARMUP)  # a graph's warm-up reads past the window
+        if self.device_batches is not None:
+            self.device_batches.cover(start, stop + WARMUP)
 
     def snapshot(self, reuse: Snapshot | None = None) -> Snapshot:
         parts = [self.parts[k] for k in self.packed]

@@ -232,6 +232,108 @@ def run_record(run_dir: Path) -> Path | None:
     return None
 
 
+RECORD_INT_KEYS = (
+    "first_bad_step",
+    "steps_run",
+    "seed",
+    "pruned_at_step",
+    "packed",
+    "start_step",
+    "interrupted_at_step",
+)
+RECORD_FLOAT_KEYS = (
+    "final_loss",
+    "initial_loss",
+    "min_loss",
+    "eval_loss",
+    "steps_per_second",
+    "seconds",
+    "max_grad_norm",
+    "max_attn_logit",
+    "min_attn_entropy",
+)
+
+
+def record_problem(r) -> str | None:
+    """Why a parsed result.json (or trial.json) does not have the contract's shape (docs/design.md, "Files of one
+    run"), or None when it does: the one rule its readers (the report's runs table, sweep.diagnose) hold a file
+    to, so that valid JSON of the wrong shape is named and left out, never a traceback deep in a reader.
+
+    Checks what they rely on: an object; a string status and verdict; cause, params and mechanism as objects,
+    cause.where/module/detail and mechanism.name as strings; headroom as a list of objects; the integer keys as
+    integers a 64-bit column can hold and the measured numbers as numbers (a hand-edited 10**30 overflowed pandas)."""
+    if not isinstance(r, dict):
+        return f"not a JSON object (a JSON {json_type(r)})"
+    if not isinstance(r.get("status", "error"), str):
+        return "status is not a string"
+    if r.get("verdict") is not None and not isinstance(r["verdict"], str):
+        return "verdict is not a string or null"
+    for key in ("cause", "params", "mechanism"):
+        if r.get(key) is not None and not isinstance(r[key], dict):
+            return f"{key} is not an object or null (a JSON {json_type(r[key])})"
+    for node, key in (("cause", "where"), ("cause", "module"), ("cause", "detail"), ("mechanism", "name")):
+        value = (r.get(node) or {}).get(key)
+        if value is not None and not isinstance(value, str):
+            return f"{node}.{key} is not a string or null"
+    headroom = r.get("headroom")
+    if headroom is not None and not (isinstance(headroom, list) and all(isinstance(h, dict) for h in headroom)):
+        return "headroom is not a list of objects or null"
+    for key in RECORD_INT_KEYS:
+        if not _is_int64_or_none(r.get(key)):
+            return f"{key} is not a 64-bit integer or null (got {_short(r.get(key))})"
+    for key in RECORD_FLOAT_KEYS:
+        if not _is_float_or_none(r.get(key)):
+            return f"{key} is not a number or null (got {_short(r.get(key))})"
+    return None
+
+
+def _is_int64_or_none(v) -> bool:
+    return v is None or (isinstance(v, int) and not isinstance(v, bool) and -(2**63) <= v < 2**63)
+
+
+def _is_float_or_none(v) -> bool:
+    """None, a float, or an int that has a float (one past 1.8e308 has none)."""
+    if v is None or isinstance(v, float):
+        return True
+    if not isinstance(v, int) or isinstance(v, bool):
+        return False
+    try:
+        float(v)
+    except OverflowError:
+        return False
+    return True
+
+
+def _short(v) -> str:
+    """A value for a one-line message: a huge integer by its size, anything else cut at 40 characters."""
+    if isinstance(v, int) and not isinstance(v, bool) and abs(v) >= 10**30:
+        return f"an integer of {len(str(abs(v)))} digits"
+    text = repr(v)
+    return text if len(text) <= 40 else text[:37] + "..."
+
+
+def json_type(v) -> str:
+    """A parsed JSON value's type in JSON's words (array, not list)."""
+    names = {bool: "boolean", int: "number", float: "number", str: "string", list: "array", dict: "object"}
+    names[type(None)] = "null"
+    return names.get(type(v), type(v).__name__)
+
+
+def unwritable(directory: Path) -> str | None:
+    """Why a command cannot write its files into `directory` (made if missing): the OS's reason ("Read-only file
+    system", "Permission denied", "No space left on device"), or None when a file can be made there. Tried for
+    real, not read from the mode bits, which root ignores and a read-only mount does not show."""
+    import tempfile
+
+    try:
+        Path(directory).mkdir(parents=True, exist_ok=True)
+        with tempfile.TemporaryFile(dir=directory):
+            pass
+    except OSError as e:
+        return e.strerror or type(e).__name__
+    return None
+
+
 _HELD: dict[str, int] = {}
 """Lock files this process holds, by path: their open descriptors."""
 

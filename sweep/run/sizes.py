@@ -11,6 +11,14 @@ terabytes and end as an out-of-memory `error` (or take the machine down with it)
   so `model.depth=10**9` costs two small builds, not a billion modules; up to width 512 those two are
   built on the CPU for real (REAL_BUILD_WIDTH says why; REAL_BUILD_TOKENS bounds the patches).
 
+- the steps (`check_steps`): a run keeps one metrics row per step in memory until it ends (result.json's numbers
+  come from them, metrics.csv is written whole at the end), ROW_BYTES each, so `steps` is at most
+  ROWS_BYTES_LIMIT / ROW_BYTES = 7,158,278; and a model whose size is known (native and zoo models) must be able
+  to run its steps within RUN_SECONDS_LIMIT (30 days) at an H100's dense bf16 peak, 6 x parameters x tokens per
+  batch FLOPs a step (a lower bound on any real step's cost, so only a run that cannot end is refused). Before,
+  nothing bounded it: `steps=1e11` hung building per-step tables before step 0 (those are now a window of steps at
+  a time, sweep/data/step_table.py).
+
 Each limit is far above anything a proxy sweep of a small model uses (the default run: a 0.8 MB data set,
 a 24 KB batch and 1.3M parameters), so only sizes no run here could allocate are refused. The message says
 the estimate, the limit and the keys to lower. A custom model (arch=custom) is held to PARAMS_LIMIT by its
@@ -45,6 +53,21 @@ REAL_BUILD_TOKENS = 4096
 PARAMS_LIMIT = 1_000_000_000
 """Model parameters: 1,000M (16 GB of float32 weights, gradients and AdamW state; DiT-XL has 675M)."""
 
+ROW_BYTES = 600
+"""Memory of one step's metrics row while the run lasts: a dict of 11 values, 552 B measured with tracemalloc
+(CPython 3.11, 100,000 rows as sweep.run.step.Steps.log makes them), rounded up."""
+
+ROWS_BYTES_LIMIT = 4 * 2**30
+"""A run's metrics rows in memory: 4 GiB, so steps <= 7,158,278 (metrics.csv is then ~0.7 GB)."""
+
+STEPS_LIMIT = ROWS_BYTES_LIMIT // ROW_BYTES
+
+RUN_SECONDS_LIMIT = 30 * 86400
+"""The longest a run may take at the fastest any step of its size could run: 30 days."""
+
+PEAK_FLOPS = 989e12
+"""An H100 SXM's dense bf16 tensor-core peak: no step of a model runs faster than its matmul FLOPs at this rate."""
+
 DATA_KEYS = "data.channels, data.frames, data.height or data.width"
 
 
@@ -76,27 +99,61 @@ def check_sizes(run: Any) -> None:
             DATA_BYTES_LIMIT,
             f"lower data.num_samples, {DATA_KEYS}",
         )
-    m = run.model
-    if m.arch.value in ("dit", "video_dit"):
-        n = _native_params(
-            m.arch.value, m.size, m.width, m.depth, m.patch_size, m.qk_norm, d.channels, d.frames, d.height
-        )
-        lower = "lower model.width or model.depth (or pick a smaller model.size)"
-        how = "counted at depths 2 and 4 and extrapolated"
-        what = f"model.arch={m.arch.value} size {m.size}" + "".join(
-            f" {k}={v}" for k, v in (("width", m.width), ("depth", m.depth)) if v is not None
-        )
-    elif m.arch.value == "diffusers":
-        n = _diffusers_params(m.name, d.channels, d.frames, d.height, d.width, m.patch_size)
-        lower = f"lower {DATA_KEYS}, or raise model.patch_size"
-        how = "counted on the meta device"
-        what = f"model.arch=diffusers {m.name} with data.channels={d.channels}"
-    else:
-        return
+    n, what, how, lower = _model_params(run)
     if n is not None and n > PARAMS_LIMIT:
         raise SizeError(
             "model",
             f"{what} would have ~{_count(n)} parameters ({how}), over the {PARAMS_LIMIT / 1e6:,.0f}M limit: {lower}",
+        )
+    check_steps(run, n)
+
+
+def _model_params(run: Any) -> tuple[Optional[int], str, str, str]:
+    """(parameters, what the model is, how they were counted, what to lower) of a native or zoo model; None
+    parameters for another kind (a custom model is counted by its probe) or a model that does not build (validate
+    says why)."""
+    d, m = run.data, run.model
+    if m.arch.value in ("dit", "video_dit"):
+        n = _native_params(
+            m.arch.value, m.size, m.width, m.depth, m.patch_size, m.qk_norm, d.channels, d.frames, d.height
+        )
+        what = f"model.arch={m.arch.value} size {m.size}" + "".join(
+            f" {k}={v}" for k, v in (("width", m.width), ("depth", m.depth)) if v is not None
+        )
+        lower = "lower model.width or model.depth (or pick a smaller model.size)"
+        return n, what, "counted at depths 2 and 4 and extrapolated", lower
+    if m.arch.value == "diffusers":
+        n = _diffusers_params(m.name, d.channels, d.frames, d.height, d.width, m.patch_size)
+        what = f"model.arch=diffusers {m.name} with data.channels={d.channels}"
+        return n, what, "counted on the meta device", f"lower {DATA_KEYS}, or raise model.patch_size"
+    return None, "", "", ""
+
+
+def check_steps(run: Any, params: Optional[int]) -> None:
+    """SizeError("steps", ...) when `run.steps` is over STEPS_LIMIT (its metrics rows) or, for a model of `params`
+    parameters, over the steps it could run in RUN_SECONDS_LIMIT at PEAK_FLOPS (module docstring)."""
+    steps = run.steps
+    if steps > STEPS_LIMIT:
+        raise SizeError(
+            "steps",
+            f"{steps:,} is over the {STEPS_LIMIT:,} steps a run may have: it keeps a metrics row per step in memory "
+            f"until it ends (~{ROW_BYTES} B each, {_bytes(ROWS_BYTES_LIMIT)} at {STEPS_LIMIT:,}) and writes each to "
+            "metrics.csv; lower steps (a proxy run that shows a divergence takes far fewer: the scenarios run <= 500)",
+        )
+    if params is None:
+        return
+    d, m = run.data, run.model
+    patch = max(m.patch_size, 1)
+    tokens = d.batch_size * (1 if m.is_image else d.frames) * max(d.height // patch, 1) * max(d.width // patch, 1)
+    flops = 6 * params * tokens
+    fit = int(RUN_SECONDS_LIMIT * PEAK_FLOPS // flops)
+    if steps > fit:
+        raise SizeError(
+            "steps",
+            f"{steps:,} steps of this model ({_count(params)} parameters, {tokens:,} tokens a batch: at least "
+            f"6 x parameters x tokens = {flops:.2g} FLOPs a step) would take over {RUN_SECONDS_LIMIT // 86400} days "
+            f"even at an H100's dense bf16 peak ({PEAK_FLOPS / 1e12:.0f} TFLOP/s): at most {fit:,} steps; lower "
+            "steps, or the model's size",
         )
 
 

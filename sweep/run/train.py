@@ -21,7 +21,7 @@ from sweep.data.device import DeviceBatches
 from sweep.run.adam_lag import adamw_second_moment
 from sweep.run.build import RunParts
 from sweep.run.evaluate import Evaluator
-from sweep.run.graph import StepGraph, wanted
+from sweep.run.graph import WARMUP, StepGraph, table_span, wanted
 from sweep.run.monitor import Cause, Divergence
 from sweep.run.progress import RunProgress
 from sweep.run.results import MetricsLog
@@ -72,7 +72,10 @@ class Lone:
         # Windows draw synthetic batches on the device and check them there (sweep/data/device.py).
         self.batches = None
         if run.monitor.sync_every > 1:
-            self.batches = DeviceBatches.of(parts.dataset, parts.order, run.steps, parts.device, run.data.range_limit)
+            span = table_span(run.monitor.sync_every)
+            self.batches = DeviceBatches.of(
+                parts.dataset, parts.order, run.steps, parts.device, run.data.range_limit, span
+            )
         self.clock, self.flagged = parts.optimizer.clock, self.batches is not None and run.data.check
         # graph=true on CUDA: window steps replay one capture of device_step (sweep/run/graph.py)
         graphed = self.batches is not None and wanted(run.graph, parts.device)
@@ -84,6 +87,11 @@ class Lone:
 
     def window_end(self, step: int) -> int:
         return window_end(self.run, step, self.evaluator, self.syncs.every)
+
+    def at(self, start: int, stop: int) -> None:
+        self.parts.optimizer.at(start, stop + WARMUP)  # a graph's warm-up reads past the window
+        if self.batches is not None:
+            self.batches.cover(start, stop + WARMUP)
 
     def snapshot(self, reuse: Snapshot | None = None) -> Snapshot:
         parts, monitors = self.parts, [self.parts.monitor]

@@ -116,6 +116,10 @@ class Stepper(Protocol):
     def window_end(self, step: int) -> int:
         """The first step after the window that would start at `step` (step + 1: no window)."""
 
+    def at(self, start: int, stop: int) -> None:
+        """A window of steps [start, stop) is about to run from the device: the clock at `start`, the per-step tables
+        (lr, batch indices: sweep/data/step_table.py) holding those steps and a CUDA graph's warm-up after them."""
+
     def snapshot(self, reuse: "Snapshot | None" = None) -> "Snapshot":
         """Everything a window changes, as it is now (in `reuse`'s buffers, a snapshot no longer needed)."""
 
@@ -176,7 +180,7 @@ def _window(stepper: Stepper, start: int, end: int) -> tuple[WindowResult, int, 
     """Steps start..end-1 with one sync: (how it ended, the first step it did not run, the steps replayed from
     the graph). AdamW steps unconditionally: a step the scaler or monitor would have stopped takes it back."""
     rows, replayed = [], 0
-    stepper.clock.fill_(start)  # the optimizer's clock: each step moves it on
+    stepper.at(start, end)  # the optimizer's clock, which each step moves on, and the tables it reads
     for step in range(start, end):
         if step > start:  # the last step's gradients stay for the stall check
             stepper.zero_grad()

@@ -44,8 +44,17 @@ from hydra.types import HydraContext, TaskFunction
 from omegaconf import DictConfig, OmegaConf
 from optuna.trial import TrialState
 
-from sweep.config import ConfigError, LedgerConfig, PrunerConfig, check_device_name, launches_here, validate_pruner
+from sweep.config import (
+    ConfigError,
+    LedgerConfig,
+    PrunerConfig,
+    check_device_name,
+    check_storage,
+    launches_here,
+    validate_pruner,
+)
 from sweep.run.interrupt import launch_forwarding_signals, stopping_on_signals
+from sweep.run.urls import scrub
 from sweep.search import space as search_space
 from sweep.search.conf import PrunerName, SamplerConf, SamplerName, SweepMode
 from sweep.search.frontier import Bracket, grid_runs
@@ -54,6 +63,7 @@ from sweep.search.ledger import (
     STALE_ATTR,
     mask_url,
     open_storage,
+    storage_error_line,
     storage_url,
     study_name,
     with_retries,
@@ -275,15 +285,30 @@ class OptunaSweeperImpl(Sweeper):
     def _study(self) -> optuna.Study:
         node = self.config.get("ledger")  # absent when the app is not ours (Hydra's own test apps)
         ledger = LedgerConfig(**OmegaConf.to_container(node, resolve=True)) if node is not None else LedgerConfig()
+        check_storage(
+            ledger.storage
+        )  # a malformed URL is the grid sweeper's one line too (before: a 40-line traceback)
         sweep_dir = Path(self.config.hydra.sweep.dir)
         url = storage_url(ledger, sweep_dir)
-        storage = open_storage(url, heartbeat_s=self.heartbeat_s, stale_after_s=self.stale_after_s)
-        name = study_name(ledger, sweep_dir, storage)  # the jobs' (sweep.search.ledger.record_run)
-        log.info("optuna sweeper: study %r in %s", name, mask_url(url))
-        return with_retries(
-            lambda: optuna.create_study(storage=storage, study_name=name, direction="minimize", load_if_exists=True),
-            "create_study",
-        )
+        try:
+            storage = open_storage(url, heartbeat_s=self.heartbeat_s, stale_after_s=self.stale_after_s)
+            name = study_name(ledger, sweep_dir, storage)  # the jobs' (sweep.search.ledger.record_run)
+            log.info("optuna sweeper: study %r in %s", name, mask_url(url))
+            return with_retries(
+                lambda: optuna.create_study(
+                    storage=storage, study_name=name, direction="minimize", load_if_exists=True
+                ),
+                "create_study",
+            )
+        except Exception as e:  # noqa: BLE001  (a server down, a driver missing, a file it cannot open)
+            # The grid sweeper's runs record their trials later (pending); this sweeper asks its trials from the
+            # storage, so it cannot start without it. Before: 160 lines of SQLAlchemy traceback.
+            raise ConfigError(
+                f"ledger.storage: the optuna sweeper cannot open {mask_url(url)} "
+                f"({scrub(storage_error_line(e), url)}), "
+                "and it asks for its trials there; start the server (or install its driver), or leave "
+                "ledger.storage unset for the sweep directory's SQLite ledger"
+            ) from None
 
     def sweep(self, arguments: List[str]) -> Any:
         args = [f"{k}={v}" for k, v in self.params.items()] + list(arguments)
