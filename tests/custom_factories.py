@@ -237,6 +237,7 @@ def huge_then_reads(channels: int, dim: int = 66_000) -> nn.Module:
     assert model[0].weight.abs().max().item() < 1.0
     return model
 
+
 class _Scale(nn.Module):
     """x times one weight, then `out(x, y)`: the base of the models below that pass the probe's forward on a
     batch of 2 and cannot train."""
