@@ -139,7 +139,10 @@ def test_without_an_lr_axis_no_combination_stable_in_every_replicate_is_said(tmp
     ]
     rec = recommend(write_sweep(tmp_path / "s", cells))
     assert rec.combination is None
-    assert rec.line == "No combination was stable in every replicate: nothing to recommend; see the divergence map."
+    assert rec.line == (
+        "No combination was stable in every replicate: nothing to recommend; all 2 failed runs: loss_spike: a lower "
+        "lr (optim.lr) or a precision with fp32 master weights."
+    )
 
 
 # --- tables that say when a difference is noise --------------------------------------------------

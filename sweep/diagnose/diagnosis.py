@@ -10,7 +10,8 @@ from typing import Callable
 
 from sweep.config import Verdict
 from sweep.diagnose.counterfactual import PAST, ROWS, Row, Table, reproduced, run_table
-from sweep.diagnose.fix import KNOWN, candidates, confirm, lr_delayed_it, reference_kernel
+from sweep.diagnose.fix import candidates, confirm, lr_delayed_it, reference_kernel
+from sweep.diagnose.known import KNOWN
 from sweep.diagnose.mechanism import Mechanism, decide
 from sweep.diagnose.record import DiagnoseError, RunRecord, load, sweep_dir_of, write_mechanism
 from sweep.run.results import recorded_mechanism, unwritable

@@ -21,19 +21,6 @@ from sweep.diagnose.trials import from_start_last, run_trial, with_overrides
 TRIES = 2
 """At most this many candidate fixes are run (each is a whole run)."""
 
-KNOWN = {
-    "attention_logit_growth": "qk-layernorm bounds the logits (Wortsman et al. 2023)",
-    "adam_second_moment_lag": "update clipping (StableAdamW) or a lower beta2 re-estimates the second moment",
-    "activation_overflow": "bf16 has fp32's range; or keep the overflowing modules in fp32",
-    "update_underflow": "fp32 master weights (bf16 autocast) keep small updates; a smaller eps where fp32 stalls too",
-    "gradient_underflow": "loss scaling (or bf16) keeps small gradients",
-    "loss_scale_collapse": "bf16 needs no loss scaling",
-    "kernel": "the reference kernel",
-    "bad_input": "train without the bad samples (python -m sweep.doctor finds them in a folder)",
-    "lr_too_high": "a lower lr",
-    "nondeterministic": "deterministic=true",
-}
-
 
 def candidates(
     record: RunRecord, mechanism: str, evidence: dict, table: Table | None, bad: list[int], fp32_set: list[str] | None

@@ -22,6 +22,10 @@ run has one), a mean over the replicates with its spread.
   modulate=fused_buggy) is no candidate however good its loss, and the line says it was left out.
 - Toggles: from the toggle table, every axis value that diverged less without losing lr (or gained lr
   without diverging more) than the value it was paired with.
+- The failures read (sweep/report/failures.py): with nothing to recommend, the line names the failed runs'
+  dominant cause and its fix (the data and the doctor for `bad_input`, the error for `error`, a lower lr only
+  where the lr is the cause); with a recommendation, failures no lr fixes (bad input, a corrupt checkpoint,
+  errors) are named after it ("Whatever the lr: ...").
 """
 
 from __future__ import annotations
@@ -32,6 +36,7 @@ import numpy as np
 import pandas as pd
 
 from sweep.report.confirmation import Confirmation, confirmed_candidates, pick_note
+from sweep.report.failures import failure_reading, not_the_lr
 from sweep.report.noise import Spread, quality_column, quality_name, within_noise
 from sweep.report.runs import PARAM
 from sweep.report.tables import (
@@ -156,10 +161,8 @@ def _recommend(
 ):
     stable = runs[runs.status == "stable"]
     if stable.empty:
-        return Recommendation(
-            "No stable run in this sweep, so nothing to recommend: try lower optim.lr "
-            "or a precision with fp32 master weights."
-        )
+        reading = failure_reading(runs) or "no run has ended yet"
+        return Recommendation(f"No stable run in this sweep, so nothing to recommend: {reading}.")
     recs = frontier_records(runs) if recs is None else recs
     advice = toggle_advice(toggle_effects(runs, recs) if toggles is None else toggles)
     axes = combo_axes(runs)
@@ -184,8 +187,11 @@ def _recommend(
     if cands.empty:
         what = "combination" if recs.empty else "lr"
         where = "" if recs.empty else " of any combination"
+        reading = failure_reading(runs)
         return Recommendation(
-            held or f"No {what} was stable in every replicate{where}: nothing to recommend; see the divergence map."
+            held
+            or f"No {what} was stable in every replicate{where}: nothing to recommend; "
+            + (f"{reading}." if reading else "see the divergence map.")
         )
     choices = {a: _choice_by_combo(runs, axes, a) for a in DEFAULTS}
     precision_of, attention_of = choices[PRECISION], choices["attention"]
@@ -226,6 +232,8 @@ def _recommend(
     out.line += held + pick_note(best.combination, None if pd.isna(best[LR]) else best[LR], confirmation)
     for axis, value in sorted(wrong):
         out.line += f" Not {axis}={value}: its kernel fails the parity check (python -m sweep.parity --{axis} {value})."
+    if other := not_the_lr(runs):
+        out.line += f" Whatever the lr: {other}."
     return out
 
 
