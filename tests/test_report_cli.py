@@ -224,7 +224,7 @@ def test_a_malformed_result_json_is_skipped_and_named(tmp_path, capsys, name, co
     assert out.startswith("2 runs: 1 stable, 1 diverged")  # not counted, not "running" either
     lines = err.strip().splitlines()
     assert lines[0].startswith(f"sweep.report: skipped {bad}: {why}"), lines
-    assert lines[-1].startswith("sweep.report: 2 runs from ") and "(1 skipped: " in lines[-1]
+    assert lines[-1].startswith("sweep.report: 2 runs from ") and "(1 result.json skipped: " in lines[-1]
     assert "Traceback" not in err
 
 

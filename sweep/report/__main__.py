@@ -237,7 +237,7 @@ def _skipped_note(skipped: list[str]) -> str:
         f"{n} {name}"
         for n, name in (
             (len(skipped) - diagnoses - overrides, RESULT_FILE),
-            (overrides, "overrides.yaml"),
+            (overrides, "started run"),
             (diagnoses, DIAGNOSIS_FILE),
         )
         if n
