@@ -139,3 +139,14 @@ def test_a_report_that_cannot_be_written_is_one_warning_line(tmp_path, capsys, c
     lines = [r for r in caplog.records if "report.html" in r.getMessage()]
     assert len(lines) == 1 and lines[0].exc_info is None
     assert "No space left on device" in lines[0].getMessage() and "python -m sweep.report" in lines[0].getMessage()
+
+
+def test_report_html_is_a_bool_named_in_one_line():
+    from sweep.config.schema import ConfigError, ReportConfig
+    from sweep.config.validate import _check_report
+
+    from .conftest import make_run
+
+    assert make_run().report.html is True and make_run("report.html=false").report.html is False
+    with pytest.raises(ConfigError, match="^report.html: must be true or false, got 'yes'$"):
+        _check_report(ReportConfig(html="yes"))
