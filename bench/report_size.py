@@ -52,7 +52,9 @@ def write_sweep(root: Path, n_runs: int, steps: int) -> None:
         rows = ["step,loss,grad_norm,lr,loss_scale,eval_loss"]
         for i, s in enumerate(step):
             ev = f"{loss[i] + 0.01:.6f}" if s % EVAL_EVERY == 0 and np.isfinite(loss[i]) else ""
-            rows.append(f"{s},{loss[i]!r},{grad[i]!r},{lr},{'' if scale is None else scale[i]},{ev}")
+            rows.append(
+                f"{s},{float(loss[i])!r},{float(grad[i])!r},{lr},{'' if scale is None else float(scale[i])},{ev}"
+            )
         (run_dir / "metrics.csv").write_text("\n".join(rows) + "\n")
         result = {
             "status": "stable" if bad is None else "diverged",

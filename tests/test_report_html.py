@@ -64,7 +64,7 @@ def sweep_100(tmp_path_factory):
 
 
 def test_a_100_run_report_loads_plotly_beside_it_and_stays_under_2_mb(sweep_100, capsys):
-    """Before: plotly.js (4.8 MB) inline and every curve's every point at full precision: 7.0 MB for this sweep."""
+    """Before: plotly.js (4.8 MB) inline and every point of every curve at full precision (17 digits)."""
     assert report_main([str(sweep_100)]) == 0
     page = (sweep_100 / "report.html").read_text()
     script = sweep_100 / plotly_js_name()
