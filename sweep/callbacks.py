@@ -386,7 +386,8 @@ def record_pending_trials(config: DictConfig) -> None:
 
 
 class SweepSummary(Callback):
-    """At the end of every multirun: the tables on the terminal, summary.md/.csv/.parquet in the sweep dir."""
+    """At the end of every multirun: the tables on the terminal, summary.md/.csv/.parquet and report.html (unless
+    report.html=false) in the sweep dir."""
 
     def on_multirun_end(self, config: DictConfig, **kwargs: Any) -> None:
         from sweep.report.confirmation import read_confirmation
@@ -436,10 +437,27 @@ class SweepSummary(Callback):
 
         if (problem := record_multirun_answer(config, sweep_dir, summary)) is not None:
             log.warning("%s", problem)
+        page = sweep_html(config, sweep_dir, summary)
         saved = textwrap.fill(
             f"Saved in {sweep_dir}: {', '.join(p.name for p in written)}", WIDTH, subsequent_indent="  "
         )
-        print(f"\n{text}\n\n{saved}\nHTML report: python -m sweep.report {sweep_dir}", flush=True)
+        print(f"\n{text}\n\n{saved}\nHTML report: {page or f'python -m sweep.report {sweep_dir}'}", flush=True)
+
+
+def sweep_html(config: DictConfig, sweep_dir: Path, summary) -> Path | None:
+    """report.html in the sweep dir unless report.html=false (sweep/report/html.py): its path, or None when off
+    or not written (one warning line; the summary files are written already)."""
+    if not OmegaConf.select(config, "report.html", default=True):
+        return None
+    from sweep.report.html import write_sweep_report  # plotly: only when the page is written
+
+    try:
+        files, problem = write_sweep_report(sweep_dir, summary)
+    except Exception as e:  # noqa: BLE001  (a figure that fails to build costs the page, never the summary)
+        files, problem = [], f"could not write report.html ({type(e).__name__}: {e})"
+    if problem:
+        log.warning("%s; python -m sweep.report %s writes it", problem, sweep_dir)
+    return files[0] if files else None
 
 
 def confirm_answer(config: DictConfig, sweep_dir: Path) -> None:

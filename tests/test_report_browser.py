@@ -165,3 +165,16 @@ def test_report_in_headless_chromium(browser, tmp_path, capsys):
     assert shot.stat().st_size > 20_000
     if os.environ.get("REPORT_SCREENSHOT"):
         shutil.copy(shot, os.environ["REPORT_SCREENSHOT"])
+
+    # plotly.js is loaded from the file beside the page: the line that says what to do without it stays hidden
+    assert list(root.glob("plotly-*.min.js")) and browser.evaluate("document.getElementById('plotly-missing').hidden")
+    moved = tmp_path / "moved" / "report.html"
+    moved.parent.mkdir()
+    shutil.copy(root / "report.html", moved)
+    browser.events.clear()  # the first page's load event
+    browser.call("Page.navigate", url=moved.as_uri())
+    browser.wait_for("Page.loadEventFired", timeout=60)  # fired with its script missing too
+    assert browser.evaluate("document.URL") == moved.as_uri()
+    line = "document.getElementById('plotly-missing')"
+    assert browser.evaluate(f"!{line}.hidden && {line}.offsetHeight > 0")
+    assert "--self-contained" in browser.evaluate(f"{line}.innerText")

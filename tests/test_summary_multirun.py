@@ -29,9 +29,10 @@ def test_callback_prints_the_tables_and_saves_them(tmp_path, capsys):
     for title in TITLES:
         assert title in out
     assert "Use precision=bf16_amp attention=flash optim.lr=0.01" in out
-    assert f"python -m sweep.report {root}" in out
-    for name in ("summary.md", "summary.csv", "summary.parquet", "summary_frontier.csv"):
+    assert f"HTML report: {root / 'report.html'}" in out  # issue 45 item 6: written at every multirun end
+    for name in ("summary.md", "summary.csv", "summary.parquet", "summary_frontier.csv", "report.html"):
         assert (root / name).exists(), name
+    assert len(list(root.glob("plotly-*.min.js"))) == 1
 
 
 def test_callback_on_a_sweep_without_results_says_so(tmp_path, capsys, caplog):

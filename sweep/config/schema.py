@@ -392,6 +392,9 @@ class ReportConfig:
     target: Optional[str] = None
     """The device the recommendation is for: cpu or cuda; null is the device the sweep ran on, and cuda for a
     sweep that ran on the CPU (a proxy for the GPU a model trains on)."""
+    html: bool = True
+    """Write report.html (and plotly-<version>.min.js beside it, once) into the sweep dir at the end of every
+    multirun; false: only the summary files (`python -m sweep.report DIR` writes it later)."""
 
 
 @dataclass

@@ -408,6 +408,7 @@ def _check_report(r: ReportConfig) -> None:
         "report.target",
         f"must be null (the device the sweep ran on; cuda from a CPU sweep), cpu or cuda, got {r.target!r}",
     )
+    require(isinstance(r.html, bool), "report.html", f"must be true or false, got {r.html!r}")
 
 
 def validate_pruner(p: PrunerConfig, key: str) -> PrunerConfig:

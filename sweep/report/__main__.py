@@ -2,18 +2,20 @@
 
     python -m sweep.report outputs/sweeps/2026-11-22/10-00-00           # the run directories
     python -m sweep.report outputs/sweeps/2026-11-22/10-00-00 --target cpu  # recommend for this CPU
+    python -m sweep.report outputs/sweeps/2026-11-22/10-00-00 --self-contained  # report.html with plotly inside
     python -m sweep.report outputs/sweeps/2026-11-22/10-00-00/ledger.db # the sweep's Optuna study
     python -m sweep.report postgresql://me@db/sweeps --study my-sweep   # a study on a server
     SWEEP_LEDGER_URL=postgresql://me:secret@db/sweeps python -m sweep.report --study my-sweep
 
-The tables go to stdout (the same from either source), what was read and written to stderr. A wrong
-path or an unknown study is one line and exit status 2. A storage password is never printed or
-written: the report names the storage as postgresql://me:***@db/sweeps. A directory's multirun.yaml
-is not read: every run says its own params (result.json, or a started job's .hydra/overrides.yaml),
-so a sweep whose multirun.yaml is missing or damaged reports as well (`python -m sweep -m` into such
-a directory is refused: it cannot tell that sweep from another, sweep/callbacks.py). Its confirmation.json
-(the answer rerun at a longer horizon, sweep/confirm/) is read too: the frontier's `held` column, and a
-recommendation that names a setting that held (a damaged one is one line on stderr).
+report.html loads plotly-<version>.min.js, written once beside it (sweep/report/html.py); --self-contained
+puts plotly inside instead, one file to mail. The tables go to stdout (the same from either source), what was
+read and written to stderr. A wrong path or an unknown study is one line and exit status 2. A storage password
+is never printed or written: the report names the storage as postgresql://me:***@db/sweeps. A directory's
+multirun.yaml is not read: every run says its own params (result.json, or a started job's
+.hydra/overrides.yaml), so a sweep whose multirun.yaml is missing or damaged reports as well (`python -m sweep
+-m` into such a directory is refused: it cannot tell that sweep from another, sweep/callbacks.py). Its
+confirmation.json (the answer rerun at a longer horizon, sweep/confirm/) is read too: the frontier's `held`
+column, and a recommendation that names a setting that held (a damaged one is one line on stderr).
 """
 
 from __future__ import annotations
@@ -26,6 +28,7 @@ from typing import Callable
 
 from sweep.config.validate import ladder_target_problem
 from sweep.report.confirmation import read_confirmation
+from sweep.report.html import REPORT_FILE, dir_title
 from sweep.report.ladder import ladder_settings
 from sweep.report.registry import TABLES
 from sweep.report.runs import DIAGNOSIS_FILE, runs_from_dirs
@@ -37,7 +40,6 @@ from sweep.run.results import RESULT_FILE
 from sweep.search.ledger import LEDGER_FILE, mask_url
 
 ENV_URL = "SWEEP_LEDGER_URL"
-REPORT_FILE = "report.html"
 
 
 def parser(prog: str = "python -m sweep.report") -> argparse.ArgumentParser:
@@ -71,6 +73,12 @@ def parser(prog: str = "python -m sweep.report") -> argparse.ArgumentParser:
         "a ledger file, or in the current directory for a server URL)",
     )
     p.add_argument("--no-html", action="store_true", help="print the tables only; write no report.html")
+    p.add_argument(
+        "--self-contained",
+        action="store_true",
+        help="one file with plotly.js inside (4.8 MB more: to mail it); by default the report loads "
+        "plotly-<version>.min.js, written once beside it",
+    )
     p.add_argument(
         "--write",
         action="store_true",
@@ -126,7 +134,7 @@ def load(source: str, study: str | None):
             if not (path / LEDGER_FILE).is_file():
                 raise SourceError(f"--study needs a storage, and {source} has no {LEDGER_FILE}")
             return load(str(path / LEDGER_FILE), study)
-        return runs_from_dirs(path), f"Sweep report: {path.resolve().name}", f"run directories under {path}", path
+        return runs_from_dirs(path), dir_title(path), f"run directories under {path}", path
     if is_storage(source):
         url = storage_url(source)
         runs, name = runs_from_study(url, study)
@@ -184,7 +192,9 @@ def main(argv: list[str] | None = None, prog: str = "python -m sweep.report") ->
         from sweep.report.html import write_report
 
         file = Path(args.html).name if args.html else REPORT_FILE
-        files, note = write_files(file, lambda d: [write_report(d / file, summary, title, source)], here, not args.html)
+        files, note = write_files(
+            file, lambda d: write_report(d / file, summary, title, source, args.self_contained), here, not args.html
+        )
         written += files
         if note:
             (notes if files else failed).append(note)

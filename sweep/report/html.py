@@ -1,6 +1,14 @@
-"""report.html: one self-contained file (plotly.js inline, no network at view time).
+"""report.html: written at the end of every multirun (`report.html=false` turns it off) and by the report's CLI.
 
-    python -m sweep.report outputs/sweeps/<date>/<time>     # writes report.html there
+    python -m sweep.report outputs/sweeps/<date>/<time>                     # writes report.html there
+    python -m sweep.report outputs/sweeps/<date>/<time> --self-contained    # one file, plotly.js inline
+
+plotly.js (4.8 MB) is written once beside the page, as plotly-<plotly.js version>.min.js, and loaded with a
+relative <script src>: never a CDN, nothing fetched at view time. A page moved away from it says so in one
+visible line; `--self-contained` inlines it instead (one file to mail). Each curve is cut to at most
+MAX_POINTS points (`downsample`: the minimum and maximum of each of MAX_POINTS / 2 buckets, the first and last
+point and the diverged run's first bad step) and its numbers rounded to 4 significant digits, so a
+100-run sweep of 1000-step runs makes a page under 2 MB (docs/design.md, "Files of a sweep directory").
 
 It holds the recommendation, every summary table of the registry (registry.py) with its plot (the
 divergence map's heatmap: share of decided runs that diverged, the cell text the map's label; the
@@ -15,6 +23,7 @@ same for plotly labels, which plotly renders as a subset of HTML (entities decod
 from __future__ import annotations
 
 import html
+import os
 from pathlib import Path
 
 import numpy as np
@@ -35,21 +44,71 @@ table.tbl th, table.tbl td { border: 1px solid #ccc; padding: 2px 8px; text-alig
 table.tbl th { background: #f3f3f3; }
 .recommendation { background: #eef6ee; border-left: 4px solid #3a3; padding: 0.6em 1em; }
 .curves { display: grid; grid-template-columns: repeat(auto-fill, minmax(540px, 1fr)); gap: 1em; }
+.warn { background: #fdecea; border-left: 4px solid #d64541; padding: 0.6em 1em; }
 code { background: #f3f3f3; padding: 0 3px; }
 """
 
 
-def write_report(path: Path, s: Summary, title: str, source: str) -> Path:
-    """Write report.html for a summary; `source` says where the runs came from (already masked)."""
+REPORT_FILE = "report.html"
+MAX_POINTS = 200
+"""The most points a curve keeps: 100 buckets' minimum and maximum. A curve panel is 450 to 1100 pixels wide, so
+a bucket is 5 to 11 pixels, where min and max draw the same band as every point did; at about 13 bytes a point
+(x and a 4-digit y as JSON), 100 runs of 3 curves each take about 0.8 MB (0.75 MB measured: docs/design.md)."""
+DIGITS = 4
+"""Significant digits of a plotted number: a 400-pixel axis cannot show a fifth (the tables keep every digit)."""
+
+
+def write_report(path: Path, s: Summary, title: str, source: str, self_contained: bool = False) -> list[Path]:
+    """Write report.html for a summary, and plotly.js beside it unless `self_contained`; `source` says where the
+    runs came from (already masked). The files written (a plotly.js already there is not rewritten)."""
     path = Path(path)
-    path.write_text(render_html(s, title, source), encoding="utf-8")
-    return path
+    path.write_text(render_html(s, title, source, None if self_contained else plotly_js_name()), encoding="utf-8")
+    return [path, *([] if self_contained else write_plotly_js(path.parent))]
 
 
-def render_html(s: Summary, title: str, source: str) -> str:
+def write_sweep_report(sweep_dir: Path, s: Summary) -> tuple[list[Path], str | None]:
+    """At the end of a multirun: report.html in the sweep dir, titled as `python -m sweep.report DIR` titles it.
+    (the files written, None) or ([], why not) for one warning line; never raises for a file system error."""
+    try:
+        return write_report(
+            sweep_dir / REPORT_FILE, s, dir_title(sweep_dir), f"run directories under {sweep_dir}"
+        ), None
+    except OSError as e:
+        return [], f"could not write {REPORT_FILE} ({e.filename or sweep_dir}: {e.strerror or type(e).__name__})"
+
+
+def dir_title(sweep_dir: Path) -> str:
+    return f"Sweep report: {Path(sweep_dir).resolve().name}"
+
+
+def plotly_js_name() -> str:
+    from plotly.offline import get_plotlyjs_version
+
+    return f"plotly-{get_plotlyjs_version()}.min.js"
+
+
+def write_plotly_js(directory: Path) -> list[Path]:
+    """plotly.js into `directory` once: skipped when a file of its name and size is there; written under a
+    temporary name and renamed, so a page never loads half of it. ([the file] when written, else [])."""
     from plotly.offline import get_plotlyjs
 
+    js = get_plotlyjs().encode("utf-8")
+    path = Path(directory) / plotly_js_name()
+    if path.is_file() and path.stat().st_size == len(js):
+        return []
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    try:
+        tmp.write_bytes(js)
+        tmp.replace(path)
+    finally:
+        tmp.unlink(missing_ok=True)
+    return [path]
+
+
+def render_html(s: Summary, title: str, source: str, script: str | None = None) -> str:
+    """The page; plotly.js inline, or with `script` loaded from that relative path (plotly_js_name)."""
     body = [
+        *([] if script is None else [missing_script_line(script)]),
         f"<h1>{esc(title)}</h1>",
         f"<p>{esc(s.counts_line())}; from {esc(source)}.</p>",
         "<h2>Recommendation</h2>",
@@ -81,9 +140,24 @@ def render_html(s: Summary, title: str, source: str) -> str:
     return (
         '<!DOCTYPE html>\n<html lang="en"><head><meta charset="utf-8">'
         f"<title>{esc(title)}</title><style>{STYLE}</style>"
-        f'<script type="text/javascript">{get_plotlyjs()}</script></head>\n<body>\n'
-        + "\n".join(body)
-        + "\n</body></html>\n"
+        f"{plotly_script(script)}</head>\n<body>\n" + "\n".join(body) + "\n</body></html>\n"
+    )
+
+
+def plotly_script(script: str | None) -> str:
+    if script is not None:
+        return f'<script type="text/javascript" src="{esc(script)}"></script>'
+    from plotly.offline import get_plotlyjs
+
+    return f'<script type="text/javascript">{get_plotlyjs()}</script>'
+
+
+def missing_script_line(script: str) -> str:
+    """The line a page moved away from its plotly.js shows (hidden once plotly has loaded)."""
+    return (
+        f'<p id="plotly-missing" class="warn">The plots need {esc(script)} beside this file: copy it here, or '
+        "rerun <code>python -m sweep.report SWEEP_DIR --self-contained</code> for one file with plotly inside.</p>"
+        '<script>if (window.Plotly) document.getElementById("plotly-missing").hidden = true;</script>'
     )
 
 
@@ -137,17 +211,19 @@ def curve_figures(runs: pd.DataFrame) -> list:
             if r.status != "stable":
                 name += f" ({r.status})"
             group_id = f"{r.Index}"
+            bad_step = int(r.first_bad_step) if r.status == "diverged" and not pd.isna(r.first_bad_step) else None
             for row, col in enumerate(columns, start=1):
                 if col not in m:
                     continue
                 points = _eval_points(m) if col == "eval_loss" else m
                 if points is None:
                     continue
+                x, y = curve(points.step, points[col], keep=bad_step)
                 # markers too on short runs: a run that died at step 1 has a single finite point
                 fig.add_trace(
                     go.Scatter(
-                        x=points.step,
-                        y=_finite(points[col]),
+                        x=x,
+                        y=y,
                         name=plot_text(name),
                         mode="lines+markers" if len(points) <= 30 else "lines",
                         marker={"size": 4},
@@ -158,12 +234,12 @@ def curve_figures(runs: pd.DataFrame) -> list:
                     row=row,
                     col=1,
                 )
-            if r.status == "diverged" and not pd.isna(r.first_bad_step):
-                step, y = _bad_point(m, int(r.first_bad_step))
+            if bad_step is not None:
+                step, y = _bad_point(m, bad_step)
                 fig.add_trace(
                     go.Scatter(
                         x=[step],
-                        y=[y],
+                        y=rounded([np.nan if y is None else y]),
                         mode="markers",
                         legendgroup=group_id,
                         showlegend=False,
@@ -220,12 +296,15 @@ def _add_band(fig, band: pd.DataFrame, color: str, name: str, row: int) -> None:
     import plotly.graph_objects as go
 
     rgb = tuple(int(color[i : i + 2], 16) for i in (1, 3, 5))
-    upper, lower = band["mean"] + band["std"], (band["mean"] - band["std"]).clip(lower=1e-12)
+    upper = (band["mean"] + band["std"]).to_numpy(dtype=float)
+    lower = (band["mean"] - band["std"]).clip(lower=1e-12).to_numpy(dtype=float)
+    idx = np.union1d(downsample(upper), downsample(lower))  # one x for both edges: the fill between them
+    x, upper, lower = band.step.to_numpy()[idx].tolist(), rounded(upper[idx]), rounded(lower[idx])
     common = {"legendgroup": f"band-{name}", "hoverinfo": "skip", "line": {"width": 0}}
-    fig.add_trace(go.Scatter(x=band.step, y=upper, mode="lines", showlegend=False, **common), row=row, col=1)
+    fig.add_trace(go.Scatter(x=x, y=upper, mode="lines", showlegend=False, **common), row=row, col=1)
     fig.add_trace(
         go.Scatter(
-            x=band.step,
+            x=x,
             y=lower,
             mode="lines",
             fill="tonexty",
@@ -238,9 +317,36 @@ def _add_band(fig, band: pd.DataFrame, color: str, name: str, row: int) -> None:
     )
 
 
-def _finite(values: pd.Series) -> list:
-    x = pd.to_numeric(values, errors="coerce").to_numpy(dtype=float)
-    return [float(v) if np.isfinite(v) else None for v in x]
+def curve(steps: pd.Series, values: pd.Series, keep: int | None = None, n: int = MAX_POINTS) -> tuple[list, list]:
+    """A curve as plotted: at most about `n` points (`downsample`; `keep` a step that must stay), each number
+    rounded to DIGITS significant digits, a non-finite one None (a gap)."""
+    x, y = np.asarray(steps), pd.to_numeric(values, errors="coerce").to_numpy(dtype=float)
+    idx = downsample(y, n, np.flatnonzero(x == keep) if keep is not None else ())
+    return x[idx].tolist(), rounded(y[idx])
+
+
+def downsample(y: np.ndarray, n: int = MAX_POINTS, keep=()) -> np.ndarray:
+    """The indices of y to plot: all of them when there are at most n, else, over n // 2 equal buckets, each
+    bucket's minimum and maximum (so a one-step spike keeps its height: min-max decimation), the first
+    non-finite point of each gap, the first and last point, and `keep`. Sorted."""
+    if len(y) <= n:
+        return np.arange(len(y))
+    buckets = max(1, n // 2)
+    bucket = np.arange(len(y)) * buckets // len(y)
+    starts = np.searchsorted(bucket, np.arange(buckets))
+    finite = np.isfinite(y)
+    low, high = np.where(finite, y, np.inf), np.where(finite, y, -np.inf)
+    mins = np.lexsort((low, bucket))[starts]  # sorted by bucket, then value: each bucket's first is its least
+    maxs = np.lexsort((-high, bucket))[starts]
+    gaps = np.flatnonzero(~finite & np.r_[True, finite[:-1]])
+    keep = np.asarray(keep, dtype=int)
+    return np.unique(np.concatenate([[0, len(y) - 1], mins, maxs, gaps, keep]).astype(int))
+
+
+def rounded(values: np.ndarray) -> list:
+    """Numbers for a plot: DIGITS significant digits (the JSON holds 0.1235, not 0.12345678901234568), None for
+    a non-finite one (a gap in the line)."""
+    return [float(f"{v:.{DIGITS}g}") if np.isfinite(v) else None for v in values]
 
 
 def _bad_point(m: pd.DataFrame, step: int) -> tuple[int, float | None]:
