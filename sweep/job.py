@@ -191,12 +191,20 @@ def parallel_threads(hc) -> int:
     return max(1, cores // workers)
 
 
+_GROUP_OPTIONS: dict[str, tuple[object, list]] = {}
+"""key -> (the config loader asked, its group options): Hydra builds a config repository for each question
+(~10 ms), and the ledger asks 9 per run; the answer holds while the loader is the same."""
+
+
 def group_or_enum_choices(key: str) -> list | None:
     """Every option a string param could take: a config group's options, or an enum's values."""
     if GlobalHydra.instance().is_initialized():
-        options = GlobalHydra.instance().config_loader().get_group_options(key)
-        if options:
-            return options
+        loader = GlobalHydra.instance().config_loader()
+        cached = _GROUP_OPTIONS.get(key)
+        if cached is None or cached[0] is not loader:
+            cached = _GROUP_OPTIONS[key] = (loader, loader.get_group_options(key))
+        if cached[1]:
+            return list(cached[1])
     return enum_choices(key)
 
 

@@ -332,3 +332,15 @@ def test_with_no_lower_lr_that_held_the_recommendation_takes_the_best_that_held_
     line = summarize(runs, confirmation=conf).recommendation.line
     assert line.startswith("No setting held at 32 steps: nothing to recommend (the grid's pick, bf16_amp/flash at")
     assert "failed at 32 steps: loss_spike@31 (seed 1)" in line
+
+
+def test_the_plan_puts_what_the_target_cannot_run_last(tmp_path):
+    """Under a budget the settings cut are the last ones: fp32/flash, which CUDA cannot run and the recommendation
+    for cuda leaves out, comes after every setting CUDA can run; for the CPU, in the frontier's order."""
+    from sweep.confirm.plan import plan
+
+    runs = runs_from_dirs(make_grid(tmp_path / "sweep", seeds=(0, 1)))
+    on_cuda = [s.combination for s in plan(runs, target="cuda")]
+    assert on_cuda[-1] == "fp32/flash" and on_cuda.count("fp32/flash") == 1, on_cuda
+    on_cpu = [s.combination for s in plan(runs, target="cpu")]
+    assert on_cpu != on_cuda and sorted(on_cpu) == sorted(on_cuda)

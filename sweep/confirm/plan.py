@@ -16,9 +16,10 @@ from pathlib import Path
 import pandas as pd
 
 from sweep.report.confirmation import LARGEST, RECOMMENDED, STEP_DOWN, Confirmation, confirm_records
-from sweep.report.recommend import recommend
+from sweep.report.recommend import choice_by_combo, recommend
 from sweep.report.runs import PARAM, runs_from_dirs
 from sweep.report.tables import LR, combo_axes, combo_labels, frontier_records
+from sweep.report.target import resolve_target, unrunnable
 
 
 @dataclass
@@ -83,7 +84,17 @@ def plan(runs: pd.DataFrame, target: str | None = None) -> list[Setting]:
             s.stable_lrs = rec["stable_lrs"]
             chosen.setdefault(s.key, s)
             chosen[s.key].why += [LARGEST] if LARGEST not in chosen[s.key].why else []
-    return list(chosen.values())
+    return _runnable_first(runs, axes, list(chosen.values()), target)
+
+
+def _runnable_first(runs: pd.DataFrame, axes: list[str], settings: list[Setting], target: str | None) -> list:
+    """The settings the target can run first (report.target: fp32/flash does not run on CUDA), in their order:
+    under a budget the others, which the recommendation leaves out anyway, are the ones left unconfirmed."""
+    on, _ = resolve_target(runs, target)
+    precision, attention = (choice_by_combo(runs, axes, a) for a in ("precision", "attention"))
+    return sorted(
+        settings, key=lambda s: bool(unrunnable(on, precision.get(s.combination), attention.get(s.combination)))
+    )
 
 
 def recommended(

@@ -193,7 +193,7 @@ def _recommend(
             or f"No {what} was stable in every replicate{where}: nothing to recommend; "
             + (f"{reading}." if reading else "see the divergence map.")
         )
-    choices = {a: _choice_by_combo(runs, axes, a) for a in DEFAULTS}
+    choices = {a: choice_by_combo(runs, axes, a) for a in DEFAULTS}
     precision_of, attention_of = choices[PRECISION], choices["attention"]
     left_out = {
         c: why
@@ -416,7 +416,7 @@ def _below(lr: float, rec) -> str:
     return f"{int(steps)} grid steps below lr {bad:.4g}, which {what}"
 
 
-def _choice_by_combo(runs: pd.DataFrame, axes: list[str], axis: str) -> dict:
+def choice_by_combo(runs: pd.DataFrame, axes: list[str], axis: str) -> dict:
     """Each combination's value of `axis` (its first run's); DEFAULTS[axis] where the runs do not name it."""
     labels = combo_labels(runs, axes)
     if PARAM + axis not in runs:
