@@ -1,8 +1,9 @@
 """Signal or noise: the quality number the tables compare runs by, its spread over replicates, and ties.
 
 The quality of a stable run is its held-out **eval loss** (sweep/run/evaluate.py): a fixed set of clips,
-timesteps and noise, the same for every run of a sweep. A sweep whose runs have none (folder data, eval
-off) falls back to the final training loss, one minibatch, and every table that uses it says so.
+timesteps and noise, the same for every run of a sweep (folder data: its held-out files, data.eval_files).
+A sweep whose runs have none (eval off, a folder too small to hold files out) falls back to the final
+training loss, one minibatch, and every table that uses it says so.
 
 Two runs that differ only in their seed (`seed=0,1,2` or `replicates=3`) are replicates: their spread is
 the noise of a training run, and a difference between two settings counts as a difference only when it

@@ -5,7 +5,7 @@ set up); `ledger.storage` takes any Optuna RDB URL (postgresql://, mysql://, sql
 ending in `.log`/`.jsonl` for Optuna's journal file. How a run becomes a trial (docs/design.md, "The ledger"):
 
 - stable: COMPLETE, value = its eval loss (held-out clips, sweep/run/evaluate.py), or its final loss
-  when it has none (eval off, folder data), feasible (constraint -1).
+  when it has none (eval off, a folder with no held-out file), feasible (constraint -1).
 - diverged: COMPLETE with a penalty value, `spike_factor` x the run's initial loss, and an infeasible
   constraint (+1). A stable run's training loss never exceeded that (the monitor would have called it
   a spike); its eval loss is not watched by the monitor, so a stable value is capped just below its
