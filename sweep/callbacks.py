@@ -22,7 +22,7 @@ from omegaconf import DictConfig, OmegaConf
 from sweep.config import RETIRED_KEYS, ConfigError, check_output_dir, to_run_config
 from sweep.config.secrets import check_no_literal_secrets
 from sweep.errors import exiting_on_config_error
-from sweep.run.once import forget
+from sweep.run.once import forget, per_sweep
 from sweep.run.results import lock_held
 from sweep.run.urls import install_secret_filter
 from sweep.search.space import parse
@@ -396,18 +396,9 @@ class SweepSummary(Callback):
         from sweep.report.text import WIDTH, render_text, write_summary
 
         sweep_dir = Path(config.hydra.sweep.dir)
-        if OmegaConf.select(config, "monitor.diagnose", default="off") == "auto":
-            from sweep.diagnose.multirun import diagnose_sweep  # torch: only for sweeps that diagnose
-
-            try:
-                diagnose_sweep(
-                    sweep_dir,
-                    float(OmegaConf.select(config, "monitor.diagnose_budget", default=1.0)),
-                    progress=lambda line: print(line, flush=True),
-                )
-            except Exception:
-                log.exception("diagnosing the diverged runs of %s failed; python -m sweep.diagnose RUN_DIR", sweep_dir)
-        confirm_answer(config, sweep_dir)
+        with per_sweep(sweep_dir):  # the diagnosis's and the confirmation's runs say the sweep's data lines once too
+            diagnose_failures(config, sweep_dir)
+            confirm_answer(config, sweep_dir)
         runs = runs_from_dirs(sweep_dir, starting_s=0)  # every job of this sweep has returned
         for line in runs.attrs.get("skipped", []):
             log.warning("summary: skipped %s", line)
@@ -458,6 +449,23 @@ def sweep_html(config: DictConfig, sweep_dir: Path, summary) -> Path | None:
     if problem:
         log.warning("%s; python -m sweep.report %s writes it", problem, sweep_dir)
     return files[0] if files else None
+
+
+def diagnose_failures(config: DictConfig, sweep_dir: Path) -> None:
+    """monitor.diagnose=auto: diagnose one run of each distinct failure (sweep/diagnose/multirun.py) before the
+    summary reads them; a failure is logged, never raised."""
+    if OmegaConf.select(config, "monitor.diagnose", default="off") != "auto":
+        return
+    from sweep.diagnose.multirun import diagnose_sweep  # torch: only for sweeps that diagnose
+
+    try:
+        diagnose_sweep(
+            sweep_dir,
+            float(OmegaConf.select(config, "monitor.diagnose_budget", default=1.0)),
+            progress=lambda line: print(line, flush=True),
+        )
+    except Exception:
+        log.exception("diagnosing the diverged runs of %s failed; python -m sweep.diagnose RUN_DIR", sweep_dir)
 
 
 def confirm_answer(config: DictConfig, sweep_dir: Path) -> None:

@@ -13,15 +13,17 @@ import torch
 from safetensors.torch import save_file
 
 from sweep.config import Progress
+from sweep.run import build
 from sweep.run.progress import RunProgress, SweepProgress, close_sweep, open_sweep
 
 from .conftest import multirun_in_process, read_results
 
 
-def test_a_grid_prefixes_k_of_n_counts_diverged_and_says_its_data_lines_once(tmp_path, capsys):
+def test_a_grid_prefixes_k_of_n_counts_diverged_and_says_its_data_lines_once(tmp_path, capsys, monkeypatch):
     """The trial saw `#k :` lines and one line per run with no "k of N" and no ETA, and the same two data lines
     for each of 96 runs. Now each run's line starts k/N and ends with the sweep's counts and ETA, and the folder
-    data's lines (the training files, drop_bad's left-out samples) are said once for the sweep."""
+    data's lines (the training files, drop_bad's left-out samples) are said once for the sweep, the runs of its
+    diagnosis and confirmation included."""
     root = tmp_path / "latents"
     root.mkdir()
     g = torch.Generator().manual_seed(0)
@@ -31,6 +33,9 @@ def test_a_grid_prefixes_k_of_n_counts_diverged_and_says_its_data_lines_once(tmp
         save_file({"latents": x}, str(root / f"z{i}.safetensors"))
     data = ["data=latent_folder", f"data.path={root}", "data.channels=3", "data.drop_bad=true", "data.eval_files=0"]
     grid = ["precision=fp32,fp16_pure", "optim.lr=1e-4,1e-3", "steps=2", "ledger.enabled=false"]
+    grid += ["monitor.diagnose=auto", "confirm.mode=auto", "report.html=false"]  # their runs load the data too
+    build_log = SaidLog(build.log)  # what the runs' set-up said, the diagnosis's and confirmation's runs included
+    monkeypatch.setattr(build, "log", build_log)
     capsys.readouterr()
     multirun_in_process(tmp_path / "sweep", *data, *grid)
     out = capsys.readouterr()
@@ -41,9 +46,26 @@ def test_a_grid_prefixes_k_of_n_counts_diverged_and_says_its_data_lines_once(tmp
     assert [line.split(" ")[0] for line in lines] == ["1/4", "2/4", "3/4", "4/4"]
     assert all(re.search(r"so far, ETA \d+(m\d\ds)?s$", line) for line in lines[:3]), lines
     assert re.search(r"; 2 diverged; done in \d+", lines[3]), lines[3]
-    assert sum(line.startswith("data: 6 training files from") for line in said) == 1
+    assert (tmp_path / "sweep" / "confirmation.json").exists()
+    assert list((tmp_path / "sweep").glob("*/diagnosis.json")), "a diagnosis ran"
+    assert sum(line.startswith("data: 6 training files from") for line in build_log.said) == 1, build_log.said
     dropped = [line for line in said if line.startswith("data.drop_bad: left out 1 of 6 samples: 1 x values outside")]
     assert len(dropped) == 1, said
+
+
+class SaidLog:
+    """A logger that keeps what is said at INFO or above (say_once says a repeat at debug)."""
+
+    def __init__(self, log: logging.Logger):
+        self.real, self.said = log, []
+
+    def log(self, level: int, msg: str, *args) -> None:
+        if level >= logging.INFO:
+            self.said.append(msg % args if args else msg)
+        self.real.log(level, msg, *args)
+
+    def __getattr__(self, name: str):
+        return getattr(self.real, name)
 
 
 def test_sweep_progress_counts_each_run_once_and_estimates_what_is_left(monkeypatch):
