@@ -126,3 +126,19 @@ def test_a_checkpoint_resumes_only_into_the_same_parametrization_and_older_ones_
     OmegaConf.save(saved, tmp_path / ".hydra" / "config.yaml")
     assert resume_mismatches(make_run("model.width=64"), checkpoint) == []
     assert [k for k, *_ in resume_mismatches(mup, checkpoint)] == ["model.param", "model.base_width"]
+
+
+def test_a_run_with_a_tag_of_its_own_loads_as_the_run_it_was(tmp_path):
+    """`+tag='...'` adds a top-level key the schema does not have; the run ignores it, and the recorded config must
+    load as that run (before: a sweep with it had its confirmation and diagnoses end in a traceback, "Key 'tag'
+    not in 'RunConfig'")."""
+    from sweep.config.recorded import load_recorded
+
+    run_dir = tmp_path / "run"
+    saved = OmegaConf.to_container(hydra_cfg("steps=3", "+tag=a-tag", f"hydra.run.dir={run_dir}"), resolve=False)
+    del saved["hydra"]
+    assert saved["tag"] == "a-tag"
+    (run_dir / ".hydra").mkdir(parents=True)
+    OmegaConf.save(OmegaConf.create(saved), run_dir / ".hydra" / "config.yaml")
+    config, run = load_recorded(run_dir)
+    assert run == make_run("steps=3") and "tag" not in config

@@ -11,6 +11,7 @@ recorded config before it meets today's schema (without_retired), so runs record
 from __future__ import annotations
 
 import copy
+import dataclasses
 import re
 from enum import Enum
 from pathlib import Path
@@ -26,9 +27,14 @@ RETIRED_KEYS = ("optim.name",)
 
 
 def without_retired(config: DictConfig) -> DictConfig:
-    """A copy of a recorded config without its RETIRED_KEYS, so that it merges onto today's RunConfig schema
-    (which refuses a key it does not know)."""
+    """A copy of a recorded config without its RETIRED_KEYS and its top-level keys that are no part of RunConfig
+    (a user's `+tag=...`, which the run itself ignored), so that it merges onto today's RunConfig schema (which
+    refuses a key it does not know: a sweep with `+tag` had its confirmation and diagnoses end in a traceback)."""
     config = copy.deepcopy(config)
+    fields = {f.name for f in dataclasses.fields(RunConfig)}
+    with open_dict(config):
+        for extra in [k for k in config if k not in fields]:
+            config.pop(extra)
     for key in RETIRED_KEYS:
         parent, _, leaf = key.rpartition(".")
         node = OmegaConf.select(config, parent, default=None, throw_on_resolution_failure=False)
