@@ -52,7 +52,7 @@ from sweep.data.checks import CONSTANT_TOL, PROBLEM_KINDS, RANGE_LIMIT, SamplePr
 from sweep.data.folder import FOLDER_KINDS, relative
 from sweep.data.readers import ReadError, find_files, read_image, read_latents, read_video, source_of
 from sweep.data.shape import DIMS, Expected, as_cfhw, shape_problem
-from sweep.data.split import describe, eval_files_problem, split_files
+from sweep.data.split import describe, eval_files_problem, how_many, split_files
 from sweep.run.progress import resolve_mode
 
 REPORT_NAME = "doctor_report.json"
@@ -229,7 +229,7 @@ def format_split(split: dict, shown: int = 10) -> str:
         what = FOLDER_KINDS[data][0]
         lines.append(
             f"eval split (data={data} data.eval_files={describe(split['eval_files'])}): {len(s['held_out'])} of"
-            f" {s['files']} {what} files held out for the eval loss, {s['train']} train"
+            f" {s['files']} {what} files held out for the eval loss, {s['train']} train{how_many(split['eval_files'])}"
         )
         names = [n + (" (bad)" if n in s["held_out_bad"] else "") for n in s["held_out"]]
         if names:

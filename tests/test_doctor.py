@@ -271,10 +271,12 @@ def test_the_doctor_reports_the_held_out_files_a_run_uses(latents: tuple[Path, P
     bad = {s["path"] for s in report["samples"] if not s["ok"]}
     assert split["held_out_bad"] == [n for n in split["held_out"] if n in bad]
     text = capsys.readouterr().out
-    assert "3 of 9 latent files held out for the eval loss, 6 train" in text
+    assert "3 of 9 latent files held out for the eval loss, 6 train\n" in text  # a count is exact: nothing to add
     assert all(name in text.split("held out:")[1] for name in split["held_out"])
     assert main([str(root), "--json", str(out)]) == 1  # the default: the run's data.eval_files
     assert _report(out)["eval_split"]["eval_files"] == 0.1
+    # a fraction: the files whose hash falls below it, so the line says the count only comes near it
+    assert "train; the files whose path hash falls below 0.1: about 10%, a count is exact" in capsys.readouterr().out
     assert (
         _report(out)["eval_split"]["by_data"]["latent_folder"]["held_out"]
         == FolderSplit.of(root, "latent_folder", 0.1).names()

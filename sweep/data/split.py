@@ -51,6 +51,15 @@ def describe(eval_files: float) -> str:
     return str(int(eval_files)) if eval_files == int(eval_files) else f"{eval_files:g}"
 
 
+def how_many(eval_files: float) -> str:
+    """What a fraction means, for the lines that report a split ("" for a count or 0): the files whose hash falls
+    below it, so the count varies around the fraction (15 of 96 files at 0.1 in a user's folder: a binomial
+    draw, the price of a split that adding files never reshuffles)."""
+    if eval_files == int(eval_files):
+        return ""
+    return f"; the files whose path hash falls below {describe(eval_files)}: about {eval_files:.0%}, a count is exact"
+
+
 @dataclass(frozen=True)
 class FileSplit:
     """The files that train and those held out (each in the order given), and why the held-out set is

@@ -27,7 +27,7 @@ from sweep.config import DataSource, FinetuneMethod, RunConfig, Schedule
 from sweep.data.batches import BatchOrder, sample_labels
 from sweep.data.checks import DataError, check_sample
 from sweep.data.folder import FolderClips, FolderSplit, HeldOutFiles, read_held_out
-from sweep.data.split import describe
+from sweep.data.split import describe, how_many
 from sweep.data.synthetic import Fault, SyntheticClips
 from sweep.run import checkpoint, fp32_modules
 from sweep.run.adamw import DeviceAdamW
@@ -246,12 +246,13 @@ def folder_data(run: RunConfig) -> tuple[FolderClips, HeldOutFiles]:
     say_once(
         log,
         logging.INFO,
-        "data: %d training files from %s%s, %d held out for the eval loss (data.eval_files=%s)",
+        "data: %d training files from %s%s, %d held out for the eval loss (data.eval_files=%s%s)",
         len(dataset),
         split.root,
         f" ({bad} unusable)" if bad else "",
         len(split.held_out),
         describe(d.eval_files),
+        how_many(d.eval_files),
     )
     if split.note:
         say_once(log, logging.INFO, "data.eval_files: %s", split.note)
