@@ -57,3 +57,14 @@ def test_a_recommendation_also_names_the_failures_no_lr_fixes(tmp_path):
     rec = recommend(write_sweep(tmp_path / "s", grid(result)))
     assert rec.settings
     assert "Whatever the lr: 1 run failed bad_input: the data, not the lr" in rec.line
+
+
+def test_a_sweep_with_no_finished_run_says_so_not_lower_the_lr(tmp_path):
+    from sweep.report.runs import runs_from_dirs
+
+    from .test_report_tables import write_run
+
+    for n, lr in enumerate(LRS):
+        write_run(tmp_path / "s", n, {"optim.lr": lr}, None)  # started, no result.json yet
+    line = recommend(runs_from_dirs(tmp_path / "s", starting_s=0)).line
+    assert line == "No stable run in this sweep, so nothing to recommend: no run has finished (running or interrupted)."

@@ -161,7 +161,7 @@ def _recommend(
 ):
     stable = runs[runs.status == "stable"]
     if stable.empty:
-        reading = failure_reading(runs) or "no run has ended yet"
+        reading = failure_reading(runs) or "no run has finished (running or interrupted)"
         return Recommendation(f"No stable run in this sweep, so nothing to recommend: {reading}.")
     recs = frontier_records(runs) if recs is None else recs
     advice = toggle_advice(toggle_effects(runs, recs) if toggles is None else toggles)
