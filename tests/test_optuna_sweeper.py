@@ -260,3 +260,18 @@ def test_replicates_are_a_seed_axis_of_the_grid_sampler_and_refused_elsewhere(tm
     proc = sweep(tmp_path / "tpe", "optim.lr=tag(log,interval(1e-4,1e-2))", "replicates=2", check=False)
     lines = [ln for ln in proc.stderr.splitlines() if ln.strip()]
     assert proc.returncode == 2 and len(lines) == 1 and "replicates=2: the optuna sweeper runs replicates" in lines[0]
+
+
+def test_each_run_of_an_optuna_sweep_says_k_of_n_and_the_sweeps_eta(tmp_path, capsys):
+    """As the grid sweeper's runs do (issue 45, item 4): N is the grid's cells, or the trials left to n_trials."""
+    import re
+
+    out = sweep_here(
+        tmp_path, capsys, "hydra.sweeper.sampler.name=grid", "precision=fp32,fp16_pure", "optim.lr=choice(1e-4,1e-3)"
+    )
+    said = [line.split(" - ", 1)[-1] for line in out.splitlines()]
+    lines = [line for line in said if re.match(r"\d+/4 \[\d\] ", line)]
+    assert [line.split(" ")[0] for line in lines] == ["1/4", "2/4", "3/4", "4/4"], said
+    assert re.search(r"; 2 diverged; done in \d+", lines[-1]), lines[-1]
+    out = sweep_here(tmp_path / "tpe", capsys, "hydra.sweeper.n_trials=2", "optim.lr=tag(log,interval(1e-4,1e-3))")
+    assert [ln.split(" - ", 1)[-1].split(" ")[0] for ln in out.splitlines() if "/2 [" in ln] == ["1/2", "2/2"], out

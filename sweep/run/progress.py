@@ -4,7 +4,8 @@ One run (`RunProgress`): a bar of its steps on a terminal, periodic log lines on
 nothing in CI and redirected output.
 
 A sweep (`SweepProgress`: "run k of N, m diverged, ETA"): the grid sweeper knows N (the grid's cells, less
-those a resumed sweep finished) and opens one in its process (`open_sweep`). Where its runs run in that
+those a resumed sweep finished) and opens one in its process (`open_sweep`); so does the Optuna sweeper (the grid
+sampler's cells without a finished trial, or the trials left to n_trials; a frontier search knows no N). Where its runs run in that
 process (Hydra's basic launcher, the packed launcher), each run's line (sweep/job.py `finish_job`) is
 prefixed `k/N` and ends with the sweep's counts and ETA:
 
@@ -21,12 +22,14 @@ run in progress has had.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import sys
 import threading
 import time
 from collections import Counter
+from typing import Iterator
 
 from tqdm import tqdm
 
@@ -150,6 +153,15 @@ def close_sweep() -> None:
     if _sweep is not None:
         _sweep.close()
     _sweep = None
+
+
+@contextlib.contextmanager
+def closing_sweep() -> Iterator[None]:
+    """close_sweep when the block ends, however it ends (the Optuna sweeper's loop)."""
+    try:
+        yield
+    finally:
+        close_sweep()
 
 
 class RunProgress:

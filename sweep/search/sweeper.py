@@ -47,6 +47,7 @@ from optuna.trial import TrialState
 from sweep.config import (
     ConfigError,
     LedgerConfig,
+    Progress,
     PrunerConfig,
     check_device_name,
     check_storage,
@@ -54,6 +55,7 @@ from sweep.config import (
     validate_pruner,
 )
 from sweep.run.interrupt import launch_forwarding_signals, stopping_on_signals
+from sweep.run.progress import closing_sweep, open_sweep
 from sweep.run.urls import scrub
 from sweep.search import space as search_space
 from sweep.search.conf import PrunerName, SamplerConf, SamplerName, SweepMode
@@ -346,7 +348,8 @@ class OptunaSweeperImpl(Sweeper):
         if self.mode is SweepMode.frontier:
             self._check_frontier_space(space)
         returns = []
-        with Heartbeat(study, self.heartbeat_s) as heartbeat:
+        self._open_progress(study, grid)
+        with Heartbeat(study, self.heartbeat_s) as heartbeat, closing_sweep():
             while True:
                 # A signal while asking is held until the batch is asked: its trials are then failed, not left
                 # RUNNING until they go stale (the jobs install their own handlers; sweep/run/interrupt.py).
@@ -395,6 +398,25 @@ class OptunaSweeperImpl(Sweeper):
         if self.mode is SweepMode.frontier:
             self._report_frontier(study, space)
         return returns
+
+    def _open_progress(self, study: optuna.Study, grid: Optional[list]) -> None:
+        """The sweep's "k/N, m diverged, ETA" on each run's line (sweep/run/progress.py), as the grid sweeper's: N is
+        the grid's cells without a finished trial, or the trials left to n_trials. A frontier search knows no N."""
+        if self.mode is SweepMode.frontier:
+            return
+        finished = [t for t in self._finished(study) if t.state is not TrialState.FAIL]
+        if grid is not None:
+            done = {tuple(sorted(t.params.items())) for t in finished}
+            total = sum(tuple(sorted(c.items())) not in done for c in grid)
+        else:
+            total = self.n_trials - len(self._finished(study))
+        mode = OmegaConf.select(self.config, "progress", default="auto")
+        try:
+            mode = Progress(getattr(mode, "value", mode))
+        except ValueError:  # another app's config: no bar
+            mode = Progress.none
+        if total > 0:
+            open_sweep(total, mode)
 
     # -- frontier mode ---------------------------------------------------------------------------
 
