@@ -6,8 +6,8 @@ nothing in CI and redirected output.
 A sweep (`SweepProgress`: "run k of N, m diverged, ETA"): the grid sweeper knows N (the grid's cells, less
 those a resumed sweep finished) and opens one in its process (`open_sweep`); so does the Optuna sweeper (the
 grid sampler's cells without a finished trial, or the trials left to n_trials; a frontier search knows no N).
-Where its runs run in that process (Hydra's basic launcher, the packed launcher), each run's line (sweep/job.py `finish_job`) is
-prefixed `k/N` and ends with the sweep's counts and ETA:
+Where its runs run in that process (Hydra's basic launcher, the packed launcher), each run's line
+(sweep/job.py `finish_job`) is prefixed `k/N` and ends with the sweep's counts and ETA:
 
     3/24 [2] optim.lr=0.001: stable: final loss 0.9393 after 50 steps (3.1 steps/s); 1 diverged so far, ETA 1m40s
 
