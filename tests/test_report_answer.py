@@ -18,25 +18,14 @@ from sweep.report.__main__ import main
 from sweep.report.marginal import FACTOR
 from sweep.report.noise import EVAL, FINAL
 from sweep.report.recommend import recommend
-from sweep.report.runs import runs_from_dirs
 from sweep.report.summary import summarize
 from sweep.report.tables import divergence_map, errors, frontier, marginal_runs, short_reason
 from sweep.report.target import unrunnable
 from sweep.report.text import render_markdown, render_text
 
 from .conftest import make_run
-from .test_report_tables import diverged, write_run
-
-
-def stable(eval_loss: float, **extra) -> dict:
-    return {"status": "stable", "final_loss": eval_loss + 0.3, "eval_loss": eval_loss, **extra}
-
-
-def write_sweep(root: Path, cells: list[tuple[dict, dict]]) -> pd.DataFrame:
-    for n, (params, result) in enumerate(cells):
-        write_run(root, n, params, result)
-    return runs_from_dirs(root)
-
+from .test_noise_aware_tables import stable, write_sweep
+from .test_report_tables import diverged
 
 # --- marginal runs -------------------------------------------------------------------------------------
 
