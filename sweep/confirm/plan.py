@@ -16,10 +16,10 @@ from pathlib import Path
 import pandas as pd
 
 from sweep.report.confirmation import LARGEST, RECOMMENDED, STEP_DOWN, Confirmation, confirm_records
-from sweep.report.recommend import choice_by_combo, recommend
+from sweep.report.recommend import choice_by_combo, recommend, unrunnable_combos
 from sweep.report.runs import PARAM, runs_from_dirs
 from sweep.report.tables import LR, combo_axes, combo_labels, frontier_records
-from sweep.report.target import resolve_target, unrunnable
+from sweep.report.target import resolve_target
 
 
 @dataclass
@@ -92,9 +92,8 @@ def _runnable_first(runs: pd.DataFrame, axes: list[str], settings: list[Setting]
     under a budget the others, which the recommendation leaves out anyway, are the ones left unconfirmed."""
     on, _ = resolve_target(runs, target)
     precision, attention = (choice_by_combo(runs, axes, a) for a in ("precision", "attention"))
-    return sorted(
-        settings, key=lambda s: bool(unrunnable(on, precision.get(s.combination), attention.get(s.combination)))
-    )
+    cannot = unrunnable_combos(on, [s.combination for s in settings], precision, attention)
+    return sorted(settings, key=lambda s: s.combination in cannot)
 
 
 def recommended(

@@ -195,11 +195,7 @@ def _recommend(
         )
     choices = {a: choice_by_combo(runs, axes, a) for a in DEFAULTS}
     precision_of, attention_of = choices[PRECISION], choices["attention"]
-    left_out = {
-        c: why
-        for c in dict.fromkeys(cands.combination)
-        if (why := unrunnable(target, precision_of[c], attention_of[c]))
-    }
+    left_out = unrunnable_combos(target, cands.combination, precision_of, attention_of)
     cands = cands[~cands.combination.isin(left_out)].copy()
     if cands.empty:
         return Recommendation(
@@ -235,6 +231,16 @@ def _recommend(
     if other := not_the_lr(runs):
         out.line += f" Whatever the lr: {other}."
     return out
+
+
+def unrunnable_combos(target: str, combinations, precision_of: dict, attention_of: dict) -> dict[str, str]:
+    """The combinations (in their order, once each) that `target` cannot run -> why (target.unrunnable), from each
+    combination's precision and attention (choice_by_combo)."""
+    return {
+        c: why
+        for c in dict.fromkeys(combinations)
+        if (why := unrunnable(target, precision_of.get(c), attention_of.get(c)))
+    }
 
 
 def _tie_break_text(target: str, tie_break: str, stable: pd.DataFrame) -> str:
