@@ -267,18 +267,12 @@ class GridSweeper(BasicSweeper):
         those already finished; a later batch takes off its own finished cells."""
         from omegaconf import OmegaConf
 
-        from sweep.config import Progress
-        from sweep.run.progress import current_sweep, open_sweep
+        from sweep.run.progress import as_mode, current_sweep, open_sweep
 
         done_here = sum(first <= n < first + len(batch) for n in self.finished)
         if first == 0:
             cells = sum(len(b) for b in self.overrides)
-            mode = OmegaConf.select(self.config, "progress", default="auto")
-            try:
-                mode = Progress(getattr(mode, "value", mode))
-            except ValueError:  # another app's config: no bar
-                mode = Progress.none
-            open_sweep(cells - done_here, mode)
+            open_sweep(cells - done_here, as_mode(OmegaConf.select(self.config, "progress", default="auto")))
         elif current_sweep() is not None:
             current_sweep().total -= done_here
 

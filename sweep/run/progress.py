@@ -38,6 +38,15 @@ from sweep.config import Progress
 log = logging.getLogger("sweep")
 
 
+def as_mode(value) -> Progress:
+    """A sweep config's `progress` value (a Progress, or its word) as a Progress; none (no bar) for another app's
+    config, whose `progress` means something else or is not there."""
+    try:
+        return Progress(getattr(value, "value", value))
+    except ValueError:
+        return Progress.none
+
+
 def resolve_mode(mode: Progress) -> Progress:
     """auto: a bar only for a person at a terminal; CI and redirected output get no per-step output."""
     if mode is not Progress.auto:

@@ -47,7 +47,6 @@ from optuna.trial import TrialState
 from sweep.config import (
     ConfigError,
     LedgerConfig,
-    Progress,
     PrunerConfig,
     check_device_name,
     check_storage,
@@ -55,7 +54,7 @@ from sweep.config import (
     validate_pruner,
 )
 from sweep.run.interrupt import launch_forwarding_signals, stopping_on_signals
-from sweep.run.progress import closing_sweep, open_sweep
+from sweep.run.progress import as_mode, closing_sweep, open_sweep
 from sweep.run.urls import scrub
 from sweep.search import space as search_space
 from sweep.search.conf import PrunerName, SamplerConf, SamplerName, SweepMode
@@ -410,13 +409,8 @@ class OptunaSweeperImpl(Sweeper):
             total = sum(tuple(sorted(c.items())) not in done for c in grid)
         else:
             total = self.n_trials - len(self._finished(study))
-        mode = OmegaConf.select(self.config, "progress", default="auto")
-        try:
-            mode = Progress(getattr(mode, "value", mode))
-        except ValueError:  # another app's config: no bar
-            mode = Progress.none
         if total > 0:
-            open_sweep(total, mode)
+            open_sweep(total, as_mode(OmegaConf.select(self.config, "progress", default="auto")))
 
     # -- frontier mode ---------------------------------------------------------------------------
 
