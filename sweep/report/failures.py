@@ -31,7 +31,6 @@ NOT_THE_LR = {
         "the checkpoint, not the lr: it failed verification at the load, before any step; a good copy of the file "
         "(fetch or save it again), or a resume from an earlier checkpoint"
     ),
-    "loss_scale_collapse": "the fp16 loss scaler, not the lr: it fell to its floor; bf16 needs no loss scaling",
     "scale_collapse": "the fp16 loss scaler, not the lr: it fell to its floor; bf16 needs no loss scaling",
     "kernel": "a kernel, not the lr: the reference kernel (python -m sweep.parity checks them)",
     "nondeterministic": "nondeterminism, not the lr: deterministic=true",
@@ -39,6 +38,7 @@ NOT_THE_LR = {
     "skipped": "skipped before training",
 }
 """Causes that lowering the lr does not fix -> what does (a verdict, status or mechanism)."""
+NOT_THE_LR["loss_scale_collapse"] = NOT_THE_LR["scale_collapse"]  # the mechanism of that verdict
 LR_CAUSES = ("loss_spike", "nonfinite_loss", "nonfinite_grad", "slow_divergence", "no_progress", "lr_too_high")
 """Causes a lower lr is the first thing to try for (when no mechanism names another fix)."""
 
