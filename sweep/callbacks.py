@@ -19,7 +19,7 @@ from hydra.core.hydra_config import HydraConfig
 from hydra.experimental.callback import Callback
 from omegaconf import DictConfig, OmegaConf
 
-from sweep.config import RETIRED_KEYS, ConfigError, check_output_dir, to_run_config
+from sweep.config import RETIRED_KEYS, ConfigError, RunConfig, check_output_dir, to_run_config
 from sweep.config.secrets import check_no_literal_secrets
 from sweep.errors import exiting_on_config_error
 from sweep.run.once import forget, per_sweep
@@ -287,6 +287,10 @@ def check_run_dir(config: DictConfig) -> None:
             " own hydra.run.dir"
         )
     ours = run_identity(config)
+    # A key the schema gained after that run was recorded (finetune.base_dtype, precision.fp8) ran at its default:
+    # every new key's default is what runs did before it existed.
+    defaults = run_identity(OmegaConf.structured(RunConfig))
+    theirs = {**{k: defaults[k] for k in ours if k not in theirs and k in defaults}, **theirs}
     differ = [k for k in sorted(set(theirs) | set(ours)) if theirs.get(k, "<unset>") != ours.get(k, "<unset>")]
     if differ:
         shown = ", ".join(f"{k}={theirs.get(k, '<unset>')} there, {ours.get(k, '<unset>')} here" for k in differ[:3])

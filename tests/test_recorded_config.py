@@ -1,6 +1,7 @@
-"""A run recorded before a config key was dropped still reads back (issue #32: `optim.name`, which nothing
-read, left the schema): replay, diagnosis and a rerun in its own run directory leave the retired key out
-instead of refusing the run's config. `precision.name` stays: the diagnosis reads it."""
+"""Records of every era read back as the runs they were. `optim.name` was in the schema (always adamw), left it
+(issue #32: nothing read it) and came back with the optimizer axis (issue #46): a run recorded in any of the
+three eras replays, diagnoses and reruns in its own directory as the same AdamW run. `without_retired` keeps
+dropping what the schema does not know (a user's `+tag`). `precision.name` stays: the diagnosis reads it."""
 
 from __future__ import annotations
 
@@ -11,46 +12,51 @@ import pytest
 from omegaconf import OmegaConf
 
 from sweep.callbacks import check_run_dir
-from sweep.config import RETIRED_KEYS, ConfigError, to_run_config, without_retired
+from sweep.config import RETIRED_KEYS, ConfigError, without_retired
 
 from .conftest import hydra_cfg, make_run
 
 
-def recorded_before(run_dir: Path, *overrides: str) -> None:
-    """<run dir>/.hydra/config.yaml as Hydra saved it before optim.name was dropped (conf/optim/adamw.yaml
-    said `name: adamw`, the first key of the optim section)."""
+def recorded(run_dir: Path, *overrides: str, name: bool = True) -> None:
+    """<run dir>/.hydra/config.yaml as Hydra saved it; `name=False`: as it was saved while optim.name was out of
+    the schema (issue #32 to #46)."""
     saved = OmegaConf.to_container(hydra_cfg(*overrides, f"hydra.run.dir={run_dir}"), resolve=False)
     del saved["hydra"]
-    saved["optim"] = {"name": "adamw", **saved["optim"]}
+    if not name:
+        del saved["optim"]["name"]
     (run_dir / ".hydra").mkdir(parents=True)
     OmegaConf.save(OmegaConf.create(saved), run_dir / ".hydra" / "config.yaml")
 
 
-def test_the_retired_keys_are_out_of_the_schema_and_precision_name_stays():
-    assert RETIRED_KEYS == ("optim.name",)
-    cfg = hydra_cfg()
-    assert "name" not in cfg.optim
-    with pytest.raises(Exception, match="name"):  # an unknown key again: Hydra refuses it while composing
-        hydra_cfg("optim.name=adamw")
+def recorded_before(run_dir: Path, *overrides: str) -> None:
+    recorded(run_dir, *overrides)
+
+
+def test_optim_name_is_in_the_schema_again_and_precision_name_stays():
+    assert RETIRED_KEYS == ()
+    assert hydra_cfg().optim.name == "adamw"
+    assert make_run("optim=prodigy").optim.name.value == "prodigy"
+    with pytest.raises(Exception, match="sgd"):  # not an optimizer we have: refused while composing
+        hydra_cfg("optim.name=sgd")
     # read by sweep/diagnose/fix.py (gradient_underflow's fix) and counterfactual.py (the fp32 row)
     assert make_run("precision=fp16_amp_noscale").precision.name == "fp16_amp_noscale"
 
 
-def test_without_retired_drops_only_the_retired_keys_and_leaves_its_input_alone():
-    old = OmegaConf.create({"optim": {"name": "adamw", "lr": 0.01}, "precision": {"name": "fp16_amp"}})
+def test_without_retired_keeps_the_schema_keys_and_leaves_its_input_alone():
+    old = OmegaConf.create({"optim": {"name": "adamw", "lr": 0.01}, "precision": {"name": "fp16_amp"}, "tag": "x"})
     new = without_retired(old)
-    assert OmegaConf.to_container(new) == {"optim": {"lr": 0.01}, "precision": {"name": "fp16_amp"}}
-    assert old.optim.name == "adamw"
+    assert OmegaConf.to_container(new) == {"optim": {"name": "adamw", "lr": 0.01}, "precision": {"name": "fp16_amp"}}
+    assert old.tag == "x"
     assert OmegaConf.to_container(without_retired(new)) == OmegaConf.to_container(new)  # nothing to drop
-    assert OmegaConf.to_container(without_retired(OmegaConf.create({"steps": 2}))) == {"steps": 2}  # no section
 
 
-def test_a_run_recorded_with_optim_name_replays_and_diagnoses_as_the_same_run(tmp_path):
+@pytest.mark.parametrize("name", [True, False], ids=["with-optim.name", "recorded-without-it"])
+def test_a_recorded_run_replays_and_diagnoses_as_the_same_run(tmp_path, name):
     from sweep.diagnose.record import load
     from sweep.replay import load_run
 
     run_dir = tmp_path / "run"
-    recorded_before(run_dir, "steps=3", "optim.lr=0.03")
+    recorded(run_dir, "steps=3", "optim.lr=0.03", name=name)
     want = make_run("steps=3", "optim.lr=0.03")
     assert load_run(run_dir) == want
 
@@ -59,26 +65,17 @@ def test_a_run_recorded_with_optim_name_replays_and_diagnoses_as_the_same_run(tm
     (run_dir / "metrics.csv").write_text("step,loss\n0,1.0\n1,1.1\n2,50.0\n")
     record = load(run_dir)
     assert record.run == want
-    assert "name" not in record.config.optim  # the counterfactuals' overrides apply to this config
 
 
-def test_a_run_recorded_with_optim_name_reruns_in_its_own_run_dir(tmp_path):
+@pytest.mark.parametrize("name", [True, False], ids=["with-optim.name", "recorded-without-it"])
+def test_a_recorded_run_reruns_in_its_own_run_dir(tmp_path, name):
     run_dir = tmp_path / "run"
-    recorded_before(run_dir, "steps=2", "optim.lr=0.001")
+    recorded(run_dir, "steps=2", "optim.lr=0.001", name=name)
     check_run_dir(hydra_cfg("steps=2", "optim.lr=0.001", f"hydra.run.dir={run_dir}"))  # the same run: no error
     with pytest.raises(ConfigError, match="optim.lr=0.001 there, 0.03 here"):  # another config is still refused
         check_run_dir(hydra_cfg("steps=2", "optim.lr=0.03", f"hydra.run.dir={run_dir}"))
-
-
-def test_without_it_the_old_config_would_not_merge_onto_the_schema(tmp_path):
-    """What without_retired is for: today's schema refuses the retired key."""
-    from sweep.config import RunConfig
-
-    run_dir = tmp_path / "run"
-    recorded_before(run_dir, "steps=2")
-    saved = OmegaConf.load(run_dir / ".hydra" / "config.yaml")
-    with pytest.raises(Exception, match="name"):
-        to_run_config(OmegaConf.merge(OmegaConf.structured(RunConfig), saved))
+    with pytest.raises(ConfigError, match="optim"):  # another optimizer is another run
+        check_run_dir(hydra_cfg("steps=2", "optim=adamw_8bit", "optim.lr=0.001", f"hydra.run.dir={run_dir}"))
 
 
 def test_replay_and_diagnosis_read_a_recorded_config_the_same_way_hydra_references_resolved(tmp_path):

@@ -61,6 +61,34 @@ class CpuGemm(str, Enum):
     emulated = "emulated"
 
 
+class Fp8Recipe(str, Enum):
+    """torchao's float8 training recipes (precision.fp8, sweep/run/fp8.py): how a converted linear's operands are
+    scaled to fp8 (e4m3 forward, e5m2 gradients under tensorwise)."""
+
+    tensorwise = "tensorwise"  # one scale per tensor, from its current amax
+    rowwise = "rowwise"  # one scale per row (per column of the right operand)
+    rowwise_gw_hp = "rowwise_gw_hp"  # rowwise, with the weight-gradient GEMM in high precision
+
+
+class BaseDtype(str, Enum):
+    """How a frozen base's weights are stored (finetune.base_dtype, sweep/run/fp8_storage.py), upcast per layer."""
+
+    bf16 = "bf16"
+    fp8_e4m3 = "fp8_e4m3"  # float8_e4m3fn, one scale per tensor
+    fp8_e4m3_block = "fp8_e4m3_block"  # float8_e4m3fn, one scale per 128-wide block of a row (musubi-tuner's)
+    fp8_e5m2 = "fp8_e5m2"  # float8_e5m2, one scale per tensor
+
+
+class OptimName(str, Enum):
+    """The optimizer (conf/optim/*.yaml, sweep/run/optimizers.py)."""
+
+    adamw = "adamw"  # ours, torch's single-tensor AdamW bit for bit, graph-ready (sweep/run/adamw.py)
+    adamw_8bit = "adamw_8bit"  # bitsandbytes' AdamW8bit: block-wise 8-bit moments
+    adafactor = "adafactor"  # torch.optim.Adafactor: factored second moment, lr caps the relative step
+    came = "came"  # came-pytorch's CAME (Sana, PixArt)
+    prodigy = "prodigy"  # prodigyopt's Prodigy: lr multiplies its own step-size estimate d
+
+
 class FinetuneMethod(str, Enum):
     none = "none"  # every weight trains
     lora = "lora"  # LoRA adapters on a frozen base (sweep/run/finetune.py)

@@ -22,8 +22,9 @@ from omegaconf import DictConfig, OmegaConf, open_dict
 from sweep.config.schema import ConfigError, RunConfig
 from sweep.config.validate import to_run_config
 
-RETIRED_KEYS = ("optim.name",)
-"""Keys the schema had and dropped because nothing read them: `optim.name` (always adamw, the one optimizer)."""
+RETIRED_KEYS: tuple[str, ...] = ()
+"""Keys the schema had and dropped because nothing read them. (`optim.name` was one while AdamW was the only
+optimizer; it came back with the optimizer axis, and a recorded `optim.name: adamw` means what it meant.)"""
 
 
 def without_retired(config: DictConfig) -> DictConfig:

@@ -20,6 +20,7 @@ from omegaconf import OmegaConf
 from sweep.config.enums import (
     Arch,
     AttentionBackend,
+    BaseDtype,
     BetaSchedule,
     ConfirmMode,
     CpuGemm,
@@ -27,9 +28,11 @@ from sweep.config.enums import (
     DiagnoseMode,
     Dtype,
     FinetuneMethod,
+    Fp8Recipe,
     LadderAxis,
     ModulateImpl,
     ObjectiveKind,
+    OptimName,
     Param,
     Prediction,
     Progress,
@@ -48,6 +51,21 @@ def require(ok: bool, key: str, message: str) -> None:
     """Raise ConfigError("key: message") unless `ok`: every check's one-line failure."""
     if not ok:
         raise ConfigError(f"{key}: {message}")
+
+
+HIGH_PRECISION_GLOBS = (
+    "t_embedder*",
+    "*time_embed*",
+    "*timestep*",
+    "*adaLN*",
+    "*norm*",
+    "final_layer*",
+    "proj_out*",
+)
+"""Modules production fp8 recipes keep in high precision (finetrainers' layerwise upcasting, torchao's and TE's
+DiT recipes): the timestep embedder, the adaLN / modulation linears, norms and the final projection, in the
+native models' names (t_embedder, blocks.*.adaLN_modulation, final_layer) and diffusers' (time_embedding,
+norm1.linear, norm_out, proj_out). The default of finetune.base_keep and of conf/precision/fp8_*.yaml's fp8_keep."""
 
 
 @dataclass
@@ -92,6 +110,14 @@ class PrecisionConfig:
     fp32 (autocast off, inputs cast to fp32; under a pure policy their weights and AdamW state stay fp32 and their
     outputs are cast back), outermost match only; a no-op under fp32/tf32 (sweep/run/fp32_modules.py). A glob
     matching no module is an error before any run."""
+    fp8: Optional[Fp8Recipe] = None
+    """fp8 matmuls through torchao's float8 training (sweep/run/fp8.py), on top of autocast_dtype: every nn.Linear
+    both of whose dims are multiples of 16, outside fp8_keep and fp32_modules, computes its three GEMMs in fp8.
+    Emulated on a CPU, real kernels on CUDA capability >= 8.9, `skipped` elsewhere. null: no fp8."""
+    fp8_keep: List[str] = field(default_factory=list)
+    """fnmatch globs over module names kept in high precision under fp8 (conf/precision/fp8_*.yaml: the
+    timestep embedder, adaLN / modulation linears, norms, the final layer, as production recipes keep them).
+    A glob may match nothing (one list serves every model family); result.json records what each layer did."""
 
 
 @dataclass
@@ -220,7 +246,10 @@ class DataConfig:
 class OptimConfig:
     lr: float = 1e-4
     betas: List[float] = field(default_factory=lambda: [0.9, 0.999])
-    eps: float = 1e-8
+    """Two for AdamW, AdamW8bit and Prodigy; three for CAME; adafactor reads none (beta2_decay instead)."""
+    eps: Optional[float] = 1e-8
+    """AdamW's, AdamW8bit's and Prodigy's eps; null for adafactor and came, whose eps pairs keep their libraries'
+    defaults."""
     weight_decay: float = 0.0
     warmup_steps: int = 0
     schedule: Schedule = Schedule.constant
@@ -232,6 +261,23 @@ class OptimConfig:
     bias-corrected second moment v_hat (sweep/run/adamw.py); 1.0 is the paper's; 0 turns it off."""
     lora_lr: Optional[float] = None
     """lr of the LoRA adapters (finetune=lora); null = optim.lr. optim.lr stays the base weights' lr."""
+    name: OptimName = OptimName.adamw
+    """Which optimizer (conf/optim/<name>.yaml, sweep/run/optimizers.py). adamw is ours (bit for bit torch's
+    single-tensor AdamW, graph-ready); the others are their libraries' own and run eagerly (one sync per step,
+    no windows or CUDA graphs), unpacked. For prodigy, lr multiplies its own step size (1.0 is the default);
+    for adafactor it caps the relative step size."""
+    min_8bit_size: int = 4096
+    """adamw_8bit: tensors with fewer values keep 32-bit state (bitsandbytes' default 4096)."""
+    beta2_decay: float = -0.8
+    """adafactor: the second moment's decay exponent (torch's default)."""
+    d0: float = 1e-6
+    """prodigy: the initial step-size estimate."""
+    d_coef: float = 1.0
+    """prodigy: multiplies the estimated step size d."""
+    safeguard_warmup: bool = False
+    """prodigy: leave the lr out of the denominator of the d estimate during warmup (recommended with warmup)."""
+    use_bias_correction: bool = False
+    """prodigy: Adam's bias correction (recommended for diffusion by prodigy's README)."""
 
 
 @dataclass
@@ -247,6 +293,14 @@ class FinetuneConfig:
     """Module names LoRA wraps; null = the attention projections (to_q, to_k, to_v, to_out.0 in diffusers models)."""
     train_base: bool = False
     """Train the base weights too, at optim.lr (the adapters at optim.lora_lr)."""
+    base_dtype: Optional[BaseDtype] = None
+    """How the frozen base's linear weights are stored (sweep/run/fp8_storage.py): bf16, or fp8 (e4m3 or e5m2)
+    with one scale per tensor, or e4m3 with one per 128-wide block of a row (fp8_e4m3_block, musubi-tuner's
+    fp8_scaled); upcast to the compute dtype in each layer's forward. null: the precision's param dtype."""
+    base_keep: List[str] = field(default_factory=lambda: list(HIGH_PRECISION_GLOBS))
+    """fnmatch globs over module names whose frozen weights keep the param dtype under base_dtype (the timestep
+    embedder, adaLN / modulation linears, norms, the final layer, as finetrainers' layerwise upcasting keeps them).
+    A glob may match nothing; result.json records which layers were stored how."""
 
 
 @dataclass

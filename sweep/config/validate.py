@@ -24,7 +24,7 @@ from typing import Any, Iterator
 
 from omegaconf import DictConfig, OmegaConf, open_dict, read_write
 
-from sweep.config.enums import CpuGemm, DataSource, FaultKind, FinetuneMethod
+from sweep.config.enums import CpuGemm, DataSource, Dtype, FaultKind, FinetuneMethod, OptimName, Param
 from sweep.config.model_checks import check_model, check_model_kind
 from sweep.config.schema import (
     ConfigError,
@@ -180,12 +180,18 @@ def _check_precision(run: RunConfig) -> None:
         "precision.cpu_gemm",
         "emulated is for eager runs; compile=true runs inductor's own kernels (use auto or native)",
     )
-    for i, glob in enumerate(run.precision.fp32_modules):
-        require(
-            isinstance(glob, str) and glob.strip() != "",
-            f"precision.fp32_modules[{i}]",
-            f"must be a module-name glob such as blocks.*.attn, got {glob!r}",
-        )
+    _check_globs(run.precision.fp32_modules, "precision.fp32_modules")
+    _check_globs(run.precision.fp8_keep, "precision.fp8_keep")
+    require(
+        run.precision.fp8 is None or not run.compile,
+        "precision.fp8",
+        "compile=true with fp8 is not checked against the eager fp8 run yet; run it with compile=false",
+    )
+    require(
+        run.precision.fp8 is None or run.precision.autocast_dtype in (None, Dtype.bfloat16),
+        "precision.fp8",
+        f"runs on top of bf16 autocast (or fp32), got autocast_dtype={_value(run.precision.autocast_dtype)}",
+    )
     require(
         not (run.compile and run.precision.fp32_modules),
         "precision.fp32_modules",
@@ -278,15 +284,54 @@ def _check_data(run: RunConfig) -> None:
         )
 
 
+def _value(v) -> str:
+    return "null" if v is None else str(getattr(v, "value", v))
+
+
+def _check_globs(globs, key: str) -> None:
+    for i, glob in enumerate(globs):
+        require(
+            isinstance(glob, str) and glob.strip() != "",
+            f"{key}[{i}]",
+            f"must be a module-name glob such as blocks.*.attn, got {glob!r}",
+        )
+
+
 def _check_optim(run: RunConfig) -> None:
     o = run.optim
     require(o.lr > 0, "optim.lr", f"must be > 0, got {o.lr}")
+    name = o.name.value
+    wanted = {OptimName.came: 3, OptimName.adafactor: None}.get(o.name, 2)
+    if wanted is not None:
+        require(
+            len(o.betas) == wanted and all(0 <= b < 1 for b in o.betas),
+            "optim.betas",
+            f"optim={name} takes {'three' if wanted == 3 else 'two'} numbers in [0, 1), got {list(o.betas)}",
+        )
+    if o.name in (OptimName.adafactor, OptimName.came):
+        require(o.eps is None, "optim.eps", f"optim={name} keeps its library's eps pair; leave optim.eps null")
+    else:
+        require(o.eps is not None and o.eps >= 0, "optim.eps", f"must be >= 0, got {o.eps}")
     require(
-        len(o.betas) == 2 and all(0 <= b < 1 for b in o.betas),
-        "optim.betas",
-        f"must be two numbers in [0, 1), got {list(o.betas)}",
+        o.name is OptimName.adamw or o.update_clip == 0,
+        "optim.update_clip",
+        f"is StableAdamW's clipping of our AdamW; optim={name} does not have it (use optim.grad_clip)",
     )
-    require(o.eps >= 0, "optim.eps", f"must be >= 0, got {o.eps}")
+    require(o.min_8bit_size >= 1, "optim.min_8bit_size", f"must be >= 1, got {o.min_8bit_size}")
+    require(o.d0 > 0, "optim.d0", f"must be > 0, got {o.d0}")
+    require(o.d_coef > 0, "optim.d_coef", f"must be > 0, got {o.d_coef}")
+    require(o.beta2_decay < 0, "optim.beta2_decay", f"must be < 0 (torch's default -0.8), got {o.beta2_decay}")
+    require(
+        o.name is OptimName.adamw or run.monitor.sync_every == 1,
+        "monitor.sync_every",
+        f"optim={name} runs eagerly, one sync per step (only our adamw is capture-safe): must be 1, "
+        f"got {run.monitor.sync_every}",
+    )
+    require(
+        o.name is OptimName.adamw or run.model.param is not Param.mup,
+        "optim.name",
+        f"model.param=mup sets AdamW's per-group lr; optim={name} is not supported with it",
+    )
     require(o.weight_decay >= 0, "optim.weight_decay", f"must be >= 0, got {o.weight_decay}")
     require(o.warmup_steps >= 0, "optim.warmup_steps", f"must be >= 0, got {o.warmup_steps}")
     require(o.grad_clip >= 0, "optim.grad_clip", f"must be >= 0 (0 = off), got {o.grad_clip}")
@@ -302,6 +347,14 @@ def _check_finetune(run: RunConfig) -> None:
     require(
         f.method is FinetuneMethod.lora or run.optim.lora_lr is None, "optim.lora_lr", "only applies with finetune=lora"
     )
+    if f.base_dtype is not None:
+        require(
+            f.method is not FinetuneMethod.none and not f.train_base,
+            "finetune.base_dtype",
+            "stores a frozen base: needs finetune=lora with finetune.train_base=false",
+        )
+        require(not run.compile, "finetune.base_dtype", "upcasts in eager hooks; compile=true is not supported with it")
+    _check_globs(f.base_keep, "finetune.base_keep")
 
 
 def _check_objective(j: ObjectiveConfig) -> None:
