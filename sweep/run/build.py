@@ -127,6 +127,10 @@ class RunParts:
     """What weights were loaded (init_from or resume_from), for the result."""
     kernels: dict | None = None
     """compile=true: the kernels the profiled compiled graph ran (sweep/run/compiled.py); None = the forced ones."""
+    fp8: dict | None = None
+    """precision.fp8: what the conversion did (result.json's fp8, sweep/run/fp8.py); None without fp8."""
+    base_storage: dict | None = None
+    """finetune.base_dtype: how the frozen base was stored (result.json's base_storage); None without it."""
     held_out: HeldOutFiles | None = None
     """Folder data: the files held out of training (data.eval_files) and, with eval on, their samples; None for
     synthetic data, whose held-out clips the evaluator renders (sweep/run/evaluate.py)."""

@@ -150,6 +150,7 @@ def prepare(run: RunConfig, out_dir: Path, result: RunResult) -> RunParts | None
         result.mechanism = mechanism_of(result.to_dict(), [], run)
         return None
     result.n_params, result.loaded, result.start_step = count_params(parts.model), parts.loaded, parts.start_step
+    result.fp8, result.base_storage = parts.fp8, parts.base_storage  # what ran, recorded whatever the run does next
     result.eval = eval_settings(run, parts.held_out)  # folder data: the held-out files, now they are known
     return parts
 

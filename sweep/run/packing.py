@@ -4,9 +4,9 @@ Runs share a pack when they build the same computation: same model, precision po
 shapes, device and process settings. What may differ is everything that is per run anyway: seed,
 steps, the whole `optim` node (lr, schedule, warmup, clipping, betas, eps, weight decay), the
 `monitor`, the loss scaler's knobs, the objective, the data's content (seed, faults, size, checks)
-and init weights. Runs that need a per-step hook (checkpointing, pruning), a resume, LoRA or
-torch.compile are never packed: they run alone, as they would without packing. So are, on CUDA, the
-two SDPA kernels whose vmap fails there (cuda_vmap_failure).
+and init weights. Runs that need a per-step hook (checkpointing, pruning), a resume, LoRA (and so an fp8
+base), fp8 matmuls, an optimizer other than our AdamW, or torch.compile are never packed: they run alone, as they
+would without packing. So are, on CUDA, the two SDPA kernels whose vmap fails there (cuda_vmap_failure).
 
 Each packed run ends exactly like a lone run: its own result.json and metrics.csv in its own job
 directory, and its own trial (sweep.job.finish_job).
@@ -23,7 +23,7 @@ from typing import Sequence
 
 import torch
 
-from sweep.config import Arch, FinetuneMethod, Param, PrunerName, RunConfig
+from sweep.config import Arch, FinetuneMethod, OptimName, Param, PrunerName, RunConfig
 from sweep.run.build import resolve_device
 from sweep.run.evaluate import make_evaluator
 from sweep.run.execute import conclude, execute, fail, new_metrics, new_result, prepare, write_outcome
@@ -67,6 +67,10 @@ def refusal(run: RunConfig, device: torch.device | None = None) -> str | None:
         )
     if run.finetune.method is not FinetuneMethod.none:
         return "finetune=lora freezes part of the weights: not packed"
+    if run.optim.name is not OptimName.adamw:  # StackedAdamW is the pack's only optimizer
+        return f"optim={run.optim.name.value} runs eagerly with its library's optimizer: not packed"
+    if run.precision.fp8 is not None:  # vmap cannot take torchao's float8 matmul (no setup_context)
+        return f"precision={run.precision.name}: torchao's fp8 linears do not run under vmap: not packed"
     if run.model.param is Param.mup:  # StackedAdamW takes one group's lr table per run
         return "model.param=mup trains its hidden weights at their own lr (a second optimizer group): not packed"
     if run.compile:

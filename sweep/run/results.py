@@ -138,6 +138,14 @@ class RunResult:
     """The whole curve's numbers at the end of a run that reached its last step (sweep/run/trend.py): smoothed
     minimum and end, the rise after the minimum, the weights' travel, logits, gradient norms, and the verdict
     they gave (slow_divergence, no_progress or null); null for a run that stopped early or monitor.trend=false."""
+    optimizer: dict | None = None
+    """The optimizer that ran (sweep/run/optimizers.py): name, library, whether it ran eagerly or capture-safe, the
+    dtype of its state per tensor (counted), and at the end the state's health (non-finite or saturated values)."""
+    fp8: dict | None = None
+    """precision.fp8 (sweep/run/fp8.py): the recipe, emulated or native, the layers that computed in fp8, those kept
+    high (and the glob that kept each) and those torchao cannot take (and why); null without fp8."""
+    base_storage: dict | None = None
+    """finetune.base_dtype (sweep/run/fp8_storage.py): how each frozen base layer was stored; null without it."""
     sync: dict = field(default_factory=dict)
     """How the steps met the host (sweep.run.window.Syncs): monitor.sync_every as run, the syncs, the windows
     and those taken back, and the steps run past the first bad one before the host saw it (none of them kept)."""
