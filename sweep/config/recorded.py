@@ -71,6 +71,10 @@ RESUME_KEYS = (
 )
 """What the saved weights and optimizer state depend on: a checkpoint is resumed only into the same."""
 
+OPTIMIZER_KEYS = ("optim.name",)
+"""What the saved optimizer state depends on besides: resumed with its state (checkpoint.resume_optimizer), a
+checkpoint goes only into the same optimizer (AdamW's moments mean nothing to Prodigy)."""
+
 
 def resume_mismatches(run: RunConfig, checkpoint: Path) -> list[tuple[str, Any, Any]]:
     """(key, saved, now) for each RESUME_KEYS value that differs from the run that saved `checkpoint`
@@ -83,7 +87,8 @@ def resume_mismatches(run: RunConfig, checkpoint: Path) -> list[tuple[str, Any, 
         return []
     now, schema = OmegaConf.structured(run), OmegaConf.structured(RunConfig)
     differ = []
-    for key in RESUME_KEYS:  # a key the saving run's schema did not have yet had its default there
+    keys = RESUME_KEYS + (OPTIMIZER_KEYS if run.checkpoint.resume_optimizer else ())
+    for key in keys:  # a key the saving run's schema did not have yet had its default there
         default = OmegaConf.select(schema, key, default=None, throw_on_missing=False)
         was = OmegaConf.select(saved, key, default=default, throw_on_missing=False)
         is_ = OmegaConf.select(now, key, default=None, throw_on_missing=False)

@@ -28,8 +28,11 @@ LAGGED = 4.0
 
 
 def adamw_second_moment(optimizer: torch.optim.Optimizer) -> tuple[float, int, float]:
-    """(sum of exp_avg_sq over all weights, the step count, beta2) of a torch AdamW (its first group's beta2)."""
+    """(sum of exp_avg_sq over all weights, the step count, beta2) of a torch AdamW (its first group's beta2);
+    (0.0, 0, 0.0), nothing to compare, for another optimizer (sweep/run/optimizers.py)."""
     total, steps = 0.0, 0
+    if not isinstance(optimizer, torch.optim.Optimizer):  # a LibraryOptimizer: its state is not AdamW's
+        return total, steps, 0.0
     for group in optimizer.param_groups:
         for p in group["params"]:
             state = optimizer.state.get(p, {})

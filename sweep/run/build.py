@@ -23,7 +23,7 @@ import torch
 
 from models import scale_query_key
 from models.custom import CustomModelError
-from sweep.config import DataSource, FinetuneMethod, RunConfig, Schedule
+from sweep.config import DataSource, FinetuneMethod, OptimName, RunConfig, Schedule
 from sweep.data.batches import BatchOrder, sample_labels
 from sweep.data.checks import DataError, check_sample
 from sweep.data.folder import FolderClips, FolderSplit, HeldOutFiles, read_held_out
@@ -37,6 +37,7 @@ from sweep.run.graph import table_span
 from sweep.run.model import build_run_model
 from sweep.run.monitor import DivergenceMonitor
 from sweep.run.once import say_once
+from sweep.run.optimizers import LibraryOptimizer, build_optimizer
 from sweep.run.precision import PrecisionPolicy
 from sweep.run.scaler import DeviceLossScaler
 
@@ -112,7 +113,7 @@ class RunParts:
     device: torch.device
     policy: PrecisionPolicy
     model: torch.nn.Module
-    optimizer: DeviceAdamW
+    optimizer: DeviceAdamW | LibraryOptimizer
     scaler: DeviceLossScaler
     """This run's loss scaler (K=1), on its device."""
     dataset: torch.utils.data.Dataset  # SyntheticClips or FolderClips (training files), or a Subset without bad samples
@@ -165,17 +166,21 @@ def build_parts(run: RunConfig, device: torch.device, policy: PrecisionPolicy, s
     o = run.optim
     # torch's single-tensor AdamW, bit for bit on the CPU, with its scalars on the device (sweep/run/adamw.py):
     # the state stays in the params' dtype (pure fp16/bf16 means exactly that) and nothing reads the host.
-    optimizer = DeviceAdamW(
-        param_groups(run, model),
-        lr_schedule(run),
-        run.steps,
-        o.betas,
-        o.eps,
-        o.weight_decay,
-        device,
-        o.update_clip,
-        table_span(run.monitor.sync_every),  # its lr table holds a window of steps at a time
-    )
+    # Another optim.name is its library's optimizer, run eagerly (sweep/run/optimizers.py).
+    if o.name is not OptimName.adamw:
+        optimizer = build_optimizer(o, param_groups(run, model), lr_schedule(run), device)
+    else:
+        optimizer = DeviceAdamW(
+            param_groups(run, model),
+            lr_schedule(run),
+            run.steps,
+            o.betas,
+            o.eps,
+            o.weight_decay,
+            device,
+            o.update_clip,
+            table_span(run.monitor.sync_every),  # its lr table holds a window of steps at a time
+        )
     if d.source is DataSource.synthetic:
         dataset = SyntheticClips(
             num_samples=d.num_samples,

@@ -8,7 +8,8 @@ One checkpoint is a directory, written under a temporary name and renamed when c
 reader never sees half of one:
 
     model.safetensors      the weights (parameters and persistent buffers)
-    optimizer.safetensors  AdamW state by parameter name: <name>.exp_avg, <name>.exp_avg_sq, <name>.step
+    optimizer.safetensors  AdamW state by parameter name: <name>.exp_avg, <name>.exp_avg_sq, <name>.step (another
+                           optim.name: its library's state tensors, <name>.<key>, in their own dtypes)
     trainer.safetensors    RNG states (diffusion noise, torch CPU, CUDA) and the monitor's weight snapshot
     trainer.json           the next step, the device type that wrote it, the loss-scaler state, the monitor's numbers
     manifest.json          format, step, and the SHA-256 of every file and of every tensor in it
@@ -43,6 +44,7 @@ import torch
 from safetensors.torch import load_file, save_file
 
 from sweep.config import WEIGHT_SUFFIXES
+from sweep.run import optimizers
 
 log = logging.getLogger("sweep")
 
@@ -165,9 +167,13 @@ def state_of(parts, next_step: int, copy: bool = False) -> State:
 
     model, opt = parts.model, parts.optimizer
     names = {p: n for n, p in model.named_parameters()}
-    optim = {
-        f"{names[p]}.{k}": own(v) for p, state in opt.state.items() for k, v in state.items() if torch.is_tensor(v)
-    }
+    optim, seen = {}, set()
+    for p, state in opt.state.items():
+        for k, v in state.items():
+            if torch.is_tensor(v):
+                t = own(v)  # bitsandbytes shares one quantisation map between weights: safetensors wants copies
+                optim[f"{names[p]}.{k}"] = t.clone() if t.data_ptr() in seen else t
+                seen.add(t.data_ptr())
     monitor_numbers, monitor_tensors = parts.monitor.state_dict()
     trainer = {"rng.noise": parts.noise_gen.get_state(), "rng.torch": torch.get_rng_state()}
     if torch.cuda.is_available():
@@ -179,6 +185,9 @@ def state_of(parts, next_step: int, copy: bool = False) -> State:
         "scaler": parts.scaler.state_dict(),
         "monitor": json.loads(json.dumps(monitor_numbers)),  # a copy, as trainer.json will read back
     }
+    host = optimizers.host_state(opt)  # a library optimizer's step counts and per-group sums (Prodigy's d)
+    if host:
+        numbers["optimizer"] = json.loads(json.dumps(host))
     return State({k: own(v) for k, v in model.state_dict().items()}, optim, trainer, numbers)
 
 
@@ -355,14 +364,23 @@ def resume(parts, directory: Path, verify: bool = True, optimizer: bool = True) 
     manifest = read_manifest(directory) if verify else None
     load_model_weights(parts.model, load_checked(directory, MODEL_FILE, verify, manifest), str(directory))
     optim = load_checked(directory, OPTIM_FILE, verify, manifest) if optimizer else {}
+    library = isinstance(parts.optimizer, optimizers.LibraryOptimizer)
+    by_param: dict[str, dict[str, torch.Tensor]] = {}
+    for key, tensor in optim.items():
+        name, _, k = key.rpartition(".")
+        by_param.setdefault(name, {})[k] = tensor
     for name, p in parts.model.named_parameters():
-        # The moments take the weight's dtype: a run resumed under another precision policy (the fp32
-        # counterfactual of a pure bf16 run, sweep/diagnose) keeps AdamW's state in the dtype it updates in.
-        state = {
-            k: optim[f"{name}.{k}"].to(p.device, p.dtype if k != "step" else None)
-            for k in ("step", "exp_avg", "exp_avg_sq")
-            if f"{name}.{k}" in optim
-        }
+        saved = by_param.get(name, {})
+        if library:  # a library's state as it saved it: bitsandbytes' uint8 codes stay uint8
+            state = {k: v.to(p.device) for k, v in saved.items()}
+        else:
+            # The moments take the weight's dtype: a run resumed under another precision policy (the fp32
+            # counterfactual of a pure bf16 run, sweep/diagnose) keeps AdamW's state in the dtype it updates in.
+            state = {
+                k: saved[k].to(p.device, p.dtype if k != "step" else None)
+                for k in ("step", "exp_avg", "exp_avg_sq")
+                if k in saved
+            }
         if state:
             parts.optimizer.state[p] = state
     parts.optimizer.state_set()
@@ -373,6 +391,8 @@ def resume(parts, directory: Path, verify: bool = True, optimizer: bool = True) 
     mismatch = device_mismatch(directory, saved_device(trainer, numbers), parts.device)
     if mismatch:
         raise ValueError(mismatch)
+    if optimizer:
+        optimizers.set_host_state(parts.optimizer, numbers.get("optimizer", {}))
     parts.noise_gen.set_state(trainer["rng.noise"])
     torch.set_rng_state(trainer["rng.torch"])
     cuda = [trainer[k] for k in sorted(trainer) if k.startswith("rng.cuda.")]

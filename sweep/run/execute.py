@@ -26,6 +26,7 @@ from models.diffusers_zoo import modulate_unsupported_reason
 from sweep.config import RunConfig, Verdict
 from sweep.data.checks import DataError
 from sweep.diagnose.mechanism import of_run as mechanism_of
+from sweep.run import optimizers
 from sweep.run.build import RunParts, build_parts, reset_process_state, resolve_device
 from sweep.run.checkpoint import CheckpointHook, CorruptCheckpoint
 from sweep.run.compiled import compile_run, compile_unsupported_reason
@@ -171,6 +172,7 @@ def conclude(
     # What the model ran (its kernels are forced: no fallback), or under compile=true what the profiled
     # compiled graph ran (sweep/run/compiled.py).
     result.kernels = parts.kernels or parts.model.kernels()
+    result.optimizer = optimizers.describe(run.optim, parts.optimizer)
     if parts.policy.compute_dtype in LOW_PRECISION:  # bf16/fp16 GEMMs: native kernels or emulated (sweep/run/gemm.py)
         result.kernels = {**result.kernels, "gemm": parts.policy.gemm}
     _fill_from_metrics(result, metrics, train_seconds)
