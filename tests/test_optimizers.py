@@ -169,3 +169,36 @@ def test_a_missing_library_is_one_line_naming_the_extra(monkeypatch):
     w = torch.nn.Parameter(torch.zeros(2))
     with pytest.raises(ConfigError, match=r"optim=prodigy: needs prodigyopt .*dit-precision-sweep\[lowprec\]"):
         optimizers.LibraryOptimizer(optimizers.OptimName.prodigy, [{"params": [w]}], lambda s: 1.0, {}, "cpu")
+
+
+def test_the_tables_do_not_compare_lrs_that_mean_different_things(tmp_path):
+    """Prodigy's lr multiplies its own step size: at the same lr value its run and AdamW's are no pair. The toggle
+    row gives no lr steps, eval change or advice for them, and the frontier says what prodigy's lr means."""
+    from sweep.report.recommend import toggle_advice
+    from sweep.report.runs import runs_from_dirs
+    from sweep.report.summary import summarize
+    from sweep.report.text import render_text
+
+    from .conftest import multirun_in_process
+
+    multirun_in_process(
+        tmp_path, "optim=adamw,adamw_8bit,prodigy", "optim.lr=1e-3,1e-2", "steps=3", "report.html=false"
+    )
+    s = summarize(runs_from_dirs(tmp_path))
+    toggles = s.toggles.set_index(["a", "b"])
+    for pair in [("adamw", "prodigy"), ("adamw_8bit", "prodigy")]:
+        row = toggles.loc[pair]
+        assert row.quality == "lrs not comparable" and row.isna()[["lr_steps", "eval_change"]].all()
+    assert toggles.loc[("adamw", "adamw_8bit")].quality != "lrs not comparable"
+    assert not [a for a in toggle_advice(s.toggles) if "prodigy" in (a.better, a.worse)]
+    text = " ".join(render_text(s, width=10_000).split())
+    assert "lr for optim=prodigy: multiplies Prodigy's own step-size estimate d" in text
+
+
+def test_a_tie_goes_to_our_adamw_and_fp8_ranks_after_bf16_on_cuda():
+    from sweep.report.target import cost
+
+    assert cost("cuda", "bf16_amp", "flash", "adamw") < cost("cuda", "bf16_amp", "flash", "adamw_8bit")
+    assert cost("cpu", "fp32", "math", "adamw") < cost("cpu", "fp32", "math", "prodigy")
+    assert cost("cuda", "bf16_amp", "flash") < cost("cuda", "fp8_rowwise", "flash") < cost("cuda", "fp16_amp", "flash")
+    assert cost("cpu", "fp16_amp", "math") < cost("cpu", "fp8_tensorwise", "math")  # emulated: ~3x bf16

@@ -89,6 +89,18 @@ class OptimName(str, Enum):
     prodigy = "prodigy"  # prodigyopt's Prodigy: lr multiplies its own step-size estimate d
 
 
+OPTIM_LR_MEANING = {
+    "adafactor": "caps the relative step size (min(lr, 1/sqrt(t)) x the weight's RMS)",
+    "prodigy": "multiplies Prodigy's own step-size estimate d (1.0 = Prodigy's step)",
+}
+"""What optim.lr means for an optimizer whose lr is not its step size (others: the step size, as AdamW's). The
+tables say it, and do not compare such an lr with AdamW's in grid steps (sweep/report/tables.py)."""
+
+
+def lr_meaning(optim: str) -> str:
+    return OPTIM_LR_MEANING.get(str(optim), "the step size")
+
+
 class FinetuneMethod(str, Enum):
     none = "none"  # every weight trains
     lora = "lora"  # LoRA adapters on a frozen base (sweep/run/finetune.py)

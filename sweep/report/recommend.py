@@ -47,9 +47,19 @@ from sweep.report.tables import (
     combo_labels,
     frontier_records,
     marginal_column,
+    same_lr,
     toggle_effects,
 )
-from sweep.report.target import COST_TEXT, DEFAULTS, cost, measured_on, ran_on, resolve_target, unrunnable
+from sweep.report.target import (
+    DEFAULTS,
+    cost,
+    cost_text,
+    measured_on,
+    precision_dtypes,
+    ran_on,
+    resolve_target,
+    unrunnable,
+)
 
 
 @dataclass
@@ -104,7 +114,7 @@ def toggle_advice(toggles: pd.DataFrame) -> list[Advice]:
     """
     out = []
     for r in toggles.itertuples(index=False):
-        if r.axis in (PRECISION, LR):
+        if r.axis in (PRECISION, LR) or not same_lr(r.axis, r.a, r.b):  # matched lrs of unlike optimizers: no advice
             continue
         steps = 0.0 if pd.isna(r.lr_steps) else r.lr_steps + 0.0
         b_better = (r.diverged_b < r.diverged_a and steps >= 0) or (r.diverged_b <= r.diverged_a and steps > 0)
@@ -204,7 +214,7 @@ def _recommend(
     speed, basis = like_with_like_speed(stable, combo_labels(stable, axes))
     on = measured_on(stable, target)
     cands["_speed"] = [speed.get(c, np.nan) for c in cands.combination]
-    cands["_cost"] = [cost(target, precision_of[c], attention_of[c]) for c in cands.combination]
+    cands["_cost"] = [cost(target, precision_of[c], attention_of[c], choices["optim"][c]) for c in cands.combination]
     cands["_follows"] = [
         sum(str(c[a.axis]) == str(a.better) for a in advice if a.axis in c) for _, c in cands.iterrows()
     ]
@@ -221,7 +231,10 @@ def _recommend(
     rec = recs.set_index("combination").loc[best.combination] if len(recs) else None
     tie_break = f"steps/s measured on {on}" if on else "the target's cost"
     named = _precision_by_combo(runs, axes).get(best.combination)
-    how = _tie_break_text(target, tie_break, stable) if tied.combination.nunique() > 1 else ""  # else: margin
+    tied = tied.assign(
+        _precision=[precision_of[c] for c in tied.combination], _optim=[choices["optim"][c] for c in tied.combination]
+    )
+    how = _tie_break_text(target, tie_break, stable, tied) if tied.combination.nunique() > 1 else ""  # else: margin
     out = _line(best, rec, axes, named, speed, basis, advice, quality, len(tied), top, how)
     out.left_out, out.tie_break = left_out, tie_break
     out.run_dirs = _run_dirs(runs, axes, best)
@@ -243,13 +256,15 @@ def unrunnable_combos(target: str, combinations, precision_of: dict, attention_o
     }
 
 
-def _tie_break_text(target: str, tie_break: str, stable: pd.DataFrame) -> str:
+def _tie_break_text(target: str, tie_break: str, stable: pd.DataFrame, tied: pd.DataFrame) -> str:
     """How the tied settings were ordered, for the line: by speed, or by the target's cost and why."""
     if tie_break != "the target's cost":
         return f"fastest of those (tie-break: {tie_break})"
     ran = ", ".join(sorted(ran_on(stable))) or "an unrecorded device"
+    fp8 = any(precision_dtypes(str(p))[2] for p in tied._precision)
+    text = cost_text(target, fp8=fp8, optimizers=tied._optim.nunique() > 1)
     return (
-        f"cheapest of those on {target} (tie-break: the target's cost, {COST_TEXT[target]}; "
+        f"cheapest of those on {target} (tie-break: the target's cost, {text}; "
         f"the steps/s were measured on {ran}, not on {target})"
     )
 

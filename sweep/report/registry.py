@@ -42,6 +42,7 @@ from sweep.report.tables import (
     errors_text,
     frontier,
     frontier_records,
+    lr_notes,
     lr_sensitivity,
     root_causes,
     toggle_effects,
@@ -230,6 +231,7 @@ register(
                 if "held" in s.frontier
                 else ""
             )
+            + lr_notes(s.runs)
         ),
         help="per combination: largest stable lr (marginal lrs skipped), smallest diverging lr, loss at the former,"
         " whether it held at the longer horizon",
@@ -260,6 +262,7 @@ register(
             "b; combos: matched combinations; lr_steps: change of the largest stable lr from a to b, in lr-grid "
             f"steps; eval_change: mean relative change of the {_quality(s)} from a to b over pairs stable on both "
             "sides, eval_noise: 2 standard errors of it; quality: tie when within noise (or under 0.1%)"
+            + (" (lr_steps - between optimizers whose lrs mean different things)" if lr_notes(s.runs) else "")
         ),
         help="per axis and pair of values, all else equal: divergences, lr steps, loss change",
         index=False,

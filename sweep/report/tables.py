@@ -30,6 +30,7 @@ import numpy as np
 import pandas as pd
 
 from sweep.config import Verdict
+from sweep.config.enums import OPTIM_LR_MEANING, lr_meaning
 from sweep.report.marginal import is_marginal
 from sweep.report.noise import Spread, effect_label, paired_change, quality_column, within_noise
 from sweep.report.runs import DECIDED, PARAM, param_columns, read_diagnosis
@@ -38,6 +39,7 @@ from sweep.run.results import recorded_mechanism
 LR = "optim.lr"
 SEED = "seed"
 PRECISION = "precision"
+OPTIM = "optim"
 SHORT = {
     Verdict.nonfinite_loss: "nan-loss",
     Verdict.nonfinite_grad: "nan-grad",
@@ -499,6 +501,8 @@ def toggle_effects(runs: pd.DataFrame, recs: pd.DataFrame | None = None) -> pd.D
                    from a to b (-0.10: b's is 10% lower), and `eval_noise` two standard errors of it
     quality        `tie` when |eval_change| is within eval_noise (or under 0.1%), else which value is
                    better; `unmeasured (1 pair)` when one pair cannot tell (sweep/report/noise.py)
+    Two optimizers whose lr means different things (OPTIM_LR_MEANING: Prodigy's multiplier, Adafactor's cap)
+    get no lr_steps, eval_change or quality ("lrs not comparable"): their runs at one lr value are not a pair.
     """
     axes = swept_axes(runs)
     decided = _decided(runs)
@@ -526,11 +530,13 @@ def toggle_effects(runs: pd.DataFrame, recs: pd.DataFrame | None = None) -> pd.D
                 "pairs": len(both),
                 "diverged_a": sum(outcome[ka][k][0] for k in both),
                 "diverged_b": sum(outcome[kb][k][0] for k in both),
-                **_lr_steps(frontiers.get(ka, {}), frontiers.get(kb, {}), grid),
+                **_lr_steps(frontiers.get(ka, {}), frontiers.get(kb, {}), grid, same_lr(axis, a, b)),
                 "eval_change": change,
                 "eval_noise": noise,
                 "quality": effect_label(change, noise, a, b),
             }
+            if not same_lr(axis, a, b):  # pairs at the same lr value of unlike lrs compare nothing
+                row.update(eval_change=np.nan, eval_noise=np.nan, quality="lrs not comparable")
             if row["pairs"] or row["combos"]:
                 out.append(row)
     columns = ["axis", "a", "b", "pairs", "diverged_a", "diverged_b", "combos", "lr_steps"]
@@ -548,10 +554,27 @@ def _frontiers_by_value(recs: pd.DataFrame, axis: str) -> dict[str, dict[str, di
     return out
 
 
-def _lr_steps(side_a: dict, side_b: dict, grid: list[float]) -> dict:
+def same_lr(axis: str, a, b) -> bool:
+    """Whether optim.lr means the same for both values: not for two optimizers of which one reads lr as something
+    other than its step size (Prodigy's multiplier of d, Adafactor's cap on the relative step)."""
+    return axis != OPTIM or lr_meaning(a) == lr_meaning(b)
+
+
+def lr_notes(runs: pd.DataFrame) -> str:
+    """'; lr for optim=prodigy: multiplies ...' for the swept optimizers whose lr is not their step size."""
+    if PARAM + OPTIM not in runs:
+        return ""
+    names = sorted({str(v) for v in runs[PARAM + OPTIM].dropna()} & set(OPTIM_LR_MEANING))
+    return "".join(f"; lr for optim={n}: {OPTIM_LR_MEANING[n]}, not comparable with AdamW's" for n in names)
+
+
+def _lr_steps(side_a: dict, side_b: dict, grid: list[float], comparable: bool = True) -> dict:
     """Matched combinations compared on the lrs decided on both sides, so that a partial sweep's
     missing or running cell does not look like a lost lr step; on each side's own lrs when they share
-    none. A step is one place in the sorted list of every lr the sweep decided."""
+    none. A step is one place in the sorted list of every lr the sweep decided. Not `comparable` (the lr means
+    another thing on each side): no lr steps."""
+    if not comparable:
+        return {"combos": len(side_a.keys() & side_b.keys()), "lr_steps": np.nan}
     steps = []
     for k in side_a.keys() & side_b.keys():
         a, b = side_a[k], side_b[k]

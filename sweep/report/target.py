@@ -24,7 +24,7 @@ import yaml
 
 from sweep.config.validate import REPORT_TARGETS as TARGETS  # report.target's values
 
-DEFAULTS = {"precision": "fp32", "attention": "math"}
+DEFAULTS = {"precision": "fp32", "attention": "math", "optim": "adamw"}
 """The choices of conf/config.yaml's defaults list: what a run that does not name one used."""
 PRECISION_DIR = Path(__file__).resolve().parents[2] / "conf" / "precision"
 FLASH_LIKE = ("flash", "cudnn")
@@ -32,24 +32,39 @@ FLASH_LIKE = ("flash", "cudnn")
 
 COST = {
     "cuda": {
-        "precision": {"bfloat16": 0, "float16": 1, "tf32": 2, "float32": 3},
+        "precision": {"bfloat16": 0, "fp8": 1, "float16": 2, "tf32": 3, "float32": 4},
         "attention": {"flash": 0, "efficient": 1, "cudnn": 1, "math": 2, "eager": 3},
     },
     "cpu": {
-        "precision": {"float32": 0, "bfloat16": 1, "float16": 2},
+        "precision": {"float32": 0, "bfloat16": 1, "float16": 2, "fp8": 3},
         "attention": {"math": 0, "flash": 1, "eager": 2},
     },
 }
 """Cheapest first, per target. CUDA: tensor cores run bf16/fp16 at twice tf32's rate and many times fp32's,
 and the fused SDPA kernels beat the math backend and an explicit softmax(QK^T); bf16 ranks before fp16 at the
 same speed, as it needs no loss scaler and has fp32's range (a tie between them must not fall to a 4th digit).
-CPU (docs/design.md facts, and the README demo's steps/s on a 2-core AVX-512-BF16 EPYC): at these sizes fp32
-is faster than bf16 or fp16 autocast, and SDPA math than flash."""
+fp8 matmuls (precision.fp8) rank after bf16 on CUDA: they pay off only for large GEMMs and need capability 8.9+,
+so a tie keeps the precision every recent GPU runs at full speed. CPU (docs/design.md facts, and the README demo's
+steps/s on a 2-core AVX-512-BF16 EPYC): at these sizes fp32 is faster than bf16 or fp16 autocast, SDPA math than
+flash, and emulated fp8 is ~3x bf16 (docs/fp8_groundwork.md). On both, our AdamW ranks before a library optimizer
+(OPTIM_COST): its update is one multi-tensor pass with no host sync, theirs run eagerly."""
+OPTIM_COST = {"adamw": 0}
+"""Optimizers' rank in a tie, cheapest 0; every other optimizer ranks 1."""
 COST_TEXT = {
     "cuda": "bf16 before fp16 (no loss scaler) before tf32 before fp32, flash before efficient/cudnn before math"
     " before eager",
     "cpu": "fp32 before bf16 before fp16, math before flash before eager",
 }
+FP8_TEXT = {"cuda": ("bf16 before", "bf16 before fp8 before"), "cpu": ("before fp16,", "before fp16 before fp8,")}
+"""Where fp8 goes in COST_TEXT (old, new), said only when a tied setting has fp8 matmuls."""
+
+
+def cost_text(target: str, fp8: bool = False, optimizers: bool = False) -> str:
+    """COST_TEXT[target], with fp8's place when fp8 matmuls tie and the optimizers' when optimizers do."""
+    text = COST_TEXT[target]
+    if fp8:
+        text = text.replace(*FP8_TEXT[target], 1)
+    return text + (", our AdamW before a library optimizer" if optimizers else "")
 
 
 def device_kind(device) -> str | None:
@@ -95,19 +110,19 @@ def measured_on(runs: pd.DataFrame, target: str) -> str | None:
 
 
 @functools.lru_cache(maxsize=None)
-def precision_dtypes(name: str) -> tuple[str | None, bool]:
-    """(the dtype a precision computes in, its tf32 switch) from conf/precision/<name>.yaml; (None, False) for a
-    name that has no file there."""
+def precision_dtypes(name: str) -> tuple[str | None, bool, bool]:
+    """(the dtype a precision computes in, its tf32 switch, whether its matmuls are fp8) from
+    conf/precision/<name>.yaml; (None, False, False) for a name that has no file there."""
     try:
         spec = yaml.safe_load((PRECISION_DIR / f"{name}.yaml").read_text()) or {}
     except (OSError, yaml.YAMLError, TypeError):
-        return None, False
-    return spec.get("autocast_dtype") or spec.get("param_dtype"), bool(spec.get("tf32"))
+        return None, False, False
+    return spec.get("autocast_dtype") or spec.get("param_dtype"), bool(spec.get("tf32")), bool(spec.get("fp8"))
 
 
 def unrunnable(target: str, precision: str, attention: str) -> str | None:
     """Why `target` cannot run this precision with this attention backend; None when it can (or cannot tell)."""
-    dtype, tf32 = precision_dtypes(str(precision))
+    dtype, tf32, _ = precision_dtypes(str(precision))
     attention = str(attention)
     if target == "cuda":
         if attention in FLASH_LIKE and dtype == "float32":
@@ -127,10 +142,15 @@ def unrunnable(target: str, precision: str, attention: str) -> str | None:
     return None
 
 
-def cost(target: str, precision: str, attention: str) -> tuple[int, int]:
-    """(precision rank, attention rank) on `target`, cheapest 0 (COST); an unknown value ranks last."""
-    dtype, tf32 = precision_dtypes(str(precision))
+def cost(target: str, precision: str, attention: str, optim: str = "adamw") -> tuple[int, int, int]:
+    """(precision rank, attention rank, optimizer rank) on `target`, cheapest 0 (COST, OPTIM_COST); an unknown
+    value ranks last."""
+    dtype, tf32, fp8 = precision_dtypes(str(precision))
     ranks = COST[target]
-    kind = "tf32" if tf32 else dtype
+    kind = "tf32" if tf32 else "fp8" if fp8 else dtype
     unknown = len(ranks["precision"]), len(ranks["attention"])
-    return ranks["precision"].get(kind, unknown[0]), ranks["attention"].get(str(attention), unknown[1])
+    return (
+        ranks["precision"].get(kind, unknown[0]),
+        ranks["attention"].get(str(attention), unknown[1]),
+        OPTIM_COST.get(str(optim), 1),
+    )

@@ -36,6 +36,7 @@ from typing import Callable
 import torch
 
 from sweep.config import ConfigError, OptimConfig, OptimName
+from sweep.config.enums import lr_meaning
 
 LIBRARIES = {
     OptimName.adamw_8bit: "bitsandbytes",
@@ -44,12 +45,6 @@ LIBRARIES = {
     OptimName.prodigy: "prodigyopt",
 }
 """The package whose optimizer runs, for each library optimizer (its version goes in result.json)."""
-
-LR_MEANING = {
-    OptimName.adafactor: "caps the relative step size (min(lr, 1/sqrt(t)) x the weight's RMS)",
-    OptimName.prodigy: "multiplies Prodigy's own step-size estimate d (1.0 = Prodigy's step)",
-}
-"""What optim.lr means where it is not the step size itself (the tables and result.json say it)."""
 
 
 def _library_class(name: OptimName):
@@ -170,7 +165,7 @@ def describe(o: OptimConfig, optimizer) -> dict:
         "name": o.name.value,
         "library": f"{library} {_version(library)}" if library else "sweep (sweep/run/adamw.py)",
         "eager": not getattr(optimizer, "capture_safe", True),
-        "lr_means": LR_MEANING.get(o.name, "the step size"),
+        "lr_means": lr_meaning(o.name.value),
     }
     if not isinstance(optimizer, LibraryOptimizer):
         # AdamW's two moments are in the weights' dtype by construction (a pack's live in its StackedAdamW)
