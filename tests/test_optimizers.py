@@ -202,3 +202,77 @@ def test_a_tie_goes_to_our_adamw_and_fp8_ranks_after_bf16_on_cuda():
     assert cost("cpu", "fp32", "math", "adamw") < cost("cpu", "fp32", "math", "prodigy")
     assert cost("cuda", "bf16_amp", "flash") < cost("cuda", "fp8_rowwise", "flash") < cost("cuda", "fp16_amp", "flash")
     assert cost("cpu", "fp16_amp", "math") < cost("cpu", "fp8_tensorwise", "math")  # emulated: ~3x bf16
+
+
+def test_8bit_moments_dequantise_as_bitsandbytes_does():
+    """The reference: bitsandbytes' own dequantize_blockwise, on a tensor whose size is not a multiple of the block."""
+    F = pytest.importorskip("bitsandbytes.functional")
+    w = torch.nn.Parameter(torch.zeros(5000))
+    opt = optimizers.LibraryOptimizer(optimizers.OptimName.adamw_8bit, [{"params": [w]}], lambda s: 1e-3, {}, "cpu")
+    for step in range(3):
+        w.grad = torch.randn(5000, generator=torch.Generator().manual_seed(step)) * 10.0 ** torch.linspace(-6, 0, 5000)
+        opt.at(step)
+        opt.step()
+    s = opt.state[w]
+    got = optimizers.adamw_state_from_8bit(s, s["step"])
+    for k, out in (("1", "exp_avg"), ("2", "exp_avg_sq")):
+        ref = F.dequantize_blockwise(s[f"state{k}"], absmax=s[f"absmax{k}"], code=s[f"qmap{k}"], blocksize=256)
+        torch.testing.assert_close(got[out], ref, rtol=0, atol=0)
+    assert float(got["step"]) == 3 and got["exp_avg_sq"].min() >= 0
+
+
+def test_an_8bit_checkpoint_resumes_into_our_adamw_with_its_moments_dequantised(tmp_path):
+    """The diagnosis's "AdamW in fp32 state" row: from an AdamW8bit run's checkpoint our AdamW takes the same
+    moments (and update count) in fp32, so its first step is the 8-bit run's step up to the 8-bit rounding."""
+    common = ["optim.lr=1e-3", "steps=6", "ledger.enabled=false", "eval.enabled=false"]
+    full = tmp_path / "full"
+    execute(make_run("optim=adamw_8bit", *common, "checkpoint.every=3"), full, params={})
+    ckpt = full / "checkpoints" / "step_000003"
+    fresh = execute(
+        make_run("optim=adamw", *common, f"checkpoint.resume_from={ckpt}", "checkpoint.resume_optimizer=false"),
+        tmp_path / "fresh",
+        params={},
+    )
+    moved = execute(make_run("optim=adamw", *common, f"checkpoint.resume_from={ckpt}"), tmp_path / "moved", params={})
+    assert moved.status == fresh.status == "stable"
+    eight, ours, afresh = (rows(d) for d in (full, tmp_path / "moved", tmp_path / "fresh"))
+    assert ours[3][0] == eight[3][0]  # step 3's loss comes from the checkpointed weights: the same
+    # step 4's loss follows the first update from the checkpoint: with the moments, close to the 8-bit run's;
+    # fresh moments (a first Adam step, lr-sized in every weight) are further off
+    gap = lambda r: abs(float(r[4][0]) - float(eight[4][0]))  # noqa: E731
+    assert gap(ours) < gap(afresh)
+
+
+def test_the_diagnosis_has_an_adamw_row_where_it_compares_like_with_like():
+    from sweep.diagnose.counterfactual import adamw_row
+
+    assert adamw_row(make_run("optim=adamw_8bit")).overrides == ["optim.name=adamw"]  # its moments dequantised
+    assert "checkpoint.resume_optimizer=false" in adamw_row(make_run("optim=came")).overrides
+    assert "multiplies" in adamw_row(make_run("optim=prodigy")).not_applicable
+    assert adamw_row(make_run()).not_applicable == "the run already uses our AdamW"
+
+
+def test_a_bad_optimizer_state_is_the_mechanism_with_its_known_fix():
+    from pathlib import Path
+
+    from sweep.diagnose.fix import candidates
+    from sweep.diagnose.known import KNOWN
+    from sweep.diagnose.mechanism import decide
+    from sweep.diagnose.signals import RunRecord
+
+    run = make_run("optim=adamw_8bit")
+    health = {"nonfinite": ["3.absmax2"], "nonfinite_count": 1, "v_zero_m_nonzero": 0.0}
+    result = {
+        "status": "diverged",
+        "verdict": "nonfinite_loss",
+        "first_bad_step": 7,
+        "cause": {"where": "forward", "module": None, "detail": "loss is nan"},
+        "optimizer": {"name": "adamw_8bit", "library": "bitsandbytes 0.50.2", "health": health},
+    }
+    m = decide(RunRecord(Path("."), result, [], None, run))
+    assert m.name == "optimizer_state" and "3.absmax2" in m.summary and "AdamW with fp32 state" in KNOWN[m.name]
+    assert candidates(RunRecord(Path("."), result, [], None, run), m.name, m.evidence, None, [], None)[0][0] == (
+        "optim.name=adamw"
+    )
+    healthy = {**result, "optimizer": {**result["optimizer"], "health": {"nonfinite_count": 0}}}
+    assert decide(RunRecord(Path("."), healthy, [], None, run)).name != "optimizer_state"

@@ -94,6 +94,8 @@ def resume_mismatches(run: RunConfig, checkpoint: Path) -> list[tuple[str, Any, 
         is_ = OmegaConf.select(now, key, default=None, throw_on_missing=False)
         was, is_ = (OmegaConf.to_container(v) if OmegaConf.is_config(v) else v for v in (was, is_))
         was, is_ = (v.value if isinstance(v, Enum) else v for v in (was, is_))
+        if key == "optim.name" and (was, is_) == ("adamw_8bit", "adamw"):  # its moments dequantised (load_optimizer)
+            continue
         if (was or None) != (is_ or None) and not (was in (None, {}, []) and is_ in (None, {}, [])):
             differ.append((key, _plain(was), _plain(is_)))
     return differ

@@ -27,7 +27,8 @@ The rows:
   out (leaving out an ordinary sample only perturbs a chaotic trajectory, which can move a spike past the
   table's last step);
 - lr/10: the lr schedule divided by 10 from the last healthy step on;
-- update clipping: StableAdamW's update clipping (optim.update_clip=1).
+- update clipping: StableAdamW's update clipping (optim.update_clip=1), for our AdamW;
+- AdamW in fp32 state: our AdamW from the last healthy state (`adamw_row`): an 8-bit AdamW's moments dequantised.
 
 Each row runs from the last healthy step through the step that tripped the verdict and `past` steps more:
 healthy when no verdict comes by then.
@@ -42,7 +43,8 @@ from typing import Callable
 
 import torch
 
-from sweep.config import RunConfig, Verdict
+from sweep.config import OptimName, RunConfig, Verdict
+from sweep.config.enums import lr_meaning
 from sweep.data.checks import check_sample
 from sweep.diagnose.record import RunRecord, read_metrics
 from sweep.diagnose.signals import computes_in_fp32
@@ -57,7 +59,15 @@ PAST = 10
 OUTLIER = 4.0
 """A clean sample is extreme when its largest |x| is this many times the dataset's median one."""
 
-ROWS = ("same config", "fp32", "reference kernels", "without extreme samples", "lr/10", "update clipping")
+ROWS = (
+    "same config",
+    "fp32",
+    "reference kernels",
+    "without extreme samples",
+    "lr/10",
+    "update clipping",
+    "AdamW in fp32 state",
+)
 
 
 @dataclass
@@ -139,9 +149,31 @@ def plan(record: RunRecord, extreme: list[int]) -> list[Row]:
         rows.append(
             Row("update clipping", [], not_applicable=f"already on (optim.update_clip={run.optim.update_clip})")
         )
-    else:
+    elif run.optim.name is OptimName.adamw:
         rows.append(Row("update clipping", ["optim.update_clip=1.0"]))
+    else:
+        rows.append(Row("update clipping", [], not_applicable="StableAdamW's clipping is our AdamW's"))
+    rows.append(adamw_row(run))
     return rows
+
+
+def adamw_row(run: RunConfig) -> Row:
+    """Our AdamW from the last healthy state: an 8-bit AdamW's moments dequantised to fp32 (sweep/run/checkpoint.py
+    load_optimizer), so the row changes only where its state is held; CAME (whose lr is a step size too) with fresh
+    moments. Prodigy's and Adafactor's lr mean something else: no like-for-like AdamW from their state."""
+    name = run.optim.name
+    if name is OptimName.adamw:
+        return Row("AdamW in fp32 state", [], not_applicable="the run already uses our AdamW")
+    if name is OptimName.adamw_8bit:
+        return Row("AdamW in fp32 state", ["optim.name=adamw"])
+    if name is OptimName.came:
+        fresh = ["optim.name=adamw", "optim.eps=1e-08", "optim.betas=[0.9,0.999]", "checkpoint.resume_optimizer=false"]
+        return Row("AdamW in fp32 state", fresh)
+    return Row(
+        "AdamW in fp32 state",
+        [],
+        not_applicable=f"optim={name.value}'s lr {lr_meaning(name.value)}: no like-for-like AdamW from its state",
+    )
 
 
 def extreme_samples(run: RunConfig, steps: range) -> tuple[list[int], list[int]]:

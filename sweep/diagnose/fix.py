@@ -62,6 +62,10 @@ def candidates(
         out.append(["precision=fp16_amp"] if run.precision.name == "fp16_amp_noscale" else ["precision=bf16_amp"])
     elif mechanism == "lr_too_high":
         out.append(lower_lr)
+    elif mechanism == "optimizer_state":
+        out.append(["optim.name=adamw", "optim.eps=1e-08", "optim.betas=[0.9,0.999]"])
+        if run.optim.name.value == "adamw_8bit":
+            out.append([f"optim.min_8bit_size={2**31 - 1}"])  # every tensor's state in fp32, bitsandbytes' own code
     elif mechanism == "nondeterministic" and not run.deterministic:
         out.append(["deterministic=true"])
     elif mechanism == "unexplained" and lr_delayed_it(record, table):

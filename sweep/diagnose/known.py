@@ -11,6 +11,7 @@ KNOWN = {
     "loss_scale_collapse": "bf16 needs no loss scaling",
     "kernel": "the reference kernel",
     "bad_input": "train without the bad samples (python -m sweep.doctor finds them in a folder)",
+    "optimizer_state": "AdamW with fp32 state (optim=adamw), or fp32 state for more tensors (optim.min_8bit_size)",
     "lr_too_high": "a lower lr",
     "nondeterministic": "deterministic=true",
 }

@@ -17,6 +17,10 @@ The set (docs/design.md, "Diagnosis"); each is decided from evidence, never assu
   2023, Wortsman et al. 2023); qk-layernorm is the known fix.
 - adam_second_moment_lag: AdamW's second moment under-estimated the squared gradients by LAGGED x or
   more when the loss spiked (Wortsman et al. 2023b; sweep.run.adam_lag); update clipping or a lower beta2.
+- optimizer_state: the optimizer's own state went bad (result.json optimizer.health, sweep/run/optimizers.py):
+  non-finite values in it (an 8-bit block's absmax gone inf dequantises the whole block to NaN), or 8-bit second
+  moments that dequantise to 0 beside non-zero first moments (their update is m / eps); AdamW with fp32 state is
+  the known fix.
 - lr_too_high: nothing above explains it and the lr/10 counterfactual keeps the bad steps healthy; for the
   end-of-run verdicts (slow_divergence, no_progress) also named from the recorded signals when the weights
   travelled monitor.trend_weight_path x their initial norm or more (result.json trend): steps that large while the
@@ -25,7 +29,7 @@ The set (docs/design.md, "Diagnosis"); each is decided from evidence, never assu
 - unexplained: none of the above; said as such, never guessed.
 
 The last three need the counterfactual replay (sweep.diagnose.counterfactual): `decide` names one of the
-first nine or `unexplained`, and `settle` revisits that with the table.
+first ten or `unexplained`, and `settle` revisits that with the table.
 """
 
 from __future__ import annotations
@@ -51,6 +55,7 @@ MECHANISMS = (
     "loss_scale_collapse",
     "attention_logit_growth",
     "adam_second_moment_lag",
+    "optimizer_state",
     "lr_too_high",
     "nondeterministic",
     "unexplained",
@@ -90,7 +95,7 @@ def decide(record: RunRecord) -> Mechanism:
             f"the weights were bad before any update ({cause.get('module') or 'a tensor'}): {detail}",
             {"cause": detail, "loaded": r.get("loaded")},
         )
-    found = kernel_mismatch(record)
+    found = kernel_mismatch(record) or optimizer_state(record)
     if found is not None:
         return found
     if verdict in (Verdict.slow_divergence, Verdict.no_progress):
@@ -172,6 +177,25 @@ def kernel_mismatch(record: RunRecord) -> Mechanism | None:
                 },
             )
     return None
+
+
+def optimizer_state(record: RunRecord) -> Mechanism | None:
+    """The optimizer's state at the bad step held non-finite values, or 8-bit second moments read as 0 where the
+    first moments are not (health, sweep/run/optimizers.py): its updates, not the forward, went wrong."""
+    o = record.result.get("optimizer") or {}
+    h = o.get("health") or {}
+    bad, zeroed = int(h.get("nonfinite_count") or 0), float(h.get("v_zero_m_nonzero") or 0.0)
+    if not bad and not zeroed > 0:
+        return None
+    what = [f"{bad} state tensors non-finite ({', '.join(h.get('nonfinite', []))})"] if bad else []
+    if zeroed > 0:
+        what.append(f"{zeroed:.2%} of the 8-bit second moments read as 0 beside non-zero first moments")
+    return Mechanism(
+        "optimizer_state",
+        f"the state of optim={o.get('name')} ({o.get('library')}) went bad by step {record.first_bad}: "
+        + "; ".join(what),
+        {"optimizer": o.get("name"), "health": h, "state_dtypes": o.get("state_dtypes")},
+    )
 
 
 def activation_overflow(record: RunRecord, detail: str) -> Mechanism | None:

@@ -353,6 +353,39 @@ def device_mismatch(directory: Path, saved: str | None, device: torch.device) ->
     )
 
 
+def load_optimizer(parts, optim: dict[str, torch.Tensor], host: dict) -> None:
+    """Put a checkpoint's optimizer state (`optim`: "<param name>.<key>" -> tensor; `host`: its host-side values,
+    sweep.run.optimizers.host_state) into the run's optimizer. A library optimizer takes its state as saved
+    (bitsandbytes' uint8 codes stay uint8). Our AdamW takes exp_avg and exp_avg_sq in the weight's dtype, or an
+    8-bit AdamW's moments dequantised (the diagnosis's "AdamW in fp32 state" row: the same moments from here on,
+    held in fp32)."""
+    library = isinstance(parts.optimizer, optimizers.LibraryOptimizer)
+    by_param: dict[str, dict[str, torch.Tensor]] = {}
+    for key, tensor in optim.items():
+        name, _, k = key.rpartition(".")
+        by_param.setdefault(name, {})[k] = tensor
+    index = {p: i for i, p in enumerate(p for g in parts.optimizer.param_groups for p in g["params"])}
+    for name, p in parts.model.named_parameters():
+        saved = by_param.get(name, {})
+        if library or not saved:
+            state = {k: v.to(p.device) for k, v in saved.items()}
+        else:
+            if "state1" in saved:  # bitsandbytes' AdamW8bit: the same algorithm, its moments in 8 bits
+                count = host.get("weights", {}).get(str(index.get(p)), {}).get("step", 0)
+                saved = optimizers.adamw_state_from_8bit(saved, count)
+            # The moments take the weight's dtype: a run resumed under another precision policy (the fp32
+            # counterfactual of a pure bf16 run, sweep/diagnose) keeps AdamW's state in the dtype it updates in.
+            state = {
+                k: saved[k].to(p.device, p.dtype if k != "step" else None)
+                for k in ("step", "exp_avg", "exp_avg_sq")
+                if k in saved
+            }
+        if state:
+            parts.optimizer.state[p] = state
+    parts.optimizer.state_set()
+    optimizers.set_host_state(parts.optimizer, host)
+
+
 def resume(parts, directory: Path, verify: bool = True, optimizer: bool = True) -> int:
     """Restore model, optimizer, scaler, monitor and RNG states from a checkpoint; return the step to run next.
 
@@ -364,26 +397,6 @@ def resume(parts, directory: Path, verify: bool = True, optimizer: bool = True) 
     manifest = read_manifest(directory) if verify else None
     load_model_weights(parts.model, load_checked(directory, MODEL_FILE, verify, manifest), str(directory))
     optim = load_checked(directory, OPTIM_FILE, verify, manifest) if optimizer else {}
-    library = isinstance(parts.optimizer, optimizers.LibraryOptimizer)
-    by_param: dict[str, dict[str, torch.Tensor]] = {}
-    for key, tensor in optim.items():
-        name, _, k = key.rpartition(".")
-        by_param.setdefault(name, {})[k] = tensor
-    for name, p in parts.model.named_parameters():
-        saved = by_param.get(name, {})
-        if library:  # a library's state as it saved it: bitsandbytes' uint8 codes stay uint8
-            state = {k: v.to(p.device) for k, v in saved.items()}
-        else:
-            # The moments take the weight's dtype: a run resumed under another precision policy (the fp32
-            # counterfactual of a pure bf16 run, sweep/diagnose) keeps AdamW's state in the dtype it updates in.
-            state = {
-                k: saved[k].to(p.device, p.dtype if k != "step" else None)
-                for k in ("step", "exp_avg", "exp_avg_sq")
-                if k in saved
-            }
-        if state:
-            parts.optimizer.state[p] = state
-    parts.optimizer.state_set()
     trainer = load_checked(directory, TRAINER_FILE, verify, manifest)
     if verify:
         verify_file(directory, TRAINER_JSON, manifest["files"].get(TRAINER_JSON, {"bytes": -1}))
@@ -391,8 +404,7 @@ def resume(parts, directory: Path, verify: bool = True, optimizer: bool = True) 
     mismatch = device_mismatch(directory, saved_device(trainer, numbers), parts.device)
     if mismatch:
         raise ValueError(mismatch)
-    if optimizer:
-        optimizers.set_host_state(parts.optimizer, numbers.get("optimizer", {}))
+    load_optimizer(parts, optim, numbers.get("optimizer", {}))
     parts.noise_gen.set_state(trainer["rng.noise"])
     torch.set_rng_state(trainer["rng.torch"])
     cuda = [trainer[k] for k in sorted(trainer) if k.startswith("rng.cuda.")]

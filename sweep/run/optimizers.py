@@ -157,6 +157,31 @@ def set_host_state(optimizer, saved: dict) -> None:
         group.update(values)
 
 
+BNB_BLOCK = 256
+"""Values per absmax in bitsandbytes' block-wise 8-bit optimizer state (its Optimizer8bit's blocksize)."""
+
+
+def adamw_state_from_8bit(saved: dict[str, torch.Tensor], count: int) -> dict[str, torch.Tensor]:
+    """An AdamW8bit weight's state as torch's AdamW holds it: {"step", "exp_avg", "exp_avg_sq"} in fp32.
+    bitsandbytes' block-wise state: value j = qmap[code j] x absmax[j // BNB_BLOCK] over the flattened tensor; a
+    tensor under min_8bit_size keeps fp32 `state1` / `state2` of its own shape."""
+    moments = {}
+    for k, out in (("1", "exp_avg"), ("2", "exp_avg_sq")):
+        state = saved[f"state{k}"]
+        if state.dtype != torch.uint8:
+            moments[out] = state.float()
+            continue
+        absmax, qmap = saved[f"absmax{k}"].float(), saved[f"qmap{k}"].float()
+        if -(-state.numel() // BNB_BLOCK) != absmax.numel():
+            raise ValueError(
+                f"8-bit state of {state.numel()} values with {absmax.numel()} blocks: not {BNB_BLOCK} a block"
+            )
+        flat = qmap[state.reshape(-1).long()]
+        scale = absmax.repeat_interleave(BNB_BLOCK)[: flat.numel()]
+        moments[out] = (flat * scale).reshape(state.shape)
+    return {"step": torch.tensor(float(count)), **moments}
+
+
 def describe(o: OptimConfig, optimizer) -> dict:
     """result.json's `optimizer`: which ran, where its lr means something else, how it ran, its state's dtypes
     (tensors counted by dtype, over the state's tensors of every weight) and the state's health (`health`)."""
