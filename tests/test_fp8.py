@@ -213,12 +213,17 @@ def test_an_outlier_that_sets_a_tensorwise_scale_flushes_the_rest_and_is_flagged
     assert fp8_evidence.operand_stats(rowwise, "input", x)["underflow_pct"] < 2  # one row pays, not the tensor
 
 
-def test_the_same_config_twice_gives_identical_metrics(tmp_path):
-    runs = [make_run("device=cpu", "threads=1", "steps=3", "precision=fp8_rowwise") for _ in range(2)]
-    for i, run in enumerate(runs):
+def test_the_same_config_twice_gives_identical_metrics_and_windows_change_nothing(tmp_path):
+    """Twice with one sync per step, once in windows of 4 steps (one sync each): the same curve bit for bit."""
+    for i, sync_every in enumerate((1, 1, 4)):
+        run = make_run(
+            "device=cpu", "threads=1", "steps=4", "precision=fp8_rowwise", f"monitor.sync_every={sync_every}"
+        )
         assert execute(run, tmp_path / str(i), params={}).status == "stable"
-    assert (tmp_path / "0" / "metrics.csv").read_bytes() == (tmp_path / "1" / "metrics.csv").read_bytes()
+    first = (tmp_path / "0" / "metrics.csv").read_bytes()
+    assert all((tmp_path / str(i) / "metrics.csv").read_bytes() == first for i in (1, 2))
     assert read_result(tmp_path / "0")["fp8"]["layers"] == read_result(tmp_path / "1")["fp8"]["layers"]
+    assert read_result(tmp_path / "2")["sync"]["windows"] == 1
 
 
 def test_emulated_bf16_gemms_leave_torchao_tensors_to_torchao(tmp_path):
