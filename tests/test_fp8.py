@@ -295,3 +295,29 @@ def test_without_torchao_it_is_one_config_line_naming_the_extra(monkeypatch):
     with pytest.raises(ConfigError, match=line):
         make_run("precision=fp8_tensorwise")
     make_run("precision=bf16_amp")  # fp32/bf16 runs do not need it
+
+
+@pytest.mark.cuda
+@pytest.mark.parametrize("recipe", RECIPES)
+def test_on_a_gpu_fp8_runs_native_kernels_or_is_skipped_below_8_9(tmp_path, recipe):
+    """`make test-gpu`: on capability >= 8.9 the run uses torch._scaled_mm (emulated: false) and its forward stays
+    within 1e-2 of the emulated one on the same weights (fast accumulation and the kernels are what emulation cannot
+    show); below 8.9 the run is `skipped` with the reason."""
+    gpu = torch.device("cuda")
+    run = make_run("device=cuda", "steps=3", f"precision=fp8_{recipe}")
+    r = execute(run, tmp_path, params={})
+    if torch.cuda.get_device_capability(gpu) < fp8.MIN_CAPABILITY:
+        assert r.status == "skipped" and "capability >= 8.9" in r.reason
+        return
+    assert r.status == "stable", (r.status, r.reason)
+    rec = read_result(tmp_path)["fp8"]
+    assert rec["emulated"] is False and rec["device_capability"] == "{}.{}".format(*torch.cuda.get_device_capability())
+    _, model, (x, t, _) = _inputs(())
+    native, emulated = copy.deepcopy(model).to(gpu), copy.deepcopy(model)
+    fp8.convert(native, run.precision, gpu)
+    fp8.convert(emulated, run.precision, CPU)
+    with torch.no_grad(), torch.autocast("cuda", dtype=torch.bfloat16):
+        on_gpu = native(x.to(gpu), t.to(gpu)).float().cpu()
+    with torch.no_grad(), torch.autocast("cpu", dtype=torch.bfloat16):
+        on_cpu = emulated(x, t).float()
+    assert _rel(on_gpu, on_cpu) <= 1e-2
