@@ -187,6 +187,11 @@ def _check_precision(run: RunConfig) -> None:
         "precision.fp8",
         "compile=true with fp8 is not checked against the eager fp8 run yet; run it with compile=false",
     )
+    require(  # fp8 matmuls: torchao, imported only by such runs (sweep/run/fp8.py)
+        run.precision.fp8 is None or importlib.util.find_spec("torchao") is not None,
+        "precision.fp8",
+        "torchao is not installed: pip install 'dit-precision-sweep[lowprec]' (docs/fp8.md)",
+    )
     require(
         run.precision.fp8 is None or run.precision.autocast_dtype in (None, Dtype.bfloat16),
         "precision.fp8",

@@ -26,13 +26,14 @@ from models.diffusers_zoo import modulate_unsupported_reason
 from sweep.config import RunConfig, Verdict
 from sweep.data.checks import DataError
 from sweep.diagnose.mechanism import of_run as mechanism_of
-from sweep.run import optimizers
+from sweep.run import fp8_evidence, optimizers
 from sweep.run.build import RunParts, build_parts, reset_process_state, resolve_device
 from sweep.run.checkpoint import CheckpointHook, CorruptCheckpoint
 from sweep.run.compiled import compile_run, compile_unsupported_reason
 from sweep.run.dtype_contract import contract_problem
 from sweep.run.evaluate import Evaluator, eval_settings, make_evaluator
 from sweep.run.forensics import locate
+from sweep.run.fp8 import unsupported_reason as fp8_unsupported_reason
 from sweep.run.gemm import LOW_PRECISION
 from sweep.run.graph import graph_unsupported_reason
 from sweep.run.interrupt import SetUpInterrupted, setting_up
@@ -124,6 +125,7 @@ def unsupported_reason(run: RunConfig, device: torch.device, policy: PrecisionPo
     diffusers = run.model.diffusers_name  # a zoo model or a released config's class
     return (
         policy.unsupported_reason(device)
+        or fp8_unsupported_reason(run, device)  # fp8 matmuls: CPU (emulated) or CUDA capability >= 8.9
         or backend_unavailable_reason(run.attention.backend.value, device, policy.compute_dtype)
         or (modulate_unsupported_reason(diffusers, run.modulate.impl.value) if diffusers else None)
         or compile_unsupported_reason(run, device)
@@ -178,6 +180,9 @@ def conclude(
     _fill_from_metrics(result, metrics, train_seconds)
     # The weights before the first bad step (a loss spike's excursion began before the step that tripped it).
     result.eval_loss = evaluator.before(divergence.step if divergence else None) if evaluator else None
+    if parts.fp8 is not None:  # fp8 matmuls: each converted layer's amax, scale, underflow, MSE (fp8_evidence.py)
+        last = divergence.step if divergence else metrics.rows[-1]["step"] if metrics.rows else parts.start_step
+        result.fp8 = {**parts.fp8, **fp8_evidence.measure(run, parts, last)}
     if divergence is None:
         result.status = "stable"
         pruned = next((h.pruned for h in hooks if getattr(h, "pruned", None) is not None), None)

@@ -33,7 +33,7 @@ import math
 from pathlib import Path
 
 import torch
-from torch.utils._python_dispatch import TorchDispatchMode
+from torch.utils._python_dispatch import TorchDispatchMode, is_traceable_wrapper_subclass
 
 LOW_PRECISION = (torch.bfloat16, torch.float16)
 
@@ -122,9 +122,13 @@ class EmulatedGemm(TorchDispatchMode):
 
 
 def _all_floats_are(args, dtype: torch.dtype) -> bool:
-    """True when every floating tensor among `args` has `dtype` (mixed dtypes keep the native op's error)."""
-    floats = [a.dtype for a in _tensors(args) if a.is_floating_point()]
-    return bool(floats) and all(d == dtype for d in floats)
+    """True when every floating tensor among `args` has `dtype` (mixed dtypes keep the native op's error) and none
+    is a tensor subclass: torchao's fp8 tensors (precision.fp8, sweep/run/fp8.py) report their high-precision dtype
+    but hold fp8 data, and their own GEMM rule (an fp32 mm when emulated) must see them, not a widening cast."""
+    tensors = list(_tensors(args))
+    floats = [a.dtype for a in tensors if a.is_floating_point()]
+    subclass = any(is_traceable_wrapper_subclass(a) for a in tensors)
+    return bool(floats) and not subclass and all(d == dtype for d in floats)
 
 
 def _tensors(args):

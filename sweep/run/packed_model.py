@@ -16,6 +16,8 @@ from typing import Sequence
 import torch
 from torch.func import functional_call, stack_module_state, vmap
 
+from sweep.run.fp8 import float8_layers
+
 
 def _cast_like_autocast(m: torch.nn.Module):
     """m.forward with autocast's cast of a whole linear/conv made explicit: input, weight and bias.
@@ -65,6 +67,12 @@ class PackedModel:
     """K models of one architecture as stacked weights and one vmapped forward."""
 
     def __init__(self, models: Sequence[torch.nn.Module]):
+        fp8_layers = float8_layers(models[0])
+        if fp8_layers:  # each linear's forward is replaced below: the pack would silently run them as bf16 linears
+            raise ValueError(
+                f"PackedModel cannot pack fp8 matmuls ({len(fp8_layers)} torchao Float8Linear layers, e.g. "
+                f"{fp8_layers[0]}): vmap cannot run them; train fp8 runs alone (sweep/run/packing.py refuses them)"
+            )
         self.params, self.buffers = stack_module_state(list(models))  # {name: (K, ...)} leaves
         self.base = copy.deepcopy(models[0]).to("meta")  # the module structure, no storage
         self.device = next(iter(self.params.values())).device
