@@ -1,4 +1,5 @@
-"""Which modules must compute in fp32: delta debugging over module groups, every trial a real run to the end.
+"""Which modules must compute in fp32 (or, in an fp8 run, in bf16): delta debugging over module groups, every trial
+a real run to the end.
 
     python -m sweep.diagnose RUN_DIR --bisect
 
@@ -9,10 +10,16 @@ ddmin (Zeller and Hildebrandt 2002) finds a set of groups that keeps the run sta
 tried as its own children, the same way ("then finer"). The answer is that set, with its share of the
 model's forward FLOPs (torch.utils.flop_counter at the run's batch), so the user sees what the fp32
 islands cost. Trials are cached: a set is never run twice.
+
+An fp8 run (precision.fp8) is bisected the same way one level down: the islands are modules whose linears keep
+bf16 matmuls (precision.fp8_keep gains `name` and `name.*` for each), the high-precision check is the run with
+bf16 matmuls everywhere (precision.fp8=null), and the answer is the smallest set of modules to keep out of fp8
+(`Islands`).
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
 
@@ -97,10 +104,36 @@ def flop_shares(record: RunRecord, names: list[str]) -> tuple[dict[str, float], 
     return {n: (flops.get(n, 0) / total if total else 0.0) for n in names}, total
 
 
+@dataclass(frozen=True)
+class Islands:
+    """What a bisection moves to higher precision, and how a set of modules says it as overrides."""
+
+    high: str
+    """What the modules move to: "fp32" (precision.fp32_modules) or "bf16" (out of fp8: precision.fp8_keep)."""
+    everything: list[str]
+    """The overrides of the whole run in that precision: precision=fp32, or precision.fp8=null."""
+    keep: list[str]
+    """fp8_keep's own globs, which every trial keeps."""
+
+    @classmethod
+    def of(cls, run) -> "Islands":
+        if run.precision.fp8 is not None:
+            return cls("bf16", ["precision.fp8=null"], list(run.precision.fp8_keep))
+        return cls("fp32", ["precision=fp32"], [])
+
+    def overrides(self, names: list[str]) -> list[str]:
+        if self.high == "fp32":
+            return [f"precision.fp32_modules=[{','.join(sorted(names))}]"]
+        globs = self.keep + [g for n in sorted(names) for g in (n, f"{n}.*")]
+        return [f"precision.fp8_keep=[{','.join(globs)}]"]
+
+
 def bisect_fp32(record: RunRecord, scratch: Path, progress: Callable[[str], None] = print) -> dict:
-    """The minimal fp32 set of a low-precision run, or why there is none; each trial a run from step 0."""
+    """The minimal fp32 set of a low-precision run (the minimal bf16 set of an fp8 run), or why there is none; each
+    trial a run from step 0."""
     run = record.run
-    if computes_in_fp32(run):
+    islands = Islands.of(run)
+    if computes_in_fp32(run) and islands.high == "fp32":
         return {"minimal": None, "summary": "not bisected: the run is fp32 already", "trials": []}
     trials: list[dict] = []
     cache: dict[tuple[str, ...], bool] = {}
@@ -111,7 +144,7 @@ def bisect_fp32(record: RunRecord, scratch: Path, progress: Callable[[str], None
             return cache[key]
         if len(trials) >= MAX_TRIALS:
             raise TimeoutError
-        o = overrides if overrides is not None else [f"precision.fp32_modules=[{','.join(sorted(names))}]"]
+        o = overrides if overrides is not None else islands.overrides(names)
         last = from_start_last(record)  # from step 0: at most FROM_START_HORIZON x the steps the run took to fail
         outcome = run_trial(with_overrides(record.config, o), scratch / f"trial_{len(trials) + 1:02d}", last=last)
         cache[key] = outcome.healthy
@@ -130,19 +163,20 @@ def bisect_fp32(record: RunRecord, scratch: Path, progress: Callable[[str], None
     model = build_parts(run, cpu, PrecisionPolicy.from_config(run.precision, cpu)).model
     top = groups(model)
     try:
-        if not stable([], ["precision=fp32"]):
+        if not stable([], islands.everything):
             return {
                 "minimal": None,
                 "trials": trials,
-                "summary": "not bisected: the run diverges in fp32 too, so no set of fp32 modules can fix it",
+                "summary": f"not bisected: the run diverges with {' '.join(islands.everything)} too, so no set of "
+                f"{islands.high} modules can fix it",
             }
         if not stable(top):
             return {
                 "minimal": None,
                 "trials": trials,
                 "groups": top,
-                "summary": "not bisected: with every module group in fp32 it still diverges (what stays in low "
-                "precision is outside the modules: inputs, loss, optimizer state)",
+                "summary": f"not bisected: with every module group in {islands.high} it still diverges (what stays "
+                "in low precision is outside the modules: inputs, loss, optimizer state)",
             }
         cache[()] = False  # the run itself
         coarse = ddmin(top, stable)
@@ -173,6 +207,8 @@ def bisect_fp32(record: RunRecord, scratch: Path, progress: Callable[[str], None
         "flop_shares": shares,
         "forward_flops": total,
         "trials": trials,
-        "summary": f"{len(minimal)} module(s) in fp32 keep the run stable: {', '.join(minimal)} "
+        "high": islands.high,
+        "fix": islands.overrides(minimal),
+        "summary": f"{len(minimal)} module(s) in {islands.high} keep the run stable: {', '.join(minimal)} "
         f"({share:.1%} of the forward FLOPs; {len(trials)} runs)",
     }

@@ -28,7 +28,9 @@ The rows:
   table's last step);
 - lr/10: the lr schedule divided by 10 from the last healthy step on;
 - update clipping: StableAdamW's update clipping (optim.update_clip=1), for our AdamW;
-- AdamW in fp32 state: our AdamW from the last healthy state (`adamw_row`): an 8-bit AdamW's moments dequantised.
+- AdamW in fp32 state: our AdamW from the last healthy state (`adamw_row`): an 8-bit AdamW's moments dequantised;
+- bf16 matmuls, underflowing layers in bf16: an fp8 run without fp8, and with the layers whose fp8 operands
+  underflowed kept in bf16 (`fp8_rows`).
 
 Each row runs from the last healthy step through the step that tripped the verdict and `past` steps more:
 healthy when no verdict comes by then.
@@ -67,6 +69,8 @@ ROWS = (
     "lr/10",
     "update clipping",
     "AdamW in fp32 state",
+    "bf16 matmuls",
+    "underflowing layers in bf16",
 )
 
 
@@ -154,7 +158,34 @@ def plan(record: RunRecord, extreme: list[int]) -> list[Row]:
     else:
         rows.append(Row("update clipping", [], not_applicable="StableAdamW's clipping is our AdamW's"))
     rows.append(adamw_row(run))
+    rows += fp8_rows(record)
     return rows
+
+
+UNDERFLOW_LIMIT = 5.0
+"""An fp8 layer's operand underflow (%) above which its row keeps the layer in bf16: TE AutoswitchGemm's (its MSE
+limit flags the inputs of healthy runs too: docs/fp8.md)."""
+
+
+def fp8_rows(record: RunRecord) -> list[Row]:
+    """An fp8 run's rows: bf16 matmuls everywhere (precision.fp8=null), and its layers whose underflow passed
+    UNDERFLOW_LIMIT (result.json fp8.layers, sweep/run/fp8_evidence.py) kept in bf16 (precision.fp8_keep)."""
+    run = record.run
+    if run.precision.fp8 is None:
+        return []
+    layers = (record.result.get("fp8") or {}).get("layers") or {}
+    under = sorted(
+        n for n, ops in layers.items() if any((s or {}).get("underflow_pct", 0) > UNDERFLOW_LIMIT for s in ops.values())
+    )
+    keep = [*run.precision.fp8_keep, *under]
+    return [
+        Row("bf16 matmuls", ["precision.fp8=null"]),
+        Row("underflowing layers in bf16", [f"precision.fp8_keep=[{','.join(keep)}]"])
+        if under
+        else Row(
+            "underflowing layers in bf16", [], not_applicable=f"no fp8 operand underflowed over {UNDERFLOW_LIMIT:g}%"
+        ),
+    ]
 
 
 def adamw_row(run: RunConfig) -> Row:

@@ -175,8 +175,10 @@ def diagnose(
         from sweep.diagnose.bisect import bisect_fp32
 
         bisection = bisect_fp32(record, scratch / "bisect", progress)
-    fp32_set = (bisection or {}).get("minimal")
+    fp32_set = (bisection or {}).get("minimal") if (bisection or {}).get("high", "fp32") == "fp32" else None
     tries = candidates(record, mechanism.name, mechanism.evidence, table, bad, fp32_set)
+    if (bisection or {}).get("high") == "bf16" and bisection.get("minimal"):  # an fp8 run: modules out of fp8
+        tries.insert(0, bisection["fix"])
     confirmed = confirm(record, tries, scratch, progress) if fix and tries else None
     if (settled := step_size_proven(record, mechanism, table, confirmed)) is not None:
         mechanism, agrees, why = settled

@@ -56,5 +56,7 @@ def as_number(v) -> float:
 
 
 def computes_in_fp32(run: RunConfig) -> bool:
-    """fp32 weights and no autocast: the run has no lower precision to take away (no fp32 row, no bisection)."""
-    return run.precision.param_dtype.value == "float32" and run.precision.autocast_dtype is None
+    """fp32 weights, no autocast, no fp8 matmuls: the run has no lower precision to take away (no fp32 row, no
+    bisection)."""
+    p = run.precision
+    return p.param_dtype.value == "float32" and p.autocast_dtype is None and p.fp8 is None
