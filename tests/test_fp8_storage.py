@@ -183,8 +183,8 @@ def test_every_frozen_linear_is_stored_or_kept_and_the_bytes_shrink(pretrained, 
     frozen = {n for n, m in modules.items() if isinstance(m, torch.nn.Linear) and not m.weight.requires_grad}
     assert set(rec["stored"]) | set(rec["kept"]) == frozen and not set(rec["stored"]) & set(rec["kept"])
     assert set(rec["error"]) == set(rec["stored"])
-    assert rec["kept"]["final_layer.linear"] == "final_layer*"
-    assert rec["kept"]["blocks.0.adaLN_modulation.1"] == "*adaLN*" and rec["kept"]["t_embedder.mlp.0"] == "t_embedder*"
+    assert rec["kept"]["final_layer.linear"] == "*final_layer*"
+    assert rec["kept"]["blocks.0.adaLN_modulation.1"] == "*adaLN*" and rec["kept"]["t_embedder.mlp.0"] == "*t_embedder*"
     assert {"blocks.0.attn.qkv.base_layer", "blocks.0.attn.proj.base_layer", "blocks.0.mlp.fc1"} <= set(rec["stored"])
     for name in rec["stored"]:
         assert modules[name].weight.dtype == E4M3 and modules[name].weight.element_size() == 1
@@ -197,6 +197,20 @@ def test_every_frozen_linear_is_stored_or_kept_and_the_bytes_shrink(pretrained, 
     adapters = [n for n, p in parts.model.named_parameters() if p.requires_grad]
     assert adapters and all(is_adapter(n) for n in adapters)
     assert all(p.dtype == torch.float32 for p in parts.model.parameters() if p.requires_grad)
+
+
+def test_a_diffusers_models_sensitive_linears_are_kept_by_the_default_globs():
+    """CogVideoX's names sit under `transformer.`: its final projection, time embedding and adaLN linears (in its
+    norm modules) keep the param dtype; the attention projections under LoRA and the feed-forward are stored."""
+    run = make_run(*LORA, "model=cogvideox_tiny", "finetune.base_dtype=fp8_e4m3")
+    rec = build_parts(run, torch.device("cpu"), PrecisionPolicy.from_config(run.precision)).base_storage
+    assert rec["kept"]["transformer.proj_out"] == "*proj_out*"
+    assert rec["kept"]["transformer.time_embedding.linear_1"] == "*time_embed*"
+    assert rec["kept"]["transformer.transformer_blocks.0.norm1.linear"] == "*norm*"
+    assert {
+        "transformer.transformer_blocks.0.attn1.to_q.base_layer",
+        "transformer.transformer_blocks.0.ff.net.2",
+    } <= set(rec["stored"])
 
 
 def test_a_lora_run_on_an_fp8_block_base_trains_its_adapters_and_saves_fp8(pretrained, tmp_path):
