@@ -252,3 +252,28 @@ def test_bf16_storage_under_bf16_amp_trains_as_the_unstored_run(pretrained, tmp_
     r = execute(lora_run(pretrained, *amp, "finetune.base_dtype=bf16"), tmp_path / "bf16", {})
     assert r.base_storage["bytes"]["after"] < r.base_storage["bytes"]["before"]
     assert losses(tmp_path / "bf16") == losses(tmp_path / "plain")
+
+
+def test_the_diagnosis_of_an_fp8_base_run_asks_for_bf16_storage_from_the_start(pretrained):
+    """The counterfactual row 'bf16 storage' (sweep/diagnose/counterfactual.py): the replayed state holds the fp8
+    bytes, so the row trains from step 0 with the base in bf16, whatever checkpoint the other rows resume."""
+    from sweep.diagnose.counterfactual import FP8_BASE_ROW, plan
+    from sweep.diagnose.signals import RunRecord
+    from sweep.diagnose.trials import with_overrides
+
+    from .conftest import compose_cfg
+
+    def rows(*overrides: str):
+        config = compose_cfg([*LORA, f"model.init_from={pretrained}", *overrides])
+        run = make_run(*LORA, f"model.init_from={pretrained}", *overrides)
+        return config, {r.name: r for r in plan(RunRecord(Path("."), {}, [], config, run), [])}
+
+    config, table = rows("finetune.base_dtype=fp8_e4m3_block")
+    row = table[FP8_BASE_ROW]
+    assert row.not_applicable is None
+    run = with_overrides(config, ["checkpoint.resume_from=/somewhere/step_000010", *row.overrides])
+    assert run.finetune.base_dtype is BaseDtype.bf16 and run.checkpoint.resume_from is None
+    assert run.model.init_from == str(pretrained)
+    assert FP8_BASE_ROW not in rows("finetune.base_dtype=bf16")[1] and FP8_BASE_ROW not in rows()[1]
+    resumed = rows("finetune.base_dtype=fp8_e5m2", f"checkpoint.resume_from={pretrained}")[1][FP8_BASE_ROW]
+    assert "no unquantised copy" in resumed.not_applicable

@@ -28,6 +28,10 @@ The rows:
   table's last step);
 - lr/10: the lr schedule divided by 10 from the last healthy step on;
 - update clipping: StableAdamW's update clipping (optim.update_clip=1).
+- bf16 storage (only for a run whose frozen base is stored in fp8, finetune.base_dtype=fp8_*): the base stored in
+  bf16 instead, **from the run's start** (model.init_from's weights): the state at the last healthy step holds the
+  base's fp8 bytes, whose error no later change of storage undoes. Not applicable when the run itself resumed a
+  checkpoint (there is no unquantised copy of its base to start from).
 
 Each row runs from the last healthy step through the step that tripped the verdict and `past` steps more:
 healthy when no verdict comes by then.
@@ -42,7 +46,7 @@ from typing import Callable
 
 import torch
 
-from sweep.config import RunConfig, Verdict
+from sweep.config import BaseDtype, RunConfig, Verdict
 from sweep.data.checks import check_sample
 from sweep.diagnose.record import RunRecord, read_metrics
 from sweep.diagnose.signals import computes_in_fp32
@@ -58,6 +62,8 @@ OUTLIER = 4.0
 """A clean sample is extreme when its largest |x| is this many times the dataset's median one."""
 
 ROWS = ("same config", "fp32", "reference kernels", "without extreme samples", "lr/10", "update clipping")
+FP8_BASE_ROW = "bf16 storage"
+"""The row a run with an fp8-stored base adds (after ROWS, which every run has)."""
 
 
 @dataclass
@@ -141,7 +147,20 @@ def plan(record: RunRecord, extreme: list[int]) -> list[Row]:
         )
     else:
         rows.append(Row("update clipping", ["optim.update_clip=1.0"]))
+    if run.finetune.base_dtype not in (None, BaseDtype.bf16):
+        rows.append(storage_row(run))
     return rows
+
+
+def storage_row(run: RunConfig) -> Row:
+    """bf16 storage of the frozen base, from the run's start (the later overrides win over the replay's resume)."""
+    if run.checkpoint.resume_from:
+        return Row(
+            FP8_BASE_ROW,
+            [],
+            not_applicable="the run resumed a checkpoint of its fp8 base: no unquantised copy of it to start from",
+        )
+    return Row(FP8_BASE_ROW, ["finetune.base_dtype=bf16", "checkpoint.resume_from=null"])
 
 
 def extreme_samples(run: RunConfig, steps: range) -> tuple[list[int], list[int]]:
