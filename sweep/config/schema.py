@@ -54,13 +54,13 @@ def require(ok: bool, key: str, message: str) -> None:
 
 
 HIGH_PRECISION_GLOBS = (
-    "t_embedder*",
+    "*t_embedder*",
     "*time_embed*",
     "*timestep*",
     "*adaLN*",
     "*norm*",
-    "final_layer*",
-    "proj_out*",
+    "*final_layer*",
+    "*proj_out*",  # a leading * also for the top-level names: a diffusers model's are under `transformer.`
 )
 """Modules production fp8 recipes keep in high precision (finetrainers' layerwise upcasting, torchao's and TE's
 DiT recipes): the timestep embedder, the adaLN / modulation linears, norms and the final projection, in the

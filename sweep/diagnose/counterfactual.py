@@ -30,7 +30,11 @@ The rows:
 - update clipping: StableAdamW's update clipping (optim.update_clip=1), for our AdamW;
 - AdamW in fp32 state: our AdamW from the last healthy state (`adamw_row`): an 8-bit AdamW's moments dequantised;
 - bf16 matmuls, underflowing layers in bf16: an fp8 run without fp8, and with the layers whose fp8 operands
-  underflowed kept in bf16 (`fp8_rows`).
+  underflowed kept in bf16 (`fp8_rows`, fp8 runs only);
+- bf16 storage (only for a run whose frozen base is stored in fp8, finetune.base_dtype=fp8_*): the base stored in
+  bf16 instead, **from the run's start** (model.init_from's weights): the state at the last healthy step holds the
+  base's fp8 bytes, whose error no later change of storage undoes. Not applicable when the run itself resumed a
+  checkpoint (there is no unquantised copy of its base to start from).
 
 Each row runs from the last healthy step through the step that tripped the verdict and `past` steps more:
 healthy when no verdict comes by then.
@@ -45,7 +49,7 @@ from typing import Callable
 
 import torch
 
-from sweep.config import OptimName, RunConfig, Verdict
+from sweep.config import BaseDtype, OptimName, RunConfig, Verdict
 from sweep.config.enums import lr_meaning
 from sweep.data.checks import check_sample
 from sweep.diagnose.record import RunRecord, read_metrics
@@ -69,9 +73,12 @@ ROWS = (
     "lr/10",
     "update clipping",
     "AdamW in fp32 state",
-    "bf16 matmuls",
-    "underflowing layers in bf16",
 )
+"""The rows every run's table has (a row that does not apply says why)."""
+FP8_ROWS = ("bf16 matmuls", "underflowing layers in bf16")
+"""The rows an fp8 run adds (precision.fp8, `fp8_rows`)."""
+FP8_BASE_ROW = "bf16 storage"
+"""The row a run with an fp8-stored base adds (after ROWS, which every run has)."""
 
 
 @dataclass
@@ -159,6 +166,8 @@ def plan(record: RunRecord, extreme: list[int]) -> list[Row]:
         rows.append(Row("update clipping", [], not_applicable="StableAdamW's clipping is our AdamW's"))
     rows.append(adamw_row(run))
     rows += fp8_rows(record)
+    if run.finetune.base_dtype not in (None, BaseDtype.bf16):
+        rows.append(storage_row(run))
     return rows
 
 
@@ -205,6 +214,17 @@ def adamw_row(run: RunConfig) -> Row:
         [],
         not_applicable=f"optim={name.value}'s lr {lr_meaning(name.value)}: no like-for-like AdamW from its state",
     )
+
+
+def storage_row(run: RunConfig) -> Row:
+    """bf16 storage of the frozen base, from the run's start (the later overrides win over the replay's resume)."""
+    if run.checkpoint.resume_from:
+        return Row(
+            FP8_BASE_ROW,
+            [],
+            not_applicable="the run resumed a checkpoint of its fp8 base: no unquantised copy of it to start from",
+        )
+    return Row(FP8_BASE_ROW, ["finetune.base_dtype=bf16", "checkpoint.resume_from=null"])
 
 
 def extreme_samples(run: RunConfig, steps: range) -> tuple[list[int], list[int]]:

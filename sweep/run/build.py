@@ -29,7 +29,7 @@ from sweep.data.checks import DataError, check_sample
 from sweep.data.folder import FolderClips, FolderSplit, HeldOutFiles, read_held_out
 from sweep.data.split import describe, how_many
 from sweep.data.synthetic import Fault, SyntheticClips
-from sweep.run import checkpoint, fp8, fp32_modules
+from sweep.run import checkpoint, fp8, fp8_storage, fp32_modules
 from sweep.run.adamw import DeviceAdamW
 from sweep.run.diffusion import DiffusionObjective
 from sweep.run.finetune import apply_finetune, param_groups
@@ -158,6 +158,7 @@ def build_parts(run: RunConfig, device: torch.device, policy: PrecisionPolicy, s
     model = apply_finetune(run, model, policy.param_dtype)  # after init_from: adapters on the loaded base
     if run.finetune.method is not FinetuneMethod.none:  # LoRA cast the whole model and swapped modules in
         fp32_modules.apply(model, run.precision.fp32_modules, policy.param_dtype, policy.compute_dtype)
+    base_storage = fp8_storage.apply(model, run.finetune.base_dtype, run.finetune.base_keep)  # the frozen base's bits
     # fp8 matmuls (precision.fp8): torchao's Float8Linear swapped in on the final model, before the optimizer
     fp8_record = fp8.convert(model, run.precision, device) if run.precision.fp8 is not None else None
     if not any(p.requires_grad for p in model.parameters()):  # AdamW's "empty parameter list", said plainly
@@ -224,6 +225,7 @@ def build_parts(run: RunConfig, device: torch.device, policy: PrecisionPolicy, s
         monitor=monitor,
         loaded=resume_from or init_from,
         fp8=fp8_record,
+        base_storage=base_storage,
         held_out=held_out,
     )
     if resume_from:

@@ -130,6 +130,7 @@ def _scan(file: str, tensors: dict[str, torch.Tensor], weights: bool) -> None:
     for name, t in tensors.items():
         if not t.is_floating_point():
             continue
+        t = t.float() if t.element_size() == 1 else t  # fp8 (finetune.base_dtype): torch has no isfinite/max for it
         if not bool(torch.isfinite(t).all()):
             bad = int((~torch.isfinite(t)).sum())
             raise CorruptCheckpoint(file, name, f"tensor {name} holds {bad} non-finite value(s)")
