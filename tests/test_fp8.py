@@ -51,7 +51,7 @@ def test_the_default_keep_list_converts_the_block_matmuls_and_records_every_line
     assert rec["recipe"] == "tensorwise" and rec["emulated"] is True
     assert rec["converted"] == [f"blocks.{i}.{n}" for i in range(4) for n in BLOCK]
     assert rec["refused"] == {"final_layer.linear": "128 -> 12: out_features not a multiple of 16"}
-    assert rec["kept_high"]["t_embedder.mlp.0"] == "t_embedder*"
+    assert rec["kept_high"]["t_embedder.mlp.0"] == "*t_embedder*"
     assert rec["kept_high"]["blocks.2.adaLN_modulation.1"] == "*adaLN*"
     assert rec["fp32_modules"] == []
     linears = [n for n, m in parts.model.named_modules() if isinstance(m, torch.nn.Linear)]

@@ -277,3 +277,8 @@ def test_the_diagnosis_of_an_fp8_base_run_asks_for_bf16_storage_from_the_start(p
     assert FP8_BASE_ROW not in rows("finetune.base_dtype=bf16")[1] and FP8_BASE_ROW not in rows()[1]
     resumed = rows("finetune.base_dtype=fp8_e5m2", f"checkpoint.resume_from={pretrained}")[1][FP8_BASE_ROW]
     assert "no unquantised copy" in resumed.not_applicable
+
+
+def test_an_fp8_base_with_fp8_matmuls_is_one_line():
+    with pytest.raises(Exception, match="finetune.base_dtype: .* not supported together"):
+        make_run("precision=fp8_tensorwise", "finetune=lora", "finetune.base_dtype=fp8_e4m3")

@@ -359,6 +359,12 @@ def _check_finetune(run: RunConfig) -> None:
             "stores a frozen base: needs finetune=lora with finetune.train_base=false",
         )
         require(not run.compile, "finetune.base_dtype", "upcasts in eager hooks; compile=true is not supported with it")
+        require(
+            run.precision.fp8 is None,
+            "finetune.base_dtype",
+            f"stores the frozen base for bf16/fp32 matmuls; precision={run.precision.name}'s fp8 matmuls would"
+            " quantise it again (not supported together: pick one)",
+        )
     _check_globs(f.base_keep, "finetune.base_keep")
 
 
