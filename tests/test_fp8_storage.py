@@ -280,5 +280,5 @@ def test_the_diagnosis_of_an_fp8_base_run_asks_for_bf16_storage_from_the_start(p
 
 
 def test_an_fp8_base_with_fp8_matmuls_is_one_line():
-    with pytest.raises(Exception, match="finetune.base_dtype: .* not supported together"):
+    with pytest.raises(Exception, match=r"finetune.base_dtype: .* \(not supported together"):
         make_run("precision=fp8_tensorwise", "finetune=lora", "finetune.base_dtype=fp8_e4m3")
