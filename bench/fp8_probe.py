@@ -38,6 +38,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from models import build_model
 from sweep.data.synthetic import SyntheticClips
 from sweep.run.diffusion import DiffusionObjective
+from sweep.run.fp8 import cast_like_cpu_autocast  # the hook the runs use
 
 RECIPES = ("tensorwise", "rowwise", "rowwise_with_gw_hp")
 SHAPE = dict(input_size=8, in_channels=3)
@@ -91,12 +92,6 @@ def to_fp8(model: nn.Module, recipe: str, filt: Callable | None = fp8_eligible, 
         for name in fp8_names(converted):
             converted.get_submodule(name).register_forward_pre_hook(cast_like_cpu_autocast)
     return converted
-
-
-def cast_like_cpu_autocast(module: nn.Module, args: tuple) -> tuple | None:
-    if torch.is_autocast_enabled("cpu"):
-        return (args[0].to(torch.get_autocast_dtype("cpu")), *args[1:])
-    return None
 
 
 def fp8_names(model: nn.Module) -> list[str]:

@@ -151,7 +151,7 @@ def convert(model: nn.Module, precision: PrecisionConfig, device: torch.device) 
     )
     if device.type == "cpu":  # Float8Linear casts its input only under CUDA autocast (module docstring)
         for name in chosen.converted:
-            model.get_submodule(name).register_forward_pre_hook(_cast_like_cpu_autocast)
+            model.get_submodule(name).register_forward_pre_hook(cast_like_cpu_autocast)
     record.update(dataclasses.asdict(chosen))
     if not chosen.converted:
         say_once(
@@ -168,7 +168,9 @@ def convert(model: nn.Module, precision: PrecisionConfig, device: torch.device) 
     return record
 
 
-def _cast_like_cpu_autocast(module: nn.Module, args: tuple) -> tuple | None:
+def cast_like_cpu_autocast(module: nn.Module, args: tuple) -> tuple | None:
+    """A Float8Linear's forward pre-hook: its input cast to the CPU autocast dtype, the cast torchao repeats only
+    under CUDA autocast (module docstring)."""
     if torch.is_autocast_enabled("cpu"):
         return (args[0].to(torch.get_autocast_dtype("cpu")), *args[1:])
     return None
