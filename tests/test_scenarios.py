@@ -75,6 +75,7 @@ def test_the_library_covers_every_known_case():
         "qk_norm_logit_growth",
         "opendit_fused_modulate_fp16",
         "adamw_beta2_loss_spike",
+        "prodigy_safeguard_warmup",
     } <= set(SCENARIOS)
     docs = (REPO / "docs" / "scenarios.md").read_text()
     assert all(f"+scenario={name}" in docs for name in SCENARIOS)
@@ -96,6 +97,8 @@ def test_scenario_reproduces_and_its_fix_is_stable(name, tmp_path, capsys):
     # for a long run, the first bad step within CHAOTIC_WINDOW (sweep/run/gemm.py says why).
     native = json.loads((REPO / "tests" / "data" / "native_verdicts.json").read_text())[f"scenario {name}"]
     here = cpu_cells(tmp_path)
+    if name in STATUS_ONLY:
+        native, here = ({cell: [o[0], None, None] for cell, o in cells.items()} for cells in (native, here))
     assert verdict_differences(native, here, across_machines=True) == []
     if uses_native_low_precision_gemms(tmp_path):  # this CPU ran bf16/fp16 natively: emulate them here too
         emulated = tmp_path.with_name(f"{tmp_path.name}-emulated")  # beside the sweep: inside, it is refused
@@ -107,6 +110,12 @@ def test_scenario_reproduces_and_its_fix_is_stable(name, tmp_path, capsys):
         spiked = [r["cause"]["detail"] for r in read_results(tmp_path) if r["status"] == "diverged"]
         assert spiked and all("AdamW's second moment lagged" in d for d in spiked)
 
+
+STATUS_ONLY = {
+    "prodigy_safeguard_warmup": "its failing run ends loss_spike or no_progress, at a step that moves, by seed (4 of "
+    "4 seeds diverge, 4 of 4 are stable with the fix: docs/scenarios.md): the status is what reproduces",
+}
+"""Scenarios held to the record's status per cell, not its verdict and step (why, per scenario)."""
 
 DIAGNOSED = {
     # scenario: (the diverged runs' mechanism, the fix a run from step 0 must confirm, or None for none)

@@ -72,6 +72,10 @@ def candidates(
         # lr/10 moved the bad steps later without clearing them: the step size is in it, and a run at lr/100
         # says whether it is all of it (diagnosis.py names it lr_too_high only if that run is stable)
         out.append([f"optim.lr={_round(run.optim.lr / 100)!r}"])
+    o = run.optim
+    if o.name.value == "prodigy" and o.warmup_steps and not o.safeguard_warmup and mechanism != "bad_input":
+        # Prodigy's estimate of its step size overshoots during warmup (docs/scenarios.md, prodigy_safeguard_warmup)
+        out.insert(0, ["optim.safeguard_warmup=true"])
     if mechanism in ("corrupt_checkpoint", "unexplained", "nondeterministic"):
         return [c for c in out if c]
     # what the counterfactuals showed to work, after the mechanism's own fix
