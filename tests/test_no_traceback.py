@@ -9,6 +9,7 @@ import json
 import pytest
 
 from sweep.config import ConfigError, check_inputs
+from sweep.diagnose.counterfactual import ROWS
 
 from .conftest import make_run
 
@@ -56,7 +57,7 @@ def test_a_run_refused_at_the_load_of_its_checkpoint_is_diagnosed_without_a_run(
     d = json.loads((first.parent / "diagnosis.json").read_text())  # the sweep's own diagnosis
     assert d["mechanism"] == "corrupt_checkpoint" and d["agrees"] and "good copy of the file" in d["known_fix"]
     rows = d["counterfactuals"]["rows"]
-    assert len(rows) == 6 and all(r["outcome"] is None and r["not_applicable"] for r in rows)
+    assert len(rows) == len(ROWS) and all(r["outcome"] is None and r["not_applicable"] for r in rows)
     assert not (first.parent / "diagnosis").exists()  # no replay, no row, no fix ran
     capsys.readouterr()
     assert main([str(second.parent)]) == 0
