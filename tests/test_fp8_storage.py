@@ -282,3 +282,20 @@ def test_the_diagnosis_of_an_fp8_base_run_asks_for_bf16_storage_from_the_start(p
 def test_an_fp8_base_with_fp8_matmuls_is_one_line():
     with pytest.raises(Exception, match=r"finetune.base_dtype: .* \(not supported together"):
         make_run("precision=fp8_tensorwise", "finetune=lora", "finetune.base_dtype=fp8_e4m3")
+
+
+def test_a_checkpoint_of_an_fp8_base_resumes_only_into_the_same_storage(pretrained, tmp_path):
+    """finetune.base_dtype is a RESUME_KEYS key: the saved base is fp8 with scales, which another storage cannot
+    read; refused in one line before any run, not at the load."""
+    from omegaconf import OmegaConf
+
+    from sweep.config import check_inputs
+
+    run = lora_run(pretrained, "steps=2", "checkpoint.every=2", "finetune.base_dtype=fp8_e4m3")
+    execute(run, tmp_path, {})
+    (tmp_path / ".hydra").mkdir()
+    OmegaConf.save(OmegaConf.structured(run), tmp_path / ".hydra" / "config.yaml")
+    ckpt = tmp_path / "checkpoints" / "step_000002"
+    with pytest.raises(Exception, match="finetune.base_dtype=fp8_e4m3 there, null here"):
+        check_inputs(lora_run(pretrained, "steps=4", f"checkpoint.resume_from={ckpt}"))
+    check_inputs(lora_run(pretrained, "steps=4", "finetune.base_dtype=fp8_e4m3", f"checkpoint.resume_from={ckpt}"))

@@ -143,6 +143,7 @@ def test_health_finds_a_zeroed_second_moment_and_a_nonfinite_block():
         (["optim=adamw_8bit", "monitor.sync_every=4"], "monitor.sync_every: optim=adamw_8bit runs eagerly"),
         (["optim=prodigy", "optim.d_coef=0"], "optim.d_coef"),
         (["optim.name=sgd"], "sgd"),
+        (["optim=prodigy", "finetune=lora", "optim.lora_lr=0.5"], "optim.lora_lr: optim=prodigy takes one lr"),
     ],
 )
 def test_bad_optimizer_settings_are_one_line(overrides, key):

@@ -68,6 +68,7 @@ RESUME_KEYS = (
     "finetune.method",
     "finetune.rank",
     "finetune.target_modules",
+    "finetune.base_dtype",  # the base's stored weights (fp8 with scales, or bf16): sweep/run/fp8_storage.py
 )
 """What the saved weights and optimizer state depend on: a checkpoint is resumed only into the same."""
 

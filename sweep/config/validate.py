@@ -333,6 +333,12 @@ def _check_optim(run: RunConfig) -> None:
         f"got {run.monitor.sync_every}",
     )
     require(
+        o.name is not OptimName.prodigy or o.lora_lr in (None, o.lr),
+        "optim.lora_lr",
+        f"optim=prodigy takes one lr for every parameter group (prodigyopt refuses others): leave it null or "
+        f"{o.lr}, got {o.lora_lr}",
+    )
+    require(
         o.name is OptimName.adamw or run.model.param is not Param.mup,
         "optim.name",
         f"model.param=mup sets AdamW's per-group lr; optim={name} is not supported with it",
