@@ -276,6 +276,8 @@ def check_run_dir(config: DictConfig) -> None:
     saved = run_dir / ".hydra" / "config.yaml"
     if not saved.is_file():
         return
+    if not any((run_dir / name).exists() for name in ("result.json", "metrics.csv", "checkpoints")):
+        return  # Hydra wrote .hydra/ for a run refused at composition (a config error): nothing of it to overwrite
     try:
         loaded = OmegaConf.load(saved)
         theirs = run_identity(loaded) if isinstance(loaded, DictConfig) else None

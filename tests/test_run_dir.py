@@ -43,6 +43,15 @@ def test_a_run_dir_holding_a_run_of_another_config_is_refused_and_the_same_confi
         check_run_dir(hydra_cfg("steps=2", "optim.lr=3e-2", "ledger.enabled=false", f"hydra.run.dir={run_dir}"))
 
 
+def test_a_run_refused_at_composition_leaves_its_dir_to_the_corrected_run(tmp_path):
+    """Hydra writes .hydra/ before the run's own config check; a run refused there (a typo'd value) trained nothing,
+    so the corrected command into the same hydra.run.dir runs (it was refused as "a run of another config")."""
+    run_dir = tmp_path / "run"
+    bad = run_cli(*RUN, "steps=2", "optim.lr=-1", "ledger.enabled=false", f"hydra.run.dir={run_dir}", cwd=tmp_path)
+    assert bad.returncode == 2 and (run_dir / ".hydra" / "config.yaml").is_file(), bad.stderr[-2000:]
+    check_run_dir(hydra_cfg("steps=2", "optim.lr=1e-3", "ledger.enabled=false", f"hydra.run.dir={run_dir}"))
+
+
 @pytest.mark.parametrize("mark", ["multirun.yaml", ".sweep.lock", "0/.hydra/overrides.yaml"])
 def test_a_sweep_root_is_refused_as_a_run_dir(tmp_path, mark):
     sweep_dir = tmp_path / "s"
