@@ -12,6 +12,8 @@ same dtype, granularity, axis and power-of-2 rounding):
   `add_underflows_stats`, and AutoswitchGemm._compute_metrics);
 - `mse`: TE's `mse`, mean((x - dequantize(quantize(x)))^2), an absolute error: e4m3's 3-bit mantissa alone gives an
   operand of RMS ~1 an MSE of ~1e-3, so TE's 1e-4 flags the inputs of a healthy run too (docs/fp8.md).
+- `output` (per layer): the layer's fp8 output against the same linear in the compute dtype (bf16) on the same input:
+  `mse` and `rel` (relative L2), the error of the whole fp8 GEMM as the issue asks ("MSE against the bf16 result").
 A layer is `flagged` when an operand passes TE AutoswitchGemm's thresholds (underflow > 5 %, MSE > 1e-4), the
 ones at which TE moves that GEMM back to high precision.
 
@@ -62,12 +64,14 @@ def measure(run: RunConfig, parts: RunParts, step: int) -> dict:
             return {"evidence_error": tensors}
         layers = {}
         for name in names:
-            module = parts.model.get_submodule(name)
-            layers[name] = {op: operand_stats(module, op, t) for op, t in tensors[name].items()}
+            module, seen = parts.model.get_submodule(name), tensors[name]
+            layers[name] = {op: operand_stats(module, op, seen[op]) for op in OPERANDS if op in seen}
+            if "output" in seen:
+                layers[name]["output"] = output_error(module, seen["input"], seen["output"], parts.policy.compute_dtype)
     except Exception as e:  # noqa: BLE001 - evidence must not turn a finished run into an error
         log.warning("fp8 evidence not measured: %s: %s", type(e).__name__, e)
         return {"evidence_error": f"{type(e).__name__}: {e}"}
-    ranked = sorted(layers, key=lambda n: -max(s["underflow_pct"] for s in layers[n].values()))
+    ranked = sorted(layers, key=lambda n: -max(layers[n][op]["underflow_pct"] for op in OPERANDS if op in layers[n]))
     flagged = {n: why for n in ranked if (why := over_limits(layers[n]))}
     return {
         "evidence_step": step,
@@ -104,7 +108,7 @@ def _one_step(run: RunConfig, parts: RunParts, step: int, names: list[str]) -> d
             h.remove()
     for name in names:
         seen[name]["weight"] = model.get_submodule(name).weight.detach()
-    return {n: {op: seen[n][op] for op in OPERANDS if op in seen[n]} for n in names}
+    return {n: {op: seen[n][op] for op in (*OPERANDS, "output") if op in seen[n]} for n in names}
 
 
 def _keep_input(into: dict):
@@ -119,6 +123,7 @@ def _keep_grad_output(into: dict):
         into.setdefault("grad_output", grad.detach())
 
     def hook(module, args, output):
+        into.setdefault("output", output.detach())
         if output.requires_grad:
             output.register_hook(keep)
 
@@ -160,10 +165,23 @@ def operand_stats(module: nn.Module, operand: str, x: torch.Tensor) -> dict:
         }
 
 
+def output_error(module: nn.Module, x: torch.Tensor, y: torch.Tensor, dtype: torch.dtype) -> dict:
+    """The layer's fp8 output `y` against the same layer in the compute dtype (bf16 under bf16 autocast) on the same
+    input `x`: `mse` = mean((y - y_ref)^2) and `rel` = ||y - y_ref|| / ||y_ref||, in fp32. The quantisation error
+    of the whole GEMM (its two operands and the rescale), where `mse` of an operand is one side's."""
+    with torch.no_grad():
+        bias = None if module.bias is None else module.bias.to(dtype)
+        ref = torch.nn.functional.linear(x.to(dtype), module.weight.to(dtype), bias).float()
+        diff = y.float() - ref
+        norm = float(ref.norm())
+        return {"mse": _short(diff.pow(2).mean()), "rel": _short(float(diff.norm()) / norm) if norm else None}
+
+
 def over_limits(stats: dict[str, dict]) -> str | None:
-    """'grad_output underflow 7.2% > 5%; input MSE 2.1e-04 > 1e-04', or None within TE AutoswitchGemm's limits."""
+    """'grad_output underflow 7.2% > 5%; input MSE 2.1e-04 > 1e-04', or None within TE AutoswitchGemm's limits (the
+    operands': the `output` error is no TE threshold)."""
     found = []
-    for op, s in stats.items():
+    for op, s in ((op, stats[op]) for op in OPERANDS if op in stats):
         if s["underflow_pct"] > UNDERFLOW_LIMIT:
             found.append(f"{op} underflow {s['underflow_pct']:.3g}% > {UNDERFLOW_LIMIT:g}%")
         if s["mse"] > MSE_LIMIT:
