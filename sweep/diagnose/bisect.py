@@ -104,6 +104,12 @@ def flop_shares(record: RunRecord, names: list[str]) -> tuple[dict[str, float], 
     return {n: (flops.get(n, 0) / total if total else 0.0) for n in names}, total
 
 
+def glob_list(key: str, globs: list[str]) -> str:
+    """`key=['*t_embedder*','blocks.1.attn']`: each glob quoted, since a bare leading * is a YAML alias (and Hydra's
+    grammar takes the quotes too, so the override also works on the command line)."""
+    return f"{key}=[{','.join(repr(g) for g in globs)}]"
+
+
 @dataclass(frozen=True)
 class Islands:
     """What a bisection moves to higher precision, and how a set of modules says it as overrides."""
@@ -124,8 +130,7 @@ class Islands:
     def overrides(self, names: list[str]) -> list[str]:
         if self.high == "fp32":
             return [f"precision.fp32_modules=[{','.join(sorted(names))}]"]
-        globs = self.keep + [g for n in sorted(names) for g in (n, f"{n}.*")]
-        return [f"precision.fp8_keep=[{','.join(globs)}]"]
+        return [glob_list("precision.fp8_keep", self.keep + [g for n in sorted(names) for g in (n, f"{n}.*")])]
 
 
 def bisect_fp32(record: RunRecord, scratch: Path, progress: Callable[[str], None] = print) -> dict:

@@ -52,6 +52,7 @@ import torch
 from sweep.config import BaseDtype, OptimName, RunConfig, Verdict
 from sweep.config.enums import lr_meaning
 from sweep.data.checks import check_sample
+from sweep.diagnose.bisect import glob_list
 from sweep.diagnose.record import RunRecord, read_metrics
 from sweep.diagnose.signals import computes_in_fp32
 from sweep.diagnose.trials import Outcome, run_trial, with_overrides
@@ -189,7 +190,7 @@ def fp8_rows(record: RunRecord) -> list[Row]:
     keep = [*run.precision.fp8_keep, *under]
     return [
         Row("bf16 matmuls", ["precision.fp8=null"]),
-        Row("underflowing layers in bf16", [f"precision.fp8_keep=[{','.join(keep)}]"])
+        Row("underflowing layers in bf16", [glob_list("precision.fp8_keep", keep)])
         if under
         else Row(
             "underflowing layers in bf16", [], not_applicable=f"no fp8 operand underflowed over {UNDERFLOW_LIMIT:g}%"

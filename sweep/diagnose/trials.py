@@ -18,6 +18,7 @@ from pathlib import Path
 
 import yaml
 from omegaconf import DictConfig, OmegaConf
+from omegaconf.errors import OmegaConfBaseException
 
 from sweep.config import ConfigError, Progress, RunConfig, to_run_config
 from sweep.diagnose.record import DiagnoseError
@@ -58,7 +59,11 @@ def with_overrides(config: DictConfig, overrides: list[str]) -> RunConfig:
             cfg[key] = OmegaConf.merge(OmegaConf.load(path), {k: v for k, v in kept.items() if v is not None})
         else:
             OmegaConf.update(cfg, key, parse_value(value), merge=False, force_add=True)
-    return to_run_config(OmegaConf.merge(OmegaConf.structured(RunConfig), cfg))
+    try:
+        merged = OmegaConf.merge(OmegaConf.structured(RunConfig), cfg)
+    except OmegaConfBaseException as e:  # a value of the wrong type: one line naming the override, not a traceback
+        raise ConfigError(f"{' '.join(overrides)}: {str(e).splitlines()[0]}") from None
+    return to_run_config(merged)
 
 
 FROM_START_HORIZON = 4
