@@ -151,9 +151,9 @@ def plan(record: RunRecord, extreme: list[int]) -> list[Row]:
             not_applicable=f"no sample of the bad steps stands out (bad values, or {OUTLIER:g}x the median |x|)",
         )
     )
-    lr = [f"optim.lr={run.optim.lr / 10!r}"]
+    lr = [f"optim.lr={_tenth(run.optim.lr)!r}"]  # 0.055, not 0.05500000000000001
     if run.optim.lora_lr is not None:
-        lr.append(f"optim.lora_lr={run.optim.lora_lr / 10!r}")
+        lr.append(f"optim.lora_lr={_tenth(run.optim.lora_lr)!r}")
     rows.append(Row("lr/10", lr))
     if getattr(run.optim, "update_clip", None) is None:
         rows.append(Row("update clipping", [], not_applicable="this version has no optim.update_clip"))
@@ -226,6 +226,11 @@ def storage_row(run: RunConfig) -> Row:
             not_applicable="the run resumed a checkpoint of its fp8 base: no unquantised copy of it to start from",
         )
     return Row(FP8_BASE_ROW, ["finetune.base_dtype=bf16", "checkpoint.resume_from=null"])
+
+
+def _tenth(x: float) -> float:
+    """x / 10 with 6 significant digits, as a command line writes it."""
+    return float(f"{x / 10:.6g}")
 
 
 def extreme_samples(run: RunConfig, steps: range) -> tuple[list[int], list[int]]:
