@@ -563,6 +563,7 @@ def cases() -> list[Case]:
         )
 
     cs += held_out_red_team_cases()  # issue 45, items 1, 3-7 and 10
+    cs += lowprec_cases()  # issue 46: fp8 matmuls, fp8 base storage, the optimizer axis
 
     # Finding (issue 33): config mistakes that surfaced as crashed runs, and a custom model with no size limit.
     import torch
@@ -1570,6 +1571,52 @@ def steps_45() -> list[Case]:
             horizon,
             setup=lambda d: spiked_run(d, steps=100_000),
             timeout=900,
+        )
+    )
+    return cs
+
+
+def lowprec_cases() -> list[Case]:
+    """Issue 46's surfaces: the values a user types for the fp8 and optimizer keys are one line each, and each new
+    axis trains to a verdict, alone, in a grid, from a checkpoint and under the diagnosis."""
+    cs: list[Case] = []
+    for over, key in [
+        ("precision=fp8_tensorwise compile=true", "precision.fp8"),
+        ("precision=fp16_amp precision.fp8=tensorwise", "precision.fp8"),
+        ("precision.fp8=fp4", "precision.fp8"),
+        ("precision=fp8_rowwise precision.fp8_keep=['']", "precision.fp8_keep"),
+        ("finetune.base_dtype=fp8_e4m3", "finetune.base_dtype"),
+        ("finetune=lora finetune.base_dtype=fp8_e4m3 precision=fp8_rowwise", "finetune.base_dtype"),
+        ("finetune=lora finetune.train_base=true finetune.base_dtype=bf16", "finetune.base_dtype"),
+        ("optim.name=came", "optim.betas"),
+        ("optim=came optim.betas=[0.9,0.999,1.5]", "optim.betas"),
+        ("optim=adafactor optim.eps=1e-8", "optim.eps"),
+        ("optim=adamw_8bit optim.min_8bit_size=0", "optim.min_8bit_size"),
+        ("optim=adamw_8bit monitor.sync_every=4", "monitor.sync_every"),
+        ("optim=prodigy optim.update_clip=1", "optim.update_clip"),
+        ("optim=prodigy optim.d_coef=inf", "optim.d_coef"),
+        ("optim=prodigy finetune=lora optim.lora_lr=0.5", "optim.lora_lr"),
+        ("optim=adafactor model.param=mup model.base_width=64", "optim.name"),
+        ("optim.name=sgd", "optim.name"),
+    ]:
+        cs.append(Case(f"46/{over}", sweep(*over.split(), "hydra.run.dir={d}/run"), exit2_naming(key)))
+    trains = ["precision=fp8_rowwise_gw_hp", "optim=adamw_8bit precision=bf16_pure", "optim=came precision=fp16_amp"]
+    for over in trains:
+        run = sweep(*over.split(), "steps=3", "hydra.run.dir={d}/run")
+        cs.append(Case(f"46/{over} trains", run, verdict("stable")))
+    cs.append(
+        Case(
+            "46/grid of fp8 x optimizers, packed launcher",
+            sweep(
+                "-m",
+                "hydra/launcher=packed",
+                "precision=bf16_amp,fp8_tensorwise",
+                "optim=adamw,adamw_8bit,prodigy",
+                "steps=2",
+                "hydra.sweep.dir={d}/s",
+            ),
+            lambda o: None if len(list((o.dir / "s").glob("*/result.json"))) == 6 else "not 6 results",
+            quick=True,
         )
     )
     return cs
