@@ -124,13 +124,20 @@ it only after ~1e9 steps at lr 1e-3, while a flipped top exponent bit turns 0.02
 a non-finite scan does not see. fp16 itself stops at 65504."""
 
 
+def readable(t: torch.Tensor) -> torch.Tensor:
+    """`t` detached, fp8 values through fp32 (an fp8-stored base, sweep/run/fp8_storage.py): torch has no
+    isfinite or max for fp8."""
+    t = t.detach()
+    return t.float() if t.is_floating_point() and t.element_size() == 1 else t
+
+
 def _scan(file: str, tensors: dict[str, torch.Tensor], weights: bool) -> None:
     """Refuse non-finite values in any tensor, and (model `weights`) values beyond IMPLAUSIBLE_WEIGHT: a bare file
     has no manifest, so this is all that can catch a flipped bit in it."""
     for name, t in tensors.items():
         if not t.is_floating_point():
             continue
-        t = t.float() if t.element_size() == 1 else t  # fp8 (finetune.base_dtype): torch has no isfinite/max for it
+        t = readable(t)
         if not bool(torch.isfinite(t).all()):
             bad = int((~torch.isfinite(t)).sum())
             raise CorruptCheckpoint(file, name, f"tensor {name} holds {bad} non-finite value(s)")
@@ -365,7 +372,7 @@ def load_optimizer(parts, optim: dict[str, torch.Tensor], host: dict) -> None:
     for key, tensor in optim.items():
         name, _, k = key.rpartition(".")
         by_param.setdefault(name, {})[k] = tensor
-    index = {p: i for i, p in enumerate(p for g in parts.optimizer.param_groups for p in g["params"])}
+    index = {p: i for i, p in enumerate(optimizers.weights(parts.optimizer))}
     for name, p in parts.model.named_parameters():
         saved = by_param.get(name, {})
         if library or not saved:

@@ -43,6 +43,11 @@ def matching(names: Sequence[str], globs: Sequence[str]) -> list[str]:
     return [n for n in hits if not any(n.startswith(h + ".") for h in hits)]
 
 
+def first_match(name: str, globs: Sequence[str]) -> str | None:
+    """The first glob that names `name` (a keep list's record says which kept a module), or None."""
+    return next((g for g in globs if fnmatch.fnmatchcase(name, g)), None)
+
+
 def unmatched(names: Sequence[str], globs: Sequence[str]) -> list[str]:
     """The globs that match no name."""
     return [g for g in globs if not any(n and fnmatch.fnmatchcase(n, g) for n in names)]

@@ -40,7 +40,6 @@ the end of the run by sweep/run/fp8_evidence.py.
 from __future__ import annotations
 
 import dataclasses
-import fnmatch
 import logging
 import sys
 from dataclasses import dataclass, field
@@ -106,7 +105,7 @@ def plan(model: nn.Module, keep: Sequence[str], fp32_globs: Sequence[str]) -> Pl
     for name, module in model.named_modules():
         if not isinstance(module, nn.Linear):
             continue
-        glob = next((g for g in keep if fnmatch.fnmatchcase(name, g)), None)
+        glob = fp32_modules.first_match(name, keep)
         if any(name == m or name.startswith(m + ".") for m in in_fp32):
             out.fp32_modules.append(name)
         elif why := refusal(module):

@@ -51,13 +51,13 @@ precision.fp32_modules', survive), with the same names: `state_dict()` holds `we
 
 from __future__ import annotations
 
-import fnmatch
 from typing import Sequence
 
 import torch
 import torch.nn.functional as F
 
 from sweep.config import BaseDtype
+from sweep.run import fp32_modules
 
 BLOCK = 128
 """Input features per scale in fp8_e4m3_block."""
@@ -199,7 +199,7 @@ def apply(model: torch.nn.Module, base_dtype: BaseDtype | None, keep: Sequence[s
     before = model_bytes(model)
     stored, kept, errors = [], {}, {}
     for name, module in frozen_linears(model):
-        glob = next((g for g in keep if fnmatch.fnmatchcase(name, g)), None)
+        glob = fp32_modules.first_match(name, keep)
         if glob is not None:
             kept[name] = glob
         elif type(module) is not torch.nn.Linear:  # a subclass has its own forward, which a swap would lose

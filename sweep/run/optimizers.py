@@ -131,13 +131,19 @@ GROUP_KEYS = {
 sums): a checkpoint saves and restores them with the per-weight state."""
 
 
+def weights(optimizer) -> list[torch.Tensor]:
+    """Every weight `optimizer` updates, group after group: a weight's index here names it in host_state, health and
+    a checkpoint's host-side record."""
+    return [p for g in optimizer.param_groups for p in g["params"]]
+
+
 def host_state(optimizer) -> dict:
     """What a checkpoint keeps besides the state's tensors (sweep/run/checkpoint.py): per weight index, its
     non-tensor state values (bitsandbytes' and Prodigy's step counts are Python ints); per group, GROUP_KEYS."""
     if not isinstance(optimizer, LibraryOptimizer):
         return {}
     per_weight = {}
-    for i, p in enumerate(p for g in optimizer.param_groups for p in g["params"]):
+    for i, p in enumerate(weights(optimizer)):
         plain = {k: v for k, v in optimizer.state.get(p, {}).items() if not torch.is_tensor(v)}
         if plain:
             per_weight[str(i)] = plain
@@ -150,7 +156,7 @@ def set_host_state(optimizer, saved: dict) -> None:
     """Put back what `host_state` saved (after the state's tensors are in place)."""
     if not isinstance(optimizer, LibraryOptimizer) or not saved:
         return
-    params = [p for g in optimizer.param_groups for p in g["params"]]
+    params = weights(optimizer)
     for i, values in saved.get("weights", {}).items():
         optimizer.state[params[int(i)]].update(values)
     for group, values in zip(optimizer.param_groups, saved.get("groups", [])):
@@ -194,7 +200,7 @@ def describe(o: OptimConfig, optimizer) -> dict:
     }
     if not isinstance(optimizer, LibraryOptimizer):
         # AdamW's two moments are in the weights' dtype by construction (a pack's live in its StackedAdamW)
-        dtypes = [_short(p.dtype) for g in optimizer.param_groups for p in g["params"] for _ in range(2)]
+        dtypes = [_short(p.dtype) for p in weights(optimizer) for _ in range(2)]
         return {**record, "state_dtypes": dict(Counter(dtypes))}
     tensors = [v for s in optimizer.state.values() for v in s.values() if torch.is_tensor(v) and v.dim() > 0]
     record.update(state_dtypes=dict(Counter(_short(v.dtype) for v in tensors)), health=health(optimizer))
@@ -223,9 +229,8 @@ def health(optimizer) -> dict:
       dequantises to exactly 0 while their first moment does not: their next update is m / eps, up to 1e8 x the
       step size. A block's absmax scales its 256 codes, so one large value in a block can quantise the small
       second moments next to it to 0 (the dynamic map's smallest non-zero code is ~1e-7 of the absmax)."""
-    params = [p for g in optimizer.param_groups for p in g["params"]]
     nonfinite, zeroed, total = [], 0, 0
-    for i, p in enumerate(params):
+    for i, p in enumerate(weights(optimizer)):
         state = optimizer.state.get(p, {})
         for k, v in state.items():
             if torch.is_tensor(v) and v.is_floating_point() and not bool(torch.isfinite(v).all()):

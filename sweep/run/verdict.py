@@ -14,7 +14,7 @@ import torch
 from sweep.config import RunConfig, Verdict
 from sweep.data.checks import BatchIssue, check_batch
 from sweep.run.adam_lag import lag_note
-from sweep.run.checkpoint import IMPLAUSIBLE_WEIGHT
+from sweep.run.checkpoint import IMPLAUSIBLE_WEIGHT, readable
 from sweep.run.monitor import Cause, Divergence, DivergenceMonitor
 
 
@@ -121,7 +121,7 @@ def first_implausible(named: Iterable[tuple[str, torch.Tensor]]) -> tuple[str, f
     """The first (name, max |w|) whose finite weights exceed IMPLAUSIBLE_WEIGHT (a flipped exponent bit), in the
     given order."""
     for name, t in named:
-        amax = float(_readable(t).abs().max()) if t.numel() else 0.0
+        amax = float(readable(t).abs().max()) if t.numel() else 0.0
         if IMPLAUSIBLE_WEIGHT < amax < float("inf"):
             return name, amax
     return None
@@ -130,12 +130,6 @@ def first_implausible(named: Iterable[tuple[str, torch.Tensor]]) -> tuple[str, f
 def first_nonfinite(named: Iterable[tuple[str, torch.Tensor]]) -> str | None:
     """The first name whose tensor holds a NaN/Inf, in the given order."""
     for name, t in named:
-        if not bool(torch.isfinite(_readable(t)).all()):
+        if not bool(torch.isfinite(readable(t)).all()):
             return name
     return None
-
-
-def _readable(t: torch.Tensor) -> torch.Tensor:
-    """fp8 weights (an fp8-stored base, sweep/run/fp8_storage.py) through fp32: torch has no isfinite/max for fp8."""
-    t = t.detach()
-    return t.float() if t.is_floating_point() and t.element_size() == 1 else t
