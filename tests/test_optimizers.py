@@ -32,7 +32,7 @@ def test_each_library_optimizer_trains_to_a_verdict_and_is_recorded(tmp_path, na
     assert r.status == "stable", r.reason
     o = r.optimizer
     assert o["name"] == name and o["eager"] is True and o["health"]["nonfinite_count"] == 0
-    assert o["library"].split()[0] == optimizers.LIBRARIES[optimizers.OptimName(name)]
+    assert o["library"].split()[0] == optimizers.OPTIM_LIBRARY[name][0]
     assert sum(o["state_dtypes"].values()) > 0
     if name == "adamw_8bit":  # the block and embedder matrices (>= 4096 values) have 8-bit moments, the rest fp32
         assert o["state_dtypes"]["uint8"] > 0 and o["state_dtypes"]["float32"] > 0
@@ -154,6 +154,17 @@ def test_bad_optimizer_settings_are_one_line(overrides, key):
 def test_a_library_optimizer_is_never_packed():
     assert "runs eagerly" in refusal(make_run("optim=came"))
     assert refusal(make_run("optim=adamw")) is None
+
+
+def test_a_missing_library_is_refused_at_composition_naming_the_extra(monkeypatch):
+    """Before any run (one line, exit 2), as a missing torchao is for fp8: it was a run error in every cell."""
+    import importlib.util
+
+    real = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "prodigyopt" else real(name, *a))
+    with pytest.raises(ConfigError, match=r"optim.name: optim=prodigy needs prodigyopt, which is not installed: pip"):
+        make_run("optim=prodigy")
+    make_run("optim=came")  # the others' packages are there
 
 
 def test_a_missing_library_is_one_line_naming_the_extra(monkeypatch):

@@ -97,6 +97,18 @@ OPTIM_LR_MEANING = {
 tables say it, and do not compare such an lr with AdamW's in grid steps (sweep/report/tables.py)."""
 
 
+OPTIM_LIBRARY = {
+    "adamw_8bit": ("bitsandbytes", "bitsandbytes.optim", "AdamW8bit"),
+    "adafactor": ("torch", "torch.optim", "Adafactor"),
+    "came": ("came-pytorch", "came_pytorch", "CAME"),
+    "prodigy": ("prodigyopt", "prodigyopt", "Prodigy"),
+}
+"""A library optimizer's (package, module, class): what sweep/run/optimizers.py imports, what result.json names
+with its version, and what validation checks is installed."""
+LOWPREC_INSTALL = "pip install 'dit-precision-sweep[lowprec]'"
+"""How to install the fp8 and optimizer libraries (pyproject's lowprec extra)."""
+
+
 def lr_meaning(optim: str) -> str:
     return OPTIM_LR_MEANING.get(str(optim), "the step size")
 

@@ -24,7 +24,17 @@ from typing import Any, Iterator
 
 from omegaconf import DictConfig, OmegaConf, open_dict, read_write
 
-from sweep.config.enums import CpuGemm, DataSource, Dtype, FaultKind, FinetuneMethod, OptimName, Param
+from sweep.config.enums import (
+    LOWPREC_INSTALL,
+    OPTIM_LIBRARY,
+    CpuGemm,
+    DataSource,
+    Dtype,
+    FaultKind,
+    FinetuneMethod,
+    OptimName,
+    Param,
+)
 from sweep.config.model_checks import check_model, check_model_kind
 from sweep.config.schema import (
     ConfigError,
@@ -190,7 +200,7 @@ def _check_precision(run: RunConfig) -> None:
     require(  # fp8 matmuls: torchao, imported only by such runs (sweep/run/fp8.py)
         run.precision.fp8 is None or importlib.util.find_spec("torchao") is not None,
         "precision.fp8",
-        "torchao is not installed: pip install 'dit-precision-sweep[lowprec]' (docs/fp8.md)",
+        f"torchao is not installed: {LOWPREC_INSTALL} (docs/fp8.md)",
     )
     require(
         run.precision.fp8 is None or run.precision.autocast_dtype in (None, Dtype.bfloat16),
@@ -326,6 +336,13 @@ def _check_optim(run: RunConfig) -> None:
     require(o.d0 > 0, "optim.d0", f"must be > 0, got {o.d0}")
     require(o.d_coef > 0, "optim.d_coef", f"must be > 0, got {o.d_coef}")
     require(o.beta2_decay < 0, "optim.beta2_decay", f"must be < 0 (torch's default -0.8), got {o.beta2_decay}")
+    if o.name is not OptimName.adamw:  # its package, imported only by the run (sweep/run/optimizers.py)
+        package, module, _ = OPTIM_LIBRARY[name]
+        require(
+            importlib.util.find_spec(module.partition(".")[0]) is not None,
+            "optim.name",
+            f"optim={name} needs {package}, which is not installed: {LOWPREC_INSTALL} (docs/fp8.md)",
+        )
     require(
         o.name is OptimName.adamw or run.monitor.sync_every == 1,
         "monitor.sync_every",

@@ -49,6 +49,7 @@ import torch
 from torch import nn
 
 from sweep.config import ConfigError, Fp8Recipe, PrecisionConfig, RunConfig
+from sweep.config.enums import LOWPREC_INSTALL
 from sweep.run import fp32_modules
 from sweep.run.once import say_once
 
@@ -64,7 +65,6 @@ RECIPES = {
     Fp8Recipe.rowwise_gw_hp: "rowwise_with_gw_hp",
 }
 """Our recipe names -> torchao's Float8LinearRecipeName values."""
-INSTALL = "pip install 'dit-precision-sweep[lowprec]'"
 
 
 def unsupported_reason(run: RunConfig, device: torch.device) -> str | None:
@@ -138,7 +138,7 @@ def convert(model: nn.Module, precision: PrecisionConfig, device: torch.device) 
     try:
         from torchao.float8 import convert_to_float8_training
     except ImportError as e:
-        raise ConfigError(f"precision.fp8: torchao is not installed ({e}): {INSTALL}") from None
+        raise ConfigError(f"precision.fp8: torchao is not installed ({e}): {LOWPREC_INSTALL}") from None
     chosen = plan(model, precision.fp8_keep, precision.fp32_modules)
     emulate = device.type != "cuda"
     record = {"recipe": precision.fp8.value, "emulated": emulate}

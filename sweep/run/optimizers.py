@@ -36,32 +36,17 @@ from typing import Callable
 import torch
 
 from sweep.config import ConfigError, OptimConfig, OptimName
-from sweep.config.enums import lr_meaning
-
-LIBRARIES = {
-    OptimName.adamw_8bit: "bitsandbytes",
-    OptimName.adafactor: "torch",
-    OptimName.came: "came-pytorch",
-    OptimName.prodigy: "prodigyopt",
-}
-"""The package whose optimizer runs, for each library optimizer (its version goes in result.json)."""
+from sweep.config.enums import LOWPREC_INSTALL, OPTIM_LIBRARY, lr_meaning
 
 
 def _library_class(name: OptimName):
-    """The optimizer class, imported only when a run asks for it (bitsandbytes' import costs ~1 s)."""
-    module, cls = {
-        OptimName.adamw_8bit: ("bitsandbytes.optim", "AdamW8bit"),
-        OptimName.adafactor: ("torch.optim", "Adafactor"),
-        OptimName.came: ("came_pytorch", "CAME"),
-        OptimName.prodigy: ("prodigyopt", "Prodigy"),
-    }[name]
+    """The optimizer class, imported only when a run asks for it (bitsandbytes' import costs ~1 s). Validation
+    checked its package is installed; a failing import still says how to install it."""
+    package, module, cls = OPTIM_LIBRARY[name.value]
     try:
         return getattr(importlib.import_module(module), cls)
     except ImportError as e:
-        raise ConfigError(
-            f"optim={name.value}: needs {LIBRARIES[name]} ({e}); install it with "
-            "pip install 'dit-precision-sweep[lowprec]'"
-        ) from None
+        raise ConfigError(f"optim={name.value}: needs {package} ({e}); install it with {LOWPREC_INSTALL}") from None
 
 
 def library_options(o: OptimConfig) -> dict:
@@ -191,7 +176,7 @@ def adamw_state_from_8bit(saved: dict[str, torch.Tensor], count: int) -> dict[st
 def describe(o: OptimConfig, optimizer) -> dict:
     """result.json's `optimizer`: which ran, where its lr means something else, how it ran, its state's dtypes
     (tensors counted by dtype, over the state's tensors of every weight) and the state's health (`health`)."""
-    library = LIBRARIES.get(o.name)
+    library = OPTIM_LIBRARY.get(o.name.value, (None,))[0]
     record = {
         "name": o.name.value,
         "library": f"{library} {_version(library)}" if library else "sweep (sweep/run/adamw.py)",
