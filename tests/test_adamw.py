@@ -142,7 +142,7 @@ def test_a_packs_update_is_each_runs_own_update_bit_for_bit(dtype):
                 opt.at(step)
                 opt.step()
         packed.at(step)
-        packed.step(stacked, stepping)
+        packed.step(stepping)
         for k, ws in enumerate(alone):
             for i, w in enumerate(ws):
                 assert same_bits(stacked[str(i)][k], w), f"step {step}, run {k}, weight {i}"

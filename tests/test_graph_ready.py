@@ -17,12 +17,12 @@ from torch.utils._python_dispatch import TorchDispatchMode
 
 from sweep.data.batches import load_batch
 from sweep.run.execute import prepare
-from sweep.run.packed import Pack
-from sweep.run.progress import RunProgress
-from sweep.run.results import MetricsLog, RunResult
+from sweep.run.lone import Lone
+from sweep.run.packed import Stacked
+from sweep.run.results import RunResult
 from sweep.run.scaler import DeviceLossScaler
 from sweep.run.step import Row
-from sweep.run.train import Lone
+from sweep.run.window import Snapshot
 
 from .conftest import make_run
 
@@ -76,18 +76,18 @@ def test_a_window_step_reads_nothing_back_to_the_host(tmp_path, name):
     """Batch gather and check, noise, forward, scaled backward, unscale, norm, scaler decision, clipping, AdamW."""
     run = make_run("device=cpu", "threads=1", "steps=4", "monitor.sync_every=4", *STEP_CASES[name])
     parts = prepare(run, tmp_path, RunResult(status="error"))
-    loop = Lone(run, parts, MetricsLog(), RunProgress(4, run.progress, 1))
-    assert loop.batches is not None  # synthetic data on the device
+    loop = Lone([run], [parts], windows=True)
+    assert loop.device_batches is not None  # synthetic data on the device
     parts.optimizer.at(0)  # the clock, set once: the step reads it on the device and moves it on
     for step in range(3):  # step 0 moves the DDPM schedule to the device once (not a sync)
         with HostReads() as reads:
-            row, pred, x0 = loop.device_step(None)  # step 0 creates AdamW's state (zeros on the device)
+            row, pred, batches = loop.device_step([0])  # step 0 creates AdamW's state (zeros on the device)
         assert reads.seen == [] and reads.ops > 500, (reads.seen, reads.ops)
         # No autograd graph outlives the step: a kept one keeps the weights' AccumulateGrad nodes of the stream
         # it ran on, and the capture on a side stream failed on an H200 ("operation failed ... during capture").
         assert pred.grad_fn is None
         assert row.shape == (len(Row) + 1, 1)  # the row and the batch's flag
-        assert torch.equal(x0, load_batch(parts.dataset, parts.order.indices(step)))  # the step the clock said
+        assert torch.equal(batches[0][0], load_batch(parts.dataset, parts.order.indices(step)))  # the clock's step
         assert parts.optimizer.clock.tolist() == [step + 1]
         parts.optimizer.zero_grad(set_to_none=True)
 
@@ -108,16 +108,16 @@ def test_a_pack_step_reads_nothing_back_to_the_host(tmp_path):
         for i, c in enumerate([0.0, 0.05])
     ]
     parts = [prepare(r, tmp_path / str(i), RunResult(status="error")) for i, r in enumerate(runs)]
-    pack = Pack(runs, parts, [MetricsLog(), MetricsLog()], RunProgress(3, runs[0].progress, 1), [None, None])
+    pack = Stacked(runs, parts, windows=True)
     live = [0, 1]
     assert pack.device_batches is not None  # synthetic data on the device
-    pack.opt.at(0)  # the clock, set once
+    pack.optimizer.at(0)  # the clock, set once
     for step in range(2):
         with HostReads() as reads:
             row, pred, batches = pack.device_step(live)
         assert reads.seen == [] and reads.ops > 500, (reads.seen, reads.ops)
         assert pred.grad_fn is None  # no autograd graph outlives the step (see the lone test)
-        assert row.shape == (len(Row) + 1, 2) and pack.opt.clock.tolist() == [step + 1]  # rows and flags
+        assert row.shape == (len(Row) + 1, 2) and pack.clock.tolist() == [step + 1]  # rows and flags
         assert all(torch.equal(batches[k][0], load_batch(parts[k].dataset, parts[k].order.indices(step))) for k in live)
         pack.model.zero_grad()
 
@@ -139,17 +139,17 @@ def test_adamw_updates_its_state_in_place(tmp_path):
     """The weights, moments and update counts a captured update writes are the ones the next replay reads."""
     run = make_run("device=cpu", "threads=1", "steps=3")
     parts = prepare(run, tmp_path, RunResult(status="error"))
-    loop = Lone(run, parts, MetricsLog(), RunProgress(3, run.progress, 1))
+    loop = Lone([run], [parts])
     seen = None
     for step in range(3):
         parts.optimizer.at(step)
-        loop.forward_backward(load_batch(parts.dataset, parts.order.indices(step)), logits=False)
+        loop.forward_backward(loop.batches(step, [0])[0], [0])
         parts.optimizer.step()
         state = [(p, *parts.optimizer.state[p].values()) for p in loop.params]
         assert seen is None or all(a is b for old, new in zip(seen, state) for a, b in zip(old, new))
         seen = state
         if step == 1:
-            snapshot = loop.snapshot()
+            snapshot = Snapshot.of(loop)
         parts.optimizer.zero_grad(set_to_none=True)
     assert float(parts.optimizer.state[loop.params[0]]["step"]) == 3
     snapshot.restore()  # a window taken back: its state is put back into the same tensors
@@ -165,18 +165,18 @@ def test_adamw_state_a_window_made_is_taken_back_in_place(tmp_path):
     counting in tensors no restore reached, past the bias-correction tables: a device-side assert.)"""
     run = make_run("device=cpu", "threads=1", "steps=3")
     parts = prepare(run, tmp_path, RunResult(status="error"))
-    loop = Lone(run, parts, MetricsLog(), RunProgress(3, run.progress, 1))
-    batch = load_batch(parts.dataset, parts.order.indices(0))
+    loop = Lone([run], [parts])
+    x0 = load_batch(parts.dataset, parts.order.indices(0))
 
     def first_step() -> list[torch.Tensor]:
         parts.optimizer.at(0)
-        loop.forward_backward(batch, logits=False)
+        loop.forward_backward({0: (x0, *parts.objective.sample(x0, parts.noise_gen))}, [0])
         parts.optimizer.step()
         parts.optimizer.zero_grad(set_to_none=True)
         return [t.clone() for p in loop.params for t in (p, *parts.optimizer.state[p].values())]
 
     assert not parts.optimizer.state
-    snapshot = loop.snapshot()
+    snapshot = Snapshot.of(loop)
     torch.manual_seed(0)
     once = first_step()
     keys = ("step", "exp_avg", "exp_avg_sq")
@@ -307,8 +307,9 @@ def test_a_capture_that_fails_on_cuda_leaves_an_eager_run_bit_for_bit(tmp_path, 
     an H200 the first such run crashed instead: the generator stayed mid-capture, "Offset increment outside graph
     capture encountered unexpectedly".)"""
     from sweep.run.execute import execute
+    from sweep.run.graph import StepGraph
 
-    captured_step = Lone.captured_step
+    captured_step = StepGraph._step
 
     def reads_the_host_while_capturing(self):
         out = captured_step(self)
@@ -318,7 +319,7 @@ def test_a_capture_that_fails_on_cuda_leaves_an_eager_run_bit_for_bit(tmp_path, 
 
     common = ["device=cuda", "steps=24", "monitor.sync_every=8", "precision=fp16_amp"]
     r0 = execute(make_run(*common, "graph=false"), tmp_path / "false", params={})
-    monkeypatch.setattr(Lone, "captured_step", reads_the_host_while_capturing)
+    monkeypatch.setattr(StepGraph, "_step", reads_the_host_while_capturing)
     r1 = execute(make_run(*common, "graph=true"), tmp_path / "true", params={})
     assert (r1.status, r1.verdict, r1.sync["replayed"]) == (r0.status, r0.verdict, 0), r1.reason
     assert (tmp_path / "true" / "metrics.csv").read_bytes() == (tmp_path / "false" / "metrics.csv").read_bytes()
@@ -332,8 +333,7 @@ def capture_fails_after_warm_up(monkeypatch):
 
     from sweep.run import execute as execute_module
     from sweep.run import graph as graph_module
-    from sweep.run import packed as packed_module
-    from sweep.run import train as train_module
+    from sweep.run import window as window_module
 
     class Stream:
         def __init__(self, *args, **kwargs):
@@ -350,8 +350,7 @@ def capture_fails_after_warm_up(monkeypatch):
     monkeypatch.setattr(cuda, "current_stream", lambda device=None: Stream())
     monkeypatch.setattr(cuda, "stream", lambda s: contextlib.nullcontext())
     monkeypatch.setattr(cuda, "CUDAGraph", no_graph)
-    for module in (train_module, packed_module):
-        monkeypatch.setattr(module, "wanted", lambda mode, device: mode == "true")
+    monkeypatch.setattr(window_module, "wanted", lambda mode, device: mode == "true")
     monkeypatch.setattr(execute_module, "graph_unsupported_reason", lambda mode, device: None)  # not skipped
 
 
@@ -386,17 +385,18 @@ def test_a_failed_capture_takes_its_warm_up_back_and_the_run_goes_on(tmp_path, c
 
 
 def test_a_failed_logit_step_capture_keeps_its_attention_statistics(tmp_path, capture_fails_after_warm_up):
-    """The logit step's own capture (sweep.run.train.LogitStep), tried alone: its warm-up steps' statistics are
+    """The logit step's own capture (StepGraph with the LogitStats), tried alone: its warm-up steps' statistics are
     dropped and the eager step's put back, so the logit columns are byte for byte graph=false's."""
     from sweep.run.execute import execute
+    from sweep.run.window import Windows
 
-    def logit_graph_only(self, step):
-        return self.graphs[1] if self.graphs and step % self.run.monitor.logit_every == 0 else None
+    def logit_graph_only(self, logits):
+        return self.logit_graph if logits else None
 
     got = {}
     for mode in ("false", "true"):
         with pytest.MonkeyPatch.context() as mp:
-            mp.setattr(Lone, "graph_at", logit_graph_only)
+            mp.setattr(Windows, "_graph_at", logit_graph_only)
             r = execute(make_run(*CAPTURED, f"graph={mode}"), tmp_path / mode, params={})
         got[mode] = (r.status, r.verdict, (tmp_path / mode / "metrics.csv").read_bytes())
     assert got["true"] == got["false"]

@@ -76,17 +76,15 @@ def test_the_set_up_of_a_long_run_builds_no_table_of_its_steps():
 
     from sweep.data.step_table import SPAN
     from sweep.run.build import build_parts
+    from sweep.run.lone import Lone
     from sweep.run.precision import PrecisionPolicy
-    from sweep.run.progress import RunProgress
-    from sweep.run.results import MetricsLog
-    from sweep.run.train import Lone
 
     run = make_run("steps=5000000", "monitor.sync_every=4", "optim.schedule=cosine")
     cpu = torch.device("cpu")
     parts = build_parts(run, cpu, PrecisionPolicy.from_config(run.precision, cpu))
-    lone = Lone(run, parts, MetricsLog(), RunProgress(run.steps, run.progress, 10, ""))
+    lone = Lone([run], [parts], windows=True)
     (h,) = parts.optimizer.hyper
-    assert h.lr.table.shape == (SPAN,) and lone.batches.table.table.shape == (SPAN, run.data.batch_size)
+    assert h.lr.table.shape == (SPAN,) and lone.device_batches.table.table.shape == (SPAN, run.data.batch_size)
     assert len(h.bias_correction1) == 357 and len(h.bias_correction2_sqrt) == 37_413  # betas 0.9, 0.999
     assert h.bias_correction1[-1] == 1.0 and h.bias_correction1[-2] < 1.0 and h.bias_correction2_sqrt[-1] == 1.0
 

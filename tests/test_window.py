@@ -10,6 +10,7 @@ from __future__ import annotations
 import pytest
 
 from sweep.data.batches import BatchOrder
+from sweep.run import lone as lone_module
 from sweep.run import train as train_module
 from sweep.run.build import _ORDER_STREAM, stream_seed
 from sweep.run.execute import execute
@@ -69,11 +70,15 @@ def test_a_window_gives_every_verdict_and_row_of_one_sync_per_step(tmp_path, nam
     alone, alone_rows = outcome(tmp_path, overrides, 1)
     assert alone.verdict == verdict and (bad_step is None or alone.first_bad_step == bad_step), alone
     host_steps, loops = [], []  # steps run alone, by any loop (forensics replays too) / the loops, as made
-    one, init = train_module.Lone.one, train_module.Lone.__init__
-    monkeypatch.setattr(train_module.Lone, "one", lambda self, step: host_steps.append((self, step)) or one(self, step))
-    monkeypatch.setattr(train_module.Lone, "__init__", lambda self, *a: loops.append(self) or init(self, *a))
+    batches, init = lone_module.Lone.batches, train_module.Loop.__init__
+    monkeypatch.setattr(  # a step run by itself draws its batch with `batches` (a window on synthetic data: never)
+        lone_module.Lone,
+        "batches",
+        lambda self, step, live: host_steps.append((self, step)) or batches(self, step, live),
+    )
+    monkeypatch.setattr(train_module.Loop, "__init__", lambda self, *a, **k: loops.append(self) or init(self, *a, **k))
     windowed, windowed_rows = outcome(tmp_path, overrides, sync_every)
-    alone_in_run = [s for loop, s in host_steps if loop is loops[0]]  # the run's own loop, not a replay's
+    alone_in_run = [s for layout, s in host_steps if layout is loops[0].layout]  # the run's own loop, not a replay's
     host_steps = [s for _, s in host_steps]
     assert windowed_rows == alone_rows
     for key in ("status", "verdict", "first_bad_step", "cause", "steps_run", "final_loss", "eval_loss"):
@@ -118,14 +123,14 @@ def test_a_pack_in_windows_gives_every_run_what_one_sync_per_step_gives(tmp_path
     from sweep.run import window as window_module
     from sweep.run.packing import execute_pack
 
-    outcomes, window = [], window_module._window
+    outcomes, window = [], window_module.Windows._window
 
-    def recorded(stepper, *args):
-        result, *rest = window(stepper, *args)
-        outcomes.append((result.taken_back_at is None, isinstance(stepper, packed.Pack)))
+    def recorded(windows, *args):
+        result, *rest = window(windows, *args)
+        outcomes.append((result.taken_back_at is None, isinstance(windows.layout, packed.Stacked)))
         return result, *rest
 
-    monkeypatch.setattr(window_module, "_window", recorded)
+    monkeypatch.setattr(window_module.Windows, "_window", recorded)
 
     common = ["precision=fp16_amp", "steps=24", "threads=1", "data.batch_size=2", "monitor.forensics=false"]
     per_run = [

@@ -478,9 +478,11 @@ class DeviceAdamW(torch.optim.Optimizer):
         self.known.read(self.state)
 
     @torch.no_grad()
-    def step(self, closure=None) -> None:
-        """Update every weight that has a gradient (torch skips the others, count included)."""
-        assert closure is None, "DeviceAdamW takes no closure"
+    def step(self, stepping: Sequence[bool] | None = None) -> None:
+        """Update every weight that has a gradient (torch skips the others, count included). `stepping`: the
+        loop's [whether the run steps] (StackedAdamW's, for one run); [False] updates nothing. No closure."""
+        if stepping is not None and not stepping[0]:
+            return
         for key, bucket in self.buckets().items():
             group, h = self.param_groups[key[0]], self.hyper[key[0]]
             params = [p for p in bucket if p.grad is not None]
@@ -523,6 +525,8 @@ class StackedAdamW:
         self.hyper = Hyper.stack([p.optimizer.hyper[0] for p in parts])
         self.beta2 = [p.optimizer.param_groups[0]["betas"][1] for p in parts]
         self.decays = any(p.optimizer.param_groups[0]["weight_decay"] != 0 for p in parts)
+        self.params = params
+        """The stacked weights by name (PackedModel.params; the pack compacting replaces them)."""
         self.moments = {n: (torch.zeros_like(w), torch.zeros_like(w)) for n, w in params.items() if w.requires_grad}
         self.device = next(iter(params.values())).device
         self.counts = torch.zeros(len(parts), dtype=torch.long, device=self.device)
@@ -561,9 +565,10 @@ class StackedAdamW:
         return Saved(saved, restore)
 
     @torch.no_grad()
-    def step(self, params: dict[str, torch.Tensor], stepping: list[bool] | None = None) -> None:
+    def step(self, stepping: list[bool] | None = None) -> None:
         """Update the packed runs whose `stepping` is True (in pack order; None: every run, with nothing from
         the host, as a window's step does) with their lr of the step the clock is at."""
+        params = self.params
         keep = [i for i, go in enumerate(stepping) if not go] if stepping is not None else []
         self.counts += torch.tensor(stepping, device=self.device) if keep else 1
         lr = self.hyper.lr.at(self.clock).view(-1)

@@ -41,8 +41,8 @@ from sweep.run.monitor import Divergence
 from sweep.run.precision import PrecisionPolicy
 from sweep.run.progress import RunProgress
 from sweep.run.results import RESULT_FILE, MetricSink, MetricsLog, RunResult, package_versions, write_result
-from sweep.run.step import StepHook
-from sweep.run.train import train
+from sweep.run.step import StepHook, Stop
+from sweep.run.train import Loop
 from sweep.run.trend import Context, Weights, judge, needs_initial_eval
 from sweep.run.window import Syncs
 
@@ -59,50 +59,119 @@ def execute(
     record: str = RESULT_FILE,
     history: Sequence[dict] = (),
 ) -> RunResult:
-    """Run one config and write its files; the returned result is what result.json holds.
+    """Run one config and write its files; the returned result is what result.json holds (`execute_runs`).
 
-    `hooks` act after every training step (sweep.run.train.StepHook); `sinks` get the metrics rows as the run
+    `hooks` act after every training step (sweep.run.step.StepHook); `sinks` get the metrics rows as the run
     goes, and its verdict at the end (the trackers of `logger`, sweep/run/trackers.py). `record` names the
     result file: TRIAL_FILE for the runs a diagnosis or a confirmation makes, which are not runs of the sweep.
     `history`: the metrics rows of the steps before a resumed run's checkpoint (a confirmation continuing a grid
     run, sweep/confirm/): its metrics.csv, numbers and verdicts then cover the whole curve from step 0.
     """
-    out_dir = Path(out_dir)
-    start = time.perf_counter()
-    result, metrics = new_result(run, params), new_metrics(run, out_dir, sinks)
-    metrics.rows.extend(dict(row) for row in history)
+    return execute_runs([run], [out_dir], [params], [label], hooks, [sinks], record, [history])[0]
+
+
+def execute_runs(
+    runs: Sequence[RunConfig],
+    out_dirs: Sequence[Path],
+    params: Sequence[dict],
+    labels: Sequence[str],
+    hooks: Sequence[StepHook] = (),
+    sinks: Sequence[Sequence[MetricSink]] | None = None,
+    record: str = RESULT_FILE,
+    histories: Sequence[Sequence[dict]] | None = None,
+    stacked: bool = False,
+) -> list[RunResult]:
+    """Train the runs in one loop (sweep.run.train.Loop: one run, or a pack when `stacked`, which
+    sweep/run/packing.py plans) and write each run's files; each run's result, in order, as `execute` says.
+
+    A run that cannot start (skipped here, refused at load, its set-up failed or interrupted) has its result at
+    once and the others train without it; a crash in training makes every run of the loop an `error`."""
+    start, n = time.perf_counter(), len(runs)
+    results = [new_result(run, p) for run, p in zip(runs, params)]
+    metrics = [new_metrics(run, Path(d), s) for run, d, s in zip(runs, out_dirs, sinks or [()] * n)]
+    for rows, history in zip(metrics, histories or [()] * n):
+        rows.rows.extend(dict(row) for row in history)
+    built = [(i, b) for i in range(n) if (b := set_up(runs[i], Path(out_dirs[i]), results[i])) is not None]
+    members = [i for i, _ in built]
+    if members:
+        lead = runs[members[0]]
+        label = f"pack of {len(members)}" if stacked else labels[members[0]]
+        progress = RunProgress(max(runs[i].steps for i in members), lead.progress, lead.log_every, label)
+        hooks = hooks if stacked else [*checkpoint_hooks(lead, Path(out_dirs[members[0]]), label), *hooks]
+        syncs, evaluators = [Syncs() for _ in members], [evaluator for _, (_, evaluator) in built]
+        try:
+            each = [parts for _, (parts, _) in built]
+            loop = Loop(
+                [runs[i] for i in members],
+                each,
+                [metrics[i] for i in members],
+                progress,
+                hooks,
+                evaluators,
+                syncs,
+                stacked=stacked,
+            )
+            train_start = time.perf_counter()
+            try:
+                loop.run(min(parts.start_step for parts in each))
+            finally:
+                progress.close()
+            seconds = time.perf_counter() - train_start
+            for j, (i, parts) in enumerate(zip(members, each)):
+                results[i].packed = len(members) if stacked else None
+                try:
+                    conclude(
+                        results[i],
+                        runs[i],
+                        parts,
+                        loop.first[j],
+                        metrics[i],
+                        seconds,
+                        loop.stopped[j],
+                        evaluators[j],
+                        syncs[j],
+                    )
+                except Exception as e:  # noqa: BLE001  (see fail)
+                    fail(results[i], e)
+        except Exception as e:  # noqa: BLE001  (a kernel that refused, or a bug: every run of the loop says so)
+            for i in members:
+                fail(results[i], e)
+    for i, result in enumerate(results):
+        write_outcome(Path(out_dirs[i]), result, metrics[i], start, record)
+    return results
+
+
+def set_up(run: RunConfig, out_dir: Path, result: RunResult) -> tuple[RunParts, Evaluator | None] | None:
+    """The run built, compiled when asked, and its evaluator; None when `result` is already final (skipped, refused
+    at load, a set-up that failed, or a stop signal before step 0)."""
     try:
         with setting_up():  # a stop signal stops the set-up at once (sweep/run/interrupt.py)
             parts = prepare(run, out_dir, result)
             if parts is None:
-                return result
+                return None
             if run.compile:  # raises KernelUnavailable (skipped) when the compiled graph runs another kernel
                 compile_run(run, parts)
-            evaluator = make_evaluator(run, parts)
-        if run.checkpoint.every:
-            hooks = [CheckpointHook(out_dir, run.checkpoint.every, run.checkpoint.keep), *hooks]
-            if run.monitor.sync_every > 1:  # said, not silent: the run syncs every step (README, sync_every)
-                log.warning(
-                    "monitor.sync_every=%d: windows are off for %s, as checkpoint.every=%d saves each checkpoint "
-                    "from a step the host has seen; every step syncs once (result.json sync.every is 1)",
-                    run.monitor.sync_every,
-                    label or out_dir,
-                    run.checkpoint.every,
-                )
-        progress = RunProgress(run.steps, run.progress, run.log_every, label)
-        train_start, syncs = time.perf_counter(), Syncs()
-        try:
-            divergence = train(run, parts, metrics, progress, hooks=hooks, evaluator=evaluator, syncs=syncs)
-        finally:
-            progress.close()
-        conclude(result, run, parts, divergence, metrics, time.perf_counter() - train_start, hooks, evaluator, syncs)
+            return parts, make_evaluator(run, parts)
     except SetUpInterrupted as e:  # Ctrl-C or SIGTERM before step 0: no step ran, nothing was measured
         result.status, result.reason = "interrupted", f"{e.name} during the set-up, before step {_start_step(run)}"
-    except Exception as e:  # noqa: BLE001  (see fail)
+    except Exception as e:  # noqa: BLE001  (see fail; one run's bad file must not take a pack down)
         fail(result, e)
-    finally:
-        write_outcome(out_dir, result, metrics, start, record)
-    return result
+    return None
+
+
+def checkpoint_hooks(run: RunConfig, out_dir: Path, label: str) -> list[StepHook]:
+    """checkpoint.every's hook (a run trained alone: packs refuse checkpoints, sweep/run/packing.py)."""
+    if not run.checkpoint.every:
+        return []
+    if run.monitor.sync_every > 1:  # said, not silent: the run syncs every step (README, sync_every)
+        log.warning(
+            "monitor.sync_every=%d: windows are off for %s, as checkpoint.every=%d saves each checkpoint "
+            "from a step the host has seen; every step syncs once (result.json sync.every is 1)",
+            run.monitor.sync_every,
+            label or out_dir,
+            run.checkpoint.every,
+        )
+    return [CheckpointHook(out_dir, run.checkpoint.every, run.checkpoint.keep)]
 
 
 def new_result(run: RunConfig, params: dict) -> RunResult:
@@ -165,12 +234,13 @@ def conclude(
     divergence: Divergence | None,
     metrics: MetricsLog,
     train_seconds: float,
-    hooks: Sequence[StepHook] = (),
+    stopped: object = None,
     evaluator: Evaluator | None = None,
     syncs: Syncs | None = None,
 ) -> None:
     """Fill `result` from a finished training: kernels, metrics, the verdict, the eval loss, forensics of a NaN,
-    and how the steps met the host (`syncs`)."""
+    and how the steps met the host (`syncs`). `stopped`: what a hook returned that stopped the run (the loop's
+    `stopped`): a pruner's or a signal's Stop says the run's status; anything else ended it early, stable."""
     # What the model ran (its kernels are forced: no fallback), or under compile=true what the profiled
     # compiled graph ran (sweep/run/compiled.py).
     result.kernels = parts.kernels or parts.model.kernels()
@@ -185,13 +255,8 @@ def conclude(
         result.fp8 = {**parts.fp8, **fp8_evidence.measure(run, parts, last)}
     if divergence is None:
         result.status = "stable"
-        pruned = next((h.pruned for h in hooks if getattr(h, "pruned", None) is not None), None)
-        interrupted = next((h.interrupted for h in hooks if getattr(h, "interrupted", None) is not None), None)
-        if pruned is not None:  # stopped early by the sweeper's pruner: not a verdict (sweep/search/pruning.py)
-            result.status, result.reason, result.pruned_at_step = "skipped", pruned.reason, pruned.step
-        elif interrupted is not None:  # Ctrl-C or SIGTERM: the files hold the steps run (sweep/run/interrupt.py)
-            result.status, result.reason = "interrupted", interrupted.reason
-            result.interrupted_at_step = interrupted.step
+        if isinstance(stopped, Stop):  # a pruner (sweep/search/pruning.py) or a signal (sweep/run/interrupt.py)
+            stopped.record(result)
         elif run.monitor.trend and metrics.rows and metrics.rows[-1]["step"] == run.steps - 1:
             judge_trend(result, run, parts, metrics, evaluator)
     else:

@@ -3,9 +3,9 @@
     python -m sweep device=cuda monitor.sync_every=8 graph=true
 
 On a GPU a small run is launch-bound: thousands of kernel launches per step, each costing the host more than
-the GPU's work. A window's step (sweep.run.train.Lone.device_step) reads nothing from the host and takes
-its step number from a device clock, so one capture of it replays as any later step: the same kernels on the
-same tensors, so the same numbers, bit for bit, as running it eagerly.
+the GPU's work. A window's step (the layout's `device_step`: sweep/run/lone.py, packed.py) reads nothing from
+the host and takes its step number from a device clock, so one capture of it replays as any later step: the same
+kernels on the same tensors, so the same numbers, bit for bit, as running it eagerly.
 
 - Capture waits for AdamW's state to exist (the first update made it), so that the graph updates the
   optimizer's own tensors instead of allocating them; it happens at the first window after that, from a
@@ -18,9 +18,9 @@ same tensors, so the same numbers, bit for bit, as running it eagerly.
   registered; when runs leave the pack its tensors are compacted (new tensors), so it captures again.
 - A lone run's attention-logit step (every monitor.logit_every, anywhere in a window) is a second capture:
   the statistics it appends are that graph's outputs, handed back to the run's LogitStats after each replay
-  and copied aside until the window's end (sweep.run.train.LogitStep, Lone.stepped). Eager, by estimate it
-  was most of a tiny run's graphed step time on an H200 (docs/gpu.md).
-- What stays eager: the steps run one sync each (`one`: windows taken back, the steps the host decides),
+  and copied aside until the window's end (StepGraph's `stats`, sweep.run.window.Windows.parked). Eager, by
+  estimate it was most of a tiny run's graphed step time on an H200 (docs/gpu.md).
+- What stays eager: the steps run one sync each (the loop's own: windows taken back, the steps the host decides),
   batches read from files (`x0` comes from the host), and everything on the CPU.
 
 graph=auto stays eager: on an H100 graph == eager held (tests/test_graph_ready.py's `cuda` tests) and the
@@ -32,10 +32,11 @@ asks for it on CUDA; a capture that fails falls back to eager steps with a warni
 from __future__ import annotations
 
 import logging
-from typing import Protocol
+from typing import Callable, Protocol
 
 import torch
 
+from models import LogitStats
 from sweep.data.step_table import SPAN
 
 log = logging.getLogger("sweep")
@@ -64,21 +65,19 @@ def wanted(mode: str, device: torch.device) -> bool:
 
 
 class Capturable(Protocol):
-    """What a loop gives StepGraph: sweep.run.train.Lone (one run) or sweep.run.packed.Pack (K runs)."""
+    """What StepGraph captures: a loop's layout (sweep/run/lone.py, sweep/run/packed.py)."""
 
     clock: torch.Tensor
     """The device step index the window's step reads its batch and lr from, and moves on."""
-
-    def captured_step(self) -> tuple:
-        """One window step from device state alone: (row, pred, batch)."""
-
+    packed: list[int]
+    """The runs in the layout's tensors."""
     params: list[torch.Tensor]
     """The weights whose `.grad` the step writes."""
     generators: list[torch.Generator]
     """The noise generators the step draws from."""
 
-    def snapshot(self):
-        """The loop's state as it is now (sweep.run.window.Snapshot)."""
+    def device_step(self, live: list[int], batches: dict | None = None, logits: bool = False) -> tuple:
+        """One window step from device state alone: (row, pred, batches)."""
 
     def zero_grad(self) -> None:
         """Drop the gradients."""
@@ -86,18 +85,17 @@ class Capturable(Protocol):
     def has_state(self) -> bool:
         """Whether the optimizer's state exists (the first update made it)."""
 
-    def put_back(self) -> None:
-        """After each step StepGraph ran (replayed, or eager after a failed capture): put back what the step
-        leaves besides its outputs (a lone run's attention statistics on a logit step)."""
-
 
 class StepGraph:
-    """A loop's window step (`captured_step()` -> (row, pred, batch), device state only) as a CUDA graph, or
-    eager until captured. The loop says what the capture needs (Capturable); `steps` is its last step + 1."""
+    """A layout's window step (`device_step`, device state only) as a CUDA graph, or eager until captured.
+    `steps` is the loop's last step + 1; `snapshot()` the loop's state as it is now (sweep.run.window.Snapshot).
+    With `stats` (a lone run's LogitStats) the step is an attention-logit step: the statistics it appends are
+    the capture's outputs, which each replay rewrites, put back after each replay for the window to read."""
 
-    def __init__(self, loop: Capturable, steps: int):
-        self.loop, self.steps = loop, steps
+    def __init__(self, layout: Capturable, steps: int, snapshot: Callable, stats: LogitStats | None = None):
+        self.layout, self.steps, self.snapshot, self.stats = layout, steps, snapshot, stats
         self.graph: torch.cuda.CUDAGraph | None = None
+        self.kept: tuple = ([], [])  # a logit step's statistics, as the last step left them
         self.failed: str | None = None
         """Why the capture failed (the run then stays eager), or None."""
 
@@ -106,7 +104,7 @@ class StepGraph:
         the run has the warm-up's steps left (their batches and lrs are table rows: none past the last step)."""
         if self.graph is not None:
             return True
-        return self.failed is None and step + WARMUP < self.steps and self.loop.has_state()
+        return self.failed is None and step + WARMUP < self.steps and self.layout.has_state()
 
     def reset(self) -> None:
         """The tensors the graph captured were replaced (a pack compacting): capture again when next asked."""
@@ -117,19 +115,33 @@ class StepGraph:
         if self.graph is None:
             self._capture()
             if self.graph is None:
-                out = self.loop.captured_step()
-                self.loop.put_back()
+                out = self._step()
+                self._put_back()
                 return out
         self.graph.replay()
-        for p, g in zip(self.loop.params, self.grads):
+        for p, g in zip(self.layout.params, self.grads):
             p.grad = g
-        self.loop.put_back()
+        self._put_back()
         row, pred, batch = self.out
         return row.clone(), pred, batch  # the row is read after the window's later replays overwrote it
 
+    def _step(self) -> tuple:
+        """The layout's window step; a logit step's statistics are kept aside as its outputs (nothing appended
+        before it is this step's, and a warm-up step's are not the run's)."""
+        if self.stats is not None:
+            self.stats.take()
+        out = self.layout.device_step(self.layout.packed, None, self.stats is not None)
+        if self.stats is not None:
+            self.kept = self.stats.take()
+        return out
+
+    def _put_back(self) -> None:
+        if self.stats is not None:
+            self.stats.put(self.kept)
+
     def _capture(self) -> None:
-        loop = self.loop
-        snapshot, clock, device = loop.snapshot(), loop.clock.clone(), loop.clock.device
+        loop = self.layout  # the loop's layout
+        snapshot, clock, device = self.snapshot(), loop.clock.clone(), loop.clock.device
         clean: list[tuple[torch.Generator, torch.Generator]] = []
         try:
             side = torch.cuda.Stream(device)
@@ -137,7 +149,7 @@ class StepGraph:
             with torch.cuda.stream(side):
                 for _ in range(WARMUP):
                     loop.zero_grad()
-                    loop.captured_step()
+                    self._step()
             torch.cuda.current_stream(device).wait_stream(side)
             snapshot.restore()  # in place: the warm-up steps are gone, the tensors are the same
             loop.clock.copy_(clock)
@@ -147,7 +159,7 @@ class StepGraph:
                 graph.register_generator_state(generator)
             loop.zero_grad()  # the backward allocates the gradients in the graph's pool
             with torch.cuda.graph(graph):
-                self.out = loop.captured_step()
+                self.out = self._step()
             self.grads = [p.grad for p in loop.params]
             self.graph = graph
         except RuntimeError as e:  # a kernel or an op that cannot be captured: eager steps, same numbers

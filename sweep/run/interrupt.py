@@ -123,6 +123,10 @@ class Interrupted:
     step: int
     reason: str
 
+    def record(self, result) -> None:
+        """Ctrl-C or SIGTERM: the files hold the steps run (sweep.run.step.Stop)."""
+        result.status, result.reason, result.interrupted_at_step = "interrupted", self.reason, self.step
+
 
 @contextlib.contextmanager
 def stopping_on_signals(
@@ -177,11 +181,11 @@ class StopOnSignal:
         self.request, self.steps = request, steps
         self.interrupted: Interrupted | None = None
 
-    def after_step(self, step: int, loss: float, parts) -> bool:
+    def after_step(self, step: int, loss: float, parts) -> Interrupted | None:
         if self.request.signum is None or step + 1 >= self.steps:
-            return False
+            return None
         self.interrupted = Interrupted(step, f"{self.request.name} after step {step} of {self.steps}")
-        return True
+        return self.interrupted
 
 
 # Launchers whose jobs run in processes of their own on this machine: a signal to the sweep process reaches

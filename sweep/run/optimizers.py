@@ -31,7 +31,7 @@ import importlib
 import importlib.metadata
 import math
 from collections import Counter
-from typing import Callable
+from typing import Callable, Sequence
 
 import torch
 
@@ -94,8 +94,10 @@ class LibraryOptimizer:
             group["lr"] = self.lr_at(step) * group.get("lr_scale", 1.0)
         self.clock.fill_(step)
 
-    def step(self) -> None:
-        self.inner.step()
+    def step(self, stepping: Sequence[bool] | None = None) -> None:
+        """The library's update; `stepping` as DeviceAdamW.step's ([False]: none)."""
+        if stepping is None or stepping[0]:
+            self.inner.step()
 
     def zero_grad(self, set_to_none: bool = True) -> None:
         self.inner.zero_grad(set_to_none=set_to_none)

@@ -17,7 +17,6 @@ from __future__ import annotations
 import dataclasses
 import json
 import logging
-import time
 from pathlib import Path
 from typing import Sequence
 
@@ -25,13 +24,9 @@ import torch
 
 from sweep.config import Arch, FinetuneMethod, OptimName, Param, PrunerName, RunConfig
 from sweep.run.build import resolve_device
-from sweep.run.evaluate import make_evaluator
-from sweep.run.execute import conclude, execute, fail, new_metrics, new_result, prepare, write_outcome
-from sweep.run.packed import train_packed
+from sweep.run.execute import execute_runs
 from sweep.run.precision import PrecisionPolicy
-from sweep.run.progress import RunProgress
 from sweep.run.results import RESULT_FILE, MetricSink, RunResult
-from sweep.run.window import Syncs
 
 log = logging.getLogger("sweep")
 
@@ -135,58 +130,7 @@ def execute_pack(
     sinks: Sequence[Sequence[MetricSink]] | None = None,
     record: str = RESULT_FILE,
 ) -> list[RunResult]:
-    """Train the runs as one pack and write each run's files; a pack of one is sweep.run.execute.execute.
-
-    `sinks[i]` are run i's trackers: each packed run logs as a run of its own, with its own curves. `record` names
-    each run's result file (execute's: TRIAL_FILE for a confirmation's runs)."""
-    sinks = sinks or [()] * len(runs)
-    if len(runs) == 1:
-        return [execute(runs[0], out_dirs[0], params[0], label=labels[0], sinks=sinks[0], record=record)]
-    start = time.perf_counter()
-    results = [new_result(run, p) for run, p in zip(runs, params)]
-    metrics = [new_metrics(run, Path(d), s) for run, d, s in zip(runs, out_dirs, sinks)]
-    built = []  # (index, parts) of the runs that reached training
-    for i, run in enumerate(runs):
-        try:
-            parts = prepare(run, Path(out_dirs[i]), results[i])
-            if parts is not None:
-                built.append((i, parts))
-        except Exception as e:  # noqa: BLE001  (one run's bad file must not take the pack down)
-            fail(results[i], e)
-    members = [i for i, _ in built]
-    if members:
-        progress = RunProgress(
-            max(runs[i].steps for i in members),
-            runs[members[0]].progress,
-            runs[members[0]].log_every,
-            f"pack of {len(members)}",
-        )
-        train_start = time.perf_counter()
-        try:
-            evaluators = [make_evaluator(runs[i], parts) for i, parts in built]
-            syncs = [Syncs(runs[i].monitor.sync_every) for i in members]
-            divergences = train_packed(
-                [runs[i] for i in members],
-                [p for _, p in built],
-                [metrics[i] for i in members],
-                progress,
-                evaluators,
-                syncs,
-            )
-            seconds = time.perf_counter() - train_start
-            for (i, parts), divergence, evaluator, sync in zip(built, divergences, evaluators, syncs):
-                results[i].packed = len(members)
-                try:
-                    conclude(
-                        results[i], runs[i], parts, divergence, metrics[i], seconds, evaluator=evaluator, syncs=sync
-                    )
-                except Exception as e:  # noqa: BLE001
-                    fail(results[i], e)
-        except Exception as e:  # noqa: BLE001  (a kernel that refused, or a bug: every run of the pack says so)
-            for i in members:
-                fail(results[i], e)
-        finally:
-            progress.close()
-    for i, result in enumerate(results):
-        write_outcome(Path(out_dirs[i]), result, metrics[i], start, record)
-    return results
+    """Train the runs as one pack and write each run's files (sweep.run.execute.execute_runs, stacked); a pack of
+    one is a lone run. `sinks[i]` are run i's trackers: each packed run logs as a run of its own, with its own
+    curves. `record` names each run's result file (execute's: TRIAL_FILE for a confirmation's runs)."""
+    return execute_runs(runs, out_dirs, params, labels, sinks=sinks, record=record, stacked=len(runs) > 1)

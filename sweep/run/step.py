@@ -20,7 +20,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from enum import IntEnum
-from typing import TYPE_CHECKING, Callable, Protocol, Sequence
+from typing import TYPE_CHECKING, Callable, Protocol, Sequence, runtime_checkable
 
 import torch
 
@@ -232,11 +232,22 @@ class Steps:
         )
 
 
+@runtime_checkable
+class Stop(Protocol):
+    """What a hook returns to stop its run with a status of its own, not a verdict: a pruner's
+    (sweep.search.pruning.Pruned) or a signal's (sweep.run.interrupt.Interrupted)."""
+
+    def record(self, result) -> None:
+        """Write the run's status, reason and the step it stopped at into its RunResult."""
+
+
 class StepHook(Protocol):
     """Something that acts after each step: saves a checkpoint, reports to a pruner, ...
 
     A hook whose class sets `window_safe = True` reads only what after_step is given, so it may be called
     for a window's steps once the window ran (sweep/run/window.py); any other hook turns windows off."""
 
-    def after_step(self, step: int, loss: float, parts: RunParts) -> bool:
-        """Called once the step is logged; True stops the run after this step (not a divergence)."""
+    def after_step(self, step: int, loss: float, parts: RunParts) -> object:
+        """Called once the step is logged. Something false: the run goes on. Something true stops the run after
+        this step (not a divergence); a `Stop` also says the run's status (the loop's `stopped`, which
+        sweep.run.execute.conclude reads); any other (True) leaves it stable."""

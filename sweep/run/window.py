@@ -1,6 +1,6 @@
-"""Windows of steps that run with no device sync, how one is taken back, and the one driver of both loops.
+"""Windows of steps that run with no device sync, and how one is taken back: the loop's GPU path.
 
-With `monitor.sync_every` > 1 a loop (sweep/run/train.py alone, sweep/run/packed.py packed) runs up to that
+With `monitor.sync_every` > 1 the loop (sweep/run/train.py, one run or a pack) runs up to that
 many steps back to back without asking the host anything: every step's row (sweep.run.step.Steps.record)
 stays on the device, AdamW steps unconditionally, and the host fetches the window's rows in one sync at
 its end (`judge_window`). If every step of the window is one the host would have let through (the scaler
@@ -9,28 +9,27 @@ exactly as they would have been one by one. Otherwise the window is taken back (
 weights, AdamW's state, the RNGs, the scaler, the monitors) and its steps run again one sync per step up to
 the first step the host had to decide, which then decides as it always did. Every verdict, first bad step,
 cause and metrics row is therefore the same as with sync_every=1, bit for bit (tests/test_window.py); the
-price of a skipped or bad step is running its window twice. `drive` is that policy, written once: each
-loop hands it a `Stepper` (its `one`, `window` and `snapshot`).
+price of a skipped or bad step is running its window twice. `Windows` is that policy, written once for the
+one loop (sweep.run.train.Loop) in either layout: the layout's `device_step` is a window's step.
 
 A window ends early where the host must see a step by itself: after a stall check (it compares the
 weights of that step) and after a step whose eval loss is due; hooks that must see every step's state
 (checkpoints) or a forensics probe turn windows off. Attention-logit steps (every monitor.logit_every) run
-anywhere in a window: the loop keeps each one's statistics on the device (`Stepper.stepped`) and reads them
-at the window's end.
+anywhere in a window: each one's statistics stay on the device (`Windows.parked`) until the window's end.
 """
 
 from __future__ import annotations
 
 import copy
 from dataclasses import dataclass, field
-from typing import Callable, NamedTuple, Protocol, Sequence
+from typing import Callable, NamedTuple, Sequence
 
 import torch
 
 from sweep.config import RunConfig
 from sweep.run.adamw import copies, copy_back
 from sweep.run.evaluate import Evaluator
-from sweep.run.graph import StepGraph
+from sweep.run.graph import WARMUP, StepGraph, wanted
 from sweep.run.monitor import DivergenceMonitor
 from sweep.run.scaler import DeviceLossScaler
 from sweep.run.step import Decision, Row, Steps
@@ -100,103 +99,103 @@ class Syncs:
         return {k: getattr(self, k) for k in keys}
 
 
-class Stepper(Protocol):
-    """A loop's steps, as `drive` runs them: sweep.run.train.Lone (one run) or sweep.run.packed.Pack (K runs)."""
+class Windows:
+    """A loop's windows (sweep.run.train.Loop, whose `windows` this is when monitor.sync_every > 1): where the
+    next one ends, running it with one sync, standing it or taking it back, and the CUDA graphs its steps replay
+    (graph=true on CUDA, sweep/run/graph.py). Steps up to `host_until` run one sync each (a window taken back)."""
 
-    steps: Steps
-    """The runs' scaler, monitors and after-backward sequence (sweep/run/step.py)."""
-    clock: torch.Tensor
-    """The device step index a window's step reads its batch and lr from, and moves on."""
-    flagged: bool
-    """Whether a window step's row carries the per-run bad-batch flags (batches drawn and checked on the device)."""
+    def __init__(self, loop):
+        self.loop, self.layout = loop, loop.layout
+        self.host_until = -1
+        self.snapshot: Snapshot | None = None  # the last window's, whose buffers the next one's takes
+        self.parked: dict[int, tuple] = {}  # a window's logit steps' statistics, on the device until its end
+        self.graph = self.logit_graph = None
+        if wanted(loop.runs[0].graph, self.layout.device):  # graph is in pack_key: the same for every run
+            steps = max(r.steps for r in loop.runs)
+            snapshot = lambda: Snapshot.of(self.layout)  # noqa: E731
+            self.graph = StepGraph(self.layout, steps, snapshot)
+            if self.layout.logit_stats is not None:  # a logit step is its own capture (its statistics are outputs)
+                self.logit_graph = StepGraph(self.layout, steps, snapshot, self.layout.logit_stats)
 
-    def live(self, step: int) -> list[Syncs]:
-        """The Syncs of the runs that train at `step` (none: the loop is done)."""
+    def end(self, step: int) -> int:
+        """The first step after the window that would start at `step` (step + 1: the step runs by itself)."""
+        if step <= self.host_until:
+            return step + 1
+        loop = self.loop
+        size = min(loop.runs[k].monitor.sync_every for k in loop.training)
+        return min(window_end(loop.runs[k], step, loop.evaluators[k], size) for k in loop.training)
 
-    def window_end(self, step: int) -> int:
-        """The first step after the window that would start at `step` (step + 1: no window)."""
+    def run(self, start: int, end: int) -> int:
+        """Steps start..end-1 with one sync; the step the loop goes on from (`start` again when taken back)."""
+        self.snapshot = Snapshot.of(self.layout, reuse=self.snapshot)
+        result, ran_to, replayed = self._window(start, end)
+        for k in self.loop.training:
+            self.loop.syncs[k].window(ran_to, result, replayed)
+        if result.taken_back_at is None:
+            return end
+        self.snapshot.restore()
+        self.parked.clear()  # the taken-back steps run again one sync each, with their statistics
+        if self.layout.logit_stats is not None:
+            self.layout.logit_stats.take()
+        self.host_until = result.taken_back_at
+        return start
 
-    def at(self, start: int, stop: int) -> None:
-        """A window of steps [start, stop) is about to run from the device: the clock at `start`, the per-step tables
-        (lr, batch indices: sweep/data/step_table.py) holding those steps and a CUDA graph's warm-up after them."""
+    def recapture(self) -> None:
+        """The tensors the graphs captured were replaced (a pack compacting): capture again when next asked."""
+        if self.graph is not None:
+            self.graph.reset()
 
-    def snapshot(self, reuse: "Snapshot | None" = None) -> "Snapshot":
-        """Everything a window changes, as it is now (in `reuse`'s buffers, a snapshot no longer needed)."""
+    def _window(self, start: int, end: int) -> tuple[WindowResult, int, int]:
+        """Steps start..end-1 with one sync: (how it ended, the first step it did not run, the steps replayed from
+        a graph). AdamW steps unconditionally: a step the scaler or monitor would have stopped takes it back."""
+        layout, rows, replayed = self.layout, [], 0
+        layout.optimizer.at(start, end + WARMUP)  # the clock, which each step moves on; a warm-up reads past the end
+        if layout.device_batches is not None:
+            layout.device_batches.cover(start, end + WARMUP)
+        for step in range(start, end):
+            if step > start:  # the last step's gradients stay for the stall check
+                layout.zero_grad()
+            logits = self.loop.logit_step(step)
+            if (graph := self._graph_at(logits)) is not None and graph.ready(step):
+                out = graph()
+                replayed += graph.graph is not None  # not when the capture failed
+            elif layout.device_batches is not None:  # batches drawn and checked on the device
+                out = layout.device_step(layout.packed, None, logits)
+            else:  # batches read from files: a bad one is the host's check to decide
+                batches, issues = layout.batches(step, layout.packed)
+                if issues:
+                    return WindowResult(taken_back_at=step), step, replayed
+                out = layout.device_step(layout.packed, batches, logits)
+            if logits:  # copies: the next replay of a logit graph rewrites its outputs
+                maxes, entropies = layout.logit_stats.take()
+                self.parked[step] = ([t.clone() for t in maxes], [t.clone() for t in entropies])
+            rows.append(out[0])
+        decisions, bad = judge_window(layout.steps, start, rows, layout.flagged)
+        if bad is not None:
+            return WindowResult(taken_back_at=bad), end, replayed
+        return self._stand(start, decisions, *out[1:]), end, replayed
 
-    def one(self, step: int) -> bool:
-        """Step `step` by itself, with its own sync; True stops the loop."""
+    def _graph_at(self, logits: bool) -> StepGraph | None:
+        """The graph a window step replays, or None: eager. A logit step's is not tried after the step's failed."""
+        if self.graph is None or not logits:
+            return self.graph
+        return None if self.graph.failed else self.logit_graph
 
-    def graph_at(self, step: int) -> StepGraph | None:
-        """The CUDA graph window step `step` replays (graph=true on CUDA; a lone run's logit steps have their
-        own), or None: eager."""
-
-    def eager_step(self, step: int) -> tuple | None:
-        """Window step `step`, run eagerly: (row, pred, batch); None when a batch read from files is bad."""
-
-    def stepped(self, step: int) -> None:
-        """After window step `step` ran (replayed or eager): keep aside what the window's end reads of it (a lone
-        run's attention statistics on a logit step)."""
-
-    def stand(self, start: int, decisions: list, pred: torch.Tensor, batch) -> WindowResult:
-        """A window whose steps all stood: each step's stall check, metrics row, hooks, in order (`pred` and
-        `batch` are its last step's)."""
-
-    def drop(self) -> None:
-        """Forget what a window taken back left besides its state (the lone run's attention statistics)."""
-
-    def zero_grad(self) -> None:
-        """Drop the gradients."""
-
-
-def drive(stepper: Stepper, step: int) -> None:
-    """Run the loop's steps from `step`: windows where they may stand, one sync per step up to the step that
-    took a window back, and a step by itself wherever the host must see it."""
-    host_until = -1  # steps up to host_until run one sync each (a window taken back)
-    snapshot = None  # the last window's, whose buffers the next one's takes
-    while syncs := stepper.live(step):
-        end = stepper.window_end(step) if step > host_until else step + 1
-        if end - step == 1:
-            for s in syncs:
-                s.one()
-            if stepper.one(step):
-                return
-            step += 1
-            continue
-        snapshot = stepper.snapshot(reuse=snapshot)
-        result, ran_to, replayed = _window(stepper, step, end)
-        for s in syncs:
-            s.window(ran_to, result, replayed)
-        if result.taken_back_at is not None:
-            snapshot.restore()
-            stepper.drop()
-            host_until = result.taken_back_at
-        elif result.stopped_at is not None:
-            return
-        else:
-            step = end
-
-
-def _window(stepper: Stepper, start: int, end: int) -> tuple[WindowResult, int, int]:
-    """Steps start..end-1 with one sync: (how it ended, the first step it did not run, the steps replayed from
-    the graph). AdamW steps unconditionally: a step the scaler or monitor would have stopped takes it back."""
-    rows, replayed = [], 0
-    stepper.at(start, end)  # the optimizer's clock, which each step moves on, and the tables it reads
-    for step in range(start, end):
-        if step > start:  # the last step's gradients stay for the stall check
-            stepper.zero_grad()
-        if (graph := stepper.graph_at(step)) is not None and graph.ready(step):
-            out = graph()
-            replayed += graph.graph is not None  # not when the capture failed
-        else:
-            out = stepper.eager_step(step)
-        if out is None:  # a bad batch read from files: the host's check decides it
-            return WindowResult(taken_back_at=step), step, replayed
-        stepper.stepped(step)
-        rows.append(out[0])
-    decisions, bad = judge_window(stepper.steps, start, rows, stepper.flagged)
-    if bad is not None:
-        return WindowResult(taken_back_at=bad), end, replayed
-    return stepper.stand(start, decisions, *out[1:]), end, replayed
+    def _stand(self, start: int, decisions: list, pred: torch.Tensor, batches: dict) -> WindowResult:
+        """A window whose steps all stood: each step's finish, in order (`pred` and `batches` are its last step's)."""
+        loop, layout = self.loop, self.layout
+        grads, last = layout.grads(), start + len(decisions) - 1
+        for s, ds in enumerate(decisions, start):
+            logits = ("", "")
+            if s in self.parked:  # a logit step: its statistics, read now that the window has synced
+                layout.logit_stats.put(self.parked.pop(s))
+                logits = layout.logit_stats.collect()
+            if loop.finish(s, ds, grads, pred, batches, logits, batch_step=last):
+                # A run stopped (a verdict, a hook): windows end at every run's stall check, and a pack's runs have
+                # no hooks, so only a lone run stops inside a window, and its loop ends here.
+                return WindowResult(stopped_at=s)
+        layout.zero_grad()
+        return WindowResult()
 
 
 def judge_window(steps: Steps, start: int, rows: list[torch.Tensor], flagged: bool):
@@ -242,6 +241,15 @@ class Snapshot:
         for m in monitors:
             numbers, tensors = m.state_dict()
             self.monitors.append((m, copy.deepcopy(numbers), dict(tensors), m.updates))
+
+    @classmethod
+    def of(cls, layout, reuse: "Snapshot | None" = None) -> "Snapshot":
+        """A loop's layout (sweep/run/lone.py, packed.py) as it is now: its trained weights, optimizer, the noise
+        generators of its runs, their scaler and monitors; `restore` ends with its zero_grad."""
+        steps = layout.steps
+        return cls(
+            layout.params, layout.optimizer, layout.generators, steps.scaler, steps.monitors, layout.zero_grad, reuse
+        )
 
     def restore(self) -> None:
         with torch.no_grad():

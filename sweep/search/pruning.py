@@ -84,6 +84,10 @@ class Pruned:
     step: int
     reason: str
 
+    def record(self, result) -> None:
+        """Stopped early by the sweeper's pruner: `skipped`, not a verdict (sweep.run.step.Stop)."""
+        result.status, result.reason, result.pruned_at_step = "skipped", self.reason, self.step
+
 
 class PruningHook:
     """A sweep.run.train.StepHook: report the loss every `report_every` steps; stop the run once it is pruned."""
@@ -97,20 +101,20 @@ class PruningHook:
         self.pruned: Optional[Pruned] = None
         self._off = False
 
-    def after_step(self, step: int, loss: float, parts: Any) -> bool:
+    def after_step(self, step: int, loss: float, parts: Any) -> Pruned | None:
         if self._off or (step + 1) % self.report_every or not math.isfinite(loss):
-            return False
+            return None
         try:
             with_retries(lambda: self.trial.report(loss, step), "report")
             # The last step finishes the run anyway: its value is the trial's, nothing left to save.
             if step >= self.last_step or not with_retries(self.trial.should_prune, "should_prune"):
-                return False
+                return None
         except Exception as e:  # noqa: BLE001  (storage gone: the run itself is still worth finishing)
             log.warning("pruning: cannot reach the ledger (%s: %s); this run continues unpruned", type(e).__name__, e)
             self._off = True
-            return False
+            return None
         self.pruned = Pruned(step, f"pruned by {self.name} at step {step} (loss {loss:.3g})")
-        return True
+        return self.pruned
 
 
 def pruning_hooks(run: RunConfig, sweep_dir: Path) -> list[PruningHook]:
