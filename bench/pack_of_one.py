@@ -25,10 +25,9 @@ from throughput import run_config
 
 from sweep.config import Progress
 from sweep.run.execute import prepare
-from sweep.run.packed import train_packed
 from sweep.run.progress import RunProgress
 from sweep.run.results import MetricsLog, RunResult
-from sweep.run.train import train
+from sweep.run.train import Loop
 
 POLICIES = ("fp32", "bf16_amp", "fp16_amp", "bf16_pure")
 NUMBERS = ("loss", "grad_norm", "loss_scale", "lr", "skipped")
@@ -39,10 +38,7 @@ def one(run, packed: bool) -> tuple[list[dict], float]:
         parts = prepare(run, Path(d), RunResult(status="error"))
         metrics, progress = MetricsLog(), RunProgress(run.steps, Progress.none, run.log_every)
         start = time.perf_counter()
-        if packed:
-            train_packed([run], [parts], [metrics], progress)
-        else:
-            train(run, parts, metrics, progress)
+        Loop([run], [parts], [metrics], progress, stacked=packed).run(0)  # a stacked pack of one, or lone
         return metrics.rows, (time.perf_counter() - start) / max(1, len(metrics.rows))
 
 

@@ -30,17 +30,18 @@ import sweep.run.window as window
 from sweep.run.build import build_parts, reset_process_state, resolve_device
 from sweep.run.execute import execute
 from sweep.run.graph import StepGraph
-from sweep.run.packed import Pack
+from sweep.run.packed import Stacked
 from sweep.run.packing import execute_pack, refusal
 from sweep.run.precision import PrecisionPolicy
+from sweep.run.step import Steps
 
 PACK_PARTS = {
-    "one sync each": (Pack, "one"),  # steps run alone (monitor.sync_every=1), their sync wait included
-    "eager": (Pack, "eager_step"),
+    "alone: decide": (Steps, "decide"),  # a step run by itself (monitor.sync_every=1): its row, the sync wait, judging
+    "forward+backward": (Stacked, "forward_backward"),  # every step's, eager window steps' and captures' included
     "replay": (StepGraph, "__call__"),
-    "snapshot": (Pack, "snapshot"),
+    "snapshot": (window.Snapshot, "of"),
     "sync wait": (window, "judge_window"),
-    "stand": (Pack, "stand"),
+    "stand": (window.Windows, "_stand"),
 }
 """Where a pack's host time goes (bench/host_parts.py): on a GPU, `sync wait` is the device's share."""
 

@@ -4,7 +4,7 @@ graphed loop can come to the bare step (issue #31).
 
     python bench/step_ops.py [--model video_dit_tiny] [OVERRIDE ...]
 
-Counts the ops torch dispatches (a TorchDispatchMode) in one lone window step (sweep.run.train.Lone.
+Counts the ops torch dispatches (a TorchDispatchMode) in one lone window step (sweep.run.lone.Lone.
 device_step: batch, noise, forward, backward, the monitor's row, AdamW), in the optimizer's step alone, in
 the monitor's record alone, and in torch's own AdamW (fused where the device has it, else foreach) over the
 same weights; "compute" leaves out the ops that only make views (no kernel). Runs on any device: the counts
@@ -25,12 +25,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from throughput import run_config
 
-from sweep.data.batches import load_batch
 from sweep.run.execute import prepare
-from sweep.run.progress import RunProgress
-from sweep.run.results import MetricsLog, RunResult
+from sweep.run.lone import Lone
+from sweep.run.results import RunResult
 from sweep.run.step import LoneGrads
-from sweep.run.train import Lone
 
 VIEWS = {
     "view",
@@ -68,13 +66,13 @@ class Ops(TorchDispatchMode):
 
 
 def stepped_once(model: str, overrides: list[str]) -> Lone:
-    """A lone run of `model` in windows (its window step, sweep.run.train.Lone.device_step), after one step:
+    """A lone run of `model` in windows (its window step, sweep.run.lone.Lone.device_step), after one step:
     AdamW's state made, as in every later step."""
     run = run_config([f"model={model}", "steps=4", "monitor.sync_every=4", "progress=none", *overrides])
     parts = prepare(run, Path(tempfile.mkdtemp(prefix="bench_")), RunResult(status="error"))
-    loop = Lone(run, parts, MetricsLog(), RunProgress(run.steps, run.progress, 1))
+    loop = Lone([run], [parts], windows=True)
     loop.clock.fill_(0)
-    loop.device_step(None)
+    loop.device_step([0])
     loop.zero_grad()
     return loop
 
@@ -87,9 +85,9 @@ def main() -> None:
     loop = stepped_once(args.model, args.overrides)
     parts = loop.parts
     with Ops() as step:
-        loop.device_step(None)
+        loop.device_step([0])
     loop.zero_grad()
-    loop.forward_backward(load_batch(parts.dataset, parts.order.indices(2)), logits=False)
+    loop.forward_backward(loop.batches(2, [0])[0], [0])
     grads = LoneGrads([p.grad for p in loop.params if p.grad is not None])
     with Ops() as record:
         loop.steps.record(torch.zeros(1, device=parts.device), grads)

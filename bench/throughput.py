@@ -272,17 +272,18 @@ def graphed_step(run, policy, device, sync_every: int) -> tuple[float, str]:
     counted: the H100 session's graphed figures were 31/26 too fast; docs/gpu.md.)"""
     import sweep.run.window as window
     from sweep.run.graph import StepGraph
-    from sweep.run.train import Lone
+    from sweep.run.lone import Lone
+    from sweep.run.step import Steps
 
     run = dataclasses.replace(run, graph="true", monitor=dataclasses.replace(run.monitor, sync_every=sync_every))
     clock, parts = _Clock(), fresh_parts(run, policy, device)
     timed = {
-        "one sync each": (Lone, "one"),  # steps run alone (a logit step at sync_every=1), their sync wait included
-        "eager": (Lone, "eager_step"),
+        "alone: decide": (Steps, "decide"),  # a step run by itself (a logit step at sync_every=1): row, sync wait
+        "forward+backward": (Lone, "forward_backward"),  # every step's, eager window steps' and captures' included
         "replay": (StepGraph, "__call__"),
-        "snapshot": (Lone, "snapshot"),
+        "snapshot": (window.Snapshot, "of"),
         "sync wait": (window, "judge_window"),
-        "stand": (Lone, "stand"),
+        "stand": (window.Windows, "_stand"),
     }
     with host_parts(timed) as spent:
         start = time.perf_counter()
@@ -300,21 +301,22 @@ def graphed_step(run, policy, device, sync_every: int) -> tuple[float, str]:
 
 
 def loop_graph_step(run, policy, device, steps: int) -> float:
-    """Seconds per step of the loop's own window step (sweep.run.train.Lone.device_step: the batch drawn and
+    """Seconds per step of the loop's own window step (sweep.run.lone.Lone.device_step: the batch drawn and
     checked on the device, noise, forward, backward, the monitor's row, the scaler's decision, DeviceAdamW) as
     its CUDA graph (sweep.run.graph.StepGraph) replayed back to back, with no window around it. Against the bare
     graph: what the monitor and the loop's own step add on the device. Against the graphed loop: what the
     windows (snapshot, the sync, judging and standing) add on the host. (Not a logit step: their own graph.)"""
     from sweep.run.graph import WARMUP, StepGraph
-    from sweep.run.train import Lone
+    from sweep.run.lone import Lone
+    from sweep.run.window import Snapshot
 
     monitor = dataclasses.replace(run.monitor, sync_every=8)  # > 1: batches drawn on the device, as windows do
     run = dataclasses.replace(run, graph="true", steps=steps + WARMUP + 2, monitor=monitor)
     parts = fresh_parts(run, policy, device)
-    lone = Lone(run, parts, MetricsLog(), RunProgress(run.steps, Progress.none, 1))
+    lone = Lone([run], [parts], windows=True)
     lone.clock.fill_(0)
-    lone.device_step(None)  # step 0 eagerly: AdamW's state exists, as a capture waits for
-    graph = StepGraph(lone, run.steps)
+    lone.device_step([0])  # step 0 eagerly: AdamW's state exists, as a capture waits for
+    graph = StepGraph(lone, run.steps, lambda: Snapshot.of(lone))
     lone.zero_grad()
     graph()  # step 1: captured (its warm-up taken back), then replayed; the clock ends at steps + 1 < run.steps
     assert graph.graph is not None, graph.failed
