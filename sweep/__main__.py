@@ -12,12 +12,13 @@ full report with a traceback.
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import os
 import sys
+from typing import Iterator
 
 import hydra
-from omegaconf import DictConfig
 
 from sweep import config as _schemas  # noqa: F401  (registers the schema before Hydra composes)
 from sweep.config.secrets import literal_password_arg
@@ -29,12 +30,21 @@ DISK_ERRORS = (errno.ENOSPC, errno.EDQUOT, errno.EROFS, errno.EACCES, errno.EPER
 CONF_DIR = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "conf")
 
 
-@hydra.main(config_path=CONF_DIR, config_name="config", version_base="1.3")
-def _hydra_main(cfg: DictConfig) -> dict:
-    return run_job(cfg)
+_hydra_main = hydra.main(config_path=CONF_DIR, config_name="config", version_base="1.3")(run_job)
+"""Hydra around the task function, sweep.job.run_job (conf/config.yaml names the job `__main__`, so each run's log
+stays __main__.log)."""
 
 
 def main() -> None:
+    """The `dit-sweep` command: `python -m sweep` installed as a script."""
+    with command_line():
+        _hydra_main()
+
+
+@contextlib.contextmanager
+def command_line() -> Iterator[None]:
+    """Around Hydra's main: a secret on the command line, a full disk or a config mistake ends the command with one
+    line (and exit status 1 or 2) instead of a traceback."""
     key = literal_password_arg(sys.argv[1:])
     if key is not None:
         how = (
@@ -49,7 +59,7 @@ def main() -> None:
     user_wants_traceback = bool(os.environ.get("HYDRA_FULL_ERROR"))
     os.environ["HYDRA_FULL_ERROR"] = "1"  # let errors reach us so a user mistake can be one line
     try:
-        _hydra_main()
+        yield
     except Exception as exc:
         # Hydra writes each job's .hydra/ before our code runs: a full or read-only disk stops the sweep there.
         # (Hydra's MissingConfigException is an OSError too, without an errno: a config error, below.)
@@ -66,6 +76,7 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    from sweep.exit import exit_after
+    from sweep.exit import exiting
 
-    exit_after(main)
+    with exiting(), command_line():  # inline, not main(): the Hydra task is the next frame of ours (docs/design.md)
+        _hydra_main()

@@ -12,16 +12,26 @@ traceback, its teardown).
 from __future__ import annotations
 
 import atexit
+import contextlib
 import os
 import sys
 import threading
-from typing import Callable, NoReturn
+from typing import Callable, Iterator, NoReturn
 
 
 def exit_after(main: Callable[[], object]) -> NoReturn:
     """Run `main` (its return value is the exit status, as for sys.exit(main())), then end the process."""
+    with exiting():
+        raise SystemExit(main())
+
+
+@contextlib.contextmanager
+def exiting() -> Iterator[NoReturn]:
+    """Around a command's main: when it ends (its SystemExit's code, or 0), end the process with that status, as
+    `exit_after` does; the command's own frames stay as they are (python -m sweep runs its Hydra task inside)."""
+    code: object = None
     try:
-        code = main()
+        yield
     except SystemExit as e:
         code = e.code
     status = exit_status(code)

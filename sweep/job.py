@@ -36,14 +36,6 @@ from sweep.search.pruning import pruning_hooks
 log = logging.getLogger("sweep")
 
 
-def execute(*args, **kwargs):
-    """sweep.run.execute.execute, imported at the first run: it imports torch (~2 s), and a command line that
-    fails composition or validation says so and exits without it."""
-    from sweep.run.execute import execute as run
-
-    return run(*args, **kwargs)
-
-
 def swept_params(cfg: DictConfig, overrides: list[str], choices: dict) -> dict:
     """The job's overrides as {dotted.key: value}: a config-group choice by its option name."""
     params = {}
@@ -113,12 +105,16 @@ def run_job(cfg: DictConfig) -> dict:
     Ctrl-C or SIGTERM stops the run after its current step; its files and trial are written, then the
     process exits with 128 + the signal's number, ending the sweep (sweep/run/interrupt.py)."""
     job = job_spec_task(cfg)
+    # Imported at the first run: it imports torch (~2 s), and a command line that fails composition or validation
+    # says so and exits without it.
+    from sweep.run.execute import execute_runs
+
     install_secret_filter(job.run.ledger.storage, job.run.logger.mlflow.tracking_uri)  # Hydra's job logging is new
     with stopping_on_signals() as request:
         # pruning_hooks: reports to the ledger's trial, only with our sweeper's pruner (sweep/search/pruning.py)
         hooks = [*pruning_hooks(job.run, job.sweep_dir), StopOnSignal(request, job.run.steps), *state_hooks(job)]
         with per_sweep(job.sweep_dir if job.multirun else None):  # a line every run would repeat: once per sweep
-            result = execute(job.run, job.run_dir, job.params, label=job.label, hooks=hooks, sinks=job_sinks(job))
+            (result,) = execute_runs([job.run], [job.run_dir], [job.params], [job.label], hooks, [job_sinks(job)])
         returned = finish_job(job, result)
     if request.signum is not None:
         log.warning(

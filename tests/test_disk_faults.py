@@ -11,7 +11,7 @@ import subprocess
 import optuna
 import pytest
 
-import sweep.job
+import sweep.run.execute
 
 from .conftest import FAST, multirun_in_process, read_result, run_cli
 
@@ -46,14 +46,14 @@ def read_only_over(run_dir) -> None:
 
 def sweep_with_fault(monkeypatch, tmp_path, mnt, job: str, fault) -> tuple[list, BaseException | None]:
     """A 2-cell grid in `mnt`, the ledger outside it; `fault(the job's dir)` strikes while that job trains."""
-    real = sweep.job.execute
+    real = sweep.run.execute.execute_runs
 
-    def execute(run, out_dir, *args, **kwargs):
-        if out_dir.name == job:
-            fault(out_dir)
-        return real(run, out_dir, *args, **kwargs)
+    def execute_runs(runs, out_dirs, *args, **kwargs):
+        if out_dirs[0].name == job:
+            fault(out_dirs[0])
+        return real(runs, out_dirs, *args, **kwargs)
 
-    monkeypatch.setattr(sweep.job, "execute", execute)
+    monkeypatch.setattr(sweep.run.execute, "execute_runs", execute_runs)
     raised = None
     try:
         multirun_in_process(

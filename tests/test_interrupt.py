@@ -146,17 +146,17 @@ def test_sigterm_stops_a_sweep_process_and_closes_its_trial(tmp_path):
 
 @pytest.mark.slow
 def test_ctrl_c_stops_a_grid_and_the_same_command_runs_only_the_unfinished_cells(tmp_path, monkeypatch):
-    import sweep.job
+    import sweep.run.execute
 
-    real, ran = sweep.job.execute, []
+    real, ran = sweep.run.execute.execute_runs, []
 
-    def execute(run, out_dir, *args, hooks=(), **kwargs):
-        ran.append(out_dir.name)
-        if out_dir.name == "1" and len(ran) == 2:  # Ctrl-C while cell 1 trains, the first time only
+    def execute_runs(runs, out_dirs, params, labels, hooks=(), *args, **kwargs):
+        ran.append(out_dirs[0].name)
+        if out_dirs[0].name == "1" and len(ran) == 2:  # Ctrl-C while cell 1 trains, the first time only
             hooks = [SignalAt(1, signal.SIGINT), *hooks]
-        return real(run, out_dir, *args, hooks=hooks, **kwargs)
+        return real(runs, out_dirs, params, labels, hooks, *args, **kwargs)
 
-    monkeypatch.setattr(sweep.job, "execute", execute)
+    monkeypatch.setattr(sweep.run.execute, "execute_runs", execute_runs)
     grid = ("optim.lr=1e-3,2e-3,3e-3", "steps=4")
     with pytest.raises(SystemExit) as exit_:
         multirun_in_process(tmp_path, *grid)
@@ -192,15 +192,15 @@ def test_an_interrupted_optuna_batch_leaves_no_trial_running_and_resumes(tmp_pat
     """n_jobs=2: the first job is interrupted, so the second never starts; its asked trial is failed as
     stale instead of staying RUNNING until its heartbeat goes stale. Neither counts as done: the same
     command runs both cells."""
-    import sweep.job
+    import sweep.run.execute
     from sweep.search.ledger import STALE_ATTR
 
-    real = sweep.job.execute
+    real = sweep.run.execute.execute_runs
 
-    def execute(run, out_dir, *args, hooks=(), **kwargs):
-        return real(run, out_dir, *args, hooks=[SignalAt(0, signal.SIGTERM), *hooks], **kwargs)
+    def execute_runs(runs, out_dirs, params, labels, hooks=(), *args, **kwargs):
+        return real(runs, out_dirs, params, labels, [SignalAt(0, signal.SIGTERM), *hooks], *args, **kwargs)
 
-    monkeypatch.setattr(sweep.job, "execute", execute)
+    monkeypatch.setattr(sweep.run.execute, "execute_runs", execute_runs)
     axes = ("hydra/sweeper=optuna_sweep", "hydra.sweeper.sampler.name=grid", "optim.lr=choice(1e-3,2e-3)")
     with pytest.raises(SystemExit):
         multirun_in_process(tmp_path, *axes, "hydra.sweeper.n_jobs=2", "steps=5")
@@ -209,7 +209,7 @@ def test_an_interrupted_optuna_batch_leaves_no_trial_running_and_resumes(tmp_pat
     assert trials[0].user_attrs["status"] == "interrupted" and trials[0].user_attrs["interrupted_at_step"] == 0
     assert trials[1].system_attrs.get(STALE_ATTR) is True and not (tmp_path / "1" / "result.json").exists()
 
-    monkeypatch.setattr(sweep.job, "execute", real)  # the same swept axes again (steps may change): both cells run
+    monkeypatch.setattr(sweep.run.execute, "execute_runs", real)  # the same axes again: both cells run
     multirun_in_process(tmp_path, *axes, "steps=2")
     trials = optuna.load_study(study_name=str(tmp_path), storage=f"sqlite:///{tmp_path / 'ledger.db'}").trials
     done = sorted(t.params["optim.lr"] for t in trials if t.state is TrialState.COMPLETE)

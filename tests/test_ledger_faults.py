@@ -116,19 +116,19 @@ def test_lock_timeout_must_be_positive(value):
 def test_postgres_stopped_mid_sweep_loses_no_trial(tmp_path, monkeypatch, postgres_url, capsys):
     """The server goes down while job 1 trains: jobs 1 and 2 keep their results and leave their trials
     pending (the log names the cause); once it is back, python -m sweep.sync_ledger records them."""
-    import sweep.job
+    import sweep.run.execute
 
     from .conftest import multirun_in_process
 
     sweep_dir = tmp_path / "sweep"
-    real = sweep.job.execute
+    real = sweep.run.execute.execute_runs
 
-    def execute(run, out_dir, *args, **kwargs):
-        if out_dir.name == "1":
+    def execute_runs(runs, out_dirs, *args, **kwargs):
+        if out_dirs[0].name == "1":
             subprocess.run(["bash", str(REPO / "scripts" / "postgres.sh"), "stop"], check=True, capture_output=True)
-        return real(run, out_dir, *args, **kwargs)
+        return real(runs, out_dirs, *args, **kwargs)
 
-    monkeypatch.setattr(sweep.job, "execute", execute)
+    monkeypatch.setattr(sweep.run.execute, "execute_runs", execute_runs)
     monkeypatch.setenv("SWEEP_LEDGER_URL", postgres_url)
     try:
         multirun_in_process(sweep_dir, "optim.lr=1e-3,2e-3,3e-3", "steps=2", LEDGER_FROM_ENV, "ledger.lock_timeout_s=1")

@@ -18,6 +18,7 @@ import numpy
 import pytest
 
 import sweep.job
+import sweep.run.execute
 from sweep.config import ConfigError
 from sweep.run.execute import execute
 from sweep.run.results import METRIC_COLUMNS, METRICS_FILE, MetricsLog, RunResult
@@ -270,15 +271,15 @@ def test_the_server_killed_mid_sweep_loses_nothing_but_the_tracking(grid, server
     """Keep last: kills the module's server. Job 1 loses it mid-run, 2 and 3 at start."""
     import optuna
 
-    real, calls = sweep.job.execute, []
+    real, calls = sweep.run.execute.execute_runs, []
 
-    def execute_killing(run, out_dir, params, label="", hooks=(), sinks=()):
-        calls.append(out_dir)
+    def execute_killing(runs, out_dirs, params, labels, hooks=(), *args, **kwargs):
+        calls.append(out_dirs[0])
         if len(calls) == 2:
             hooks = [*hooks, KillServer(server, step=2)]
-        return real(run, out_dir, params, label=label, hooks=hooks, sinks=sinks)
+        return real(runs, out_dirs, params, labels, hooks, *args, **kwargs)
 
-    monkeypatch.setattr(sweep.job, "execute", execute_killing)
+    monkeypatch.setattr(sweep.run.execute, "execute_runs", execute_killing)
     sweep_dir = tmp_path / "sweep"
     overrides = ["logger=[tensorboard,mlflow]", f"logger.mlflow.tracking_uri={uri}", "logger.mlflow.retries=0"]
     multirun_in_process(sweep_dir, *overrides, "logger.flush_every=2", *GRID)

@@ -82,19 +82,19 @@ def test_real_multirun_ends_with_the_summary_and_both_sources_agree(tmp_path, ca
 
 def test_a_job_marks_its_directory_as_being_written_until_recorded(tmp_path, monkeypatch, capsys):
     """What tells a running job from a killed one: the job's lock, held from its start to its record."""
-    import sweep.job
+    import sweep.run.execute
     from sweep.report.runs import runs_from_dirs
     from sweep.run.results import RUNNING_LOCK, is_being_written
 
     from .conftest import multirun_in_process
 
-    seen, real = [], sweep.job.execute
+    seen, real = [], sweep.run.execute.execute_runs
 
-    def execute(run, out_dir, *a, **k):
-        seen.append((is_being_written(out_dir), runs_from_dirs(tmp_path / "s", starting_s=0).status.tolist()))
-        return real(run, out_dir, *a, **k)
+    def execute_runs(runs, out_dirs, *a, **k):
+        seen.append((is_being_written(out_dirs[0]), runs_from_dirs(tmp_path / "s", starting_s=0).status.tolist()))
+        return real(runs, out_dirs, *a, **k)
 
-    monkeypatch.setattr(sweep.job, "execute", execute)
+    monkeypatch.setattr(sweep.run.execute, "execute_runs", execute_runs)
     multirun_in_process(tmp_path / "s", "steps=2", "optim.lr=1e-4,1e-3")
     assert seen == [(True, ["running"]), (True, ["stable", "running"])]
     assert not any((tmp_path / "s" / n / RUNNING_LOCK).exists() for n in ("0", "1"))

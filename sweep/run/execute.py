@@ -16,7 +16,7 @@ import math
 import time
 import traceback
 from pathlib import Path
-from typing import Sequence
+from typing import Callable, Sequence
 
 import torch
 
@@ -91,7 +91,9 @@ def execute_runs(
     metrics = [new_metrics(run, Path(d), s) for run, d, s in zip(runs, out_dirs, sinks or [()] * n)]
     for rows, history in zip(metrics, histories or [()] * n):
         rows.rows.extend(dict(row) for row in history)
-    built = [(i, b) for i in range(n) if (b := set_up(runs[i], Path(out_dirs[i]), results[i])) is not None]
+    # A stop signal stops a lone run's set-up at once; a pack in progress is what the packed launcher lets finish.
+    guard = contextlib.nullcontext if stacked else setting_up
+    built = [(i, b) for i in range(n) if (b := set_up(runs[i], Path(out_dirs[i]), results[i], guard)) is not None]
     members = [i for i, _ in built]
     if members:
         lead = runs[members[0]]
@@ -141,11 +143,13 @@ def execute_runs(
     return results
 
 
-def set_up(run: RunConfig, out_dir: Path, result: RunResult) -> tuple[RunParts, Evaluator | None] | None:
+def set_up(
+    run: RunConfig, out_dir: Path, result: RunResult, guard: Callable = setting_up
+) -> tuple[RunParts, Evaluator | None] | None:
     """The run built, compiled when asked, and its evaluator; None when `result` is already final (skipped, refused
-    at load, a set-up that failed, or a stop signal before step 0)."""
+    at load, a set-up that failed, or a stop signal before step 0: `guard`, sweep.run.interrupt.setting_up)."""
     try:
-        with setting_up():  # a stop signal stops the set-up at once (sweep/run/interrupt.py)
+        with guard():
             parts = prepare(run, out_dir, result)
             if parts is None:
                 return None
