@@ -15,11 +15,12 @@ import pytest
 
 from sweep.config import ConfigError
 from sweep.report.__main__ import main
+from sweep.report.causes import errors
 from sweep.report.marginal import FACTOR
 from sweep.report.noise import EVAL, FINAL
 from sweep.report.recommend import recommend
 from sweep.report.summary import summarize
-from sweep.report.tables import divergence_map, errors, frontier, marginal_runs, short_reason
+from sweep.report.tables import divergence_map, frontier, marginal_runs, short_reason
 from sweep.report.target import unrunnable
 from sweep.report.text import render_markdown, render_text
 

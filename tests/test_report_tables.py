@@ -21,10 +21,11 @@ import pandas as pd
 import pytest
 
 from sweep.config import Verdict
+from sweep.report.causes import root_causes
 from sweep.report.recommend import recommend
 from sweep.report.runs import runs_from_dirs
 from sweep.report.summary import summarize
-from sweep.report.tables import SHORT, divergence_map, frontier, lr_sensitivity, root_causes, swept_axes, toggle_effects
+from sweep.report.tables import SHORT, divergence_map, frontier, lr_sensitivity, swept_axes, toggle_effects
 from sweep.report.text import parquet_safe, render_markdown, render_text, write_summary
 
 from .conftest import read_result

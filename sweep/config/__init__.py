@@ -18,6 +18,16 @@ first run cheaply. Its modules:
 Every name is re-exported here: import from `sweep.config`.
 """
 
+from sweep.config.around import (
+    ConfirmConfig,
+    LedgerConfig,
+    LoggerConfig,
+    MlflowConfig,
+    ReportConfig,
+    ScenarioConfig,
+    ScenarioExpect,
+    TensorBoardConfig,
+)
 from sweep.config.enums import (
     Arch,
     AttentionBackend,
@@ -58,27 +68,19 @@ from sweep.config.schema import (
     AttentionConfig,
     CheckpointConfig,
     ConfigError,
-    ConfirmConfig,
     DataConfig,
     EvalConfig,
     FaultConfig,
     FinetuneConfig,
     LadderConfig,
-    LedgerConfig,
-    LoggerConfig,
     LossScalerConfig,
-    MlflowConfig,
     ModelConfig,
     ModulateConfig,
     MonitorConfig,
     ObjectiveConfig,
     OptimConfig,
     PrecisionConfig,
-    ReportConfig,
     RunConfig,
-    ScenarioConfig,
-    ScenarioExpect,
-    TensorBoardConfig,
     enum_choices,
     register_schemas,
 )

@@ -18,7 +18,7 @@ from typing import Callable
 
 from sweep.diagnose.diagnosis import DIAGNOSIS_FILE, diagnose
 from sweep.diagnose.record import DiagnoseError
-from sweep.report.tables import failure_key
+from sweep.report.causes import failure_key
 from sweep.run.interrupt import Stopped, stopping_on_signals
 from sweep.run.results import recorded_mechanism
 

@@ -28,6 +28,7 @@ from typing import Any
 
 import pandas as pd
 
+from sweep.report.causes import diagnoses, errors, errors_text, root_causes
 from sweep.report.confirmation import Confirmation, confirm_records, with_held
 from sweep.report.figures import HEATMAP_ID, heatmap, ladder_figure
 from sweep.report.ladder import ladder_fit, ladder_lines
@@ -35,16 +36,12 @@ from sweep.report.marginal import factor
 from sweep.report.noise import quality_column, quality_name
 from sweep.report.recommend import Recommendation
 from sweep.report.tables import (
-    diagnoses,
     divergence_cells,
     divergence_map,
-    errors,
-    errors_text,
     frontier,
     frontier_records,
     lr_notes,
     lr_sensitivity,
-    root_causes,
     toggle_effects,
 )
 
