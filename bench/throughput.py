@@ -293,7 +293,7 @@ def graphed_step(run, policy, device, sync_every: int) -> tuple[float, str]:
     assert syncs.taken_back == 0, f"a window was taken back: {syncs.to_dict()}; the figure needs a stable run"
     ends, step = [], 0  # each window's last step
     while step < run.steps:
-        step = window.window_end(run, step, None, sync_every)
+        step = window.window_end(run.monitor, run.steps, step, None, sync_every)
         ends.append(step - 1)
     seen = dict(clock.seen)
     s0, s1 = next(e for e in ends if e >= run.steps // 2), run.steps - 1

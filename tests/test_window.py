@@ -109,9 +109,10 @@ def test_windows_stand_between_stall_checks_and_eval_steps_with_logit_steps_insi
     from sweep.run.window import window_end
 
     run = make_run("steps=50", "monitor.stall_window=20", "monitor.logit_every=10", "monitor.sync_every=8")
-    assert [window_end(run, s, None, 8) for s in (0, 8, 10, 18, 19, 20, 48)] == [8, 16, 18, 20, 20, 28, 50]
-    assert window_end(run, 0, None, 32) == 20  # the logit steps 0 and 10 inside, the stall check (19) last
-    assert window_end(run, 3, None, 1) == 4
+    m, steps = run.monitor, run.steps
+    assert [window_end(m, steps, s, None, 8) for s in (0, 8, 10, 18, 19, 20, 48)] == [8, 16, 18, 20, 20, 28, 50]
+    assert window_end(m, steps, 0, None, 32) == 20  # the logit steps 0 and 10 inside, the stall check (19) last
+    assert window_end(m, steps, 3, None, 1) == 4
 
 
 @pytest.mark.slow

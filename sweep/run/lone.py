@@ -38,7 +38,8 @@ class Lone:
         self.optimizer, self.clock = parts.optimizer, parts.optimizer.clock
         self.params = [p for p in parts.model.parameters() if p.requires_grad]
         self.generators = [parts.noise_gen]
-        self.steps, self.logit_stats = Steps([run], [parts.monitor], parts.scaler), LogitStats()
+        self.steps = Steps([parts.monitor], parts.scaler, [run.optim.grad_clip], [run.steps])
+        self.logit_stats = LogitStats()
         # Windows draw synthetic batches on the device and check them there (sweep/data/device.py).
         self.device_batches = None
         if windows:

@@ -53,7 +53,10 @@ class Stacked:
         self.model = PackedModel([p.model for p in parts])
         self.optimizer = StackedAdamW(parts, self.model.params)
         self.clock = self.optimizer.clock
-        self.steps = Steps(runs, [p.monitor for p in parts], DeviceLossScaler.stack([p.scaler for p in parts]))
+        scaler = DeviceLossScaler.stack([p.scaler for p in parts])
+        self.steps = Steps(
+            [p.monitor for p in parts], scaler, [r.optim.grad_clip for r in runs], [r.steps for r in runs]
+        )
         self.packed = list(range(len(runs)))
         self.logit_stats = None
         # Windows draw every run's synthetic batch with one gather on the device (sweep/data/device.py).

@@ -1,7 +1,7 @@
-"""What happens after a backward, for K runs at once: one piece of code for the lone loop and the pack.
+"""What happens after a backward, for K runs at once: one piece of code for a lone run and a pack.
 
-sweep/run/train.py trains one run (K=1), sweep/run/packed.py K runs stacked; from their losses and
-gradients on, both go through `Steps`, in this order:
+The loop (sweep/run/train.py) trains one run (K=1, the lone layout) or K runs stacked (the pack's layout); from
+their losses and gradients on, both go through `Steps`, in this order:
 
 1. unscale each run's gradients by its own loss scale and take each run's global gradient norm;
 2. the scaler decides on the device (sweep/run/scaler.py): step, skip, or collapse, per run; clipping
@@ -12,8 +12,8 @@ gradients on, both go through `Steps`, in this order:
 5. the loop applies its optimizer to the runs that step (sweep/run/adamw.py: DeviceAdamW alone, StackedAdamW packed);
 6. per run: the stall check after an update, the explanation of a first verdict, the metrics row.
 
-The loops keep only what differs between them: how the batch gets into the model, the optimizer,
-and where the explanation finds a run's weights and prediction.
+The layouts (sweep/run/lone.py, sweep/run/packed.py) keep only what differs between them: how the batch gets into
+the model, the optimizer, and where the explanation finds a run's weights and prediction.
 """
 
 from __future__ import annotations
@@ -24,7 +24,6 @@ from typing import TYPE_CHECKING, Callable, Protocol, Sequence, runtime_checkabl
 
 import torch
 
-from sweep.config import RunConfig
 from sweep.run.monitor import Divergence, DivergenceMonitor
 from sweep.run.precision import ScalerEvent
 from sweep.run.results import MetricsLog
@@ -129,20 +128,25 @@ class Decision:
 class Steps:
     """The scaler, monitors and metrics of K runs, and the after-backward sequence they share."""
 
-    def __init__(self, runs: Sequence[RunConfig], monitors: Sequence[DivergenceMonitor], scaler: DeviceLossScaler):
-        self.runs, self.monitors, self.scaler = list(runs), list(monitors), scaler
+    def __init__(
+        self,
+        monitors: Sequence[DivergenceMonitor],
+        scaler: DeviceLossScaler,
+        grad_clips: Sequence[float],
+        steps: Sequence[int],
+    ):
+        """Run k's monitor, its row of the scaler, its optim.grad_clip (0: off) and its number of steps."""
+        self.monitors, self.scaler, self.steps = list(monitors), scaler, list(steps)
         # On the scaler's device: a captured step cannot copy from the host
-        self.clip = torch.tensor(
-            [r.optim.grad_clip for r in self.runs], dtype=torch.float64, device=scaler.scale.device
-        )
-        self.clipping = any(r.optim.grad_clip > 0 for r in self.runs)
+        self.clip = torch.tensor(list(grad_clips), dtype=torch.float64, device=scaler.scale.device)
+        self.clipping = any(c > 0 for c in grad_clips)
 
     def keep(self, positions: list[int]) -> None:
         """Keep only the runs at these positions, in this order (a pack compacting)."""
-        self.runs = [self.runs[i] for i in positions]
         self.monitors = [self.monitors[i] for i in positions]
+        self.steps = [self.steps[i] for i in positions]
         self.clip = self.clip[positions]
-        self.clipping = any(r.optim.grad_clip > 0 for r in self.runs)
+        self.clipping = bool((self.clip > 0).any())
         self.scaler.keep(positions)
 
     def backward(self, loss: torch.Tensor) -> None:
@@ -201,7 +205,7 @@ class Steps:
         if d.stepping:
             checked = m.count_update(step)
             d.verdict = m.stall_check(step, params(), grads.of(i)) if checked else None
-        if d.verdict is None and not checked and step == self.runs[i].steps - 1:
+        if d.verdict is None and not checked and step == self.steps[i] - 1:
             m.measure_end(params())
         return d.verdict
 
@@ -216,7 +220,8 @@ class Steps:
         eval_loss: float | str = "",
     ) -> None:
         """Run i's metrics row for this step (docs/design.md, metrics.csv)."""
-        monitor, checked = self.monitors[i], (step + 1) % self.runs[i].monitor.stall_window == 0
+        monitor = self.monitors[i]
+        checked = (step + 1) % monitor.cfg.stall_window == 0
         metrics.log(
             step=step,
             loss=d.loss,

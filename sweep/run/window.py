@@ -26,7 +26,7 @@ from typing import Callable, NamedTuple, Sequence
 
 import torch
 
-from sweep.config import RunConfig
+from sweep.config import MonitorConfig
 from sweep.run.adamw import copies, copy_back
 from sweep.run.evaluate import Evaluator
 from sweep.run.graph import WARMUP, StepGraph, wanted
@@ -35,10 +35,10 @@ from sweep.run.scaler import DeviceLossScaler
 from sweep.run.step import Decision, Row, Steps
 
 
-def window_end(run: RunConfig, step: int, evaluator: Evaluator | None, size: int) -> int:
-    """The first step after the window that starts at `step` (at most `size` steps, at least one)."""
-    m = run.monitor
-    end = min(step + size, run.steps)
+def window_end(m: MonitorConfig, steps: int, step: int, evaluator: Evaluator | None, size: int) -> int:
+    """The first step after the window that starts at `step` (at most `size` steps, at least one) of a run of
+    `steps` steps with monitor section `m` (its stall checks end windows)."""
+    end = min(step + size, steps)
     for s in range(step, end):
         if (s + 1) % m.stall_window == 0 or (evaluator is not None and evaluator.due(s)):
             return s + 1
@@ -123,7 +123,8 @@ class Windows:
             return step + 1
         loop = self.loop
         size = min(loop.runs[k].monitor.sync_every for k in loop.training)
-        return min(window_end(loop.runs[k], step, loop.evaluators[k], size) for k in loop.training)
+        runs = loop.runs
+        return min(window_end(runs[k].monitor, runs[k].steps, step, loop.evaluators[k], size) for k in loop.training)
 
     def run(self, start: int, end: int) -> int:
         """Steps start..end-1 with one sync; the step the loop goes on from (`start` again when taken back)."""
