@@ -121,12 +121,12 @@ def test_records_the_kernels_that_ran(tmp_path, attention, modulate):
 
 
 def test_a_crash_is_an_error_result_not_an_exception(tmp_path, monkeypatch):
-    import sweep.run.execute
+    from sweep.run.train import Loop
 
     def boom(*a, **k):
         raise RuntimeError("simulated bug")
 
-    monkeypatch.setattr(sweep.run.execute, "train", boom)
+    monkeypatch.setattr(Loop, "run", boom)
     r = run(tmp_path, "steps=2")
     assert r.status == "error" and "simulated bug" in r.reason
 
