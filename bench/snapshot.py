@@ -22,6 +22,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from step_ops import stepped_once
 
+from sweep.run.window import Snapshot
+
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
@@ -43,11 +45,11 @@ def main() -> None:
         sync()
         return host, time.perf_counter() - start
 
-    last = lone.snapshot()
+    last = Snapshot.of(lone)
     fresh, reused, restore = [], [], []
     for _ in range(args.reps):
-        fresh.append(timed(lambda: lone.snapshot()))
-        reused.append(timed(lambda: lone.snapshot(reuse=last)))
+        fresh.append(timed(lambda: Snapshot.of(lone)))
+        reused.append(timed(lambda: Snapshot.of(lone, reuse=last)))
         restore.append(timed(last.restore))
     tensors = len(last.weights) + len(last.optimizer.copies)
     mib = sum(t.numel() * t.element_size() for t in [*last.weights, *last.optimizer.copies]) / 2**20

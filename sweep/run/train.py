@@ -66,14 +66,8 @@ class Loop:
         probe: tuple[int, contextlib.AbstractContextManager] | None = None,
         stacked: bool = False,
     ):
-        self.runs, self.parts, self.metrics, self.progress, self.hooks, self.probe = (
-            runs,
-            parts,
-            metrics,
-            progress,
-            hooks,
-            probe,
-        )
+        self.runs, self.parts, self.metrics, self.progress = runs, parts, metrics, progress
+        self.hooks, self.probe = hooks, probe
         self.evaluators = list(evaluators or [None] * len(runs))
         self.syncs = list(syncs or [Syncs() for _ in runs])
         windowed = probe is None and all(getattr(h, "window_safe", False) for h in hooks)
