@@ -1,5 +1,5 @@
-"""Could a lone run be a pack of one? Its numbers and its speed, lone (sweep/run/train.py) against packed
-(sweep/run/packed.py, K=1), on the same machine, for each precision policy.
+"""Could a lone run be a pack of one? Its numbers and its speed in the loop's lone layout (sweep/run/lone.py)
+against its stacked layout (sweep/run/packed.py, K=1), on the same machine, for each precision policy.
 
     python bench/pack_of_one.py [--steps 40] [--repeats 3] [OVERRIDE ...]
 
@@ -7,7 +7,7 @@ For each policy it builds the run twice from the same config (sweep.run.execute.
 initial weights) and trains it lone and as a pack of one, `--repeats` times each, alternating. It prints
 whether every metrics row is bit-identical (loss, gradient norm, loss scale, lr; attention statistics are
 compared separately: a pack records none), the first step whose loss differs, and the median seconds per
-step of each. Issue #32 asks for this before the lone loop may become a pack of one.
+step of each. Issues #32 and #47 asked for this before a lone run may become a pack of one.
 """
 
 from __future__ import annotations
