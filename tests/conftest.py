@@ -184,11 +184,25 @@ def _quiet_ci(monkeypatch):
     monkeypatch.setenv("CI", os.environ.get("CI", "1"))
 
 
+LONGEST = REPO / "tests" / "data" / "longest_tests.txt"
+"""The longest test functions, longest first (`#` starts a comment)."""
+
+
+def longest_first(items: list) -> None:
+    """Put the tests of LONGEST first, in its order, the others after them in their own order: under pytest -n the
+    workers take tests in this order, so neither ends the suite on a long one while the other waits."""
+    names = [line.split("#")[0].strip() for line in LONGEST.read_text().splitlines()]
+    rank = {name: i for i, name in enumerate(n for n in names if n)}
+    items.sort(key=lambda item: rank.get(item.nodeid.split("[")[0], len(rank)))
+
+
 def pytest_collection_modifyitems(config, items):
-    """Tests marked `cuda` are skipped, with the reason, where torch sees no CUDA device (`make test-gpu` runs
-    them). tests/test_loggers.py needs a real mlflow server (~15 s to start): start it now, in the background,
-    so the tests before that module hide its start-up."""
+    """The longest tests first (longest_first). Tests marked `cuda` are skipped, with the reason, where torch sees
+    no CUDA device (`make test-gpu` runs them). tests/test_loggers.py needs a real mlflow server (~15 s to start):
+    start it now, in the background, so the tests before that module hide its start-up."""
     import torch
+
+    longest_first(items)
 
     if not torch.cuda.is_available():
         no_cuda = pytest.mark.skip(reason="needs a CUDA device (torch.cuda.is_available() is False): make test-gpu")
