@@ -7,6 +7,7 @@ import json
 import os
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 
 if os.environ.get("PYTEST_XDIST_WORKER"):
@@ -116,6 +117,58 @@ def run_cli(
     return subprocess.run(cmd, cwd=cwd, env=environ, capture_output=True, text=True, timeout=timeout, **popen)
 
 
+# One `python -m sweep ARGV` per case, one after another in this interpreter: sweep.__main__.main with the case's
+# argv, cwd and a fresh copy of the starting environment (main sets HYDRA_FULL_ERROR for itself), file descriptor 2
+# sent to the case's own file (what the process's stderr would hold, Python's and C's alike); an exception that
+# escapes main is printed there as Python would, with status 1. The last line of stdout: each case's status.
+REFUSALS = """
+import json, os, sys, traceback
+from hydra.core.global_hydra import GlobalHydra
+from sweep.__main__ import main
+from sweep.exit import exit_status
+cases, env, codes = json.loads(sys.argv[1]), dict(os.environ), []
+for argv, cwd, stderr in cases:
+    os.environ.clear()
+    os.environ.update(env)
+    GlobalHydra.instance().clear()
+    os.chdir(cwd)
+    sys.argv, saved, err = ["sweep", *argv], os.dup(2), os.open(stderr, os.O_WRONLY | os.O_CREAT | os.O_TRUNC)
+    os.dup2(err, 2)
+    try:
+        try:
+            code = exit_status(main())
+        except SystemExit as e:
+            code = exit_status(e.code)
+        except BaseException:
+            traceback.print_exc()
+            code = 1
+    finally:
+        sys.stderr.flush()
+        os.dup2(saved, 2)
+        os.close(err)
+        os.close(saved)
+    codes.append(code)
+print(json.dumps(codes))
+"""
+
+
+def run_cli_refusals(*cases: tuple[list[str], Path]) -> list[subprocess.CompletedProcess]:
+    """`python -m sweep ARGV` from `cwd` for each (ARGV, cwd), all in one subprocess (one interpreter start-up and
+    torch import, not one per case): for command lines refused before any run, whose exit status and stderr are
+    what a test reads. One CompletedProcess per case (its stdout is not kept). A test of how `python -m sweep`
+    itself starts and ends keeps its own run_cli."""
+    with tempfile.TemporaryDirectory() as stderrs:
+        files = [Path(stderrs) / str(i) for i in range(len(cases))]
+        spec = [[list(argv), str(cwd), str(f)] for (argv, cwd), f in zip(cases, files)]
+        proc = run_cli("-c", REFUSALS, json.dumps(spec))
+        assert proc.returncode == 0, proc.stderr[-3000:]
+        codes = json.loads(proc.stdout.splitlines()[-1])
+        return [
+            subprocess.CompletedProcess(argv, code, "", f.read_text())
+            for (argv, _), code, f in zip(cases, codes, files)
+        ]
+
+
 def read_result(run_dir: Path | str) -> dict:
     """The result.json a run wrote into `run_dir`."""
     return json.loads((Path(run_dir) / "result.json").read_text())
@@ -131,11 +184,25 @@ def _quiet_ci(monkeypatch):
     monkeypatch.setenv("CI", os.environ.get("CI", "1"))
 
 
+LONGEST = REPO / "tests" / "data" / "longest_tests.txt"
+"""The longest test functions, longest first (`#` starts a comment)."""
+
+
+def longest_first(items: list) -> None:
+    """Put the tests of LONGEST first, in its order, the others after them in their own order: under pytest -n the
+    workers take tests in this order, so neither ends the suite on a long one while the other waits."""
+    names = [line.split("#")[0].strip() for line in LONGEST.read_text().splitlines()]
+    rank = {name: i for i, name in enumerate(n for n in names if n)}
+    items.sort(key=lambda item: rank.get(item.nodeid.split("[")[0], len(rank)))
+
+
 def pytest_collection_modifyitems(config, items):
-    """Tests marked `cuda` are skipped, with the reason, where torch sees no CUDA device (`make test-gpu` runs
-    them). tests/test_loggers.py needs a real mlflow server (~15 s to start): start it now, in the background,
-    so the tests before that module hide its start-up."""
+    """The longest tests first (longest_first). Tests marked `cuda` are skipped, with the reason, where torch sees
+    no CUDA device (`make test-gpu` runs them). tests/test_loggers.py needs a real mlflow server (~15 s to start):
+    start it now, in the background, so the tests before that module hide its start-up."""
     import torch
+
+    longest_first(items)
 
     if not torch.cuda.is_available():
         no_cuda = pytest.mark.skip(reason="needs a CUDA device (torch.cuda.is_available() is False): make test-gpu")

@@ -9,7 +9,7 @@ import pytest
 
 from sweep.config import ConfigError, RunConfig
 
-from .conftest import CONF_DIR, FAST, REPO, make_run, run_cli
+from .conftest import CONF_DIR, FAST, REPO, make_run, run_cli, run_cli_refusals
 
 GROUPS = ["precision", "attention", "modulate", "model", "data", "optim", "objective", "monitor", "logger"]
 
@@ -97,24 +97,62 @@ def test_fault_kinds_parse_from_the_command_line():
     assert [(f.index, f.kind) for f in run.data.faults] == [(3, "nan"), (4, "inf"), (5, "range")]
 
 
-@pytest.mark.parametrize(
-    "args,key",
-    [
-        (["optim.lrr=1e-3"], "optim.lrr"),  # typo'd key
-        (["optim.lr=fast"], "optim.lr"),  # wrong type
-        (["precision=fp8"], "precision"),  # unknown option
-        (["optim.lr=-1"], "optim.lr"),  # bad value
-        (["-m", "optim.lr=1e-3,-1", "steps=1"], "optim.lr"),  # bad value in one cell of a grid
-        (["threads=100000"], "threads"),  # segfaulted torch (rc 139)
-        (["optim.lr=inf"], "optim.lr"),  # not finite
-        (["-m", "optim.lr=1e-3,inf", "steps=1"], "optim.lr"),  # not finite, in one cell of a grid
-        (["precision=null"], "precision: "),  # Hydra's own message names no key
-    ],
-)
-def test_user_mistake_is_one_line_without_traceback(args, key, tmp_path):
-    proc = run_cli(
-        "-m", "sweep", *args, f"hydra.run.dir={tmp_path}/run", f"hydra.sweep.dir={tmp_path}/sweep", cwd=tmp_path
-    )
+MISTAKES = [
+    (["optim.lrr=1e-3"], "optim.lrr"),  # typo'd key
+    (["optim.lr=fast"], "optim.lr"),  # wrong type
+    (["precision=fp8"], "precision"),  # unknown option
+    (["optim.lr=-1"], "optim.lr"),  # bad value
+    (["-m", "optim.lr=1e-3,-1", "steps=1"], "optim.lr"),  # bad value in one cell of a grid
+    (["threads=100000"], "threads"),  # segfaulted torch (rc 139)
+    (["optim.lr=inf"], "optim.lr"),  # not finite
+    (["-m", "optim.lr=1e-3,inf", "steps=1"], "optim.lr"),  # not finite, in one cell of a grid
+    (["precision=null"], "precision: "),  # Hydra's own message names no key
+]
+WRONG_INIT_FROM = [
+    ["model.init_from=nope.safetensors"],
+    ["-m", "steps=1", "optim.lr=1e-3,1e-2", "model.init_from=notes.txt"],
+]
+TOO_LONG = [
+    (["hydra.run.dir=RUN/" + "a" * 300], "hydra.run.dir"),
+    (
+        [
+            "-m",
+            "steps=1",
+            "optim.lr=1e-3,1e-2",
+            "hydra.sweep.dir=SWEEP",
+            "hydra.sweep.subdir=${hydra.job.num}_" + "a" * 300,
+        ],
+        "hydra.sweep.subdir",
+    ),
+]
+OUTPUT_DIRS = ["hydra.run.dir=RUN", "hydra.sweep.dir=SWEEP"]
+REFUSED = [
+    *([*args, *OUTPUT_DIRS] for args, _ in MISTAKES),
+    *([*args, *OUTPUT_DIRS] for args in WRONG_INIT_FROM),
+    *(args for args, _ in TOO_LONG),
+]
+"""The command lines below that `python -m sweep` refuses before any run; RUN and SWEEP stand for the case's own
+directory's run/ and sweep/."""
+
+
+@pytest.fixture(scope="module")
+def refused(tmp_path_factory) -> dict[str, tuple]:
+    """Each of REFUSED run from a directory of its own (holding notes.txt, not weights), all in one subprocess
+    (conftest.run_cli_refusals: ~20 s of interpreter start-ups less than a process each): by " ".join(args), its
+    CompletedProcess and its directory."""
+    dirs = [tmp_path_factory.mktemp("refused") for _ in REFUSED]
+    for d in dirs:
+        (d / "notes.txt").write_text("not weights")
+    argvs = [
+        [*(a.replace("RUN", f"{d}/run").replace("SWEEP", f"{d}/sweep") for a in args)] for args, d in zip(REFUSED, dirs)
+    ]
+    procs = run_cli_refusals(*zip(argvs, dirs))
+    return {" ".join(args): (proc, d) for args, proc, d in zip(REFUSED, procs, dirs)}
+
+
+@pytest.mark.parametrize("args,key", MISTAKES)
+def test_user_mistake_is_one_line_without_traceback(args, key, refused):
+    proc, tmp_path = refused[" ".join([*args, *OUTPUT_DIRS])]
     assert proc.returncode == 2, proc.stderr
     lines = [ln for ln in proc.stderr.splitlines() if ln.strip()]
     assert len(lines) == 1, proc.stderr
@@ -150,18 +188,9 @@ def test_files_a_run_loads_are_checked_before_it_starts(tmp_path):
     check_inputs(make_run(f"model.init_from={tmp_path}/w.safetensors", f"checkpoint.resume_from={tmp_path}/ckpt"))
 
 
-@pytest.mark.parametrize(
-    "args",
-    [
-        ["model.init_from=nope.safetensors"],
-        ["-m", "steps=1", "optim.lr=1e-3,1e-2", "model.init_from=notes.txt"],
-    ],
-)
-def test_a_missing_or_wrong_init_from_is_one_line_before_any_run(args, tmp_path):
-    (tmp_path / "notes.txt").write_text("not weights")
-    proc = run_cli(
-        "-m", "sweep", *args, f"hydra.run.dir={tmp_path}/run", f"hydra.sweep.dir={tmp_path}/sweep", cwd=tmp_path
-    )
+@pytest.mark.parametrize("args", WRONG_INIT_FROM)
+def test_a_missing_or_wrong_init_from_is_one_line_before_any_run(args, refused):
+    proc, tmp_path = refused[" ".join([*args, *OUTPUT_DIRS])]
     lines = [ln for ln in proc.stderr.splitlines() if ln.strip()]
     assert proc.returncode == 2 and len(lines) == 1, proc.stderr
     assert lines[0].startswith("sweep: config error: model.init_from: "), lines[0]
@@ -178,25 +207,9 @@ def test_an_output_dir_the_file_system_cannot_create_is_a_config_error(tmp_path)
         check_output_dir(str(tmp_path.joinpath(*["b" * 250] * 17)), "hydra.sweep.dir")
 
 
-@pytest.mark.parametrize(
-    "args,key",
-    [
-        (["hydra.run.dir=RUN/" + "a" * 300], "hydra.run.dir"),
-        (
-            [
-                "-m",
-                "steps=1",
-                "optim.lr=1e-3,1e-2",
-                "hydra.sweep.dir=SWEEP",
-                "hydra.sweep.subdir=${hydra.job.num}_" + "a" * 300,
-            ],
-            "hydra.sweep.subdir",
-        ),
-    ],
-)
-def test_a_too_long_output_dir_is_one_line_before_any_run(args, key, tmp_path):
-    args = [a.replace("RUN", f"{tmp_path}/run").replace("SWEEP", f"{tmp_path}/sweep") for a in args]
-    proc = run_cli("-m", "sweep", *args, cwd=tmp_path)
+@pytest.mark.parametrize("args,key", TOO_LONG)
+def test_a_too_long_output_dir_is_one_line_before_any_run(args, key, refused):
+    proc, tmp_path = refused[" ".join(args)]
     lines = [ln for ln in proc.stderr.splitlines() if ln.strip()]
     assert proc.returncode == 2 and len(lines) == 1, proc.stderr
     assert lines[0].startswith(f"sweep: config error: {key}: a path component of 30"), lines[0]

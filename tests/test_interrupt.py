@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import csv
+import json
 import os
 import signal
 import subprocess
@@ -21,7 +22,7 @@ from sweep.search.ledger import record_run
 
 from .cluster_servers import sweep_cmd
 from .conftest import FAST as FAST_ARGS
-from .conftest import make_run, multirun_in_process, read_result, read_results, run_cli
+from .conftest import make_run, multirun_in_process, read_result, run_cli
 
 
 class SignalAt:
@@ -285,38 +286,31 @@ def test_a_signal_while_the_optuna_sweeper_asks_fails_the_asked_trials_and_resum
     assert not [t for t in trials if t.state is TrialState.RUNNING]
 
 
-def _cells_reached(sweep_dir, step: str) -> bool:
-    """Whether some job has logged `step` (in the sweep's output or a submitit job's log file)."""
+def _job_logs(sweep_dir) -> dict:
+    """The text of every job's log (in the sweep's job directories and a submitit job's log files), by path."""
+    logs = {}
     for f in [*sweep_dir.glob("*/*.log"), *sweep_dir.glob(".submitit/*/*_log.*")]:
         try:
-            if step in f.read_text(errors="replace"):
-                return True
+            logs[f] = f.read_text(errors="replace")
         except OSError:
             pass
+    return logs
+
+
+def _cells_reached(sweep_dir, step: str, before: dict) -> bool:
+    """Whether some job has logged `step` since the logs were `before` (_job_logs then)."""
+    for f, text in _job_logs(sweep_dir).items():
+        old = before.get(f, "")
+        if step in (text[len(old) :] if text.startswith(old) else text):
+            return True
     return False
 
 
-@pytest.mark.slow
-@pytest.mark.parametrize(
-    "launcher,signum,to_group",
-    [
-        ("joblib", signal.SIGTERM, False),  # `kill`/`timeout`: the sweep process only, not its workers
-        ("joblib", signal.SIGINT, True),  # Ctrl-C in a terminal: the whole process group, workers too
-        ("submitit_local", signal.SIGTERM, False),
-        ("submitit_local", signal.SIGINT, True),
-    ],
-)
-def test_a_signal_to_a_sweep_with_job_processes_stops_every_run_and_resumes(tmp_path, launcher, signum, to_group):
-    """Jobs in processes of their own: before, SIGTERM killed only the sweep process (its jobs trained on,
-    orphaned) and Ctrl-C with joblib was a KeyboardInterrupt traceback that killed a worker mid-record. Now
-    the sweep forwards the signal: every run started ends `interrupted` with its trial closed, no process is
-    left, exit 128 + signal, and the same command runs every cell (checked after Ctrl-C with joblib, the harder
-    case)."""
-    sweep_dir = tmp_path / "sweep"
-    grid = [f"hydra/launcher={launcher}", "optim.lr=1e-3,2e-3", "threads=1", "log_every=1", "progress=log"]
-    grid += ["steps=60"]
-    grid += ["hydra.launcher.n_jobs=2"] if launcher == "joblib" else []
-    cmd = ["-m", "sweep", "-m", *FAST_ARGS, f"hydra.sweep.dir={sweep_dir}", *grid]
+def _signal_the_sweep_at_step_3(cmd, sweep_dir, signum, to_group: bool) -> tuple[int, str]:
+    """Start `python -m sweep *cmd` in a process group of its own, send `signum` once a job has logged step 3
+    (to the whole group, or the sweep process only), wait until no process of the group is left (asserted), and
+    return the sweep's exit status and what it printed."""
+    before = _job_logs(sweep_dir)
     proc = run_cli(
         *cmd,
         background=True,
@@ -327,7 +321,7 @@ def test_a_signal_to_a_sweep_with_job_processes_stops_every_run_and_resumes(tmp_
     threading.Thread(target=lambda: out.extend(proc.stdout), daemon=True).start()
     try:
         deadline = time.monotonic() + 180
-        while not (_cells_reached(sweep_dir, "step 3/60") or any("step 3/60" in ln for ln in out)):
+        while not (_cells_reached(sweep_dir, "step 3/60", before) or any("step 3/60" in ln for ln in out)):
             assert time.monotonic() < deadline and proc.poll() is None, "".join(out)
             time.sleep(0.2)
         os.killpg(proc.pid, signum) if to_group else proc.send_signal(signum)
@@ -340,33 +334,57 @@ def test_a_signal_to_a_sweep_with_job_processes_stops_every_run_and_resumes(tmp_
     finally:
         with __import__("contextlib").suppress(ProcessLookupError):
             os.killpg(proc.pid, signal.SIGKILL)
-    text = "".join(out)
-    assert proc.returncode == 128 + signum, text
     assert not left, subprocess.run(
         ["ps", "-o", "pid,ppid,stat,args", "-g", str(proc.pid)], capture_output=True, text=True
     ).stdout
+    return proc.returncode, "".join(out)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("launcher", ["joblib", "submitit_local"])
+def test_a_signal_to_a_sweep_with_job_processes_stops_every_run_and_resumes(tmp_path, launcher):
+    """Jobs in processes of their own: before, SIGTERM killed only the sweep process (its jobs trained on,
+    orphaned) and Ctrl-C with joblib was a KeyboardInterrupt traceback that killed a worker mid-record. Now
+    the sweep forwards the signal: every run started ends `interrupted` with its trial closed, no process is
+    left, exit 128 + signal, and the same command runs every cell. Both signals, one per start of the same
+    command: Ctrl-C to the whole process group (a terminal's), then, on the resume, SIGTERM to the sweep process
+    only (`kill`/`timeout`'s), which must reach the jobs through the sweep."""
+    sweep_dir = tmp_path / "sweep"
+    grid = [f"hydra/launcher={launcher}", "optim.lr=1e-3,2e-3", "threads=1", "log_every=1", "progress=log"]
+    grid += ["steps=60"]
+    grid += ["hydra.launcher.n_jobs=2"] if launcher == "joblib" else []
+    cmd = ["-m", "sweep", "-m", *FAST_ARGS, f"hydra.sweep.dir={sweep_dir}", *grid]
+    storage = f"sqlite:///{sweep_dir / 'ledger.db'}"
+
+    code, text = _signal_the_sweep_at_step_3(cmd, sweep_dir, signal.SIGINT, to_group=True)
+    assert code == 128 + signal.SIGINT, text
     # Ctrl-C to the group reaches submitit's own controller process too: it used to print a KeyboardInterrupt
     # traceback and kill its job before the trial was recorded; it now ignores SIGINT. No traceback at all.
     assert "Traceback" not in text, text
-    results = {p.parent.name: read_result(p.parent) for p in sweep_dir.glob("*/result.json")}
-    assert results and all(r["status"] == "interrupted" for r in results.values()), results
-    if launcher == "submitit_local" and not to_group:
-        # each stopped job hands submitit its result: one that exits without it (SystemExit) kept the sweep
-        # waiting 15 s for the file (submitit's _results_timeout_s) before it could exit
-        pickles = list(sweep_dir.glob(".submitit/*/*_result.pkl"))
-        assert len(pickles) == len(results), (pickles, results)
-    unfinished = {p.name for p in sweep_dir.iterdir() if p.name.isdigit()} - set(results)
+    first = {p.parent.name: p.read_text() for p in sweep_dir.glob("*/result.json")}
+    assert first and all(json.loads(r)["status"] == "interrupted" for r in first.values()), first
+    trials = optuna.load_study(study_name=str(sweep_dir), storage=storage).trials
+    assert len(trials) == len(first) and all(t.user_attrs.get("status") == "interrupted" for t in trials)
+    assert not [t for t in trials if t.state is TrialState.RUNNING]
     # A Ctrl-C to the group reaches a job that is still starting (before its run listens) too: it dies as
     # under kill -9, with no result.json and no trial, and the resume below runs it.
-    assert to_group or not unfinished, unfinished
-    storage = f"sqlite:///{sweep_dir / 'ledger.db'}"
-    trials = optuna.load_study(study_name=str(sweep_dir), storage=storage).trials
-    assert len(trials) == len(results) and all(t.user_attrs.get("status") == "interrupted" for t in trials)
-    assert not [t for t in trials if t.state is TrialState.RUNNING]
-    if not (to_group and launcher == "joblib"):  # the resume is the grid sweeper's, the same for either signal
-        return  # and launcher: the joblib Ctrl-C case runs it, with a job that died starting (no result.json) besides
 
-    done = run_cli(*cmd)
-    assert done.returncode == 0, done.stderr
-    statuses = sorted(r["status"] for r in read_results(sweep_dir))
-    assert statuses == ["stable"] * 2, statuses
+    submitted = set(sweep_dir.glob(".submitit/*"))
+    code, text = _signal_the_sweep_at_step_3(cmd, sweep_dir, signal.SIGTERM, to_group=False)
+    assert code == 128 + signal.SIGTERM, text
+    assert "Traceback" not in text, text
+    cells = {p.name for p in sweep_dir.iterdir() if p.name.isdigit()}
+    results = {
+        n: (sweep_dir / n / "result.json").read_text() for n in cells if (sweep_dir / n / "result.json").exists()
+    }
+    assert set(results) == cells == {"0", "1"}, (cells, results)  # every cell ran again: the one that died starting too
+    assert all(text != first.get(n) and json.loads(text)["status"] == "interrupted" for n, text in results.items())
+    if launcher == "submitit_local":
+        # each stopped job hands submitit its result: one that exits without it (SystemExit) kept the sweep
+        # waiting 15 s for the file (submitit's _results_timeout_s) before it could exit
+        pickles = [p for p in sweep_dir.glob(".submitit/*/*_result.pkl") if p.parent not in submitted]
+        assert len(pickles) == len(results), (pickles, results)
+    trials = optuna.load_study(study_name=str(sweep_dir), storage=storage).trials
+    assert len(trials) == len(first) + len(results)
+    assert all(t.user_attrs.get("status") == "interrupted" for t in trials)
+    assert not [t for t in trials if t.state is TrialState.RUNNING]

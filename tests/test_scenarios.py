@@ -57,8 +57,18 @@ def cpu_cells(sweep_dir) -> dict[str, list]:
         params = json.loads(cell)
         assert params.pop("device") == "cpu" and params.pop("monitor.diagnose") == "off"
         assert params.pop("confirm.mode") == "off"
+        params.pop("steps", None)  # SHORTER's
         cells[json.dumps(params, sort_keys=True)] = outcome
     return cells
+
+
+def at_smallest_lr(cells: dict[str, list]) -> tuple[dict[str, list], list[str]]:
+    """The cells of a scenario's smallest lr and the override that runs only those (all cells and none when it
+    sweeps no lr)."""
+    lrs = [lr for cell in cells if (lr := json.loads(cell).get("optim.lr")) is not None]
+    if not lrs:
+        return cells, []
+    return {cell: o for cell, o in cells.items() if json.loads(cell)["optim.lr"] == min(lrs)}, [f"optim.lr={min(lrs)}"]
 
 
 def uses_native_low_precision_gemms(sweep_dir) -> bool:
@@ -84,7 +94,7 @@ def test_the_library_covers_every_known_case():
 @pytest.mark.slow
 @pytest.mark.parametrize("name", SCENARIOS)
 def test_scenario_reproduces_and_its_fix_is_stable(name, tmp_path, capsys):
-    out = run_scenario(name, tmp_path, capsys)
+    out = run_scenario(name, tmp_path, capsys, *SHORTER.get(name, ()))
     report = json.loads((tmp_path / "scenario.json").read_text())
     assert report["reproduced"], out[-3000:]
     assert f"Scenario {name}: REPRODUCED" in out
@@ -100,16 +110,25 @@ def test_scenario_reproduces_and_its_fix_is_stable(name, tmp_path, capsys):
     if name in STATUS_ONLY:
         native, here = ({cell: [o[0], None, None] for cell, o in cells.items()} for cells in (native, here))
     assert verdict_differences(native, here, across_machines=True) == []
-    if uses_native_low_precision_gemms(tmp_path):  # this CPU ran bf16/fp16 natively: emulate them here too
+    if uses_native_low_precision_gemms(tmp_path):  # this CPU ran bf16/fp16 natively: emulate them here too,
+        # at the smallest lr only: its failure and its fix, each once (the scenarios' verdicts do not move with lr)
         emulated = tmp_path.with_name(f"{tmp_path.name}-emulated")  # beside the sweep: inside, it is refused
-        run_scenario(name, emulated, capsys, "precision.cpu_gemm=emulated")
-        assert verdict_differences(here, cpu_cells(emulated)) == []  # one machine: TOLERANCE, no window
+        once, lr = at_smallest_lr(here)
+        run_scenario(name, emulated, capsys, "precision.cpu_gemm=emulated", *lr, *SHORTER.get(name, ()))
+        assert verdict_differences(once, cpu_cells(emulated)) == []  # one machine: TOLERANCE, no window
     if name in DIAGNOSED:
         check_diagnosis(name, tmp_path)
     if name == "adamw_beta2_loss_spike":  # the cause names the mechanism, not just the spike
         spiked = [r["cause"]["detail"] for r in read_results(tmp_path) if r["status"] == "diverged"]
         assert spiked and all("AdamW's second moment lagged" in d for d in spiked)
 
+
+SHORTER = {
+    "adamw_beta2_loss_spike": ["steps=350"],  # its spike comes at step 313 (13 steps after the resume at 300), the
+    # loss back at an untrained model's within 15-35 steps (docs/scenarios.md): 50 steps show the fixes stable
+}
+"""Test-side overrides that end a scenario's runs sooner than its own `steps`, well after its failure comes: its
+verdicts and first bad steps are the record's (tests/data/native_verdicts.json) all the same."""
 
 STATUS_ONLY = {
     "prodigy_safeguard_warmup": "its failing run ends loss_spike or no_progress, at a step that moves, by seed (4 of "
