@@ -11,6 +11,6 @@ pytestmark = pytest.mark.xdist_group("servers")
 
 
 def test_a_grouped_test_is_in_its_group_under_loadgroup(request):
-    if request.config.getoption("dist", "no") != "loadgroup" or not hasattr(request.config, "workerinput"):
+    if not getattr(request.config.option, "loadgroup", False):  # what pytest-xdist sets on its workers
         pytest.skip("not a worker of pytest -n N --dist loadgroup")
     assert request.node.nodeid.endswith("@servers"), request.node.nodeid
