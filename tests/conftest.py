@@ -193,7 +193,7 @@ def longest_first(items: list) -> None:
     workers take tests in this order, so neither ends the suite on a long one while the other waits."""
     names = [line.split("#")[0].strip() for line in LONGEST.read_text().splitlines()]
     rank = {name: i for i, name in enumerate(n for n in names if n)}
-    items.sort(key=lambda item: rank.get(item.nodeid.split("[")[0], len(rank)))
+    items.sort(key=lambda item: rank.get(item.nodeid.split("[")[0].split("@")[0], len(rank)))  # @: an xdist group
 
 
 def pytest_collection_modifyitems(config, items):

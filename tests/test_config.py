@@ -150,6 +150,7 @@ def refused(tmp_path_factory) -> dict[str, tuple]:
     return {" ".join(args): (proc, d) for args, proc, d in zip(REFUSED, procs, dirs)}
 
 
+@pytest.mark.xdist_group("refusals")  # the module's `refused` batch, run once: on one worker
 @pytest.mark.parametrize("args,key", MISTAKES)
 def test_user_mistake_is_one_line_without_traceback(args, key, refused):
     proc, tmp_path = refused[" ".join([*args, *OUTPUT_DIRS])]
@@ -188,6 +189,7 @@ def test_files_a_run_loads_are_checked_before_it_starts(tmp_path):
     check_inputs(make_run(f"model.init_from={tmp_path}/w.safetensors", f"checkpoint.resume_from={tmp_path}/ckpt"))
 
 
+@pytest.mark.xdist_group("refusals")  # the module's `refused` batch, run once: on one worker
 @pytest.mark.parametrize("args", WRONG_INIT_FROM)
 def test_a_missing_or_wrong_init_from_is_one_line_before_any_run(args, refused):
     proc, tmp_path = refused[" ".join([*args, *OUTPUT_DIRS])]
@@ -207,6 +209,7 @@ def test_an_output_dir_the_file_system_cannot_create_is_a_config_error(tmp_path)
         check_output_dir(str(tmp_path.joinpath(*["b" * 250] * 17)), "hydra.sweep.dir")
 
 
+@pytest.mark.xdist_group("refusals")  # the module's `refused` batch, run once: on one worker
 @pytest.mark.parametrize("args,key", TOO_LONG)
 def test_a_too_long_output_dir_is_one_line_before_any_run(args, key, refused):
     proc, tmp_path = refused[" ".join(args)]
