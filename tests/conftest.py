@@ -189,11 +189,14 @@ LONGEST = REPO / "tests" / "data" / "longest_tests.txt"
 
 
 def longest_first(items: list) -> None:
-    """Put the tests of LONGEST first, in its order, the others after them in their own order: under pytest -n the
-    workers take tests in this order, so neither ends the suite on a long one while the other waits."""
+    """Put the modules holding the tests of LONGEST first, in the order of their longest test, the others after them;
+    inside a module the tests keep their own order (test_loggers kills its server in its last test). Under pytest -n
+    the workers take tests in this order, so neither ends the suite on a long one while the other waits."""
     names = [line.split("#")[0].strip() for line in LONGEST.read_text().splitlines()]
-    rank = {name: i for i, name in enumerate(n for n in names if n)}
-    items.sort(key=lambda item: rank.get(item.nodeid.split("[")[0].split("@")[0], len(rank)))  # @: an xdist group
+    rank: dict[str, int] = {}
+    for i, name in enumerate(n for n in names if n):
+        rank.setdefault(name.split("::")[0], i)
+    items.sort(key=lambda item: rank.get(item.nodeid.split("::")[0], len(rank)))  # stable: a module's order holds
 
 
 def pytest_collection_modifyitems(config, items):
