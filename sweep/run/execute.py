@@ -102,19 +102,18 @@ def execute_runs(
         hooks = hooks if stacked else [*checkpoint_hooks(lead, Path(out_dirs[members[0]]), label), *hooks]
         syncs, evaluators = [Syncs() for _ in members], [evaluator for _, (_, evaluator) in built]
         try:
-            each = [parts for _, (parts, _) in built]
-            loop = Loop(
-                [runs[i] for i in members],
-                each,
-                [metrics[i] for i in members],
-                progress,
-                hooks,
-                evaluators,
-                syncs,
-                stacked=stacked,
-            )
-            train_start = time.perf_counter()
-            try:
+            each, train_start = [parts for _, (parts, _) in built], time.perf_counter()
+            try:  # the progress bar ends whatever happens, the loop's set-up (device tables) included
+                loop = Loop(
+                    [runs[i] for i in members],
+                    each,
+                    [metrics[i] for i in members],
+                    progress,
+                    hooks,
+                    evaluators,
+                    syncs,
+                    stacked=stacked,
+                )
                 loop.run(min(parts.start_step for parts in each))
             finally:
                 progress.close()
