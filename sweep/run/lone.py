@@ -17,20 +17,16 @@ import torch
 
 from models import LogitStats, watching_logits
 from sweep.config import RunConfig
-from sweep.data.batches import load_checked_batch
 from sweep.data.device import DeviceBatches
 from sweep.run.adam_lag import adamw_second_moment
 from sweep.run.build import RunParts
 from sweep.run.evaluate import Evaluator
 from sweep.run.graph import table_span
-from sweep.run.step import LoneGrads, Steps
+from sweep.run.step import LoneGrads, Steps, checked_batch, window_step
 
 
 class Lone:
     """One run: `parts.model` forwarded under the precision policy, `parts.optimizer` its AdamW (or a library's)."""
-
-    logit_capable = True
-    """Attention-logit steps record their statistics (a pack's vmap hides them)."""
 
     def __init__(self, runs: Sequence[RunConfig], parts: Sequence[RunParts], windows: bool = False):
         (run,), (parts,) = runs, parts
@@ -50,13 +46,10 @@ class Lone:
         self.flagged = self.device_batches is not None and run.data.check  # a window row carries the batch's flag
 
     def batches(self, step: int, live: list[int]) -> tuple[dict, dict]:
-        """The run's batch of `step`, checked before it reaches the model (no sync), and its noise:
-        ({0: (x0, noisy, t, target)}, {}) or ({}, {0: the BatchIssue})."""
-        parts, data = self.parts, self.run.data
-        x0, issue = load_checked_batch(parts.dataset, parts.order.indices(step), data.range_limit, data.check)
-        if issue is not None:
-            return {}, {0: issue}
-        return {0: (x0, *parts.objective.sample(x0.to(self.device), parts.noise_gen))}, {}
+        """The run's batch of `step` (sweep.run.step.checked_batch): ({0: (x0, noisy, t, target)}, {}) or
+        ({}, {0: the BatchIssue})."""
+        batch, issue = checked_batch(self.run, self.parts, step, self.device)
+        return ({0: batch}, {}) if issue is None else ({}, {0: issue})
 
     def forward_backward(
         self, batches: dict, live: list[int], logits: bool = False, probe=None
@@ -111,8 +104,4 @@ class Lone:
             x0 = self.device_batches.at(self.clock)
             flag = self.device_batches.bad(x0) if self.run.data.check else None
             batches = {0: (x0, *self.parts.objective.sample(x0, self.parts.noise_gen))}
-        loss, pred = self.forward_backward(batches, live, logits)
-        row = self.steps.record(loss, self.grads())
-        self.optimizer.step()  # a step the scaler or monitor would have stopped takes the window back
-        self.clock.add_(1)
-        return (row if flag is None else torch.cat([row, flag.double().view(1, 1)])), pred, batches
+        return window_step(self, batches, live, logits, flag)

@@ -29,7 +29,6 @@ import torch
 from torch.func import vmap
 
 from sweep.config import RunConfig
-from sweep.data.batches import load_checked_batch
 from sweep.data.device import DeviceBatches, PackBatches
 from sweep.run.adamw import StackedAdamW
 from sweep.run.build import RunParts
@@ -37,15 +36,12 @@ from sweep.run.evaluate import Evaluator
 from sweep.run.graph import table_span
 from sweep.run.packed_model import PackedModel
 from sweep.run.scaler import DeviceLossScaler
-from sweep.run.step import StackedGrads, Steps
+from sweep.run.step import StackedGrads, Steps, checked_batch, window_step
 
 
 class Stacked:
     """K runs' weights stacked (PackedModel), one vmapped forward and backward, StackedAdamW; compacted to the runs
     still training (`keep`). `packed` are the runs (indices into `runs`) in the stacked tensors, in order."""
-
-    logit_capable = False
-    """Packed runs record no attention-logit statistics: the hooks cannot see inside vmap."""
 
     def __init__(self, runs: Sequence[RunConfig], parts: Sequence[RunParts], windows: bool = False):
         self.runs, self.parts = runs, parts
@@ -94,16 +90,15 @@ class Stacked:
         return True
 
     def batches(self, step: int, live: list[int]) -> tuple[dict, dict]:
-        """Each live run's own batch, data check and noise, in its own order: ({k: (x0, noisy, t, target)},
-        {k: the BatchIssue of a run whose batch is bad})."""
+        """Each live run's own batch, data check and noise, in its own order (sweep.run.step.checked_batch):
+        ({k: (x0, noisy, t, target)}, {k: the BatchIssue of a run whose batch is bad})."""
         batches, issues = {}, {}
         for k in live:
-            part, run = self.parts[k], self.runs[k]
-            x0, issue = load_checked_batch(part.dataset, part.order.indices(step), run.data.range_limit, run.data.check)
-            if issue is not None:
+            batch, issue = checked_batch(self.runs[k], self.parts[k], step, self.device)
+            if issue is None:
+                batches[k] = batch
+            else:
                 issues[k] = issue
-                continue
-            batches[k] = (x0, *part.objective.sample(x0.to(self.device), part.noise_gen))
         return batches, issues
 
     def forward_backward(
@@ -155,8 +150,4 @@ class Stacked:
             batches = {
                 k: (x0[i], *self.parts[k].objective.sample(x0[i], self.parts[k].noise_gen)) for i, k in enumerate(live)
             }
-        loss, pred = self.forward_backward(batches, live)
-        row = self.steps.record(loss, self.grads())
-        self.optimizer.step()  # a step the scaler or monitor would have stopped takes the window back
-        self.clock.add_(1)
-        return (row if flags is None else torch.cat([row, flags.double().view(1, -1)])), pred, batches
+        return window_step(self, batches, live, logits, flags)

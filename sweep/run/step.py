@@ -24,6 +24,8 @@ from typing import TYPE_CHECKING, Callable, Protocol, Sequence, runtime_checkabl
 
 import torch
 
+from sweep.config import RunConfig
+from sweep.data.batches import BatchIssue, load_checked_batch
 from sweep.run.monitor import Divergence, DivergenceMonitor
 from sweep.run.precision import ScalerEvent
 from sweep.run.results import MetricsLog
@@ -31,6 +33,29 @@ from sweep.run.scaler import EVENTS, DeviceLossScaler
 
 if TYPE_CHECKING:
     from sweep.run.build import RunParts
+
+
+def checked_batch(
+    run: RunConfig, parts: RunParts, step: int, device: torch.device
+) -> tuple[tuple | None, BatchIssue | None]:
+    """A run's batch of `step` (a pure function of the step), checked before it reaches the model (no sync), and its
+    noise from the run's generator: ((x0, noisy, t, target), None), or (None, the BatchIssue)."""
+    x0, issue = load_checked_batch(parts.dataset, parts.order.indices(step), run.data.range_limit, run.data.check)
+    if issue is not None:
+        return None, issue
+    return (x0, *parts.objective.sample(x0.to(device), parts.noise_gen)), None
+
+
+def window_step(layout, batches: dict, live: list[int], logits: bool, flags: torch.Tensor | None) -> tuple:
+    """The part of a layout's window step (sweep/run/lone.py, packed.py `device_step`) both layouts share: forward
+    and scaled backward, the row (`Steps.record`), the optimizer's update (unconditional: a step the scaler or monitor
+    would have stopped takes the window back), the clock moved on. (row (len(Row) [+ each run's data flag], L), pred,
+    batches)."""
+    loss, pred = layout.forward_backward(batches, live, logits)
+    row = layout.steps.record(loss, layout.grads())
+    layout.optimizer.step()
+    layout.clock.add_(1)
+    return (row if flags is None else torch.cat([row, flags.double().view(1, -1)])), pred, batches
 
 
 class Grads(Protocol):
