@@ -14,7 +14,8 @@ first run cheaply. Its modules:
 - `validate.py`: `to_run_config` and `validate`, one check per section (`model_checks.py`: the model's);
 - `inputs.py`: `check_inputs` (files, model probes), `check_device`, `check_output_dir`;
 - `recorded.py`: a recorded run's config read back (what a checkpoint resume must match, retired keys);
-- `secrets.py`: the command line and the composed config spell out no password (`check_no_literal_secrets`).
+- `secrets.py`: the command line and the composed config spell out no password (`check_no_literal_secrets`);
+- `compose_speed.py`: two costs of every Hydra composition taken out (installed on import).
 Every name is re-exported here: import from `sweep.config`.
 """
 
@@ -28,6 +29,7 @@ from sweep.config.around import (
     ScenarioExpect,
     TensorBoardConfig,
 )
+from sweep.config.compose_speed import install as _install_compose_speed
 from sweep.config.enums import (
     Arch,
     AttentionBackend,
@@ -98,6 +100,8 @@ from sweep.config.validate import (
     validate_pruner,
 )
 from sweep.search.conf import PRUNERS, PrunerConfig, PrunerName
+
+_install_compose_speed()
 
 __all__ = [
     "GRAPH_MODES",

@@ -1,0 +1,79 @@
+"""Two costs Hydra 1.3 pays on every composition that give nothing back, taken out (installed on import of
+sweep.config, which every composition of ours follows).
+
+Hydra composes a config 2-3 times per `python -m sweep` run and once per cell of a sweep, and each composition
+started from scratch: ~130 ms of CPU on a 2-core AMD EPYC (AVX-512-BF16), of which ~20 % went here. In the test
+suite, composition was ~250 of ~1180 CPU-seconds (a py-spy profile, docs/suite_durations.md).
+
+- **Each YAML text is parsed once per process.** Hydra's config sources read every file of the defaults list
+  on every composition and hand the text to `OmegaConf.load`, a pure-Python YAML parse. `load` here keeps the
+  parse of each text it has seen (keyed by the text itself, so a file that changes on disk is parsed again)
+  and builds the config from a deep copy of it, as OmegaConf's own `load` builds it from a fresh parse.
+- **The ConfigStore is not deep-copied.** `CachingConfigRepository` deep-copies its delegate repository on
+  every composition, and with it the structured-config source's ConfigStore (every registered schema node:
+  ~10 ms). The store is a process-wide singleton that `ConfigStore.load` already copies a node out of on each
+  read, so the copy is never written to; sharing it changes nothing.
+
+The composed configs are the same with and without (tests/test_compose_speed.py composes every option of every
+config group both ways).
+"""
+
+from __future__ import annotations
+
+import copy
+import io
+import os
+import pathlib
+from typing import IO, Any, Union
+
+import yaml
+from hydra.core.config_store import ConfigStore
+from omegaconf import DictConfig, ListConfig, OmegaConf
+from omegaconf._utils import get_yaml_loader
+
+_PARSED: dict[str, Any] = {}
+_KEEP = 1024
+"""Texts kept (a test session loads a few hundred distinct files; a long process never grows without bound)."""
+
+_omegaconf_load = OmegaConf.load
+
+
+def load(file_: Union[str, pathlib.Path, IO[Any]]) -> Union[DictConfig, ListConfig]:
+    """OmegaConf.load, each distinct text parsed once: the same checks and the same config as OmegaConf's."""
+    if isinstance(file_, (str, pathlib.Path)):
+        name = os.path.abspath(file_)
+        with io.open(name, "r", encoding="utf-8") as f:
+            text = f.read()
+    elif getattr(file_, "read", None):
+        name, text = getattr(file_, "name", "<file>"), file_.read()
+    else:
+        return _omegaconf_load(file_)  # OmegaConf's TypeError
+    if text not in _PARSED:
+        stream = io.StringIO(text)
+        stream.name = name  # what a YAML error names, as when OmegaConf parses the file itself
+        parsed = yaml.load(stream, Loader=get_yaml_loader())
+        if len(_PARSED) >= _KEEP:
+            _PARSED.clear()
+        _PARSED[text] = parsed
+    obj = copy.deepcopy(_PARSED[text])
+    if obj is not None and not isinstance(obj, (list, dict, str)):
+        raise IOError(f"Invalid loaded object type: {type(obj).__name__}")
+    return OmegaConf.create() if obj is None else OmegaConf.create(obj)
+
+
+def _store_itself(store: ConfigStore, memo: dict) -> ConfigStore:
+    return store
+
+
+def install() -> None:
+    """Put both in place (idempotent)."""
+    OmegaConf.load = staticmethod(load)  # type: ignore[method-assign]
+    ConfigStore.__deepcopy__ = _store_itself  # type: ignore[attr-defined]
+
+
+def uninstall() -> None:
+    """Hydra's and OmegaConf's own behaviour again (the parity test composes both ways)."""
+    OmegaConf.load = staticmethod(_omegaconf_load)  # type: ignore[method-assign]
+    if "__deepcopy__" in vars(ConfigStore):
+        del ConfigStore.__deepcopy__
+    _PARSED.clear()
