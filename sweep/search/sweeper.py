@@ -57,6 +57,7 @@ from sweep.run.interrupt import launch_forwarding_signals, stopping_on_signals
 from sweep.run.progress import as_mode, closing_sweep, open_sweep
 from sweep.run.urls import scrub
 from sweep.search import space as search_space
+from sweep.search.composed import ComposedOnce
 from sweep.search.conf import PrunerName, SamplerConf, SamplerName, SweepMode
 from sweep.search.frontier import Bracket, grid_runs
 from sweep.search.ledger import (
@@ -244,6 +245,9 @@ class OptunaSweeperImpl(Sweeper):
             raise ConfigError("hydra.sweeper.pruner: frontier mode needs every run to finish; prune in search mode")
 
     def setup(self, *, hydra_context: HydraContext, task_function: TaskFunction, config: DictConfig) -> None:
+        hydra_context = HydraContext(  # the launcher runs the config validate_batch_is_legal composed for a trial
+            config_loader=ComposedOnce(hydra_context.config_loader), callbacks=hydra_context.callbacks
+        )
         self.hydra_context, self.config = hydra_context, config
         self.launcher = Plugins.instance().instantiate_launcher(
             hydra_context=hydra_context, task_function=task_function, config=config
@@ -277,7 +281,7 @@ class OptunaSweeperImpl(Sweeper):
         from sweep.config.secrets import check_no_literal_secrets
 
         for overrides in batch:
-            cfg = self.hydra_context.config_loader.load_sweep_config(self.config, list(overrides))
+            cfg = self.hydra_context.config_loader.compose_and_keep(self.config, list(overrides))
             try:
                 check_no_literal_secrets(cfg)
             except ConfigError as e:
