@@ -3,12 +3,14 @@ and one-line refusals of what it cannot diagnose."""
 
 from __future__ import annotations
 
+import functools
 import json
 import math
 from pathlib import Path
 
 import pytest
 
+from sweep.config import RunConfig
 from sweep.diagnose.__main__ import main
 from sweep.diagnose.counterfactual import healthy_until
 from sweep.diagnose.diagnosis import DIAGNOSIS_FILE, diagnose
@@ -78,13 +80,16 @@ def test_a_packed_run_is_diagnosed_as_its_own_mechanism_not_as_nondeterministic(
     assert d["mechanism"] == "bad_input" and d["agrees"] and d["fix"]["confirmed"], d["agreement"]
 
 
-def test_a_spike_nothing_specific_explains_is_lr_too_high_when_lr_over_10_holds(tmp_path):
+@pytest.mark.xdist_group("auto_sweep")  # the module's auto_sweep, run once: on one worker
+def test_a_spike_nothing_specific_explains_is_lr_too_high_when_lr_over_10_holds(auto_sweep):
     """fp32 at lr 3e-2 spikes within a few steps with no logit growth, no lag, nothing in the data: the
     recorded signals leave it unexplained, the lr/10 row keeps it healthy, so lr_too_high, and the fix lr/10
-    is confirmed from step 0."""
-    (r,) = sweep(tmp_path, "optim.lr=3e-2")
-    assert (r["verdict"], r["mechanism"]["name"]) == ("loss_spike", "unexplained")
-    d = diagnose(r["dir"], progress=quiet)
+    is confirmed from step 0. The run is auto_sweep's (12 steps, as diagnose() alone would see it), its
+    diagnosis the one the multirun's end wrote with diagnose()'s defaults: running both again was the same work."""
+    _, runs, _ = auto_sweep
+    r = runs[1]
+    assert (r["verdict"], r["mechanism"]["recorded"]["name"]) == ("loss_spike", "unexplained")
+    d = json.loads((r["dir"] / DIAGNOSIS_FILE).read_text())
     rows = rows_of(d)
     assert rows["lr/10"]["healthy"] and rows["lr/10"]["overrides"] == ["optim.lr=0.003"]
     assert rows["same config"]["outcome"]["verdict"] == "loss_spike"
@@ -96,7 +101,14 @@ def test_a_spike_nothing_specific_explains_is_lr_too_high_when_lr_over_10_holds(
 def record(verdict, cause=None, rows=(), **result) -> RunRecord:
     r = {"status": "diverged", "verdict": verdict, "first_bad_step": 20, "cause": cause or {}, "params": {}}
     r.update(result)
-    return RunRecord(Path("."), r, [dict(x) for x in rows], None, make_run(*result.pop("_overrides", [])))
+    return RunRecord(Path("."), r, [dict(x) for x in rows], None, run_config(*result.pop("_overrides", [])))
+
+
+@functools.cache
+def run_config(*overrides: str) -> RunConfig:
+    """make_run(*overrides), composed once per module: the 26 records below share 12 configs (a Hydra
+    composition is ~0.15 s of CPU), and the rules only read them (never mutated: a change is dataclasses.replace)."""
+    return make_run(*overrides)
 
 
 def logit_rows(first: float, peak: float, e0: float, low: float) -> list[dict]:
@@ -251,8 +263,10 @@ def test_counterfactuals_start_where_the_trouble_began():
     assert healthy_until(record("nonfinite_loss")) == 19
 
 
-def test_what_cannot_be_diagnosed_is_one_line_and_exit_2(tmp_path, capsys):
-    (stable,) = sweep(tmp_path / "s", "optim.lr=1e-3")
+@pytest.mark.xdist_group("auto_sweep")  # the module's auto_sweep, run once: on one worker
+def test_what_cannot_be_diagnosed_is_one_line_and_exit_2(auto_sweep, tmp_path, capsys):
+    """The stable run and the sweep dir are auto_sweep's (read, never written: each case is refused before)."""
+    root, (stable, _), _ = auto_sweep
     old = tmp_path / "old"
     (old / ".hydra").mkdir(parents=True)
     (old / ".hydra" / "config.yaml").write_text((stable["dir"] / ".hydra" / "config.yaml").read_text())
@@ -265,7 +279,7 @@ def test_what_cannot_be_diagnosed_is_one_line_and_exit_2(tmp_path, capsys):
     cases = {
         confirmation: "the run is stable, not diverged: there is nothing to diagnose",
         tmp_path / "nowhere": "no such directory",
-        tmp_path / "s": "is not a run directory",
+        root: "is not a run directory",
         stable["dir"]: "the run is stable, not diverged: there is nothing to diagnose",
         old: "written by an older version: result.json has no first_bad_step, cause, params, steps_run",
     }
@@ -356,6 +370,7 @@ def auto_sweep(tmp_path_factory) -> tuple[Path, list[dict], str]:
     return root, runs, printed.getvalue()
 
 
+@pytest.mark.xdist_group("auto_sweep")  # the module's auto_sweep, run once: on one worker
 def test_a_sweep_diagnoses_its_distinct_failures_and_its_summary_cites_the_confirmed_fix(auto_sweep, capsys):
     """monitor.diagnose=auto at the end of a multirun: the spike at lr 3e-2 is diagnosed (progress printed),
     the summary counts the sweep's 2 runs, not the diagnosis's own, the root causes take the diagnosed
@@ -388,6 +403,7 @@ def test_a_sweep_diagnoses_its_distinct_failures_and_its_summary_cites_the_confi
             t.with_name("result.json").rename(t)
 
 
+@pytest.mark.xdist_group("auto_sweep")  # the module's auto_sweep, run once: on one worker
 def test_after_a_diagnosis_every_place_names_one_mechanism_and_the_study_the_summarys_answer(auto_sweep):
     """issue 44 (one answer everywhere): the spike's own signals said `unexplained`, its diagnosis `lr_too_high`.
     result.json, its trial, the study's `diagnosed`, the summary's diagnoses and both reports (from the run dirs

@@ -7,6 +7,7 @@ import dataclasses
 import json
 import math
 import random
+import shutil
 import statistics
 from pathlib import Path
 
@@ -146,6 +147,15 @@ def result_of(tmp_path, *overrides, name="run"):
     return json.loads((tmp_path / name / "result.json").read_text())
 
 
+@pytest.fixture(scope="module")
+def thrashing(tmp_path_factory) -> tuple[Path, dict]:
+    """THRASHING run once (a multirun of one: its run dir has the .hydra config a diagnosis reads), for the three
+    tests that read it: (its run dir, its result.json as the run wrote it, before any diagnosis)."""
+    root = tmp_path_factory.mktemp("thrashing")
+    multirun_in_process(root, *THRASHING)
+    return root / "0", read_result(root / "0")
+
+
 @pytest.mark.slow
 def test_a_healthy_run_stays_stable_and_records_its_trend(tmp_path):
     r = result_of(tmp_path, *CHEAP, "optim.lr=1e-3")
@@ -157,13 +167,14 @@ def test_a_healthy_run_stays_stable_and_records_its_trend(tmp_path):
 
 
 @pytest.mark.slow
-def test_each_verdict_end_to_end(tmp_path):
+@pytest.mark.xdist_group("thrashing")  # the module's thrashing run, run once: on one worker
+def test_each_verdict_end_to_end(tmp_path, thrashing):
     slow = result_of(tmp_path, *WARMED_TOO_HIGH, name="slow")
     assert (slow["status"], slow["verdict"]) == ("diverged", "slow_divergence"), slow["trend"]["detail"]
     assert slow["first_bad_step"] == slow["trend"]["min_step"] < 59
     assert slow["cause"]["where"] == "optimizer" and slow["cause"]["detail"] == slow["trend"]["detail"]
     assert slow["mechanism"]["name"] in ("lr_too_high", "attention_logit_growth")
-    stuck = result_of(tmp_path, *THRASHING, name="stuck")
+    _, stuck = thrashing
     assert (stuck["status"], stuck["verdict"], stuck["first_bad_step"]) == ("diverged", "no_progress", 39)
     assert stuck["trend"]["weight_path"] >= 1 and stuck["trend"]["progress"] >= 0.6
     assert stuck["trend"]["eval_initial"] > 0 and stuck["trend"]["progress"] == stuck["trend"]["eval_over_initial"]
@@ -177,8 +188,9 @@ def test_monitor_trend_false_turns_it_off(tmp_path):
 
 
 @pytest.mark.slow
-def test_windows_give_the_verdict_of_one_sync_per_step(tmp_path):
-    one = result_of(tmp_path, *THRASHING, name="one")
+@pytest.mark.xdist_group("thrashing")  # the module's thrashing run, run once: on one worker
+def test_windows_give_the_verdict_of_one_sync_per_step(tmp_path, thrashing):
+    _, one = thrashing  # one sync per step (monitor.sync_every=1, the default)
     windowed = result_of(tmp_path, *THRASHING, "monitor.sync_every=7", name="windowed")
     assert windowed["sync"]["windows"] > 0
     for key in ("status", "verdict", "first_bad_step", "cause", "trend"):
@@ -265,9 +277,10 @@ def test_an_end_of_run_verdict_is_replayed_from_the_run_start_to_its_end():
 
 
 @pytest.mark.slow
-def test_the_diagnosis_of_no_progress_reruns_the_whole_run(tmp_path):
-    multirun_in_process(tmp_path, *THRASHING)
-    run_dir = tmp_path / "0"
+@pytest.mark.xdist_group("thrashing")  # the module's thrashing run, run once: on one worker
+def test_the_diagnosis_of_no_progress_reruns_the_whole_run(tmp_path, thrashing):
+    run_dir = tmp_path / "0"  # a copy: the diagnosis writes into its run dir, which the other tests read
+    shutil.copytree(thrashing[0], run_dir)
     assert read_result(run_dir)["verdict"] == "no_progress"
     d = diagnose(run_dir, fix=False, progress=lambda _line: None)
     table = d["counterfactuals"]
