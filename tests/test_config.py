@@ -9,7 +9,7 @@ import pytest
 
 from sweep.config import ConfigError, RunConfig
 
-from .conftest import CONF_DIR, FAST, REPO, make_run, run_cli, run_cli_refusals
+from .conftest import CONF_DIR, FAST, REPO, make_run, run_cli_refusals
 
 GROUPS = ["precision", "attention", "modulate", "model", "data", "optim", "objective", "monitor", "logger"]
 
@@ -125,11 +125,15 @@ TOO_LONG = [
         "hydra.sweep.subdir",
     ),
 ]
+ABSURD_SIZE = ["data.channels=2147483648", "hydra.run.dir=RUN"]
+CUDA_WITHOUT_CUDA = ["device=cuda", "steps=2", *FAST, "hydra.run.dir=RUN"]
 OUTPUT_DIRS = ["hydra.run.dir=RUN", "hydra.sweep.dir=SWEEP"]
 REFUSED = [
     *([*args, *OUTPUT_DIRS] for args, _ in MISTAKES),
     *([*args, *OUTPUT_DIRS] for args in WRONG_INIT_FROM),
     *(args for args, _ in TOO_LONG),
+    ABSURD_SIZE,
+    *([] if __import__("torch").cuda.is_available() else [CUDA_WITHOUT_CUDA]),
 ]
 """The command lines below that `python -m sweep` refuses before any run; RUN and SWEEP stand for the case's own
 directory's run/ and sweep/."""
@@ -247,8 +251,9 @@ def test_the_size_limits_leave_real_configs_alone():
     make_run("data.height=64", "data.width=64", "data.channels=4", "data.frames=16", "data.batch_size=16")
 
 
-def test_an_absurd_size_is_one_line_before_any_run(tmp_path):
-    proc = run_cli("-m", "sweep", "data.channels=2147483648", f"hydra.run.dir={tmp_path}/run", cwd=tmp_path)
+@pytest.mark.xdist_group("refusals")  # the module's `refused` batch, run once: on one worker
+def test_an_absurd_size_is_one_line_before_any_run(refused):
+    proc, tmp_path = refused[" ".join(ABSURD_SIZE)]
     lines = [ln for ln in proc.stderr.splitlines() if ln.strip()]
     assert proc.returncode == 2 and len(lines) == 1, proc.stderr
     assert lines[0].startswith("sweep: config error: data: one training batch is 4 x 2147483648 x 8 x 16 x 16"), lines[
@@ -279,9 +284,10 @@ def test_a_checkpoint_of_another_shape_or_dtype_is_refused_before_any_run(tmp_pa
 
 
 @pytest.mark.skipif(__import__("torch").cuda.is_available(), reason="needs a machine without CUDA")
-def test_device_cuda_without_cuda_is_one_line_before_any_run(tmp_path):
+@pytest.mark.xdist_group("refusals")  # the module's `refused` batch, run once: on one worker
+def test_device_cuda_without_cuda_is_one_line_before_any_run(refused):
     """issue 33: device=cuda on a machine without CUDA was a run ending `error` with a traceback, exit 0."""
-    proc = run_cli("-m", "sweep", "device=cuda", "steps=2", *FAST, f"hydra.run.dir={tmp_path}/run", cwd=tmp_path)
+    proc, tmp_path = refused[" ".join(CUDA_WITHOUT_CUDA)]
     lines = proc.stderr.strip().splitlines()
     assert proc.returncode == 2 and len(lines) == 1, proc.stderr[-2000:]
     assert lines[0].startswith("sweep: config error: device: cuda asked for, but torch sees no CUDA device")

@@ -13,7 +13,7 @@ from sweep.config import ConfigError, check_inputs
 from sweep.run.compiled import compile_unsupported_reason
 from sweep.run.execute import execute
 from sweep.run.packing import refusal
-from tests.conftest import make_run, read_result, run_cli
+from tests.conftest import make_run, read_result, run_cli_refusals
 
 FLASH_OP = FLASH_OPS["cpu"]
 EXAMPLE = "model.target=examples.my_dit:build"
@@ -228,36 +228,46 @@ def test_a_factory_with_an_unresolvable_or_optional_module_annotation_is_called(
         check_inputs(custom(target, "model.kwargs={}"))
 
 
-def test_os_system_as_model_target_is_one_line_and_runs_nothing(tmp_path):
-    touched = tmp_path / "PWNED"
-    proc = run_cli(
-        "-m",
-        "sweep",
-        "model=custom",
-        "model.target=os:system",
-        f"model.kwargs={{command:'touch {touched}'}}",
-        f"hydra.run.dir={tmp_path}/run",
-    )
+OUTPUT_DIRS = ["hydra.run.dir=DIR/run", "hydra.sweep.dir=DIR/sweep"]
+CLI_MISTAKES = {
+    "os_system": ["model=custom", "model.target=os:system", "model.kwargs={command:'touch DIR/PWNED'}", OUTPUT_DIRS[0]],
+    "no_attribute": ["model.target=examples.my_dit:nope", "model=custom", *OUTPUT_DIRS],
+    # a grid: the factory fails in one cell only, found before the first run
+    "one_cell": ["-m", "model.kwargs.depth=2,3", "steps=1", "model=custom", EXAMPLE, *OUTPUT_DIRS],
+}
+"""Command lines `python -m sweep` refuses before any run; DIR stands for the case's own directory."""
+
+
+@pytest.fixture(scope="module")
+def cli_mistakes(tmp_path_factory) -> dict[str, tuple]:
+    """Each of CLI_MISTAKES from a directory of its own, all in one subprocess (conftest.run_cli_refusals: two
+    interpreter start-ups less than a process each): by name, its CompletedProcess and its directory."""
+    dirs = {name: tmp_path_factory.mktemp(name) for name in CLI_MISTAKES}
+    argvs = [[a.replace("DIR", str(d)) for a in CLI_MISTAKES[name]] for name, d in dirs.items()]
+    procs = run_cli_refusals(*zip(argvs, dirs.values()))
+    return {name: (proc, d) for name, proc, d in zip(dirs, procs, dirs.values())}
+
+
+@pytest.mark.xdist_group("custom_refusals")  # the module's `cli_mistakes` batch, run once: on one worker
+def test_os_system_as_model_target_is_one_line_and_runs_nothing(cli_mistakes):
+    proc, tmp_path = cli_mistakes["os_system"]
     lines = proc.stderr.strip().splitlines()
     assert proc.returncode == 2 and len(lines) == 1 and "model.target: os:system is in Python's standard" in lines[0], (
         proc.stderr
     )
-    assert not touched.exists()
+    assert not (tmp_path / "PWNED").exists()
 
 
+@pytest.mark.xdist_group("custom_refusals")  # the module's `cli_mistakes` batch, run once: on one worker
 @pytest.mark.parametrize(
-    "args,words",
+    "name,words",
     [
-        (["model.target=examples.my_dit:nope"], "model.target: module 'examples.my_dit' has no attribute 'nope'"),
-        (  # a grid: the factory fails in one cell only, found before the first run
-            ["-m", "model.kwargs.depth=2,3", "steps=1"],
-            "raised ValueError: depth must be even (spatial, temporal pairs), got 3 (in the sweep cell",
-        ),
+        ("no_attribute", "model.target: module 'examples.my_dit' has no attribute 'nope'"),
+        ("one_cell", "raised ValueError: depth must be even (spatial, temporal pairs), got 3 (in the sweep cell"),
     ],
 )
-def test_cli_mistake_is_one_line_and_exit_2(args, words, tmp_path):
-    base = ["model=custom", "model.target=examples.my_dit:build"] if "nope" not in args[0] else ["model=custom"]
-    proc = run_cli("-m", "sweep", *args, *base, f"hydra.run.dir={tmp_path}/run", f"hydra.sweep.dir={tmp_path}/sweep")
+def test_cli_mistake_is_one_line_and_exit_2(name, words, cli_mistakes):
+    proc, tmp_path = cli_mistakes[name]
     assert proc.returncode == 2, proc.stderr
     lines = proc.stderr.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith("sweep: config error: ") and words in lines[0], proc.stderr

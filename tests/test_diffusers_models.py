@@ -16,7 +16,7 @@ from torch.profiler import ProfilerActivity, profile
 from models.diffusers_zoo import DIFFUSERS_MODELS, ZOO, build_diffusers_model
 from sweep.run.execute import execute
 
-from .conftest import FAST, make_run, read_result, read_results, run_cli
+from .conftest import make_run, multirun_in_process, read_result, read_results
 
 CONF = {name: ("diffusers_dit_tiny" if name == "dit" else f"{name}_tiny") for name in DIFFUSERS_MODELS}
 FLASH_OP, MATH_OP = "aten::_scaled_dot_product_flash_attention_for_cpu", "aten::_scaled_dot_product_attention_math"
@@ -143,23 +143,18 @@ def test_config_errors_name_the_key():
 
 @pytest.mark.slow
 def test_a_2x2_grid_on_a_video_model_fills_the_ledger(tmp_path):
+    """The grid in this process (multirun_in_process: the configured sweeper and launcher, no interpreter start-up;
+    diffusers is already imported here)."""
     sweep_dir = tmp_path / "sweep"
-    proc = run_cli(
-        "-m",
-        "sweep",
-        "-m",
+    multirun_in_process(
+        sweep_dir,
         "model=cogvideox_tiny",
         "precision=fp32,bf16_amp",
         "attention=flash,eager",
         "device=cpu",  # every cell runs: fp32 flash is a CPU kernel (skipped on CUDA, which needs fp16/bf16)
         "steps=2",
-        "threads=1",
         "data.batch_size=2",
-        *FAST,
-        f"hydra.sweep.dir={sweep_dir}",
-        cwd=tmp_path,
     )
-    assert proc.returncode == 0, proc.stderr[-3000:]
     results = read_results(sweep_dir)
     assert len(results) == 4 and all(r["status"] == "stable" for r in results)
     assert {r["kernels"]["attention"] for r in results} == {"sdpa:FLASH_ATTENTION", "eager:softmax(QK^T)"}

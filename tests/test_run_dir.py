@@ -8,22 +8,43 @@ import pytest
 from sweep.callbacks import check_run_dir
 from sweep.config import ConfigError
 
-from .conftest import FAST, hydra_cfg, run_cli
+from .conftest import FAST, hydra_cfg, run_cli_refusals
 
 RUN = ["-m", "sweep", *FAST, "threads=1"]  # python -m sweep, one small run
 
 
-def test_a_run_dir_holding_a_run_of_another_config_is_refused_and_the_same_config_reruns(tmp_path):
-    run_dir = tmp_path / "run"
-    first = run_cli(*RUN, "steps=2", "optim.lr=1e-3", "ledger.enabled=false", f"hydra.run.dir={run_dir}", cwd=tmp_path)
-    assert first.returncode == 0, first.stderr[-2000:]
-    before = (run_dir / "result.json").read_text()
+@pytest.fixture(scope="module")
+def refused(tmp_path_factory) -> dict[str, tuple]:
+    """Three `python -m sweep` single runs refused before they train, all in one subprocess (run_cli_refusals:
+    two interpreter start-ups less than a process each), by name: its CompletedProcess and its hydra.run.dir.
+    `other`: into the directory of a finished 2-step run at lr 1e-3 (made in this process, as `python -m sweep`
+    makes it: run_job_in_process), at lr 3e-2; `bad`: a typo'd value (optim.lr=-1); `sweep_root`: into the root
+    of a finished sweep (multirun_in_process)."""
+    from .cli_fuzz import run_job_in_process
+    from .conftest import multirun_in_process
 
-    other = run_cli(*RUN, "steps=2", "optim.lr=3e-2", "ledger.enabled=false", f"hydra.run.dir={run_dir}", cwd=tmp_path)
+    root = tmp_path_factory.mktemp("refused")
+    run_dir, sweep_dir = root / "run", root / "s"
+    assert run_job_in_process(run_dir, ["steps=2", "optim.lr=1e-3"]) == 0
+    multirun_in_process(sweep_dir, "steps=2", "optim.lr=1e-3")
+    cases = {
+        "other": (["steps=2", "optim.lr=3e-2", "ledger.enabled=false"], run_dir),
+        "bad": (["steps=2", "optim.lr=-1", "ledger.enabled=false"], root / "bad"),
+        "sweep_root": (["steps=2"], sweep_dir),
+    }
+    before = {"result": (run_dir / "result.json").read_text(), "trials": sorted(p.name for p in sweep_dir.iterdir())}
+    argvs = [[*RUN[2:], *args, f"hydra.run.dir={d}"] for args, d in cases.values()]
+    procs = run_cli_refusals(*((argv, root) for argv in argvs))
+    return {name: (proc, d) for (name, (_, d)), proc in zip(cases.items(), procs)} | {"before": before}
+
+
+@pytest.mark.xdist_group("run_dir_refusals")  # the module's `refused` batch, run once: on one worker
+def test_a_run_dir_holding_a_run_of_another_config_is_refused_and_the_same_config_reruns(refused):
+    other, run_dir = refused["other"]
     lines = [ln for ln in other.stderr.splitlines() if ln.strip()]
     assert other.returncode == 2 and len(lines) == 1, other.stderr[-2000:]
     assert "hydra.run.dir" in lines[0] and "optim.lr=0.001 there, 0.03 here" in lines[0], lines
-    assert (run_dir / "result.json").read_text() == before
+    assert (run_dir / "result.json").read_text() == refused["before"]["result"]
 
     # The same config again (threads/progress/log_every/logger aside, as for a sweep) passes: a rerun.
     check_run_dir(
@@ -43,11 +64,11 @@ def test_a_run_dir_holding_a_run_of_another_config_is_refused_and_the_same_confi
         check_run_dir(hydra_cfg("steps=2", "optim.lr=3e-2", "ledger.enabled=false", f"hydra.run.dir={run_dir}"))
 
 
-def test_a_run_refused_at_composition_leaves_its_dir_to_the_corrected_run(tmp_path):
+@pytest.mark.xdist_group("run_dir_refusals")  # the module's `refused` batch, run once: on one worker
+def test_a_run_refused_at_composition_leaves_its_dir_to_the_corrected_run(refused):
     """Hydra writes .hydra/ before the run's own config check; a run refused there (a typo'd value) trained nothing,
     so the corrected command into the same hydra.run.dir runs (it was refused as "a run of another config")."""
-    run_dir = tmp_path / "run"
-    bad = run_cli(*RUN, "steps=2", "optim.lr=-1", "ledger.enabled=false", f"hydra.run.dir={run_dir}", cwd=tmp_path)
+    bad, run_dir = refused["bad"]
     assert bad.returncode == 2 and (run_dir / ".hydra" / "config.yaml").is_file(), bad.stderr[-2000:]
     check_run_dir(hydra_cfg("steps=2", "optim.lr=1e-3", "ledger.enabled=false", f"hydra.run.dir={run_dir}"))
 
@@ -61,15 +82,12 @@ def test_a_sweep_root_is_refused_as_a_run_dir(tmp_path, mark):
         check_run_dir(hydra_cfg("steps=2", f"hydra.run.dir={sweep_dir}"))
 
 
-def test_a_sweep_root_as_run_dir_is_one_line_and_writes_nothing(tmp_path):
-    from .conftest import multirun_in_process
-
-    sweep_dir = tmp_path / "s"
-    multirun_in_process(sweep_dir, "steps=2", "optim.lr=1e-3")
-    trials = sorted(p.name for p in sweep_dir.iterdir())
-    proc = run_cli(*RUN, "steps=2", f"hydra.run.dir={sweep_dir}", cwd=tmp_path)
+@pytest.mark.xdist_group("run_dir_refusals")  # the module's `refused` batch, run once: on one worker
+def test_a_sweep_root_as_run_dir_is_one_line_and_writes_nothing(refused):
+    proc, sweep_dir = refused["sweep_root"]
     lines = [ln for ln in proc.stderr.splitlines() if ln.strip()]
     assert proc.returncode == 2 and len(lines) == 1 and "directory of a sweep" in lines[0], proc.stderr[-2000:]
+    trials = refused["before"]["trials"]
     assert not (sweep_dir / "result.json").exists() and sorted(p.name for p in sweep_dir.iterdir()) == trials
 
 
@@ -116,10 +134,10 @@ def test_a_run_or_sweep_beside_a_sweep_is_fine(finished_sweep, tmp_path):
 @pytest.mark.parametrize("where", ["run", "."])
 def test_a_sweep_into_a_dir_holding_a_single_run_says_so(tmp_path, capsys, where):
     """issue 45: a sweep refused beside a single run was told about "a sweep whose multirun.yaml is missing"."""
+    from .cli_fuzz import run_job_in_process  # `python -m sweep` in this process: no interpreter start-up
     from .conftest import multirun_in_process
 
-    proc = run_cli(*RUN, "steps=1", "ledger.enabled=false", f"hydra.run.dir={tmp_path / 'run'}", cwd=tmp_path)
-    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert run_job_in_process(tmp_path / "run", ["steps=1"]) == 0  # ledger.enabled=false, as the command had
     with pytest.raises(SystemExit):
         multirun_in_process(tmp_path / where, "steps=1", "optim.lr=2e-3", "ledger.enabled=false")
     err = [ln for ln in capsys.readouterr().err.splitlines() if ln.strip()]

@@ -1,5 +1,5 @@
 """The end-of-multirun summary (sweep.callbacks.SweepSummary): in-process on a synthetic sweep, and for a
-real small `python -m sweep -m` grid, whose run directories and ledger then give the same report."""
+real small multirun grid, whose run directories and ledger then give the same report."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ from omegaconf import OmegaConf
 from sweep.callbacks import SweepSummary
 from sweep.report.__main__ import main as report_main
 
-from .conftest import FAST, run_cli
+from .conftest import run_cli
 from .test_report_tables import make_grid
 
 TITLES = (
@@ -44,20 +44,13 @@ def test_callback_on_a_sweep_without_results_says_so(tmp_path, capsys, caplog):
 
 @pytest.mark.slow
 def test_real_multirun_ends_with_the_summary_and_both_sources_agree(tmp_path, capsys):
+    """A real multirun (Hydra's, with our callbacks) in this process: what the summary prints is read from capsys.
+    That `python -m sweep -m` itself prints it and exits 0 is tests/test_multirun.py's."""
+    from .conftest import multirun_in_process
+
     sweep_dir = tmp_path / "sweep"
-    proc = run_cli(
-        "-m",
-        "sweep",
-        "-m",
-        "precision=fp32,fp16_pure",
-        "optim.lr=1e-4,1e-3",
-        "steps=3",
-        *FAST,
-        f"hydra.sweep.dir={sweep_dir}",
-        cwd=tmp_path,
-    )
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    printed = proc.stdout
+    multirun_in_process(sweep_dir, "precision=fp32,fp16_pure", "optim.lr=1e-4,1e-3", "steps=3")
+    printed = capsys.readouterr().out
     assert "4 runs: 2 stable, 2 diverged" in printed
     for title in (
         "Divergence map (columns: precision",
