@@ -7,6 +7,9 @@ same for any sync_every, including a bad step at a window's last step, at its fi
 
 from __future__ import annotations
 
+import csv
+import io
+
 import pytest
 
 from sweep.data.batches import BatchOrder
@@ -31,10 +34,11 @@ CASES = {
     "nonfinite_last_of_window": (["precision=fp16_pure", "optim.lr=1e-3", "steps=8"], 2, ("nonfinite_loss", 1)),
     "nonfinite_first_of_window": (["precision=fp16_pure", "optim.lr=1e-3", "steps=8"], 1 + 0, ("nonfinite_loss", 1)),
     "loss_spike": (["precision=fp32", "optim.lr=0.3", "steps=40"], 6, ("loss_spike", None)),
+    # five skips down to min_scale (each takes its window of 7 back), not eleven: the same collapse, half the steps
     "scale_collapse": (
-        ["precision=fp16_amp", "precision.scaler.init_scale=1e12", "precision.scaler.min_scale=1e9", "steps=30"],
+        ["precision=fp16_amp", "precision.scaler.init_scale=1e10", "precision.scaler.min_scale=1e9", "steps=30"],
         7,
-        ("scale_collapse", 10),
+        ("scale_collapse", 4),
     ),
     "stalled": (["precision=bf16_pure", "optim.lr=1e-5", "steps=10", "monitor.stall_window=5"], 5, ("stalled", 4)),
     "underflow_stall": (
@@ -42,7 +46,8 @@ CASES = {
         8,
         ("stalled", None),
     ),
-    "overflow_skips_then_stable": (["precision=fp16_amp", "objective.loss_weight=1e5", "steps=24"], 8, (None, None)),
+    # five skips (steps 0-4) take their windows back, then [5, 13) and [13, 16) stand
+    "overflow_skips_then_stable": (["precision=fp16_amp", "objective.loss_weight=300", "steps=16"], 8, (None, None)),
     "clipped_and_stable": (["precision=fp32", "optim.lr=1e-3", "optim.grad_clip=0.05", "steps=24"], 8, (None, None)),
     # windows of 12 (the stall check every 12 ends them) holding four attention-logit steps each
     "logit_steps_inside": (
@@ -98,7 +103,7 @@ def test_a_window_gives_every_verdict_and_row_of_one_sync_per_step(tmp_path, nam
     if name == "bad_input_at_step_0":  # the window [0, 4) ran whole before its one sync showed step 0's batch
         assert sync == {"every": 4, "syncs": 2, "windows": 1, "taken_back": 1, "ran_past_first_bad": 3, "replayed": 0}
     if name == "overflow_skips_then_stable":  # a skipping step takes its window back; once the scale
-        assert 0 < len(host_steps) < 24  # settles, windows stand
+        assert 0 < len(host_steps) < 16  # settles, windows stand
     elif verdict is None:
         assert host_steps == [] and sync["taken_back"] == 0  # every window stood: no step needed the host alone
     elif verdict != "stalled":  # a stall check is the last step of a window that stands; any other bad step
@@ -133,10 +138,11 @@ def test_a_pack_in_windows_gives_every_run_what_one_sync_per_step_gives(tmp_path
 
     monkeypatch.setattr(window_module.Windows, "_window", recorded)
 
-    common = ["precision=fp16_amp", "steps=24", "threads=1", "data.batch_size=2", "monitor.forensics=false"]
+    # 12 steps: every bad step is decided by step 6 and windows stand after it; loss_weight 300 skips steps 0-4
+    common = ["precision=fp16_amp", "steps=12", "threads=1", "data.batch_size=2", "monitor.forensics=false"]
     per_run = [
         ["optim.lr=1e-4"],
-        ["optim.lr=1e-4", "objective.loss_weight=1e5", "seed=1"],
+        ["optim.lr=1e-4", "objective.loss_weight=300", "seed=1"],
         ["optim.lr=0.5", "seed=2"],
         [f"data.faults=[{{index:{FRESH_AT_3},kind:nan}}]", "seed=0", "data.seed=0"],
         ["optim.lr=1e-9", "seed=3", "objective.loss_weight=1e-9", "monitor.stall_window=5"],
@@ -161,6 +167,8 @@ def test_a_pack_in_windows_gives_every_run_what_one_sync_per_step_gives(tmp_path
     assert any(stood for stood, _ in outcomes) and not all(stood for stood, _ in outcomes)  # both kinds ran
     verdicts = {v for _, v, *_ in got[1][0]}
     assert {None, "loss_spike", "bad_input"} <= verdicts, got[1][0]
+    overflowing = csv.DictReader(io.StringIO(got[1][1][1].decode()))
+    assert [row["skipped"] for row in overflowing][:6] == ["1"] * 5 + ["0"]  # skips, then steps
 
 
 def test_a_packs_window_sees_a_bad_batch_only_the_data_check_sees(tmp_path):
