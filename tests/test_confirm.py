@@ -235,15 +235,18 @@ def test_bad_confirm_values_fail_at_composition_in_one_line(override, message):
     assert "\n" not in str(e.value)
 
 
-def test_the_command_helps_and_refuses_a_bad_directory_in_one_line(tmp_path):
+def test_the_command_helps_and_refuses_a_bad_directory_in_one_line(tmp_path, capsys):
+    """`python -m sweep.confirm --help` as typed; the refusals by its main in this process (one start-up, not 4)."""
+    from sweep.confirm.__main__ import main
+
     proc = run_cli("-m", "sweep.confirm", "--help")
     assert proc.returncode == 0 and "python -m sweep.confirm SWEEP_DIR --steps 200" in proc.stdout
     for where in (tmp_path / "nope", tmp_path):
-        proc = run_cli("-m", "sweep.confirm", str(where))
-        lines = proc.stderr.strip().splitlines()
-        assert proc.returncode == 2 and len(lines) == 1 and lines[0].startswith("sweep.confirm: "), proc.stderr
-    proc = run_cli("-m", "sweep.confirm", str(tmp_path), "--budget", "-1")
-    assert proc.returncode == 2 and "--budget must be a finite number >= 0" in proc.stderr
+        code, err = main([str(where)]), capsys.readouterr().err
+        lines = err.strip().splitlines()
+        assert code == 2 and len(lines) == 1 and lines[0].startswith("sweep.confirm: "), err
+    code, err = main([str(tmp_path), "--budget", "-1"]), capsys.readouterr().err
+    assert code == 2 and "--budget must be a finite number >= 0" in err
 
 
 def test_ctrl_c_during_the_confirmation_keeps_the_runs_and_the_summary(tmp_path):
