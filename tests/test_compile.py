@@ -7,6 +7,8 @@ profiler on the training loop's own compiled steps.
 
 from __future__ import annotations
 
+import math
+
 import pytest
 import torch
 import torch.nn.functional as F
@@ -30,8 +32,8 @@ SMALL = ["device=cpu", "threads=1", "steps=3", "data.batch_size=2", "ledger.enab
 
 ONE_BLOCK = ["model=dit_tiny", "data=synthetic_image", "data.frames=1", "model.depth=1"]
 """The image DiT with one block, for the second compiled graph (math attention, fused modulate): the same
-kernels, ~25% less to compile cold than the video DiT's pair (the first graph, flash and eager modulate, stays
-the video DiT's: tests/test_eval_loss.py's compiled run shares it)."""
+kernels, ~25% less to compile cold than the video DiT's pair (the first graph, flash and eager modulate, is the
+video DiT's)."""
 
 # With pytest -n: the compiling tests on one worker, one after another, so each graph compiles once and the
 # others take it from inductor's caches (a cold compile is tens of seconds on a 2-core CI machine).
@@ -196,6 +198,8 @@ def test_compiled_run_records_the_kernels_that_ran(tmp_path, request, attention,
         result, ran = compiled_run(tmp_path, attention, modulate)
     assert result.status == "stable", result.reason
     assert read_result(tmp_path)["kernels"] == claim
+    # its eval (16 held-out clips at the end) ran the eager forward: through the sealed graph it was a run error
+    assert result.eval_loss is not None and math.isfinite(result.eval_loss)
     if attention == "flash":
         assert {FLASH, FLASH_BACKWARD} <= ran
     else:  # inductor's own bmm + softmax: no SDPA op at all, flash least of all
