@@ -193,22 +193,3 @@ def test_folder_data_holding_no_file_out_has_no_eval_loss_and_says_why(tmp_path)
 def test_bad_eval_settings_are_one_line_config_errors(override, message):
     with pytest.raises(ConfigError, match=message.replace("[", r"\[")):
         make_run(override)
-
-
-@pytest.mark.slow
-@pytest.mark.xdist_group("inductor")  # beside tests/test_compile.py, whose flash/eager graph this one is: compiled once
-def test_a_compiled_run_evaluates_with_its_eager_forward(tmp_path):
-    # The sealed compiled graph refuses to recompile; a no_grad eval forward through it was a run error.
-    run = make_run(
-        "device=cpu",
-        "threads=1",
-        "steps=2",
-        "data.batch_size=2",
-        "model.depth=2",
-        "attention=flash",
-        "compile=true",
-        "eval.samples=4",
-    )
-    result = execute(run, tmp_path, {})
-    assert result.status == "stable", result.reason
-    assert result.eval_loss is not None and math.isfinite(result.eval_loss)

@@ -9,7 +9,7 @@ import torch
 import sweep.run.model
 from sweep.run.execute import execute
 
-from .conftest import FAST, make_run, read_result, run_cli
+from .conftest import make_run, multirun_in_process, read_result, run_cli
 
 
 def run_with_weights(tmp_path, monkeypatch, edit, *overrides):
@@ -66,19 +66,20 @@ def test_nan_sample_is_blamed_on_the_data(tmp_path):
     assert (r.verdict, r.cause["where"], r.first_bad_step) == ("bad_input", "data", 0)
 
 
-def test_replay_command_on_a_finished_run(tmp_path):
-    run_dir = tmp_path / "run"
-    run_cli(
-        "-m",
-        "sweep",
+def test_replay_command_on_a_finished_run(tmp_path, capsys):
+    """`python -m sweep.replay RUN_DIR` as typed, on a run a multirun finished in this process (what is tested
+    is the replay command, not how `python -m sweep` starts: one interpreter start-up fewer)."""
+    from sweep import replay
+
+    multirun_in_process(
+        tmp_path / "sweep",
         "precision=fp16_amp_noscale",
         "optim.lr=0.3",
         "steps=40",
         "monitor.spike_factor=1e9",
-        *FAST,
-        f"hydra.run.dir={run_dir}",
-        check=True,
+        "ledger.enabled=false",
     )
+    run_dir = tmp_path / "sweep" / "0"
     result = read_result(run_dir)
     assert result["verdict"] == "nonfinite_loss" and result["cause"]["where"] == "forward"
     proc = run_cli("-m", "sweep.replay", str(run_dir))
@@ -87,8 +88,9 @@ def test_replay_command_on_a_finished_run(tmp_path):
     assert forensics["step"] == result["first_bad_step"]
     assert forensics["cause"] == result["cause"]  # the replay is deterministic: the same place again
     assert "closest to overflow" in proc.stdout
-    bad = run_cli("-m", "sweep.replay", str(tmp_path / "nope"))
-    assert bad.returncode == 2 and len(bad.stderr.strip().splitlines()) == 1
+    capsys.readouterr()
+    assert replay.main([str(tmp_path / "nope")]) == 2
+    assert len(capsys.readouterr().err.strip().splitlines()) == 1
 
 
 def test_nonfinite_gradient_names_a_parameter_with_forensics_off(tmp_path, monkeypatch):
@@ -107,9 +109,10 @@ def test_replay_is_honest_about_a_stable_run_and_bad_steps(tmp_path, capsys):
     is a one-line mistake (exit 2) instead of a retrain of that many steps."""
     from sweep import replay
 
-    run_dir = tmp_path / "run"
-    run_cli("-m", "sweep", "steps=3", "threads=1", *FAST, f"hydra.run.dir={run_dir}", check=True)
+    multirun_in_process(tmp_path / "sweep", "steps=3", "ledger.enabled=false")
+    run_dir = tmp_path / "sweep" / "0"
     assert read_result(run_dir)["status"] == "stable"
+    capsys.readouterr()
 
     assert replay.main([str(run_dir)]) == 0
     out = capsys.readouterr().out

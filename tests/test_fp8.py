@@ -1,5 +1,6 @@
 """fp8 matmuls (precision=fp8_*, sweep/run/fp8.py): parity with bf16 autocast and fp32, the filter's record, the
-evidence (sweep/run/fp8_evidence.py), and runs through execute and the multirun.
+evidence (sweep/run/fp8_evidence.py), and runs through execute (a multirun of fp8 x optimizers, as a user types
+it: tests/test_lowprec_sweep.py).
 
 Parity tolerances are docs/fp8_groundwork.md's (section b, measured on these shapes with margin): the forward output
 within rel 1e-2 of bf16 autocast and not equal to it (a silent bypass would be equal), each converted weight's
@@ -24,7 +25,7 @@ from sweep.run.model import build_run_model
 from sweep.run.packed_model import PackedModel
 from sweep.run.precision import PrecisionPolicy
 
-from .conftest import make_run, multirun_in_process, read_result, read_results
+from .conftest import make_run, read_result
 
 pytest.importorskip("torchao")
 
@@ -234,14 +235,6 @@ def test_emulated_bf16_gemms_leave_torchao_tensors_to_torchao(tmp_path):
     run = make_run("device=cpu", "threads=1", "steps=2", "precision=fp8_tensorwise", "precision.cpu_gemm=emulated")
     r = execute(run, tmp_path, params={})
     assert r.status == "stable" and r.kernels["gemm"] == "emulated", (r.status, r.reason)
-
-
-def test_a_multirun_of_bf16_and_fp8_works_end_to_end(tmp_path):
-    multirun_in_process(tmp_path, "steps=2", "device=cpu", "ledger.enabled=false", "precision=bf16_amp,fp8_tensorwise")
-    results = {r["params"]["precision"]: r for r in read_results(tmp_path)}
-    assert {p: r["status"] for p, r in results.items()} == {"bf16_amp": "stable", "fp8_tensorwise": "stable"}
-    assert results["bf16_amp"]["fp8"] is None
-    assert results["fp8_tensorwise"]["fp8"]["converted"]
 
 
 def test_lora_adapters_train_on_fp8_base_layers():

@@ -11,6 +11,8 @@ optimizer's update included, through a mode that records the ones that read a va
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
@@ -357,11 +359,9 @@ def capture_fails_after_warm_up(monkeypatch):
 CAPTURED = ["steps=24", "monitor.sync_every=8", "precision=fp16_amp", "threads=1"]  # loss scaling, no overflow
 
 
-def test_a_failed_capture_takes_its_warm_up_back_and_the_run_goes_on(tmp_path, capture_fails_after_warm_up, caplog):
-    """The warm-up steps (WARMUP of them, before the capture) change weights, AdamW, the scaler, the noise and the
-    clock; taken back in place, the run's metrics are byte for byte those of graph=false."""
+def counted_run(out: Path, *overrides: str) -> tuple:
+    """A lone run of CAPTURED: (status, verdict, metrics.csv's bytes, sync, the window steps it ran on the device)."""
     from sweep.run.execute import execute
-    from sweep.run.graph import WARMUP
 
     calls = {"n": 0}
     device_step = Lone.device_step
@@ -370,13 +370,27 @@ def test_a_failed_capture_takes_its_warm_up_back_and_the_run_goes_on(tmp_path, c
         calls["n"] += 1
         return device_step(self, *args, **kwargs)
 
-    got = {}
-    for mode in ("false", "true"):
-        calls["n"] = 0
-        with pytest.MonkeyPatch.context() as mp:
-            mp.setattr(Lone, "device_step", counted)
-            r = execute(make_run(*CAPTURED, f"graph={mode}"), tmp_path / mode, params={})
-        got[mode] = (r.status, r.verdict, (tmp_path / mode / "metrics.csv").read_bytes(), r.sync, calls["n"])
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(Lone, "device_step", counted)
+        r = execute(make_run(*CAPTURED, *overrides), out, params={})
+    return r.status, r.verdict, (out / "metrics.csv").read_bytes(), r.sync, calls["n"]
+
+
+@pytest.fixture(scope="module")
+def eager(tmp_path_factory) -> tuple:
+    """CAPTURED with graph=false (counted_run's tuple): what both failed-capture tests of a lone run must equal.
+    graph=false never reaches a capture or a logit graph, so neither test's patches would change it."""
+    return counted_run(tmp_path_factory.mktemp("eager") / "false", "graph=false")
+
+
+def test_a_failed_capture_takes_its_warm_up_back_and_the_run_goes_on(
+    tmp_path, eager, capture_fails_after_warm_up, caplog
+):
+    """The warm-up steps (WARMUP of them, before the capture) change weights, AdamW, the scaler, the noise and the
+    clock; taken back in place, the run's metrics are byte for byte those of graph=false."""
+    from sweep.run.graph import WARMUP
+
+    got = {"false": eager, "true": counted_run(tmp_path / "true", "graph=true")}
     assert got["false"][3]["taken_back"] == 0  # every window stands: nothing but the restore undoes the warm-up
     assert got["true"][:3] == got["false"][:3] and got["true"][3]["replayed"] == 0
     # The window step's capture warmed up once and failed: not retried, and the logit step's (step 10) not tried
@@ -384,7 +398,9 @@ def test_a_failed_capture_takes_its_warm_up_back_and_the_run_goes_on(tmp_path, c
     assert "could not be captured as a CUDA graph" in caplog.text
 
 
-def test_a_failed_logit_step_capture_keeps_its_attention_statistics(tmp_path, capture_fails_after_warm_up):
+def test_a_failed_logit_step_capture_keeps_its_attention_statistics(
+    tmp_path, eager, capture_fails_after_warm_up, monkeypatch
+):
     """The logit step's own capture (StepGraph with the LogitStats), tried alone: its warm-up steps' statistics are
     dropped and the eager step's put back, so the logit columns are byte for byte graph=false's."""
     from sweep.run.execute import execute
@@ -393,12 +409,9 @@ def test_a_failed_logit_step_capture_keeps_its_attention_statistics(tmp_path, ca
     def logit_graph_only(self, logits):
         return self.logit_graph if logits else None
 
-    got = {}
-    for mode in ("false", "true"):
-        with pytest.MonkeyPatch.context() as mp:
-            mp.setattr(Windows, "_graph_at", logit_graph_only)
-            r = execute(make_run(*CAPTURED, f"graph={mode}"), tmp_path / mode, params={})
-        got[mode] = (r.status, r.verdict, (tmp_path / mode / "metrics.csv").read_bytes())
+    monkeypatch.setattr(Windows, "_graph_at", logit_graph_only)
+    r = execute(make_run(*CAPTURED, "graph=true"), tmp_path / "true", params={})
+    got = {"false": eager[:3], "true": (r.status, r.verdict, (tmp_path / "true" / "metrics.csv").read_bytes())}
     assert got["true"] == got["false"]
     assert b"attn_max_logit" in got["true"][2]
 

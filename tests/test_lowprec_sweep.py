@@ -31,6 +31,8 @@ def test_fp8_precisions_times_optimizers_run_to_verdicts_and_say_what_ran(tmp_pa
         assert noise not in proc.stderr + proc.stdout
     results = read_results(sweep_dir)
     assert len(results) == 9
+    stable = {(r["params"]["precision"], r["params"]["optim"]) for r in results if r["status"] == "stable"}
+    assert {("bf16_amp", "adamw"), ("fp8_tensorwise", "adamw")} <= stable  # bf16 and fp8 end to end
     for r in results:
         assert r["status"] in ("stable", "diverged"), r["reason"]
         precision, optim = r["params"]["precision"], r["params"]["optim"]
