@@ -12,7 +12,7 @@ import pytest
 from optuna.trial import TrialState
 
 from .cluster_servers import LEDGER_FROM_ENV, postgres_url, sweep_cmd  # noqa: F401  (fixture)
-from .conftest import read_result, run_cli
+from .conftest import multirun_in_process, read_result, run_cli
 
 pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("servers")]  # one worker: apt and the server
 
@@ -65,7 +65,7 @@ def test_four_concurrent_workers_run_an_8_cell_grid_each_cell_once(tmp_path, pos
     assert not leaked and not any(secret in out + err for out, err in outs)
 
 
-def test_killed_worker_resumes_with_exactly_the_missing_runs(tmp_path, postgres_url):
+def test_killed_worker_resumes_with_exactly_the_missing_runs(tmp_path, postgres_url, monkeypatch):
     sweep_dir = tmp_path / "sweep"
     args = [
         "hydra.sweeper.sampler.name=grid",
@@ -96,8 +96,9 @@ def test_killed_worker_resumes_with_exactly_the_missing_runs(tmp_path, postgres_
     done_before = {t.number: (t.params, t.value) for t in killed if t.state is TrialState.COMPLETE}
     assert 1 <= len(done_before) < 4
     time.sleep(3.5)  # past stale_after_s: the killed worker's heartbeat is too old
-    rerun = run_cli(*sweep_cmd(sweep_dir, "steps=4", *args), cwd=tmp_path, env={"SWEEP_LEDGER_URL": postgres_url})
-    assert rerun.returncode == 0, rerun.stderr[-3000:]
+    # The resume in this process (no interpreter start-up): only the killed worker had to be a process of its own.
+    monkeypatch.setenv("SWEEP_LEDGER_URL", postgres_url)
+    multirun_in_process(sweep_dir, "hydra/sweeper=optuna_sweep", "steps=4", *args)
     ts = trials(postgres_url, sweep_dir)
     assert ts[running[0]].state is TrialState.FAIL and ts[running[0]].system_attrs["stale"]
     assert len(ts) == len(killed) + (4 - len(done_before))  # exactly the missing cells ran
