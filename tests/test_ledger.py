@@ -2,7 +2,11 @@
 
 from __future__ import annotations
 
+import json
 import multiprocessing as mp
+import subprocess
+import tempfile
+from pathlib import Path
 
 import optuna
 import pytest
@@ -11,7 +15,7 @@ from optuna.trial import TrialState
 from sweep.config import LedgerConfig
 from sweep.search.ledger import CONSTRAINTS_KEY, mask_url, record_run, storage_url, url_has_password
 
-from .conftest import FAST, read_result, run_cli
+from .conftest import FAST, REFUSALS, multirun_in_process, read_result, run_cli
 
 
 def result(status, **kw):
@@ -190,18 +194,19 @@ def test_a_storage_without_a_password_is_not_refused(arg):
     assert literal_password_arg([arg]) is None
 
 
-@pytest.mark.parametrize(
-    "arg",
-    [
-        "ledger.storage=postgresql://u:s3cret@localhost/db",
-        "ledger.storage='postgresql://u@localhost/db?password=s3cret'",
-        "ledger.storage=postgresql://u@localhost/db?sslpassword=s3cret",
-        "logger.mlflow.tracking_uri=http://mlflow:5000?token=s3cret",
-    ],
-)
-def test_password_on_the_command_line_is_refused_before_hydra_writes_it(tmp_path, arg):
-    proc = run_cli("-m", "sweep", arg, f"hydra.run.dir={tmp_path}/run", cwd=tmp_path)
-    assert proc.returncode == 2 and "s3cret" not in proc.stderr
+PASSWORD_ARGS = [
+    "ledger.storage=postgresql://u:s3cret@localhost/db",
+    "ledger.storage='postgresql://u@localhost/db?password=s3cret'",
+    "ledger.storage=postgresql://u@localhost/db?sslpassword=s3cret",
+    "logger.mlflow.tracking_uri=http://mlflow:5000?token=s3cret",
+]
+
+
+@pytest.mark.xdist_group("ledger_refusals")  # the module's `refused` batch, run once: on one worker
+@pytest.mark.parametrize("arg", PASSWORD_ARGS)
+def test_password_on_the_command_line_is_refused_before_hydra_writes_it(refused, arg):
+    proc, tmp_path = refused[arg]
+    assert proc.returncode == 2 and "s3cret" not in proc.stdout + proc.stderr
     assert ("MLFLOW_TRACKING_URI" if "logger" in arg else "oc.env") in proc.stderr
     assert len(proc.stderr.strip().splitlines()) == 1 and not (tmp_path / "run").exists()
 
@@ -217,21 +222,55 @@ EXPERIMENT_SECRETS = {
 }
 
 
-@pytest.mark.parametrize(
-    "case,multirun",
-    [(c, False) for c in sorted(EXPERIMENT_SECRETS) if c != "a swept URL"]
-    + [("user:pw@", True), ("a swept URL", True), ("env_set password", True)],
-)
-def test_a_secret_in_a_config_file_is_refused_before_hydra_writes_it(tmp_path, case, multirun):
-    """issue 45: a password in a --config-dir experiment file was copied in clear into every .hydra/config.yaml
-    (only the command line was checked). The composed config is checked too, before any file is written."""
+SECRET_FILES = [(c, False) for c in sorted(EXPERIMENT_SECRETS) if c != "a swept URL"] + [
+    ("user:pw@", True),
+    ("a swept URL", True),
+    ("env_set password", True),
+]
+
+
+def config_file_case(tmp_path: Path, case: str, multirun: bool) -> list[str]:
+    """`python -m sweep`'s arguments for EXPERIMENT_SECRETS[case] as an experiment file under tmp_path/mine."""
     (tmp_path / "mine" / "experiment").mkdir(parents=True)
     (tmp_path / "mine" / "experiment" / "leak.yaml").write_text("# @package _global_\n" + EXPERIMENT_SECRETS[case])
     where = [f"hydra.sweep.dir={tmp_path}/s", "optim.lr=1e-3,2e-3", "-m"] if multirun else []
-    proc = run_cli(
-        "-m", "sweep", "--config-dir", str(tmp_path / "mine"), "+experiment=leak", *FAST, "steps=2",
-        f"hydra.run.dir={tmp_path}/run", *where, cwd=tmp_path,
-    )  # fmt: skip
+    return [
+        "--config-dir",
+        str(tmp_path / "mine"),
+        "+experiment=leak",
+        *FAST,
+        "steps=2",
+        f"hydra.run.dir={tmp_path}/run",
+        *where,
+    ]
+
+
+@pytest.fixture(scope="module")
+def refused(tmp_path_factory) -> dict:
+    """Every command line of this module that `python -m sweep` refuses before any run (PASSWORD_ARGS, SECRET_FILES),
+    each from a directory of its own, all in one interpreter (conftest.REFUSALS; ~10 s of interpreter start-ups less
+    than a process each): by its arg or (case, multirun), its CompletedProcess and its directory. Each case's
+    stdout is what all of them printed together: no case may print a secret there either."""
+    dirs = {key: tmp_path_factory.mktemp("refused") for key in [*PASSWORD_ARGS, *SECRET_FILES]}
+    argvs = {arg: [arg, f"hydra.run.dir={dirs[arg]}/run"] for arg in PASSWORD_ARGS}
+    argvs.update({key: config_file_case(dirs[key], *key) for key in SECRET_FILES})
+    with tempfile.TemporaryDirectory() as stderrs:
+        spec = [[argv, str(dirs[key]), f"{stderrs}/{i}"] for i, (key, argv) in enumerate(argvs.items())]
+        proc = run_cli("-c", REFUSALS, json.dumps(spec))
+        assert proc.returncode == 0, proc.stderr[-3000:]
+        *printed, codes = proc.stdout.splitlines()
+        return {
+            key: (subprocess.CompletedProcess(argv, code, "\n".join(printed), Path(err).read_text()), dirs[key])
+            for (key, argv), code, (_, _, err) in zip(argvs.items(), json.loads(codes), spec)
+        }
+
+
+@pytest.mark.xdist_group("ledger_refusals")
+@pytest.mark.parametrize("case,multirun", SECRET_FILES)
+def test_a_secret_in_a_config_file_is_refused_before_hydra_writes_it(refused, case, multirun):
+    """issue 45: a password in a --config-dir experiment file was copied in clear into every .hydra/config.yaml
+    (only the command line was checked). The composed config is checked too, before any file is written."""
+    proc, tmp_path = refused[case, multirun]
     lines = [ln for ln in proc.stderr.splitlines() if ln.strip()]
     assert proc.returncode == 2 and len(lines) == 1 and "oc.env" in lines[0], proc.stderr[-2000:]
     assert "s3cret" not in proc.stdout + proc.stderr
@@ -256,21 +295,27 @@ def test_a_secret_through_the_environment_in_a_config_file_is_fine(value):
     assert literal_secret_keys(OmegaConf.create({"ledger": {"storage": value}})) == []
 
 
+@pytest.fixture(scope="module")
+def grid(tmp_path_factory):
+    """grid(eval_on): the sweep dir of precision fp32,fp16_pure x lr 1e-4,1e-3 at 3 steps (two of them diverge),
+    swept in this process once per eval setting for the tests that read it."""
+    swept = {}
+
+    def sweep_dir(eval_on: bool) -> Path:
+        if eval_on not in swept:
+            swept[eval_on] = tmp_path_factory.mktemp(f"grid-eval-{eval_on}")
+            multirun_in_process(
+                swept[eval_on], "steps=3", "precision=fp32,fp16_pure", "optim.lr=1e-4,1e-3", f"eval.enabled={eval_on}"
+            )
+        return swept[eval_on]
+
+    return sweep_dir
+
+
 @pytest.mark.slow
-def test_multirun_fills_the_ledger_in_the_sweep_dir(tmp_path):
-    sweep_dir = tmp_path / "sweep"
-    proc = run_cli(
-        "-m",
-        "sweep",
-        "-m",
-        "precision=fp32,fp16_pure",
-        "optim.lr=1e-4,1e-3",
-        "steps=3",
-        *FAST,
-        f"hydra.sweep.dir={sweep_dir}",
-        cwd=tmp_path,
-    )
-    assert proc.returncode == 0, proc.stderr[-2000:]
+@pytest.mark.xdist_group("ledger_grid")  # the module's `grid` sweeps, run once: on one worker
+def test_multirun_fills_the_ledger_in_the_sweep_dir(grid):
+    sweep_dir = grid(False)
     trials = only_study(f"sqlite:///{sweep_dir / 'ledger.db'}").trials
     assert len(trials) == 4
     for t in trials:
@@ -364,9 +409,10 @@ def test_a_deleted_ledger_file_is_opened_anew(tmp_path):
     assert len(only_study(storage_url(cfg, tmp_path)).trials) == 1
 
 
-def test_a_process_keeps_only_its_newest_storages_open(tmp_path):
+def test_a_process_keeps_only_its_newest_storages_open(tmp_path, monkeypatch):
     from sweep.search import ledger
 
+    monkeypatch.setattr(ledger, "_KEEP_OPEN", 2)  # the rule, not the product's 8: 3 new SQLite schemas, not 9
     first = ledger.open_storage(f"sqlite:///{tmp_path / 'first.db'}")
     for i in range(ledger._KEEP_OPEN):
         ledger.open_storage(f"sqlite:///{tmp_path / f'{i}.db'}")
@@ -408,8 +454,6 @@ def test_a_rerun_cell_marks_its_earlier_trial_superseded_and_the_report_counts_i
     """issue 33: a cell re-run after its result.json was deleted left two trials for one job directory."""
     from sweep.report.study import runs_from_study
     from sweep.search.ledger import SUPERSEDED_ATTR
-
-    from .conftest import multirun_in_process
 
     sweep_dir = tmp_path / "s"
     grid = ("steps=2", "optim.lr=1e-3,2e-3")
@@ -490,8 +534,9 @@ def test_every_diverged_verdict_is_infeasible_whatever_its_name():
         assert trial_outcome(r, 10.0) == (TrialState.COMPLETE, penalty(r, 10.0), (INFEASIBLE,)), verdict
 
 
+@pytest.mark.xdist_group("ledger_grid")
 @pytest.mark.parametrize("eval_on", [True, False])
-def test_a_trials_value_is_the_quality_number_the_recommendation_compares_its_run_by(tmp_path, eval_on):
+def test_a_trials_value_is_the_quality_number_the_recommendation_compares_its_run_by(grid, eval_on):
     """One rule (sweep.run.results.quality_key) for a trial's value and the report's quality column: the eval
     loss where the runs have one, else the final training loss; a diverged run is infeasible."""
     from sweep.report.noise import quality_column
@@ -499,11 +544,7 @@ def test_a_trials_value_is_the_quality_number_the_recommendation_compares_its_ru
     from sweep.report.study import runs_from_study
     from sweep.search.ledger import INFEASIBLE
 
-    from .conftest import multirun_in_process
-
-    multirun_in_process(
-        tmp_path, "steps=3", "precision=fp32,fp16_pure", "optim.lr=1e-4,1e-3", f"eval.enabled={eval_on}"
-    )
+    tmp_path = grid(eval_on)
     runs = runs_from_dirs(tmp_path)
     column = quality_column(runs)
     assert column == ("eval_loss" if eval_on else "final_loss")

@@ -20,12 +20,14 @@ pytestmark = pytest.mark.xdist_group("servers")  # with pytest -n: one worker ru
 GRID = [
     "hydra.sweeper.sampler.name=grid",
     "precision=fp32,fp16_pure",
-    "optim.lr=choice(1e-4,1e-3)",
     "steps=4",
     "hydra.sweeper.n_jobs=4",
     "hydra.launcher.cpus_per_task=1",
     LEDGER_FROM_ENV,
 ]
+"""Two cells, one stable and one diverged (pure fp16 AdamW), launched as one batch: two jobs show that each job
+finishes its own trial with its own verdict as well as four did, at half the job start-ups (an interpreter and
+torch import each)."""
 
 
 @pytest.fixture(scope="session")
@@ -46,9 +48,8 @@ def run_sweep(tmp_path, url, *launcher):
 
 def check_ledger_and_summary(url, sweep_dir, proc):
     trials = optuna.load_study(study_name=str(sweep_dir), storage=url).trials
-    assert len(trials) == 4 and all(t.state is TrialState.COMPLETE for t in trials)
-    cells = {(t.params["precision"], t.params["optim.lr"]) for t in trials}
-    assert len(cells) == 4
+    assert len(trials) == 2 and all(t.state is TrialState.COMPLETE for t in trials)
+    assert {t.params["precision"] for t in trials} == {"fp32", "fp16_pure"}  # each cell once
     for t in trials:  # each job finished its own trial with its run's verdict
         result = read_result(sweep_dir / t.user_attrs["run_dir"])
         assert (
@@ -74,8 +75,8 @@ def test_sweep_on_a_real_slurm_cluster_records_every_job(tmp_path, postgres_url,
     check_ledger_and_summary(postgres_url, sweep_dir, proc)
     # the runs were Slurm jobs: one array, one submitit folder per array task, named by Slurm's job id
     tasks = sorted(p.name for p in (sweep_dir / ".submitit").iterdir() if p.is_dir() and "_" in p.name)
-    assert len(tasks) == 4 and all(t.split("_")[0].isdigit() for t in tasks), tasks  # <slurm job id>_<array index>
-    assert len({t.split("_")[0] for t in tasks}) == 1  # one job array for the batch of 4
+    assert len(tasks) == 2 and all(t.split("_")[0].isdigit() for t in tasks), tasks  # <slurm job id>_<array index>
+    assert len({t.split("_")[0] for t in tasks}) == 1  # one job array for the batch of 2
 
 
 @pytest.mark.slow
@@ -89,7 +90,6 @@ def test_sweep_through_submitit_local_records_every_job(tmp_path, postgres_url):
             "hydra/launcher=submitit_local",
             "hydra.launcher.cpus_per_task=1",
             "precision=fp32,fp16_pure",
-            "optim.lr=1e-4,1e-3",
             "steps=4",
             LEDGER_FROM_ENV,
         )
