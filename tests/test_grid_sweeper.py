@@ -35,7 +35,7 @@ def test_each_cell_is_composed_once_and_runs_its_own_overrides(tmp_path, monkeyp
 
 
 def test_the_loader_ships_to_workers_without_its_kept_configs():
-    from hydra_plugins.dit_sweep.grid_sweeper import ComposedOnce
+    from sweep.search.composed import ComposedOnce
 
     loader = ComposedOnce(["the real loader"])
     loader.kept[("a=1",)] = "a composed config"

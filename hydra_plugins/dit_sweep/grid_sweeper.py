@@ -22,8 +22,6 @@ from hydra.core.config_store import ConfigStore
 from hydra.core.utils import JobReturn, JobStatus
 from hydra.types import HydraContext
 
-from sweep.search.composed import ComposedOnce
-
 log = logging.getLogger(__name__)
 
 
@@ -87,6 +85,8 @@ class GridSweeper(BasicSweeper):
             self.frontier.setup(hydra_context=hydra_context, task_function=task_function, config=config)
             self.config = config  # check_ladder reads it
             return
+        from sweep.search.composed import ComposedOnce
+
         context = HydraContext(
             config_loader=ComposedOnce(hydra_context.config_loader), callbacks=hydra_context.callbacks
         )
