@@ -1,4 +1,5 @@
-"""The grid sweeper composes every cell once: its cell check's config is the one the launcher runs."""
+"""The grid sweeper composes every cell once (and the Optuna sweeper every trial): its check's config is the one the
+launcher runs."""
 
 from __future__ import annotations
 
@@ -12,9 +13,9 @@ from hydra._internal.config_loader_impl import ConfigLoaderImpl
 from .conftest import FAST, multirun_in_process, read_result, read_results, run_cli
 
 
-@pytest.mark.parametrize("batches", [[], ["hydra.sweeper.max_batch_size=1"]])
-def test_each_cell_is_composed_once_and_runs_its_own_overrides(tmp_path, monkeypatch, batches):
-    """In batches too: the later batches' job dirs are checked before the first run, their configs kept."""
+@pytest.fixture
+def compositions(monkeypatch) -> list[tuple]:
+    """The overrides of every job config Hydra's loader composes during the test, in order."""
     composed = []
     real = ConfigLoaderImpl.load_sweep_config
 
@@ -23,15 +24,32 @@ def test_each_cell_is_composed_once_and_runs_its_own_overrides(tmp_path, monkeyp
         return real(self, master, overrides)
 
     monkeypatch.setattr(ConfigLoaderImpl, "load_sweep_config", counting)
+    return composed
+
+
+@pytest.mark.parametrize("batches", [[], ["hydra.sweeper.max_batch_size=1"]])
+def test_each_cell_is_composed_once_and_runs_its_own_overrides(tmp_path, compositions, batches):
+    """In batches too: the later batches' job dirs are checked before the first run, their configs kept."""
     multirun_in_process(tmp_path, "optim.lr=1e-4,1e-3", "seed=3", "steps=1", "ledger.enabled=false", *batches)
-    assert len(composed) == 2  # the cell check's two; the launcher composed nothing again
-    assert sorted(o for cell in composed for o in cell if o.startswith("optim.lr=")) == [
+    assert len(compositions) == 2  # the cell check's two; the launcher composed nothing again
+    assert sorted(o for cell in compositions for o in cell if o.startswith("optim.lr=")) == [
         "optim.lr=0.0001",
         "optim.lr=0.001",
     ]
     params = sorted(read_result(tmp_path / str(i))["params"]["optim.lr"] for i in range(2))
     assert params == [1e-4, 1e-3]
     assert [read_result(tmp_path / str(i))["seed"] for i in range(2)] == [3, 3]
+
+
+def test_each_trial_of_an_optuna_sweep_is_composed_once_and_runs_its_own_overrides(tmp_path, compositions):
+    """The Optuna sweeper's batch check composes a trial and the launcher runs that config (sweep/search/composed.py).
+    Its job-dir check composes two configs without the swept value first (OptunaSweeperImpl._check_trial_dirs)."""
+    axes = ["hydra/sweeper=optuna_sweep", "hydra.sweeper.sampler.name=grid", "optim.lr=choice(1e-4,1e-3)"]
+    multirun_in_process(tmp_path, *axes, "hydra.sweeper.n_jobs=2", "seed=3", "steps=1")
+    trials = sorted(o for cell in compositions for o in cell if o.startswith("optim.lr="))
+    assert trials == ["optim.lr=0.0001", "optim.lr=0.001"], compositions  # once each
+    lrs = sorted(read_result(tmp_path / str(i))["params"]["optim.lr"] for i in range(2))
+    assert lrs == [1e-4, 1e-3] and [read_result(tmp_path / str(i))["seed"] for i in range(2)] == [3, 3]
 
 
 def test_the_loader_ships_to_workers_without_its_kept_configs():
