@@ -155,17 +155,18 @@ print(json.dumps(codes))
 def run_cli_refusals(*cases: tuple[list[str], Path]) -> list[subprocess.CompletedProcess]:
     """`python -m sweep ARGV` from `cwd` for each (ARGV, cwd), all in one subprocess (one interpreter start-up and
     torch import, not one per case): for command lines refused before any run, whose exit status and stderr are
-    what a test reads. One CompletedProcess per case (its stdout is not kept). A test of how `python -m sweep`
-    itself starts and ends keeps its own run_cli."""
+    what a test reads. One CompletedProcess per case; its stdout is what all the cases printed together (a test
+    that no case may print something reads it). A test of how `python -m sweep` itself starts and ends keeps its
+    own run_cli."""
     with tempfile.TemporaryDirectory() as stderrs:
         files = [Path(stderrs) / str(i) for i in range(len(cases))]
         spec = [[list(argv), str(cwd), str(f)] for (argv, cwd), f in zip(cases, files)]
         proc = run_cli("-c", REFUSALS, json.dumps(spec))
         assert proc.returncode == 0, proc.stderr[-3000:]
-        codes = json.loads(proc.stdout.splitlines()[-1])
+        *printed, codes = proc.stdout.splitlines()
         return [
-            subprocess.CompletedProcess(argv, code, "", f.read_text())
-            for (argv, _), code, f in zip(cases, codes, files)
+            subprocess.CompletedProcess(argv, code, "\n".join(printed), f.read_text())
+            for (argv, _), code, f in zip(cases, json.loads(codes), files)
         ]
 
 

@@ -2,10 +2,7 @@
 
 from __future__ import annotations
 
-import json
 import multiprocessing as mp
-import subprocess
-import tempfile
 from pathlib import Path
 
 import optuna
@@ -15,7 +12,7 @@ from optuna.trial import TrialState
 from sweep.config import LedgerConfig
 from sweep.search.ledger import CONSTRAINTS_KEY, mask_url, record_run, storage_url, url_has_password
 
-from .conftest import FAST, REFUSALS, multirun_in_process, read_result, run_cli
+from .conftest import FAST, multirun_in_process, read_result, run_cli, run_cli_refusals
 
 
 def result(status, **kw):
@@ -248,21 +245,14 @@ def config_file_case(tmp_path: Path, case: str, multirun: bool) -> list[str]:
 @pytest.fixture(scope="module")
 def refused(tmp_path_factory) -> dict:
     """Every command line of this module that `python -m sweep` refuses before any run (PASSWORD_ARGS, SECRET_FILES),
-    each from a directory of its own, all in one interpreter (conftest.REFUSALS; ~10 s of interpreter start-ups less
-    than a process each): by its arg or (case, multirun), its CompletedProcess and its directory. Each case's
-    stdout is what all of them printed together: no case may print a secret there either."""
+    each from a directory of its own, all in one interpreter (conftest.run_cli_refusals; ~10 s of interpreter
+    start-ups less than a process each): by its arg or (case, multirun), its CompletedProcess and its directory.
+    Each case's stdout is what all of them printed together: no case may print a secret there either."""
     dirs = {key: tmp_path_factory.mktemp("refused") for key in [*PASSWORD_ARGS, *SECRET_FILES]}
     argvs = {arg: [arg, f"hydra.run.dir={dirs[arg]}/run"] for arg in PASSWORD_ARGS}
     argvs.update({key: config_file_case(dirs[key], *key) for key in SECRET_FILES})
-    with tempfile.TemporaryDirectory() as stderrs:
-        spec = [[argv, str(dirs[key]), f"{stderrs}/{i}"] for i, (key, argv) in enumerate(argvs.items())]
-        proc = run_cli("-c", REFUSALS, json.dumps(spec))
-        assert proc.returncode == 0, proc.stderr[-3000:]
-        *printed, codes = proc.stdout.splitlines()
-        return {
-            key: (subprocess.CompletedProcess(argv, code, "\n".join(printed), Path(err).read_text()), dirs[key])
-            for (key, argv), code, (_, _, err) in zip(argvs.items(), json.loads(codes), spec)
-        }
+    procs = run_cli_refusals(*((argv, dirs[key]) for key, argv in argvs.items()))
+    return {key: (proc, dirs[key]) for key, proc in zip(argvs, procs)}
 
 
 @pytest.mark.xdist_group("ledger_refusals")
