@@ -15,6 +15,7 @@ from __future__ import annotations
 import contextlib
 import errno
 import os
+import signal
 import sys
 from typing import Iterator
 
@@ -60,6 +61,17 @@ def command_line() -> Iterator[None]:
     os.environ["HYDRA_FULL_ERROR"] = "1"  # let errors reach us so a user mistake can be one line
     try:
         yield
+    except KeyboardInterrupt:
+        # Ctrl-C outside a run, which listens for it itself (sweep/run/interrupt.py): while Hydra composes, while the
+        # sweeper checks its cells, between two runs, or in the sweep's end (diagnosis, confirmation, tables).
+        if user_wants_traceback:
+            raise
+        print(
+            "\nsweep: SIGINT: stopped; every result.json written so far stands (the same command resumes a sweep's"
+            " unfinished cells; python -m sweep.report SWEEP_DIR writes its tables)",
+            file=sys.stderr,
+        )
+        sys.exit(128 + signal.SIGINT)
     except Exception as exc:
         # Hydra writes each job's .hydra/ before our code runs: a full or read-only disk stops the sweep there.
         # (Hydra's MissingConfigException is an OSError too, without an errno: a config error, below.)

@@ -30,7 +30,7 @@ from sweep.run.results import hold_run_dir, release_run_dir
 from sweep.run.trackers import open_sinks
 from sweep.run.urls import install_secret_filter, scrub
 from sweep.search.ledger import is_locked, mask_url, record_run, storage_error_line, storage_url
-from sweep.search.pending import mark_pending
+from sweep.search.pending import RECORDING, mark_pending, unmark_pending
 from sweep.search.pruning import pruning_hooks
 
 log = logging.getLogger("sweep")
@@ -77,7 +77,6 @@ def job_spec(cfg: DictConfig) -> JobSpec:
     # unresolved: a resolved ${oc.env:...} URL with ?key=value is no override grammar, and holds its secrets
     params = swept_params(cfg, OmegaConf.to_container(hc.overrides.task, resolve=False), dict(hc.runtime.choices))
     run_dir = Path(hc.runtime.output_dir)
-    hold_run_dir(run_dir)  # a report tells this job (running) from a killed one (interrupted); finish_job releases
     multirun = hc.mode.name == "MULTIRUN"
     return JobSpec(
         run,
@@ -102,20 +101,16 @@ def job_spec_task(cfg: DictConfig) -> JobSpec:
 def run_job(cfg: DictConfig) -> dict:
     """The Hydra task function: run the composed config in Hydra's job directory; returns result.json's content.
 
-    Ctrl-C or SIGTERM stops the run after its current step; its files and trial are written, then the
-    process exits with 128 + the signal's number, ending the sweep (sweep/run/interrupt.py)."""
-    job = job_spec_task(cfg)
-    # Imported at the first run: it imports torch (~2 s), and a command line that fails composition or validation
-    # says so and exits without it.
-    from sweep.run.execute import execute_runs
-
-    install_secret_filter(job.run.ledger.storage, job.run.logger.mlflow.tracking_uri)  # Hydra's job logging is new
+    Ctrl-C or SIGTERM stops the run after its current step (or its set-up, or before it: a signal from the
+    job's first line on); its files and trial are written, then the process exits with 128 + the signal's
+    number, ending the sweep (sweep/run/interrupt.py)."""
     with stopping_on_signals() as request:
-        # pruning_hooks: reports to the ledger's trial, only with our sweeper's pruner (sweep/search/pruning.py)
-        hooks = [*pruning_hooks(job.run, job.sweep_dir), StopOnSignal(request, job.run.steps), *state_hooks(job)]
-        with per_sweep(job.sweep_dir if job.multirun else None):  # a line every run would repeat: once per sweep
-            (result,) = execute_runs([job.run], [job.run_dir], [job.params], [job.label], hooks, [job_sinks(job)])
-        returned = finish_job(job, result)
+        job = job_spec_task(cfg)
+        hold_run_dir(job.run_dir)  # a report tells this job (running) from a killed one (interrupted)
+        try:
+            result, returned = _run_and_finish(job, request)
+        finally:  # finish_job released it; a job that ends by an exception writes the directory no more either
+            release_run_dir(job.run_dir)
     if request.signum is not None:
         log.warning(
             "%s: stopped%s; run the same command again to resume the unfinished %s",
@@ -135,6 +130,20 @@ def run_job(cfg: DictConfig) -> dict:
         # without one keeps the sweep waiting 15 s for it (submitit's _results_timeout_s) before it can exit
         # with 128 + signal itself (sweep.run.interrupt.launch_forwarding_signals).
     return returned
+
+
+def _run_and_finish(job: JobSpec, request) -> tuple:
+    """The job's run, its line and its trial: (the RunResult, result.json's content)."""
+    # Imported at the first run: it imports torch (~2 s), and a command line that fails composition or validation
+    # says so and exits without it.
+    from sweep.run.execute import execute_runs
+
+    install_secret_filter(job.run.ledger.storage, job.run.logger.mlflow.tracking_uri)  # Hydra's job logging is new
+    # pruning_hooks: reports to the ledger's trial, only with our sweeper's pruner (sweep/search/pruning.py)
+    hooks = [*pruning_hooks(job.run, job.sweep_dir), StopOnSignal(request, job.run.steps), *state_hooks(job)]
+    with per_sweep(job.sweep_dir if job.multirun else None):  # a line every run would repeat: once per sweep
+        (result,) = execute_runs([job.run], [job.run_dir], [job.params], [job.label], hooks, [job_sinks(job)])
+    return result, finish_job(job, result)
 
 
 def state_hooks(job: JobSpec) -> list:
@@ -206,9 +215,14 @@ def group_or_enum_choices(key: str) -> list | None:
 
 def record(run: RunConfig, sweep_dir: Path, run_dir: Path, result: dict) -> None:
     """Write the run into the ledger; a ledger failure is logged, never raised (result.json is written),
-    and the trial is left to be recorded later (sweep/search/pending.py)."""
+    and the trial is left to be recorded later (sweep/search/pending.py). The marker that says so is left
+    before the ledger is written, so a job killed while it records loses no trial either."""
+    if not run.ledger.enabled:
+        return
+    mark_pending(run.ledger, sweep_dir, run_dir, run.monitor.spike_factor, RECORDING, quiet=True)
     try:
         record_run(run.ledger, sweep_dir, run_dir, result, group_or_enum_choices, run.monitor.spike_factor)
+        unmark_pending(run_dir)
         return
     except Exception as e:  # noqa: BLE001
         url = mask_url(storage_url(run.ledger, sweep_dir))

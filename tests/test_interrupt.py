@@ -100,6 +100,63 @@ def test_a_second_ctrl_c_exits_at_once():
     assert "finished the step" not in out and "second SIGINT: exiting now" in err
 
 
+class SignalledLocalLauncher:
+    """A launcher by the name of Hydra's joblib one: its launch gets a Ctrl-C, as a sweep's does."""
+
+    __module__ = "hydra_plugins.hydra_joblib_launcher.joblib_launcher"
+
+    def launch(self, job_overrides, initial_job_idx):
+        os.kill(os.getpid(), signal.SIGINT)
+        time.sleep(0.2)  # the handler runs (it finds no job process of ours to forward to)
+        return []
+
+
+def test_a_stopped_launch_of_job_processes_runs_after_stop_then_exits_128_plus_signal():
+    """The sweepers pass after_stop: it records the trials of jobs killed while they recorded (joblib kills a
+    sweep's other workers when one exits) before the sweep exits."""
+    from sweep.run.interrupt import launch_forwarding_signals
+
+    calls = []
+    before = signal.getsignal(signal.SIGINT)
+    with pytest.raises(SystemExit) as exit_:
+        launch_forwarding_signals(SignalledLocalLauncher(), [["a=1"]], 0, lambda: calls.append("after_stop"))
+    assert exit_.value.code == 128 + signal.SIGINT and calls == ["after_stop"]
+    assert signal.getsignal(signal.SIGINT) is before
+
+
+def test_ctrl_c_outside_a_run_is_one_line_and_exit_130(capsys, monkeypatch):
+    """While Hydra composes, the sweeper checks its cells, between runs or in the sweep's end (its tables): a
+    KeyboardInterrupt traceback before, through Hydra's frames."""
+    from sweep.__main__ import command_line
+
+    monkeypatch.setenv("HYDRA_FULL_ERROR", "")  # unset for command_line, which sets it; put back after
+    with pytest.raises(SystemExit) as exit_:
+        with command_line():
+            raise KeyboardInterrupt
+    assert exit_.value.code == 128 + signal.SIGINT
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("sweep: SIGINT: stopped; every result.json written so far stands") and "\n" not in err
+
+
+class Died(BaseException):
+    """A job's end by an exception (as a KeyboardInterrupt that comes before its run listens was)."""
+
+
+def test_a_job_that_ends_by_an_exception_leaves_its_directory_unheld(tmp_path, monkeypatch):
+    """Before, the directory stayed held by the live worker process (a loky one is reused), and a Ctrl-C to a
+    sweep with job processes waited 120 s for it to be written (sweep/run/interrupt.py forwarding_signals)."""
+    from sweep.run.results import is_being_written
+
+    def dies(job, request):
+        assert is_being_written(job.run_dir)  # held while the job runs
+        raise Died
+
+    monkeypatch.setattr("sweep.job._run_and_finish", dies)
+    with pytest.raises(Died):
+        multirun_in_process(tmp_path, "steps=2")
+    assert (tmp_path / "0").is_dir() and not is_being_written(tmp_path / "0")
+
+
 def _lines_until(proc, needle: str, seen: list[str], timeout: float = 120) -> None:
     """Read the process's output until a line holds `needle` (the rest keeps being read in the background)."""
     found = threading.Event()
@@ -340,6 +397,15 @@ def _signal_the_sweep_at_step_3(cmd, sweep_dir, signum, to_group: bool) -> tuple
     return proc.returncode, "".join(out)
 
 
+def _trials(sweep_dir, storage: str, text: str) -> list:
+    """The sweep's trials; an assertion that says what the sweep printed when its study is missing (CI once: the
+    jobs' results written, no trial recorded)."""
+    try:
+        return optuna.load_study(study_name=str(sweep_dir), storage=storage).trials
+    except KeyError:
+        raise AssertionError(f"no study {sweep_dir} in {storage}; the sweep printed:\n{text}") from None
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("launcher", ["joblib", "submitit_local"])
 def test_a_signal_to_a_sweep_with_job_processes_stops_every_run_and_resumes(tmp_path, launcher):
@@ -363,8 +429,8 @@ def test_a_signal_to_a_sweep_with_job_processes_stops_every_run_and_resumes(tmp_
     assert "Traceback" not in text, text
     first = {p.parent.name: p.read_text() for p in sweep_dir.glob("*/result.json")}
     assert first and all(json.loads(r)["status"] == "interrupted" for r in first.values()), first
-    trials = optuna.load_study(study_name=str(sweep_dir), storage=storage).trials
-    assert len(trials) == len(first) and all(t.user_attrs.get("status") == "interrupted" for t in trials)
+    trials = _trials(sweep_dir, storage, text)
+    assert len(trials) == len(first) and all(t.user_attrs.get("status") == "interrupted" for t in trials), text
     assert not [t for t in trials if t.state is TrialState.RUNNING]
     # A Ctrl-C to the group reaches a job that is still starting (before its run listens) too: it dies as
     # under kill -9, with no result.json and no trial, and the resume below runs it.
@@ -384,7 +450,7 @@ def test_a_signal_to_a_sweep_with_job_processes_stops_every_run_and_resumes(tmp_
         # waiting 15 s for the file (submitit's _results_timeout_s) before it could exit
         pickles = [p for p in sweep_dir.glob(".submitit/*/*_result.pkl") if p.parent not in submitted]
         assert len(pickles) == len(results), (pickles, results)
-    trials = optuna.load_study(study_name=str(sweep_dir), storage=storage).trials
-    assert len(trials) == len(first) + len(results)
+    trials = _trials(sweep_dir, storage, text)
+    assert len(trials) == len(first) + len(results), text
     assert all(t.user_attrs.get("status") == "interrupted" for t in trials)
     assert not [t for t in trials if t.state is TrialState.RUNNING]

@@ -215,3 +215,50 @@ def test_a_sweep_dir_spelled_with_dots_keeps_its_late_trial_in_its_one_study(tmp
     url = f"sqlite:///{tmp_path / 's' / 'ledger.db'}"
     assert optuna.get_all_study_names(url) == [str(tmp_path / "s")]
     assert len(trials(tmp_path / "s")) == 2
+
+
+class Killed(BaseException):
+    """What a job killed mid-record amounts to here: it never returns from writing the ledger."""
+
+
+def test_a_job_killed_while_it_records_leaves_its_trial_pending_not_lost(tmp_path, monkeypatch):
+    """joblib kills a sweep's other workers when one job exits (sweep/run/interrupt.py), sometimes while one
+    of them records its trial. Before, its result.json stood and its trial was lost; now the marker is left
+    before the ledger is written, and removed once the trial is in."""
+    sweep_dir, run_dir = tmp_path, tmp_path / "0"
+    run_dir.mkdir()
+    (run_dir / "result.json").write_text(json.dumps(result("interrupted", interrupted_at_step=3)))
+
+    def killed(*args, **kwargs):
+        raise Killed
+
+    monkeypatch.setattr("sweep.job.record_run", killed)
+    with pytest.raises(Killed):
+        record(make_run(), sweep_dir, run_dir, read_result(run_dir))
+    assert pending_runs(sweep_dir) == [run_dir]
+    monkeypatch.undo()
+
+    assert record_pending(sweep_dir) == ([run_dir], [])
+    (trial,) = trials(sweep_dir)
+    assert trial.user_attrs["status"] == "interrupted" and trial.user_attrs["interrupted_at_step"] == 3
+    record(make_run(), sweep_dir, run_dir, read_result(run_dir))  # recorded at once: no marker stays behind
+    assert pending_runs(sweep_dir) == [] and len(trials(sweep_dir)) == 2
+
+
+def test_a_pending_trial_whose_job_still_writes_its_directory_is_left_to_that_job(tmp_path):
+    """A marker exists while its job records (above): a sweep that starts meanwhile (another worker of a
+    cluster sweep) or sync_ledger must not record that trial a second time."""
+    from sweep.run.results import hold_run_dir, release_run_dir
+    from sweep.search.pending import RECORDING, mark_pending
+
+    run_dir = tmp_path / "0"
+    run_dir.mkdir()
+    (run_dir / "result.json").write_text(json.dumps(result()))
+    run = make_run()
+    assert mark_pending(run.ledger, tmp_path, run_dir, 10.0, RECORDING)
+    hold_run_dir(run_dir)  # this process is the job: a live writer of the directory
+    try:
+        assert pending_runs(tmp_path) == [] and record_pending(tmp_path) == ([], [])
+    finally:
+        release_run_dir(run_dir)
+    assert pending_runs(tmp_path) == [run_dir]

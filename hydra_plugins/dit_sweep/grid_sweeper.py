@@ -11,11 +11,12 @@ No `from __future__ import annotations` here: Hydra execs plugin modules outside
 string annotations break dataclasses.
 """
 
+import functools
 import logging
 import os
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Dict, List, Optional, Sequence
+from typing import Any, Callable, Dict, List, Optional, Sequence
 
 from hydra._internal.core_plugins.basic_sweeper import BasicSweeper
 from hydra.core.config_store import ConfigStore
@@ -95,7 +96,9 @@ class GridSweeper(BasicSweeper):
         self.job_dirs: Dict[int, Path] = {}  # job number -> its directory (what a watcher of remote jobs reads)
         self.dir_cells: Dict[str, Sequence[str]] = {}  # a job directory, normalised -> the cell that runs there
         self.cells_seen = 0
-        self.launcher = ResumingLauncher(self.launcher, self.finished, self.job_dirs)
+        self.launcher = ResumingLauncher(
+            self.launcher, self.finished, self.job_dirs, functools.partial(_left_pending, config)
+        )
 
     def check_ladder(self, arguments: List[str]) -> None:
         """A ladder sweep (`+ladder=width|depth`) over fewer than three sizes is a ConfigError (one line, exit 2):
@@ -277,6 +280,13 @@ def finished_result(job_dir: Path, overrides: Sequence[str]) -> Optional[dict]:
     return result
 
 
+def _left_pending(config) -> None:
+    """After a signal stopped jobs in processes of their own: record the trials of those killed while they recorded."""
+    from sweep.callbacks import record_pending_trials
+
+    record_pending_trials(config)
+
+
 IN_PROCESS = ("BasicLauncher", "PackedLauncher")
 """Launchers that run the jobs in the sweeper's process: the runs count themselves (sweep/job.py finish_job)."""
 
@@ -287,12 +297,18 @@ class ResumingLauncher:
     consecutive ones is launched on its own. Runs launched elsewhere (joblib, submitit) are counted by
     watching their job directories (ResultWatcher)."""
 
-    def __init__(self, launcher, finished: Dict[int, JobReturn], job_dirs: Optional[Dict[int, Path]] = None) -> None:
-        self.launcher, self.finished = launcher, finished
+    def __init__(
+        self,
+        launcher,
+        finished: Dict[int, JobReturn],
+        job_dirs: Optional[Dict[int, Path]] = None,
+        after_stop: Optional[Callable[[], object]] = None,
+    ) -> None:
+        self.launcher, self.finished, self.after_stop = launcher, finished, after_stop
         self.job_dirs = job_dirs if job_dirs is not None else {}  # shared: the sweeper fills it as it checks cells
 
     def __getattr__(self, name):
-        if name in ("launcher", "finished", "job_dirs"):
+        if name in ("launcher", "finished", "job_dirs", "after_stop"):
             raise AttributeError(name)
         return getattr(self.launcher, name)
 
@@ -301,9 +317,9 @@ class ResumingLauncher:
 
         watched = {n: self.job_dirs[n] for n in range(first, first + len(todo)) if n in self.job_dirs}
         if type(self.launcher).__name__ in IN_PROCESS or not watched:
-            return launch_forwarding_signals(self.launcher, todo, first)
+            return launch_forwarding_signals(self.launcher, todo, first, self.after_stop)
         with ResultWatcher(watched):
-            return launch_forwarding_signals(self.launcher, todo, first)
+            return launch_forwarding_signals(self.launcher, todo, first, self.after_stop)
 
     def launch(self, job_overrides: Sequence[Sequence[str]], initial_job_idx: int) -> Sequence[JobReturn]:
         returns: List[JobReturn] = []

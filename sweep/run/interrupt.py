@@ -31,7 +31,7 @@ import signal
 import threading
 import time
 from pathlib import Path
-from typing import Iterator
+from typing import Callable, Iterator
 
 STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM)
 
@@ -344,11 +344,14 @@ def job_processes(root: int | None = None) -> list[int]:
     return found
 
 
-def launch_forwarding_signals(launcher, job_overrides, initial_job_idx: int):
+def launch_forwarding_signals(
+    launcher, job_overrides, initial_job_idx: int, after_stop: Callable[[], object] | None = None
+):
     """`launcher.launch(...)` inside `forwarding_signals`: after a forwarded signal, whatever the jobs did
     (an interrupted job raises SystemExit in its process, which the launcher passes on, or, under submitit_local,
     returns its result: sweep/job.py), the sweep says so in one line and exits with 128 + the signal's number,
-    as with in-process jobs."""
+    as with in-process jobs. Before that, `after_stop` (the sweepers: record the trials that jobs killed while they
+    recorded left pending, sweep/search/pending.py; joblib kills its other workers when one job exits)."""
     config = getattr(launcher, "config", None)  # Hydra's launchers keep the sweep's config from setup()
     sweep_dir = None
     with contextlib.suppress(Exception):  # a DictConfig: no omegaconf import in run/ (tests/test_layout.py)
@@ -360,8 +363,17 @@ def launch_forwarding_signals(launcher, job_overrides, initial_job_idx: int):
             if request.signum is None:
                 raise
     if request.signum is not None:
+        if after_stop is not None:
+            _wait_while_written(sweep_dir, 5.0)  # a job process killed a moment ago may still hold its directory
+            after_stop()
         logging.getLogger("sweep").warning(
             "%s: the jobs stopped; run the same command again to resume the unfinished cells", request.name
         )
         raise SystemExit(128 + request.signum)
     return returns
+
+
+def _wait_while_written(sweep_dir: str | None, wait_s: float) -> None:
+    deadline = time.monotonic() + wait_s
+    while _being_written(sweep_dir) and time.monotonic() < deadline:
+        time.sleep(0.05)

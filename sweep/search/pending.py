@@ -4,7 +4,13 @@ A run's result.json is written before its trial (sweep/job.py), so a ledger that
 process (SQLite, after `ledger.lock_timeout_s`), a database server that is down, or a ledger file that
 is damaged loses nothing: the job leaves `<run dir>/.ledger_pending.json` saying where the trial
 belongs, and it is recorded at the next chance: at the start and the end of the sweep
-(sweep/callbacks.py `PendingTrials`), or with `python -m sweep.sync_ledger SWEEP_DIR`.
+(sweep/callbacks.py `PendingTrials`), when a sweep whose jobs run in processes of their own is stopped by a
+signal (sweep.run.interrupt.launch_forwarding_signals), or with `python -m sweep.sync_ledger SWEEP_DIR`.
+
+The job leaves the marker before it writes the ledger and removes it once its trial is in, so a job killed
+while it records (joblib kills a sweep's other workers when one job ends by an exception) leaves its trial to
+be recorded, not lost. A run directory that a live process still writes (sweep.run.results.is_being_written)
+is left alone: its job records its own trial.
 
 The marker holds no password: a storage URL with one is left out ("storage_withheld"), and whoever
 records it later passes the live URL (the sweep's resolved `ledger.storage`, or SWEEP_LEDGER_URL).
@@ -12,6 +18,7 @@ records it later passes the live URL (the sweep's resolved `ledger.storage`, or 
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import json
 import logging
@@ -19,6 +26,7 @@ from pathlib import Path
 from typing import Callable, Optional
 
 from sweep.config import LedgerConfig
+from sweep.run.results import is_being_written
 from sweep.search.ledger import record_run, storage_error_line, url_has_password
 
 log = logging.getLogger("sweep")
@@ -26,8 +34,11 @@ log = logging.getLogger("sweep")
 PENDING_FILE = ".ledger_pending.json"
 
 
-def mark_pending(cfg: LedgerConfig, sweep_dir: Path, run_dir: Path, penalty_factor: float, error: str) -> bool:
-    """Leave the marker in the run directory; False when it cannot be written (a read-only directory)."""
+def mark_pending(
+    cfg: LedgerConfig, sweep_dir: Path, run_dir: Path, penalty_factor: float, error: str, quiet: bool = False
+) -> bool:
+    """Leave the marker in the run directory; False when it cannot be written (a read-only directory: said in
+    one line, unless `quiet`)."""
     withheld = bool(cfg.storage) and url_has_password(cfg.storage)
     marker = {
         "storage": None if withheld else cfg.storage,
@@ -45,14 +56,25 @@ def mark_pending(cfg: LedgerConfig, sweep_dir: Path, run_dir: Path, penalty_fact
         tmp.write_text(json.dumps(marker, indent=2) + "\n")
         tmp.replace(path)
     except OSError as e:
-        log.error("ledger: cannot leave %s either (%s): record this run by hand", path, e)
+        if not quiet:
+            log.error("ledger: cannot leave %s either (%s): record this run by hand", path, e)
         return False
     return True
 
 
+RECORDING = "the job ended before its trial was recorded"
+"""The marker's error while its job records the trial (sweep/job.py record): what it means once found later."""
+
+
+def unmark_pending(run_dir: Path) -> None:
+    """The run's trial is in the ledger: no marker any more."""
+    with contextlib.suppress(OSError):
+        (Path(run_dir) / PENDING_FILE).unlink()
+
+
 def pending_runs(sweep_dir: Path) -> list[Path]:
-    """Run directories under `sweep_dir` whose trial waits to be recorded."""
-    return sorted(p.parent for p in Path(sweep_dir).rglob(PENDING_FILE))
+    """Run directories under `sweep_dir` whose trial waits to be recorded (not those a live job still writes)."""
+    return sorted(p.parent for p in Path(sweep_dir).rglob(PENDING_FILE) if not is_being_written(p.parent))
 
 
 def record_pending(
