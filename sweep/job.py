@@ -12,6 +12,7 @@ from __future__ import annotations
 import dataclasses
 import logging
 import os
+import signal
 from enum import Enum
 from pathlib import Path
 
@@ -108,42 +109,39 @@ def run_job(cfg: DictConfig) -> dict:
         job = job_spec_task(cfg)
         hold_run_dir(job.run_dir)  # a report tells this job (running) from a killed one (interrupted)
         try:
-            result, returned = _run_and_finish(job, request)
+            # Imported at the first run: it imports torch (~2 s), and a command line that fails composition or
+            # validation says so and exits without it.
+            from sweep.run.execute import execute_runs
+
+            install_secret_filter(job.run.ledger.storage, job.run.logger.mlflow.tracking_uri)  # Hydra's job logging
+            # pruning_hooks: reports to the ledger's trial, only with our sweeper's pruner (sweep/search/pruning.py)
+            hooks = [*pruning_hooks(job.run, job.sweep_dir), StopOnSignal(request, job.run.steps), *state_hooks(job)]
+            with per_sweep(job.sweep_dir if job.multirun else None):  # a line every run would repeat: once per sweep
+                (result,) = execute_runs([job.run], [job.run_dir], [job.params], [job.label], hooks, [job_sinks(job)])
+            returned = finish_job(job, result)
         finally:  # finish_job released it; a job that ends by an exception writes the directory no more either
             release_run_dir(job.run_dir)
     if request.signum is not None:
-        log.warning(
-            "%s: stopped%s; run the same command again to resume the unfinished %s",
-            request.name,
-            (
-                f" {job.run_dir} after step {result.interrupted_at_step}"
-                if result.interrupted_at_step is not None
-                else f" {job.run_dir} during its set-up"
-            )
-            if result.status == "interrupted"
-            else "",
-            "cells" if job.multirun else "run",
-        )
-        if not os.environ.get("SUBMITIT_LOCAL_JOB_ID"):
-            raise SystemExit(128 + request.signum)
-        # A submitit_local job returns instead: submitit then writes its result at once, where a job that exits
-        # without one keeps the sweep waiting 15 s for it (submitit's _results_timeout_s) before it can exit
-        # with 128 + signal itself (sweep.run.interrupt.launch_forwarding_signals).
+        stopped(job, result, request.signum)
     return returned
 
 
-def _run_and_finish(job: JobSpec, request) -> tuple:
-    """The job's run, its line and its trial: (the RunResult, result.json's content)."""
-    # Imported at the first run: it imports torch (~2 s), and a command line that fails composition or validation
-    # says so and exits without it.
-    from sweep.run.execute import execute_runs
-
-    install_secret_filter(job.run.ledger.storage, job.run.logger.mlflow.tracking_uri)  # Hydra's job logging is new
-    # pruning_hooks: reports to the ledger's trial, only with our sweeper's pruner (sweep/search/pruning.py)
-    hooks = [*pruning_hooks(job.run, job.sweep_dir), StopOnSignal(request, job.run.steps), *state_hooks(job)]
-    with per_sweep(job.sweep_dir if job.multirun else None):  # a line every run would repeat: once per sweep
-        (result,) = execute_runs([job.run], [job.run_dir], [job.params], [job.label], hooks, [job_sinks(job)])
-    return result, finish_job(job, result)
+def stopped(job: JobSpec, result, signum: int) -> None:
+    """After a signal stopped the job's run: say so, and exit with 128 + signum (a submitit_local job returns:
+    submitit then writes its result at once, where a job that exits without one keeps the sweep waiting 15 s for
+    it, submitit's _results_timeout_s, before it can exit with 128 + signal itself:
+    sweep.run.interrupt.launch_forwarding_signals)."""
+    where = f" {job.run_dir} after step {result.interrupted_at_step}"
+    if result.interrupted_at_step is None:
+        where = f" {job.run_dir} during its set-up"
+    log.warning(
+        "%s: stopped%s; run the same command again to resume the unfinished %s",
+        signal.Signals(signum).name,
+        where if result.status == "interrupted" else "",
+        "cells" if job.multirun else "run",
+    )
+    if not os.environ.get("SUBMITIT_LOCAL_JOB_ID"):
+        raise SystemExit(128 + signum)
 
 
 def state_hooks(job: JobSpec) -> list:

@@ -147,11 +147,11 @@ def test_a_job_that_ends_by_an_exception_leaves_its_directory_unheld(tmp_path, m
     sweep with job processes waited 120 s for it to be written (sweep/run/interrupt.py forwarding_signals)."""
     from sweep.run.results import is_being_written
 
-    def dies(job, request):
+    def dies(job):
         assert is_being_written(job.run_dir)  # held while the job runs
         raise Died
 
-    monkeypatch.setattr("sweep.job._run_and_finish", dies)
+    monkeypatch.setattr("sweep.job.state_hooks", dies)
     with pytest.raises(Died):
         multirun_in_process(tmp_path, "steps=2")
     assert (tmp_path / "0").is_dir() and not is_being_written(tmp_path / "0")
