@@ -86,6 +86,7 @@ class GridSweeper(BasicSweeper):
             self.frontier.setup(hydra_context=hydra_context, task_function=task_function, config=config)
             self.config = config  # check_ladder reads it
             return
+        from sweep.callbacks import record_pending_trials
         from sweep.search.composed import ComposedOnce
 
         context = HydraContext(
@@ -96,8 +97,9 @@ class GridSweeper(BasicSweeper):
         self.job_dirs: Dict[int, Path] = {}  # job number -> its directory (what a watcher of remote jobs reads)
         self.dir_cells: Dict[str, Sequence[str]] = {}  # a job directory, normalised -> the cell that runs there
         self.cells_seen = 0
+        # after a signal: record the trials of job processes killed while they recorded (sweep/search/pending.py)
         self.launcher = ResumingLauncher(
-            self.launcher, self.finished, self.job_dirs, functools.partial(_left_pending, config)
+            self.launcher, self.finished, self.job_dirs, functools.partial(record_pending_trials, config)
         )
 
     def check_ladder(self, arguments: List[str]) -> None:
@@ -278,13 +280,6 @@ def finished_result(job_dir: Path, overrides: Sequence[str]) -> Optional[dict]:
     if not isinstance(result, dict) or result.get("status") not in FINISHED or outcome(theirs) != outcome(overrides):
         return None
     return result
-
-
-def _left_pending(config) -> None:
-    """After a signal stopped jobs in processes of their own: record the trials of those killed while they recorded."""
-    from sweep.callbacks import record_pending_trials
-
-    record_pending_trials(config)
 
 
 IN_PROCESS = ("BasicLauncher", "PackedLauncher")

@@ -28,6 +28,7 @@ from __future__ import annotations
 import contextlib
 import datetime
 import fcntl
+import functools
 import hashlib
 import logging
 import math
@@ -44,6 +45,7 @@ from hydra.types import HydraContext, TaskFunction
 from omegaconf import DictConfig, OmegaConf
 from optuna.trial import TrialState
 
+from sweep.callbacks import record_pending_trials
 from sweep.config import (
     ConfigError,
     LedgerConfig,
@@ -390,8 +392,9 @@ class OptunaSweeperImpl(Sweeper):
                 # Job dirs are named by trial number: unique even with other sweepers on this study.
                 try:
                     self.validate_batch_is_legal(overrides)  # a cell that does not compose, or spells out a secret
+                    # after a signal, first: the trials of job processes killed while they recorded (pending.py)
                     results = launch_forwarding_signals(
-                        self.launcher, overrides, batch[0].number, self._record_left_pending
+                        self.launcher, overrides, batch[0].number, functools.partial(record_pending_trials, self.config)
                     )
                 except BaseException:  # a refused cell, Ctrl-C/SIGTERM (sweep/run/interrupt.py), a crash: none RUNNING
                     self._fail_unfinished(study, batch)
@@ -403,13 +406,6 @@ class OptunaSweeperImpl(Sweeper):
         if self.mode is SweepMode.frontier:
             self._report_frontier(study, space)
         return returns
-
-    def _record_left_pending(self) -> None:
-        """After a signal stopped jobs in processes of their own: record the trials of those killed while they
-        recorded (sweep/search/pending.py), before the batch's unfinished trials are failed."""
-        from sweep.callbacks import record_pending_trials
-
-        record_pending_trials(self.config)
 
     def _open_progress(self, study: optuna.Study, grid: Optional[list]) -> None:
         """The sweep's "k/N, m diverged, ETA" on each run's line (sweep/run/progress.py), as the grid sweeper's: N is
