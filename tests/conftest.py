@@ -200,6 +200,32 @@ def longest_first(items: list) -> None:
     items.sort(key=lambda item: rank.get(item.nodeid.split("::")[0], len(rank)))  # stable: a module's order holds
 
 
+LOGGERS = REPO / "tests" / "test_loggers.py"
+"""The module whose tests need a real mlflow server (tests/mlflow_server.py)."""
+
+
+def runs_module(config, module: Path) -> bool:
+    """Whether this pytest command's paths (its arguments, or testpaths) include `module`."""
+    for arg in config.args:
+        target = (config.invocation_params.dir / arg.split("::")[0]).resolve()
+        if target == module or (target.is_dir() and module.is_relative_to(target)):
+            return True
+    return False
+
+
+def pytest_configure(config):
+    """Under pytest -n, the controller starts test_loggers.py's mlflow server (~5 s of CPU, 7-15 s to come up)
+    before its workers exist, and hands it to them in the environment: it comes up while they collect, where
+    the worker that took the module used to wait for it (10-15 s). Not when -k or -m may leave the module out."""
+    if os.environ.get("PYTEST_XDIST_WORKER") or not config.getoption("numprocesses", None):
+        return
+    if config.getoption("keyword") or config.getoption("markexpr") or not runs_module(config, LOGGERS):
+        return
+    from .mlflow_server import HANDED_OVER, start_early
+
+    os.environ[HANDED_OVER] = start_early().hand_over()
+
+
 def pytest_collection_modifyitems(config, items):
     """The longest tests first (longest_first). Tests marked `cuda` are skipped, with the reason, where torch sees
     no CUDA device (`make test-gpu` runs them). tests/test_loggers.py needs a real mlflow server (~15 s to start):
@@ -213,8 +239,8 @@ def pytest_collection_modifyitems(config, items):
         for item in items:
             if "cuda" in item.keywords:
                 item.add_marker(no_cuda)
-    if os.environ.get("PYTEST_XDIST_WORKER"):  # pytest -n: every worker collects everything; the one that
-        return  # runs test_loggers.py starts the server when its first test asks (mlflow_server.take_early)
+    if os.environ.get("PYTEST_XDIST_WORKER"):  # pytest -n: every worker collects everything; the one that runs
+        return  # test_loggers.py adopts the controller's server (pytest_configure) or starts one (take_early)
     if any("test_loggers.py::" in item.nodeid for item in items):
         from .mlflow_server import start_early
 
@@ -222,6 +248,7 @@ def pytest_collection_modifyitems(config, items):
 
 
 def pytest_sessionfinish(session, exitstatus):
-    from .mlflow_server import stop_early  # the server, if a collected test_loggers.py never ran
+    from .mlflow_server import stop_early  # the server, if a collected test_loggers.py never ran (under pytest -n, in
+    # the controller: the one it started, killed by a worker or not, now reaped)
 
     stop_early()

@@ -1,13 +1,16 @@
 """A real `mlflow server` for tests/test_loggers.py: SQLite backend, 127.0.0.1, a free port.
 
-Its start-up costs ~15 s of imports and database migrations on a 2-core machine, so conftest starts it in
-the background as soon as the collected tests include test_loggers.py (`start_early`), and the tests
-before that module hide it; `MlflowServer.wait` waits for /health. It runs in its own process group
+Its start-up costs ~5 s of CPU (imports, database migrations), 7-15 s of wall time on a 2-core machine, so conftest
+starts it in the background before the tests that need it (`start_early`): under pytest -n, the controller starts
+it before the workers exist and hands it to them in the environment (HANDED_OVER; the worker that runs
+test_loggers.py adopts it, `take_early`), so it comes up while the workers collect; without -n, once the
+collected tests include test_loggers.py. `MlflowServer.wait` waits for /health. It runs in its own process group
 (the CLI, its uvicorn worker), which `kill` ends; the job-runner processes of MLflow's server are off.
 """
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import socket
@@ -20,8 +23,48 @@ from pathlib import Path
 
 import pytest
 
+HANDED_OVER = "DIT_SWEEP_TEST_MLFLOW_SERVER"
+"""Environment variable: `<port> <pid> <log>` of the server the pytest -n controller started for its workers."""
+
+
+class Adopted:
+    """The server process as seen from a pytest -n worker: the controller's child, not this process's, so it has
+    no exit status here; poll() says whether it has ended (a zombie until the controller reaps it counts)."""
+
+    def __init__(self, pid: int) -> None:
+        self.pid, self.returncode = pid, None
+
+    def poll(self):
+        try:
+            state = Path(f"/proc/{self.pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+        except (OSError, IndexError):
+            state = "X"
+        if state in ("Z", "X") and self.returncode is None:
+            self.returncode = -signal.SIGKILL  # the real status is the controller's to read
+        return self.returncode
+
+    def wait(self, timeout: float) -> int:
+        deadline = time.monotonic() + timeout
+        while self.poll() is None:
+            if time.monotonic() > deadline:
+                raise subprocess.TimeoutExpired(f"mlflow server {self.pid}", timeout)
+            time.sleep(0.05)
+        return self.returncode
+
 
 class MlflowServer:
+    @classmethod
+    def adopt(cls, handed_over: str) -> MlflowServer:
+        """The server a pytest -n controller started (HANDED_OVER's value)."""
+        port, pid, log = handed_over.split(" ", 2)
+        server = cls.__new__(cls)
+        server.port, server.log, server.proc, server.ready = int(port), Path(log), Adopted(int(pid)), False
+        server.uri = f"http://127.0.0.1:{server.port}"
+        return server
+
+    def hand_over(self) -> str:
+        return f"{self.port} {self.proc.pid} {self.log}"
+
     def __init__(self, root: Path) -> None:
         with socket.socket() as s:
             s.bind(("127.0.0.1", 0))
@@ -55,22 +98,26 @@ class MlflowServer:
 
     def kill(self) -> None:
         if self.proc.poll() is None:
-            os.killpg(self.proc.pid, signal.SIGKILL)  # its own group: the server and its worker, nothing else
+            with contextlib.suppress(ProcessLookupError):  # a worker's kill (the test's) came first
+                os.killpg(self.proc.pid, signal.SIGKILL)  # its own group: the server and its worker, nothing else
         self.proc.wait(timeout=30)
 
 
 _EARLY: list[MlflowServer] = []
 
 
-def start_early() -> None:
+def start_early() -> MlflowServer:
     if not _EARLY:
         _EARLY.append(MlflowServer(Path(tempfile.mkdtemp(prefix="test_mlflow_server_"))))
+    return _EARLY[0]
 
 
 def take_early() -> MlflowServer:
-    """The server conftest started (a new one when it did not: a test module run some other way)."""
-    start_early()
-    return _EARLY[0]
+    """The server conftest started: in this process, or handed over by the pytest -n controller (a new one when
+    neither did: a test module run some other way)."""
+    if not _EARLY and os.environ.get(HANDED_OVER):
+        _EARLY.append(MlflowServer.adopt(os.environ[HANDED_OVER]))
+    return start_early()
 
 
 def stop_early() -> None:
