@@ -7,7 +7,6 @@ import json
 import os
 import subprocess
 import sys
-import tempfile
 from pathlib import Path
 
 if os.environ.get("PYTEST_XDIST_WORKER"):
@@ -117,57 +116,23 @@ def run_cli(
     return subprocess.run(cmd, cwd=cwd, env=environ, capture_output=True, text=True, timeout=timeout, **popen)
 
 
-# One `python -m sweep ARGV` per case, one after another in this interpreter: sweep.__main__.main with the case's
-# argv, cwd and a fresh copy of the starting environment (main sets HYDRA_FULL_ERROR for itself), file descriptor 2
-# sent to the case's own file (what the process's stderr would hold, Python's and C's alike); an exception that
-# escapes main is printed there as Python would, with status 1. The last line of stdout: each case's status.
-REFUSALS = """
-import json, os, sys, traceback
-from hydra.core.global_hydra import GlobalHydra
-from sweep.__main__ import main
-from sweep.exit import exit_status
-cases, env, codes = json.loads(sys.argv[1]), dict(os.environ), []
-for argv, cwd, stderr in cases:
-    os.environ.clear()
-    os.environ.update(env)
-    GlobalHydra.instance().clear()
-    os.chdir(cwd)
-    sys.argv, saved, err = ["sweep", *argv], os.dup(2), os.open(stderr, os.O_WRONLY | os.O_CREAT | os.O_TRUNC)
-    os.dup2(err, 2)
-    try:
-        try:
-            code = exit_status(main())
-        except SystemExit as e:
-            code = exit_status(e.code)
-        except BaseException:
-            traceback.print_exc()
-            code = 1
-    finally:
-        sys.stderr.flush()
-        os.dup2(saved, 2)
-        os.close(err)
-        os.close(saved)
-    codes.append(code)
-print(json.dumps(codes))
-"""
+def sweep_forked(
+    *argv: str, cwd: Path | str = REPO, env: dict[str, str | None] | None = None
+) -> subprocess.CompletedProcess:
+    """`python -m sweep *argv` from `cwd` with cli_env(**env), as run_cli("-m", "sweep", *argv, ...) runs it, its
+    exit status, stdout and stderr captured; in a fork of one server process per test process that has imported
+    and warmed sweep already (tests/cli_fork.py): no interpreter start-up or torch import per command line (~2 s).
+    A test of how `python -m sweep` itself starts (its imports, its speed), ends or takes a signal keeps run_cli."""
+    from .cli_fork import run_forked
+
+    code, out, err = run_forked(list(argv), cwd, cli_env(**(env or {})))
+    return subprocess.CompletedProcess(["python", "-m", "sweep", *argv], code, out, err)
 
 
 def run_cli_refusals(*cases: tuple[list[str], Path]) -> list[subprocess.CompletedProcess]:
-    """`python -m sweep ARGV` from `cwd` for each (ARGV, cwd), all in one subprocess (one interpreter start-up and
-    torch import, not one per case): for command lines refused before any run, whose exit status and stderr are
-    what a test reads. One CompletedProcess per case; its stdout is what all the cases printed together (a test
-    that no case may print something reads it). A test of how `python -m sweep` itself starts and ends keeps its
-    own run_cli."""
-    with tempfile.TemporaryDirectory() as stderrs:
-        files = [Path(stderrs) / str(i) for i in range(len(cases))]
-        spec = [[list(argv), str(cwd), str(f)] for (argv, cwd), f in zip(cases, files)]
-        proc = run_cli("-c", REFUSALS, json.dumps(spec))
-        assert proc.returncode == 0, proc.stderr[-3000:]
-        *printed, codes = proc.stdout.splitlines()
-        return [
-            subprocess.CompletedProcess(argv, code, "\n".join(printed), f.read_text())
-            for (argv, _), code, f in zip(cases, json.loads(codes), files)
-        ]
+    """sweep_forked(*ARGV, cwd=cwd) for each (ARGV, cwd): the command lines of a module that `python -m sweep`
+    refuses before any run, one CompletedProcess each."""
+    return [sweep_forked(*argv, cwd=cwd) for argv, cwd in cases]
 
 
 def read_result(run_dir: Path | str) -> dict:
@@ -248,7 +213,9 @@ def pytest_collection_modifyitems(config, items):
 
 
 def pytest_sessionfinish(session, exitstatus):
+    from .cli_fork import stop
     from .mlflow_server import stop_early  # the server, if a collected test_loggers.py never ran (under pytest -n, in
     # the controller: the one it started, killed by a worker or not, now reaped)
 
+    stop()
     stop_early()

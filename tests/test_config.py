@@ -141,8 +141,8 @@ directory's run/ and sweep/."""
 
 @pytest.fixture(scope="module")
 def refused(tmp_path_factory) -> dict[str, tuple]:
-    """Each of REFUSED run from a directory of its own (holding notes.txt, not weights), all in one subprocess
-    (conftest.run_cli_refusals: ~20 s of interpreter start-ups less than a process each): by " ".join(args), its
+    """Each of REFUSED run from a directory of its own (holding notes.txt, not weights), each in a fork of one
+    warmed interpreter (conftest.run_cli_refusals: no interpreter start-up each): by " ".join(args), its
     CompletedProcess and its directory."""
     dirs = [tmp_path_factory.mktemp("refused") for _ in REFUSED]
     for d in dirs:

@@ -240,8 +240,8 @@ CLI_MISTAKES = {
 
 @pytest.fixture(scope="module")
 def cli_mistakes(tmp_path_factory) -> dict[str, tuple]:
-    """Each of CLI_MISTAKES from a directory of its own, all in one subprocess (conftest.run_cli_refusals: two
-    interpreter start-ups less than a process each): by name, its CompletedProcess and its directory."""
+    """Each of CLI_MISTAKES from a directory of its own, each in a fork of one warmed interpreter
+    (conftest.run_cli_refusals: no interpreter start-up each): by name, its CompletedProcess and its directory."""
     dirs = {name: tmp_path_factory.mktemp(name) for name in CLI_MISTAKES}
     argvs = [[a.replace("DIR", str(d)) for a in CLI_MISTAKES[name]] for name, d in dirs.items()]
     procs = run_cli_refusals(*zip(argvs, dirs.values()))

@@ -33,7 +33,7 @@ from models.modulate import MODULATE_OP
 from sweep.config import ConfigError, check_inputs
 from sweep.run.execute import execute
 
-from .conftest import FAST, REPO, make_run, run_cli
+from .conftest import FAST, REPO, make_run, sweep_forked
 
 DIR = f"{REPO}/tests/data/diffusers_configs"
 SHRINK = {"num_layers": 2, "num_attention_heads": 2, "attention_head_dim": 32}
@@ -276,9 +276,7 @@ def test_the_probe_leaves_the_global_rng_as_it_was():
 @pytest.mark.slow
 def test_cli_unknown_class_in_a_grid_is_one_line_and_exit_2_before_any_run(tmp_path):
     (tmp_path / "foo.json").write_text('{"_class_name": "FooTransformer3DModel"}')
-    proc = run_cli(
-        "-m",
-        "sweep",
+    proc = sweep_forked(
         "-m",
         "model=diffusers_config",
         f"model.config={DIR}/cogvideox_2b.json,{tmp_path}/foo.json",

@@ -13,7 +13,7 @@ import pytest
 
 import sweep.run.execute
 
-from .conftest import FAST, multirun_in_process, read_result, run_cli
+from .conftest import FAST, multirun_in_process, read_result, sweep_forked
 
 
 @pytest.fixture
@@ -97,7 +97,7 @@ def test_a_run_dir_that_turns_read_only_mid_sweep_is_an_error_and_the_sweep_goes
 @pytest.mark.slow
 def test_a_read_only_sweep_dir_is_one_line_not_a_traceback(tmp_path, mount):
     subprocess.run(["mount", "-o", "remount,ro", str(mount)], check=True)
-    proc = run_cli("-m", "sweep", "-m", *FAST, "steps=2", "optim.lr=1e-3,2e-3", f"hydra.sweep.dir={mount}/sweep")
+    proc = sweep_forked("-m", *FAST, "steps=2", "optim.lr=1e-3,2e-3", f"hydra.sweep.dir={mount}/sweep")
     assert proc.returncode == 1, proc.stderr[-2000:]
     assert "Traceback" not in proc.stderr
     assert f"sweep: stopped: Read-only file system: {mount}/sweep" in proc.stderr

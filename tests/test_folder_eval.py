@@ -15,7 +15,7 @@ from sweep.data.split import file_hash, split_files
 from sweep.run.execute import execute
 from sweep.run.packing import execute_pack
 
-from .conftest import make_run, read_result, run_cli
+from .conftest import make_run, read_result, sweep_forked
 from .test_eval_loss import built, metrics
 
 SHAPE = (4, 2, 8, 8)
@@ -84,7 +84,7 @@ def test_bad_eval_files_values_fail_at_composition_naming_the_key(value, tmp_pat
 
 
 def test_a_bad_eval_files_value_is_one_line_at_the_command_line(tmp_path):
-    proc = run_cli("-m", "sweep", "data.eval_files=1.5", f"hydra.run.dir={tmp_path}/run", cwd=tmp_path)
+    proc = sweep_forked("data.eval_files=1.5", f"hydra.run.dir={tmp_path}/run", cwd=tmp_path)
     lines = [ln for ln in proc.stderr.splitlines() if ln.strip()]
     assert proc.returncode == 2 and len(lines) == 1 and "Traceback" not in proc.stderr, proc.stderr
     assert lines[0].startswith("sweep: config error: data.eval_files"), lines[0]

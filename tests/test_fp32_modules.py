@@ -20,7 +20,7 @@ from sweep.run.fp32_modules import matching, unmatched
 from sweep.run.packing import execute_pack, pack_key, refusal
 from sweep.run.precision import PrecisionPolicy
 
-from .conftest import make_run, multirun_in_process, read_results, run_cli
+from .conftest import make_run, multirun_in_process, read_results, sweep_forked
 
 CPU = torch.device("cpu")
 ATTN = "precision.fp32_modules=[blocks.*.attn]"
@@ -158,8 +158,8 @@ def test_compile_is_refused_with_it():
 
 
 def test_a_glob_matching_nothing_is_one_line_and_exit_2_before_any_run(tmp_path):
-    proc = run_cli(
-        "-m", "sweep", "-m", "steps=1", "precision=bf16_amp", "precision.fp32_modules=[],[blocks.*.atn]",
+    proc = sweep_forked(
+        "-m", "steps=1", "precision=bf16_amp", "precision.fp32_modules=[],[blocks.*.atn]",
         f"hydra.run.dir={tmp_path}/run", f"hydra.sweep.dir={tmp_path}/sweep", cwd=tmp_path,
     )  # fmt: skip
     lines = [ln for ln in proc.stderr.splitlines() if ln.strip()]

@@ -10,7 +10,7 @@ import pickle
 import pytest
 from hydra._internal.config_loader_impl import ConfigLoaderImpl
 
-from .conftest import FAST, multirun_in_process, read_result, read_results, run_cli
+from .conftest import FAST, multirun_in_process, read_result, read_results, run_cli, sweep_forked
 
 
 @pytest.fixture
@@ -215,7 +215,7 @@ def test_a_repeated_choice_in_an_optuna_sweep_is_refused(tmp_path):
 
 
 def test_a_repeated_value_is_one_line_and_exit_2(tmp_path):
-    proc = run_cli("-m", "sweep", "-m", *FAST, "optim.lr=1e-3,1e-3,3e-2", f"hydra.sweep.dir={tmp_path}/s", cwd=tmp_path)
+    proc = sweep_forked("-m", *FAST, "optim.lr=1e-3,1e-3,3e-2", f"hydra.sweep.dir={tmp_path}/s", cwd=tmp_path)
     lines = [ln for ln in proc.stderr.splitlines() if ln.strip()]
     assert proc.returncode == 2 and len(lines) == 1 and "optim.lr: the value 0.001 is listed twice" in lines[0], (
         proc.stderr

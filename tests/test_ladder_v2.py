@@ -11,7 +11,7 @@ import pytest
 from sweep.report.ladder import check_ladder_sizes, curvature_test, fit_line, ladder_fit, ladder_lines
 from sweep.report.runs import runs_from_dirs
 
-from .conftest import CONF_DIR, run_cli
+from .conftest import CONF_DIR, sweep_forked
 from .test_report_tables import diverged, write_run
 
 GRID = [2 ** (-k / 2) for k in range(2, 24)]  # sqrt(2)-spaced, 0.5 .. 0.0005
@@ -148,8 +148,8 @@ def test_ladder_configs_compose_v2_defaults():
 
 @pytest.mark.parametrize("mode", [[], ["hydra.sweeper.mode=frontier"]], ids=["grid", "frontier"])
 def test_a_ladder_sweep_of_two_sizes_is_one_line_exit_2(tmp_path, mode):
-    proc = run_cli(
-        "-m", "sweep", "-m", "+ladder=width", "model.width=32,64", *mode, f"hydra.sweep.dir={tmp_path}/s", cwd=tmp_path
+    proc = sweep_forked(
+        "-m", "+ladder=width", "model.width=32,64", *mode, f"hydra.sweep.dir={tmp_path}/s", cwd=tmp_path
     )
     lines = [ln for ln in proc.stderr.splitlines() if ln.strip()]
     assert proc.returncode == 2 and len(lines) == 1, proc.stderr

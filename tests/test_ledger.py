@@ -12,7 +12,7 @@ from optuna.trial import TrialState
 from sweep.config import LedgerConfig
 from sweep.search.ledger import CONSTRAINTS_KEY, mask_url, record_run, storage_url, url_has_password
 
-from .conftest import FAST, multirun_in_process, read_result, run_cli, run_cli_refusals
+from .conftest import FAST, multirun_in_process, read_result, run_cli_refusals, sweep_forked
 
 
 def result(status, **kw):
@@ -245,9 +245,9 @@ def config_file_case(tmp_path: Path, case: str, multirun: bool) -> list[str]:
 @pytest.fixture(scope="module")
 def refused(tmp_path_factory) -> dict:
     """Every command line of this module that `python -m sweep` refuses before any run (PASSWORD_ARGS, SECRET_FILES),
-    each from a directory of its own, all in one interpreter (conftest.run_cli_refusals; ~10 s of interpreter
-    start-ups less than a process each): by its arg or (case, multirun), its CompletedProcess and its directory.
-    Each case's stdout is what all of them printed together: no case may print a secret there either."""
+    each from a directory of its own, each in a fork of one warmed interpreter (conftest.run_cli_refusals: no
+    interpreter start-up each): by its arg or (case, multirun), its CompletedProcess and its directory.
+    No case may print a secret on its stdout either."""
     dirs = {key: tmp_path_factory.mktemp("refused") for key in [*PASSWORD_ARGS, *SECRET_FILES]}
     argvs = {arg: [arg, f"hydra.run.dir={dirs[arg]}/run"] for arg in PASSWORD_ARGS}
     argvs.update({key: config_file_case(dirs[key], *key) for key in SECRET_FILES})
@@ -335,9 +335,7 @@ def test_a_secret_query_key_from_the_environment_appears_in_no_output_file(tmp_p
     """issue 33: a ?sslpassword= or ?token= URL reached .ledger_pending.json, .hydra/, the log, stderr and
     result.json; every place that writes a URL masks it through sweep.run.urls."""
     run_dir = tmp_path / "run"
-    proc = run_cli(
-        "-m", "sweep", *args, "steps=2", "threads=1", *FAST, f"hydra.run.dir={run_dir}", cwd=tmp_path, env=env
-    )
+    proc = sweep_forked(*args, "steps=2", "threads=1", *FAST, f"hydra.run.dir={run_dir}", cwd=tmp_path, env=env)
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert "127.0.0.1" in proc.stdout + proc.stderr  # the unreachable server is reported, masked
     assert "s3cret" not in proc.stdout + proc.stderr
@@ -350,9 +348,7 @@ def test_a_secret_query_key_from_the_environment_appears_in_no_output_file(tmp_p
 def test_password_from_the_environment_appears_in_no_output_file(tmp_path):
     """The documented way in: an env interpolation stays unresolved in .hydra/, and errors are masked."""
     run_dir = tmp_path / "run"
-    proc = run_cli(
-        "-m",
-        "sweep",
+    proc = sweep_forked(
         "ledger.storage=${oc.env:SWEEP_LEDGER_URL}",
         "steps=2",
         *FAST,

@@ -25,7 +25,7 @@ from sweep.config import ConfigError
 from sweep.run.adamw import DeviceAdamW
 from sweep.run.finetune import param_groups
 
-from .conftest import make_run, run_cli
+from .conftest import make_run, sweep_forked
 
 VIDEO = dict(input_size=8, in_channels=3, num_frames=2)
 
@@ -180,9 +180,7 @@ def test_bad_mup_configs_are_one_line_errors(overrides, key):
 
 
 def test_bad_mup_config_exits_2_with_one_line(tmp_path):
-    proc = run_cli(
-        "-m", "sweep", "model.param=mup", "model.base_width=1024", f"hydra.run.dir={tmp_path}/r", cwd=tmp_path
-    )
+    proc = sweep_forked("model.param=mup", "model.base_width=1024", f"hydra.run.dir={tmp_path}/r", cwd=tmp_path)
     lines = [ln for ln in proc.stderr.splitlines() if ln.strip()]
     assert proc.returncode == 2 and len(lines) == 1 and "model.base_width" in lines[0], proc.stderr
 

@@ -21,7 +21,7 @@ from sweep.report.tables import frontier, lr_sensitivity, toggle_effects
 from sweep.report.text import render_text
 from sweep.search.replicates import replicate_overrides
 
-from .conftest import multirun_in_process, read_result, run_cli
+from .conftest import multirun_in_process, read_result, sweep_forked
 from .test_report_tables import diverged, write_run
 
 
@@ -193,7 +193,7 @@ def test_replicates_become_a_seed_axis_and_clash_with_a_seed_sweep():
 
 
 def test_replicates_needs_a_multirun(tmp_path):
-    p = run_cli("-m", "sweep", "replicates=2", f"hydra.run.dir={tmp_path}")
+    p = sweep_forked("replicates=2", f"hydra.run.dir={tmp_path}")
     assert p.returncode == 2 and "replicates=2" in p.stderr and "add -m" in p.stderr
     assert "Traceback" not in p.stderr and len(p.stderr.strip().splitlines()) == 1
 

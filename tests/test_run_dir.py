@@ -15,8 +15,8 @@ RUN = ["-m", "sweep", *FAST, "threads=1"]  # python -m sweep, one small run
 
 @pytest.fixture(scope="module")
 def refused(tmp_path_factory) -> dict[str, tuple]:
-    """Three `python -m sweep` single runs refused before they train, all in one subprocess (run_cli_refusals:
-    two interpreter start-ups less than a process each), by name: its CompletedProcess and its hydra.run.dir.
+    """Three `python -m sweep` single runs refused before they train, each in a fork of one warmed interpreter
+    (run_cli_refusals: no interpreter start-up each), by name: its CompletedProcess and its hydra.run.dir.
     `other`: into the directory of a finished 2-step run at lr 1e-3 (made in this process, as `python -m sweep`
     makes it: run_job_in_process), at lr 3e-2; `bad`: a typo'd value (optim.lr=-1); `sweep_root`: into the root
     of a finished sweep (multirun_in_process)."""
