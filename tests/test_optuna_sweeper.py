@@ -136,6 +136,15 @@ def test_grid_runs_exactly_the_missing_cells_after_a_stale_trial(tmp_path, capsy
     assert len(finished) == 4 == len(set(finished))  # every cell once: the stale cell re-ran, the done one did not
 
 
+def mid_run(sweep_dir, after_a_result: bool) -> bool:
+    """Whether a job of the sweep has logged its third step and has no result.json yet (it is training, its trial
+    RUNNING), once some other job has its result.json (with after_a_result)."""
+    logs = {log.parent: log for log in sweep_dir.glob("*/*.log")}
+    done = {d for d in logs if (d / "result.json").exists()}
+    training = [d for d, log in logs.items() if d not in done and "step 3/60" in log.read_text(errors="replace")]
+    return bool(training) and (bool(done) or not after_a_result)
+
+
 @pytest.mark.slow
 def test_killed_sweep_resumes_with_nothing_lost_or_duplicated(tmp_path, capsys):
     args = [
@@ -148,7 +157,8 @@ def test_killed_sweep_resumes_with_nothing_lost_or_duplicated(tmp_path, capsys):
     proc = run_cli(
         *OPTUNA_SWEEP,
         "steps=60",
-        "progress=none",
+        "progress=log",  # each step in the job's log: the kill below waits for one
+        "log_every=1",
         f"hydra.sweep.dir={tmp_path / 'sweep'}",
         *args,
         cwd=tmp_path,
@@ -158,10 +168,10 @@ def test_killed_sweep_resumes_with_nothing_lost_or_duplicated(tmp_path, capsys):
         start_new_session=True,
     )
     deadline = time.time() + 300
-    while time.time() < deadline and not list((tmp_path / "sweep").glob("*/result.json")):
-        time.sleep(0.5)
-    time.sleep(2)  # the second trial is now mid-run
-    os.killpg(proc.pid, signal.SIGKILL)
+    while time.time() < deadline and not mid_run(tmp_path / "sweep", after_a_result=True):
+        assert proc.poll() is None, "the sweep ended before it could be killed mid-run"
+        time.sleep(0.1)
+    os.killpg(proc.pid, signal.SIGKILL)  # the second trial mid-run (a fixed sleep once hit it as it was recorded)
     proc.wait()
     killed = study(tmp_path).trials
     assert any(t.state is TrialState.RUNNING for t in killed), [t.state for t in killed]
