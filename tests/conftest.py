@@ -135,6 +135,14 @@ def run_cli_refusals(*cases: tuple[list[str], Path]) -> list[subprocess.Complete
     return [sweep_forked(*argv, cwd=cwd) for argv, cwd in cases]
 
 
+def mid_run(sweep_dir: Path, step: str) -> bool:
+    """Whether a job of the sweep has logged `step` (e.g. "step 3/60": run with progress=log and log_every=1) and
+    has no result.json yet, while another job has its result.json: one trial done, another training (RUNNING)."""
+    logs = {log.parent: log for log in Path(sweep_dir).glob("*/*.log")}
+    done = {d for d in logs if (d / "result.json").exists()}
+    return bool(done) and any(d not in done and step in log.read_text(errors="replace") for d, log in logs.items())
+
+
 def read_result(run_dir: Path | str) -> dict:
     """The result.json a run wrote into `run_dir`."""
     return json.loads((Path(run_dir) / "result.json").read_text())

@@ -15,7 +15,7 @@ from optuna.trial import TrialState
 from sweep.search.ledger import CONSTRAINTS_KEY
 from sweep.search.space import parse
 
-from .conftest import FAST, multirun_in_process, run_cli
+from .conftest import FAST, mid_run, multirun_in_process, run_cli
 
 OPTUNA_SWEEP = ["-m", "sweep", "-m", "hydra/sweeper=optuna_sweep", *FAST]
 
@@ -136,15 +136,6 @@ def test_grid_runs_exactly_the_missing_cells_after_a_stale_trial(tmp_path, capsy
     assert len(finished) == 4 == len(set(finished))  # every cell once: the stale cell re-ran, the done one did not
 
 
-def mid_run(sweep_dir, after_a_result: bool) -> bool:
-    """Whether a job of the sweep has logged its third step and has no result.json yet (it is training, its trial
-    RUNNING), once some other job has its result.json (with after_a_result)."""
-    logs = {log.parent: log for log in sweep_dir.glob("*/*.log")}
-    done = {d for d in logs if (d / "result.json").exists()}
-    training = [d for d, log in logs.items() if d not in done and "step 3/60" in log.read_text(errors="replace")]
-    return bool(training) and (bool(done) or not after_a_result)
-
-
 @pytest.mark.slow
 def test_killed_sweep_resumes_with_nothing_lost_or_duplicated(tmp_path, capsys):
     args = [
@@ -168,7 +159,7 @@ def test_killed_sweep_resumes_with_nothing_lost_or_duplicated(tmp_path, capsys):
         start_new_session=True,
     )
     deadline = time.time() + 300
-    while time.time() < deadline and not mid_run(tmp_path / "sweep", after_a_result=True):
+    while time.time() < deadline and not mid_run(tmp_path / "sweep", "step 3/60"):
         assert proc.poll() is None, "the sweep ended before it could be killed mid-run"
         time.sleep(0.1)
     os.killpg(proc.pid, signal.SIGKILL)  # the second trial mid-run (a fixed sleep once hit it as it was recorded)

@@ -12,7 +12,7 @@ import pytest
 from optuna.trial import TrialState
 
 from .cluster_servers import LEDGER_FROM_ENV, postgres_url, sweep_cmd  # noqa: F401  (fixture)
-from .conftest import multirun_in_process, read_result, run_cli
+from .conftest import mid_run, multirun_in_process, read_result, run_cli
 
 pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("servers")]  # one worker: apt and the server
 
@@ -76,7 +76,7 @@ def test_killed_worker_resumes_with_exactly_the_missing_runs(tmp_path, postgres_
         LEDGER_FROM_ENV,
     ]
     proc = run_cli(
-        *sweep_cmd(sweep_dir, "steps=150", *args),
+        *sweep_cmd(sweep_dir, "steps=150", "progress=log", "log_every=1", *args),  # steps in the jobs' logs
         cwd=tmp_path,
         env={"SWEEP_LEDGER_URL": postgres_url},
         background=True,
@@ -85,10 +85,10 @@ def test_killed_worker_resumes_with_exactly_the_missing_runs(tmp_path, postgres_
         start_new_session=True,
     )
     deadline = time.time() + 300
-    while time.time() < deadline and not list(sweep_dir.glob("*/result.json")):
-        time.sleep(0.2)
-    time.sleep(2)  # the second run is now mid-way
-    os.killpg(proc.pid, signal.SIGKILL)
+    while time.time() < deadline and not mid_run(sweep_dir, "step 3/150"):
+        assert proc.poll() is None, "the sweep ended before it could be killed mid-run"
+        time.sleep(0.1)
+    os.killpg(proc.pid, signal.SIGKILL)  # the second run mid-way (not a fixed sleep: it could end the run first)
     proc.wait()
     killed = trials(postgres_url, sweep_dir)
     running = [t.number for t in killed if t.state is TrialState.RUNNING]
