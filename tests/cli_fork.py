@@ -10,7 +10,10 @@ with status 1. Each case starts from the same state (nothing one case does reach
 work only (~0.1-0.5 s for a refusal), where a `python -m sweep` start costs ~2 s before it.
 
 For what a test reads of a command line: its exit status, stdout and stderr, the files it left. A test of how
-`python -m sweep` itself starts (what it imports, how fast), ends, or takes a signal keeps conftest.run_cli.
+`python -m sweep` itself starts (what it imports, how fast), ends, or takes a signal keeps conftest.run_cli, and so
+does one whose case sets an environment variable that a module reads when it is imported (the server's environment,
+cli_env(), was the one at import: OMP_NUM_THREADS for torch, say). A case still running after `timeout` kills the
+server, not the case's fork.
 """
 
 from __future__ import annotations
