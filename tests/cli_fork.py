@@ -12,16 +12,19 @@ work only (~0.1-0.5 s for a refusal), where a `python -m sweep` start costs ~2 s
 For what a test reads of a command line: its exit status, stdout and stderr, the files it left. A test of how
 `python -m sweep` itself starts (what it imports, how fast), ends, or takes a signal keeps conftest.run_cli, and so
 does one whose case sets an environment variable that a module reads when it is imported (the server's environment,
-cli_env(), was the one at import: OMP_NUM_THREADS for torch, say). A case still running after `timeout` kills the
-server, not the case's fork.
+cli_env(), was the one at import: OMP_NUM_THREADS for torch, say). A case still running after its time-out is killed;
+the server goes on.
 """
 
 from __future__ import annotations
 
 import json
+import os
 import select
+import signal
 import subprocess
 import tempfile
+import time
 from pathlib import Path
 
 SERVER = r"""
@@ -53,6 +56,7 @@ assert threading.active_count() == 1, threading.enumerate()  # forking is safe: 
 def case(argv, cwd, env, out, err):
     pid = os.fork()
     if pid:
+        print(json.dumps({"pid": pid}), flush=True)  # the caller's to kill when the case runs past its time-out
         return os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1])
     try:
         os.environ.clear()
@@ -74,35 +78,57 @@ def case(argv, cwd, env, out, err):
 
 
 for line in sys.stdin:
-    print(json.dumps(case(*json.loads(line))), flush=True)
+    print(json.dumps({"status": case(*json.loads(line))}), flush=True)
 """
 
 _servers: list[subprocess.Popen] = []
+_unread = bytearray()
+"""What the server wrote after the last line read (its lines are read from the file descriptor, not a buffered file:
+select() must see every byte not yet taken)."""
 
 
 def _server() -> subprocess.Popen:
     from .conftest import run_cli
 
     if not _servers or _servers[0].poll() is not None:
-        _servers[:] = [run_cli("-c", SERVER, background=True, stdin=subprocess.PIPE, stderr=None)]
+        server = run_cli("-c", SERVER, background=True, stdin=subprocess.PIPE, stderr=None, text=False, bufsize=0)
+        _servers[:], _unread[:] = [server], b""
     return _servers[0]
+
+
+def _line(server: subprocess.Popen, timeout: float) -> dict | None:
+    """The server's next line, as JSON; None when `timeout` seconds pass first."""
+    deadline = time.monotonic() + timeout
+    while b"\n" not in _unread:
+        left = deadline - time.monotonic()
+        if left <= 0 or not select.select([server.stdout], [], [], left)[0]:
+            return None
+        chunk = os.read(server.stdout.fileno(), 65536)
+        if not chunk:
+            raise RuntimeError(f"the fork server ended (status {server.wait()})")
+        _unread.extend(chunk)
+    line, _, rest = bytes(_unread).partition(b"\n")
+    _unread[:] = rest
+    return json.loads(line)
 
 
 def run_forked(argv: list[str], cwd: Path | str, env: dict[str, str], timeout: float = 600) -> tuple[int, str, str]:
     """`python -m sweep *argv` from `cwd` with exactly the environment `env`, in a fork of the server: (exit
-    status, stdout, stderr)."""
+    status, stdout, stderr). A case still running after `timeout` seconds is killed (the server goes on), and
+    raises TimeoutError."""
     server = _server()
     with tempfile.TemporaryDirectory() as d:
         out, err = Path(d) / "out", Path(d) / "err"
-        server.stdin.write(json.dumps([list(argv), str(cwd), env, str(out), str(err)]) + "\n")
-        server.stdin.flush()
-        if not select.select([server.stdout], [], [], timeout)[0]:
-            server.kill()
-            raise TimeoutError(f"python -m sweep {' '.join(argv)}: no status after {timeout} s")
-        line = server.stdout.readline()
-        if not line:
-            raise RuntimeError(f"the fork server ended (status {server.wait()}) running python -m sweep {argv}")
-        return json.loads(line), out.read_text(), err.read_text()
+        server.stdin.write((json.dumps([list(argv), str(cwd), env, str(out), str(err)]) + "\n").encode())
+        forked = _line(server, 60)
+        if forked is None:
+            raise RuntimeError(f"the fork server did not fork python -m sweep {' '.join(argv)} within 60 s")
+        done = _line(server, timeout)
+        if done is None:
+            os.kill(forked["pid"], signal.SIGKILL)
+            _line(server, 60)  # the server reaps it and says so
+            raise TimeoutError(f"python -m sweep {' '.join(argv)}: still running after {timeout} s (killed)")
+        return done["status"], out.read_text(), err.read_text()
 
 
 def stop() -> None:
