@@ -13,7 +13,8 @@ For what a test reads of a command line: its exit status, stdout and stderr, the
 `python -m sweep` itself starts (what it imports, how fast), ends, or takes a signal keeps conftest.run_cli, and so
 does one whose case sets an environment variable that a module reads when it is imported (the server's environment,
 cli_env(), was the one at import: OMP_NUM_THREADS for torch, say). A case still running after its time-out is killed;
-the server goes on.
+the server goes on. On a machine where torch sees CUDA, conftest.sweep_forked starts a process each instead: the
+warm-up's validation asks CUDA (sweep/config/inputs.py), and a fork of a process that has cannot use it.
 """
 
 from __future__ import annotations

@@ -123,6 +123,10 @@ def sweep_forked(
     exit status, stdout and stderr captured; in a fork of one server process per test process that has imported
     and warmed sweep already (tests/cli_fork.py): no interpreter start-up or torch import per command line (~2 s).
     A test of how `python -m sweep` itself starts (its imports, its speed), ends or takes a signal keeps run_cli."""
+    import torch
+
+    if torch.cuda.is_available():  # a fork of a process that asked CUDA anything (validation does) cannot use it
+        return run_cli("-m", "sweep", *argv, cwd=cwd, env=env)  # so on a GPU machine: a process each, as before
     from .cli_fork import run_forked
 
     code, out, err = run_forked(list(argv), cwd, cli_env(**(env or {})))
