@@ -5,8 +5,10 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 if os.environ.get("PYTEST_XDIST_WORKER"):
@@ -139,12 +141,21 @@ def run_cli_refusals(*cases: tuple[list[str], Path]) -> list[subprocess.Complete
     return [sweep_forked(*argv, cwd=cwd) for argv, cwd in cases]
 
 
-def mid_run(sweep_dir: Path, step: str) -> bool:
-    """Whether a job of the sweep has logged `step` (e.g. "step 3/60": run with progress=log and log_every=1) and
-    has no result.json yet, while another job has its result.json: one trial done, another training (RUNNING)."""
-    logs = {log.parent: log for log in Path(sweep_dir).glob("*/*.log")}
-    done = {d for d in logs if (d / "result.json").exists()}
-    return bool(done) and any(d not in done and step in log.read_text(errors="replace") for d, log in logs.items())
+def kill_mid_run(proc: subprocess.Popen, sweep_dir: Path, step: str, timeout_s: float = 300) -> None:
+    """SIGKILL the sweep `proc` (started with start_new_session=True: its whole group) once a job of it has logged
+    `step` (e.g. "step 3/60": run with progress=log and log_every=1) and has no result.json yet, while another job
+    has its result.json: one trial done, another training (RUNNING). A fixed sleep could catch the second job
+    after its run, recording its trial."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        assert proc.poll() is None, "the sweep ended before it could be killed mid-run"
+        logs = {log.parent: log for log in Path(sweep_dir).glob("*/*.log")}
+        done = {d for d in logs if (d / "result.json").exists()}
+        if done and any(d not in done and step in log.read_text(errors="replace") for d, log in logs.items()):
+            break
+        time.sleep(0.1)
+    os.killpg(proc.pid, signal.SIGKILL)
+    proc.wait()
 
 
 def read_result(run_dir: Path | str) -> dict:

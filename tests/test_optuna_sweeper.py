@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import os
-import signal
 import subprocess
 import threading
 import time
@@ -15,7 +13,7 @@ from optuna.trial import TrialState
 from sweep.search.ledger import CONSTRAINTS_KEY
 from sweep.search.space import parse
 
-from .conftest import FAST, mid_run, multirun_in_process, run_cli
+from .conftest import FAST, kill_mid_run, multirun_in_process, run_cli
 
 OPTUNA_SWEEP = ["-m", "sweep", "-m", "hydra/sweeper=optuna_sweep", *FAST]
 
@@ -158,12 +156,7 @@ def test_killed_sweep_resumes_with_nothing_lost_or_duplicated(tmp_path, capsys):
         stderr=subprocess.DEVNULL,
         start_new_session=True,
     )
-    deadline = time.time() + 300
-    while time.time() < deadline and not mid_run(tmp_path / "sweep", "step 3/60"):
-        assert proc.poll() is None, "the sweep ended before it could be killed mid-run"
-        time.sleep(0.1)
-    os.killpg(proc.pid, signal.SIGKILL)  # the second trial mid-run (a fixed sleep once hit it as it was recorded)
-    proc.wait()
+    kill_mid_run(proc, tmp_path / "sweep", "step 3/60")  # the second trial RUNNING
     killed = study(tmp_path).trials
     assert any(t.state is TrialState.RUNNING for t in killed), [t.state for t in killed]
     done_before = {t.number: t.params for t in killed if t.state is TrialState.COMPLETE}

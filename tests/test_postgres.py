@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import os
-import signal
 import subprocess
 import time
 
@@ -12,7 +10,7 @@ import pytest
 from optuna.trial import TrialState
 
 from .cluster_servers import LEDGER_FROM_ENV, postgres_url, sweep_cmd  # noqa: F401  (fixture)
-from .conftest import mid_run, multirun_in_process, read_result, run_cli
+from .conftest import kill_mid_run, multirun_in_process, read_result, run_cli
 
 pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("servers")]  # one worker: apt and the server
 
@@ -84,12 +82,7 @@ def test_killed_worker_resumes_with_exactly_the_missing_runs(tmp_path, postgres_
         stderr=subprocess.DEVNULL,
         start_new_session=True,
     )
-    deadline = time.time() + 300
-    while time.time() < deadline and not mid_run(sweep_dir, "step 3/150"):
-        assert proc.poll() is None, "the sweep ended before it could be killed mid-run"
-        time.sleep(0.1)
-    os.killpg(proc.pid, signal.SIGKILL)  # the second run mid-way (not a fixed sleep: it could end the run first)
-    proc.wait()
+    kill_mid_run(proc, sweep_dir, "step 3/150")  # the second run mid-way
     killed = trials(postgres_url, sweep_dir)
     running = [t.number for t in killed if t.state is TrialState.RUNNING]
     assert len(running) == 1, [t.state for t in killed]
