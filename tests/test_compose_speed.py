@@ -3,17 +3,21 @@
 from __future__ import annotations
 
 import copy
+import shutil
 from pathlib import Path
 
 import hydra
 import pytest
 import yaml
+from hydra import compose, initialize_config_dir
+from hydra._internal.config_loader_impl import ConfigLoaderImpl
 from hydra.core.config_store import ConfigStore
+from hydra.core.global_hydra import GlobalHydra
 from omegaconf import OmegaConf
 
-from sweep.config import compose_speed
+from sweep.config import compose_memo, compose_speed
 
-from .conftest import CONF_DIR, hydra_cfg
+from .conftest import CONF_DIR, FAST, hydra_cfg
 
 HYDRA_CONF = Path(hydra.__file__).parent / "conf"
 
@@ -98,3 +102,98 @@ def test_the_config_store_is_shared_but_a_loaded_node_is_still_a_copy():
     node = store.load("run_schema.yaml")
     node.node.steps = 7
     assert store.load("run_schema.yaml").node.steps != 7
+
+
+# compose_memo: the defaults list and the merge kept per group choices, handed out as copies.
+
+
+@pytest.fixture
+def loads(monkeypatch):
+    """The config files Hydra loads to merge from here on (none where compose_memo reuses a merge); the memo starts
+    empty."""
+    compose_memo.uninstall()
+    compose_memo.install()
+    calls = []
+    load = ConfigLoaderImpl._load_single_config
+
+    def counted(self, default, repo):
+        calls.append(default.config_path)
+        return load(self, default=default, repo=repo)
+
+    monkeypatch.setattr(ConfigLoaderImpl, "_load_single_config", counted)
+    return calls
+
+
+@pytest.mark.parametrize(
+    "first, then, merged",
+    [
+        (("precision=bf16_amp",), ("precision=bf16_amp", "optim.lr=3e-3", "model.depth=3", "seed=7"), 0),
+        (("+experiment=demo",), ("optim.betas=[0.8,0.95]", "+experiment=demo", "hydra.job.chdir=true"), 0),
+        (("logger=[tensorboard,mlflow]",), ("logger=[tensorboard,mlflow]", "~confirm"), 0),  # a value deleted
+        (("logger=[tensorboard,mlflow]",), ("logger=[tensorboard,mlflow]", "~monitor"), 1),  # a group deleted
+        (("precision=bf16_amp",), ("precision=fp16_amp", "optim.lr=3e-3"), 1),
+    ],
+)
+def test_a_kept_composition_given_other_values_is_the_config_hydra_composes(
+    loads, hydra_as_shipped, first, then, merged
+):
+    hydra_cfg(*first)
+    before = len(loads)
+    reused = hydra_cfg(*then)
+    assert bool(len(loads) - before) == merged  # the same group choices: Hydra's merge kept, not done again
+    with hydra_as_shipped:
+        shipped = hydra_cfg(*then)
+    assert OmegaConf.to_yaml(reused) == OmegaConf.to_yaml(shipped)
+    assert reused.hydra.runtime.choices == shipped.hydra.runtime.choices
+
+
+def test_a_config_file_edited_or_added_between_compositions_is_read_again(tmp_path, loads):
+    conf = tmp_path / "conf"
+    shutil.copytree(CONF_DIR, conf)
+    assert _composed(conf, "optim=came").optim.lr == 2e-4
+    assert _composed(conf, "optim=came", "seed=3").optim.lr == 2e-4
+    assert loads.count("optim/came") == 1  # the second kept
+    came = conf / "optim" / "came.yaml"
+    came.write_text(came.read_text().replace("lr: 2.0e-4", "lr: 3.0e-4"))
+    assert _composed(conf, "optim=came").optim.lr == 3e-4
+    (conf / "optim" / "came2.yaml").write_text(came.read_text().replace("lr: 3.0e-4", "lr: 4.0e-4"))
+    assert _composed(conf, "optim=came2").optim.lr == 4e-4
+    assert _composed(conf, "optim=came", "seed=5").optim.lr == 3e-4
+    assert loads.count("optim/came") == 3  # any file changed under conf/ is a new key for every composition
+
+
+def test_a_node_stored_after_a_composition_is_the_one_composed(loads):
+    store = ConfigStore.instance()
+    try:
+        store.store(group="optim", name="memo_probe", node={"lr": 0.5})
+        assert _composed(CONF_DIR, "optim=memo_probe").optim.lr == 0.5
+        store.store(group="optim", name="memo_probe", node={"lr": 0.25})
+        assert _composed(CONF_DIR, "optim=memo_probe").optim.lr == 0.25
+    finally:
+        store.repo["optim"].pop("memo_probe.yaml", None)
+
+
+def test_a_failed_composition_fails_the_same_way_again():
+    for overrides in (("precision=fp99",), ("+precision=bf16_amp",), ("~optim=came",)):
+        errors = []
+        for _ in range(2):
+            with pytest.raises(Exception) as e:
+                hydra_cfg(*overrides)
+            errors.append(f"{type(e.value).__name__}: {e.value}")
+        assert errors[0] == errors[1], overrides
+
+
+def test_a_search_path_too_large_to_key_is_composed_by_hydra_each_time(monkeypatch, loads):
+    monkeypatch.setattr(compose_memo, "_MAX_FILES", 3)
+    for _ in range(2):
+        assert hydra_cfg("precision=bf16_amp").precision.name == "bf16_amp"
+    assert loads.count("precision/bf16_amp") == 2 and not compose_memo._merged
+
+
+def _composed(conf_dir, *overrides: str):
+    GlobalHydra.instance().clear()
+    try:
+        with initialize_config_dir(config_dir=str(conf_dir), version_base="1.3"):
+            return compose(config_name="config", overrides=[*FAST, *overrides])
+    finally:
+        GlobalHydra.instance().clear()

@@ -15,7 +15,8 @@ first run cheaply. Its modules:
 - `inputs.py`: `check_inputs` (files, model probes), `check_device`, `check_output_dir`;
 - `recorded.py`: a recorded run's config read back (what a checkpoint resume must match, retired keys);
 - `secrets.py`: the command line and the composed config spell out no password (`check_no_literal_secrets`);
-- `compose_speed.py`: two costs of every Hydra composition taken out (installed on import).
+- `compose_speed.py`: two costs of every Hydra composition taken out (installed on import), and
+  `compose_memo.py`: the defaults list and its merge kept per group choices (installed with them).
 Every name is re-exported here: import from `sweep.config`.
 """
 

@@ -14,8 +14,11 @@ suite, composition was ~250 of ~1180 CPU-seconds (a py-spy profile, docs/suite_d
   ~10 ms). The store is a process-wide singleton that `ConfigStore.load` already copies a node out of on each
   read, so the copy is never written to; sharing it changes nothing.
 
-The composed configs are the same with and without (tests/test_compose_speed.py composes every option of every
-config group both ways).
+`install` also puts compose_memo.py's in place: the defaults list and the merge of its files, kept per distinct
+group choices and config files, so a composition that differs from an earlier one only in values reuses them.
+
+The composed configs are the same with and without (tests/test_compose_speed.py: every YAML file, and
+compositions with their `hydra` node, kept and fresh, both ways).
 """
 
 from __future__ import annotations
@@ -30,6 +33,9 @@ import yaml
 from hydra.core.config_store import ConfigStore
 from omegaconf import DictConfig, ListConfig, OmegaConf
 from omegaconf._utils import get_yaml_loader
+
+from sweep.config.compose_memo import install as install_memo
+from sweep.config.compose_memo import uninstall as uninstall_memo
 
 _PARSED: dict[str, Any] = {}
 _KEEP = 1024
@@ -66,9 +72,10 @@ def _store_itself(store: ConfigStore, memo: dict) -> ConfigStore:
 
 
 def install() -> None:
-    """Put both in place (idempotent)."""
+    """Put both in place, and compose_memo's (idempotent)."""
     OmegaConf.load = staticmethod(load)  # type: ignore[method-assign]
     ConfigStore.__deepcopy__ = _store_itself  # type: ignore[attr-defined]
+    install_memo()
 
 
 def uninstall() -> None:
@@ -77,3 +84,4 @@ def uninstall() -> None:
     if "__deepcopy__" in vars(ConfigStore):
         del ConfigStore.__deepcopy__
     _PARSED.clear()
+    uninstall_memo()
