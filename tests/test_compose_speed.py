@@ -162,6 +162,17 @@ def test_a_config_file_edited_or_added_between_compositions_is_read_again(tmp_pa
     assert loads.count("optim/came") == 3  # any file changed under conf/ is a new key for every composition
 
 
+def test_a_linked_group_directory_edited_between_compositions_is_read_again(tmp_path, loads):
+    conf, optim = tmp_path / "conf", tmp_path / "optim_elsewhere"
+    shutil.copytree(CONF_DIR, conf, ignore=shutil.ignore_patterns("optim"))
+    shutil.copytree(Path(CONF_DIR) / "optim", optim)
+    (conf / "optim").symlink_to(optim, target_is_directory=True)
+    assert _composed(conf, "optim=came").optim.lr == 2e-4
+    came = optim / "came.yaml"
+    came.write_text(came.read_text().replace("lr: 2.0e-4", "lr: 3.0e-4"))
+    assert _composed(conf, "optim=came").optim.lr == 3e-4
+
+
 def test_a_node_stored_after_a_composition_is_the_one_composed(loads):
     store = ConfigStore.instance()
     try:

@@ -56,7 +56,7 @@ _stored = [0]
 def _directory_key(root: Path) -> Optional[str]:
     """A digest of the names and texts of the YAML files and the directories under root, or None if too many."""
     digest, seen = hashlib.blake2b(digest_size=16), 0
-    for here, dirs, files in os.walk(root):
+    for here, dirs, files in os.walk(root, followlinks=True):  # as Hydra reads a linked group; a loop ends at the cap
         dirs.sort()
         seen += len(dirs) + len(files)
         if seen > _MAX_FILES:
@@ -109,7 +109,10 @@ def _choices_key(overrides: Overrides) -> tuple:
 def _kept(memo: OrderedDict, key: tuple) -> Any:
     value = memo.get(key)
     if value is not None:
-        memo.move_to_end(key)
+        try:
+            memo.move_to_end(key)
+        except KeyError:  # dropped meanwhile by a composition on another thread: the value is still whole
+            pass
     return value
 
 
