@@ -42,9 +42,10 @@ FAST = [
 ]
 
 
-def compose_cfg(overrides: list[str] | None = None):
+def compose_cfg(overrides: list[str] | None = None, conf_dir: Path | str = CONF_DIR):
+    """conf_dir's config.yaml (conf/ unless a test's own copy) composed with `overrides`, as Hydra composes it."""
     GlobalHydra.instance().clear()
-    with initialize_config_dir(config_dir=CONF_DIR, version_base="1.3"):
+    with initialize_config_dir(config_dir=str(conf_dir), version_base="1.3"):
         return compose(config_name="config", overrides=list(overrides or []))
 
 

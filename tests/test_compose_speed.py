@@ -9,15 +9,13 @@ from pathlib import Path
 import hydra
 import pytest
 import yaml
-from hydra import compose, initialize_config_dir
 from hydra._internal.config_loader_impl import ConfigLoaderImpl
 from hydra.core.config_store import ConfigStore
-from hydra.core.global_hydra import GlobalHydra
 from omegaconf import OmegaConf
 
 from sweep.config import compose_memo, compose_speed
 
-from .conftest import CONF_DIR, FAST, hydra_cfg
+from .conftest import CONF_DIR, FAST, compose_cfg, hydra_cfg
 
 HYDRA_CONF = Path(hydra.__file__).parent / "conf"
 
@@ -150,15 +148,15 @@ def test_a_kept_composition_given_other_values_is_the_config_hydra_composes(
 def test_a_config_file_edited_or_added_between_compositions_is_read_again(tmp_path, loads):
     conf = tmp_path / "conf"
     shutil.copytree(CONF_DIR, conf)
-    assert _composed(conf, "optim=came").optim.lr == 2e-4
-    assert _composed(conf, "optim=came", "seed=3").optim.lr == 2e-4
+    assert compose_cfg([*FAST, "optim=came"], conf).optim.lr == 2e-4
+    assert compose_cfg([*FAST, "optim=came", "seed=3"], conf).optim.lr == 2e-4
     assert loads.count("optim/came") == 1  # the second kept
     came = conf / "optim" / "came.yaml"
     came.write_text(came.read_text().replace("lr: 2.0e-4", "lr: 3.0e-4"))
-    assert _composed(conf, "optim=came").optim.lr == 3e-4
+    assert compose_cfg([*FAST, "optim=came"], conf).optim.lr == 3e-4
     (conf / "optim" / "came2.yaml").write_text(came.read_text().replace("lr: 3.0e-4", "lr: 4.0e-4"))
-    assert _composed(conf, "optim=came2").optim.lr == 4e-4
-    assert _composed(conf, "optim=came", "seed=5").optim.lr == 3e-4
+    assert compose_cfg([*FAST, "optim=came2"], conf).optim.lr == 4e-4
+    assert compose_cfg([*FAST, "optim=came", "seed=5"], conf).optim.lr == 3e-4
     assert loads.count("optim/came") == 3  # any file changed under conf/ is a new key for every composition
 
 
@@ -167,19 +165,19 @@ def test_a_linked_group_directory_edited_between_compositions_is_read_again(tmp_
     shutil.copytree(CONF_DIR, conf, ignore=shutil.ignore_patterns("optim"))
     shutil.copytree(Path(CONF_DIR) / "optim", optim)
     (conf / "optim").symlink_to(optim, target_is_directory=True)
-    assert _composed(conf, "optim=came").optim.lr == 2e-4
+    assert compose_cfg([*FAST, "optim=came"], conf).optim.lr == 2e-4
     came = optim / "came.yaml"
     came.write_text(came.read_text().replace("lr: 2.0e-4", "lr: 3.0e-4"))
-    assert _composed(conf, "optim=came").optim.lr == 3e-4
+    assert compose_cfg([*FAST, "optim=came"], conf).optim.lr == 3e-4
 
 
 def test_a_node_stored_after_a_composition_is_the_one_composed(loads):
     store = ConfigStore.instance()
     try:
         store.store(group="optim", name="memo_probe", node={"lr": 0.5})
-        assert _composed(CONF_DIR, "optim=memo_probe").optim.lr == 0.5
+        assert compose_cfg([*FAST, "optim=memo_probe"]).optim.lr == 0.5
         store.store(group="optim", name="memo_probe", node={"lr": 0.25})
-        assert _composed(CONF_DIR, "optim=memo_probe").optim.lr == 0.25
+        assert compose_cfg([*FAST, "optim=memo_probe"]).optim.lr == 0.25
     finally:
         store.repo["optim"].pop("memo_probe.yaml", None)
 
@@ -199,12 +197,3 @@ def test_a_search_path_too_large_to_key_is_composed_by_hydra_each_time(monkeypat
     for _ in range(2):
         assert hydra_cfg("precision=bf16_amp").precision.name == "bf16_amp"
     assert loads.count("precision/bf16_amp") == 2 and not compose_memo._merged
-
-
-def _composed(conf_dir, *overrides: str):
-    GlobalHydra.instance().clear()
-    try:
-        with initialize_config_dir(config_dir=str(conf_dir), version_base="1.3"):
-            return compose(config_name="config", overrides=[*FAST, *overrides])
-    finally:
-        GlobalHydra.instance().clear()
