@@ -20,7 +20,7 @@ def test_every_run_refused_by_the_data_check_points_at_the_data_and_the_doctor_n
     assert line.startswith("No stable run in this sweep, so nothing to recommend: all 6 failed runs: bad_input: ")
     assert "python -m sweep.doctor" in line and "not the lr" in line
     # a folder of clips of another size fails the same check: the doctor finds them only given the run's sizes
-    assert "another shape or frame count" in line and "--frames F --height H --width W" in line
+    assert "another shape or frame count" in line and "--channels C --frames F --height H --width W" in line
     assert "try lower optim.lr" not in line
 
 

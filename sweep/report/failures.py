@@ -25,9 +25,9 @@ NOT_THE_LR = {
     "bad_input": (
         "the data, not the lr: the batches failed the data check before the forward (NaN/Inf, values past "
         "data.range_limit, or files of another shape or frame count than the run's); each run's cause names its "
-        "first samples, and python -m sweep.doctor <data.path> --frames F --height H --width W (the run's sizes: "
-        "without them it cannot check shapes) names every file and why (data.drop_bad=true leaves them out; raise "
-        "data.range_limit for unscaled latents)"
+        "first samples, and python -m sweep.doctor <data.path> --channels C --frames F --height H --width W (the "
+        "run's sizes: without them it holds shapes only to the folder's majority) names every file and why "
+        "(data.drop_bad=true leaves them out; raise data.range_limit for unscaled latents)"
     ),
     "corrupt_checkpoint": (
         "the checkpoint, not the lr: it failed verification at the load, before any step; a good copy of the file "
