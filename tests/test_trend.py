@@ -135,9 +135,12 @@ def test_the_evidence_names_logits_and_gradient_norms():
 
 # Real runs. A cheap config that trains: the tiny video DiT on tiny clips, no ledger.
 CHEAP = ["steps=40", "ledger.enabled=false", "monitor.forensics=false", "threads=1"]
-# Warmed up over the whole run to a too-high lr: it learns while the lr is small, then the growing steps undo it,
-# with no 10x spike (measured: the smoothed loss ends 7.1x its minimum at step 29, 1.29x its initial loss).
-WARMED_TOO_HIGH = [*CHEAP, "steps=60", "optim.lr=0.03", "optim.warmup_steps=60"]
+# Warming up to a too-high lr: it learns while the lr is small, then the growing steps undo it, with no 10x spike.
+# Measured (its smoothed loss at the end over its minimum at step 29; its largest loss over its initial one) on
+# AVX-512 kernels 3.72x and 1.6x, on AVX2's (ATEN_CPU_CAPABILITY=avx2 ONEDNN_MAX_CPU_ISA=AVX2, bf16 GEMMs emulated)
+# 3.70x and 1.6x, on the default ones 3.80x and 4.7x. It ends at step 48 of the 60-step warm-up: later, its loss
+# is chaotic: at 60 steps AVX2's kernels spike 10x at step 59 and the default ones at step 49 (AVX-512's do not).
+WARMED_TOO_HIGH = [*CHEAP, "steps=48", "optim.lr=0.03", "optim.warmup_steps=60"]
 # Warmed up to lr 5e-2 over its 40 steps: it never gets anywhere (1.58x its initial loss), weights 3.5 norms along.
 THRASHING = [*CHEAP, "optim.lr=0.05", "optim.warmup_steps=40"]
 
@@ -171,7 +174,7 @@ def test_a_healthy_run_stays_stable_and_records_its_trend(tmp_path):
 def test_each_verdict_end_to_end(tmp_path, thrashing):
     slow = result_of(tmp_path, *WARMED_TOO_HIGH, name="slow")
     assert (slow["status"], slow["verdict"]) == ("diverged", "slow_divergence"), slow["trend"]["detail"]
-    assert slow["first_bad_step"] == slow["trend"]["min_step"] < 59
+    assert slow["first_bad_step"] == slow["trend"]["min_step"] < 47
     assert slow["cause"]["where"] == "optimizer" and slow["cause"]["detail"] == slow["trend"]["detail"]
     assert slow["mechanism"]["name"] in ("lr_too_high", "attention_logit_growth")
     _, stuck = thrashing
