@@ -11,7 +11,7 @@ import subprocess
 
 import pytest
 
-from .conftest import FAST, REPO
+from .conftest import FAST, REPO, SMALL_MODEL
 
 
 def _script(name: str, timeout: int = 240) -> subprocess.CompletedProcess:
@@ -37,6 +37,7 @@ def sweep_cmd(sweep_dir, *args) -> list[str]:
         "-m",
         "hydra/sweeper=optuna_sweep",
         *FAST,
+        *SMALL_MODEL,
         "threads=1",
         f"hydra.sweep.dir={sweep_dir}",
         *args,

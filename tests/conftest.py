@@ -41,6 +41,13 @@ FAST = [
     "confirm.mode=off",
 ]
 
+SMALL_MODEL = ["model.width=64", "model.depth=2"]
+"""The built-in video DiT at half tiny's width and depth (hidden 64, one spatial-temporal pair: 40 fp32 steps on
+FAST's clips take 0.37 CPU-s against tiny's 1.33), for the modules whose checks hold for any model: a sweep's
+bookkeeping, or two ways of running the same steps compared. A module puts it before its own overrides; each that
+does passed with it on three kernel sets (AVX-512's; AVX2's and the default ones, see docs/suite_durations.md).
+The tests whose expected verdicts, steps or values were measured on tiny keep tiny."""
+
 
 def compose_cfg(overrides: list[str] | None = None, conf_dir: Path | str = CONF_DIR):
     """conf_dir's config.yaml (conf/ unless a test's own copy) composed with `overrides`, as Hydra composes it."""

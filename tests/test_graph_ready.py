@@ -26,7 +26,7 @@ from sweep.run.scaler import DeviceLossScaler
 from sweep.run.step import Row
 from sweep.run.window import Snapshot
 
-from .conftest import make_run
+from .conftest import SMALL_MODEL, make_run
 
 # The ops that hand a tensor's value to the host, or whose output shape depends on its values.
 SYNCS = {"_local_scalar_dense", "item", "is_nonzero", "equal", "nonzero", "masked_select", "unique"}
@@ -76,7 +76,7 @@ STEP_CASES = {  # every branch of the step's device work: loss scaling and its s
 @pytest.mark.parametrize("name", list(STEP_CASES))
 def test_a_window_step_reads_nothing_back_to_the_host(tmp_path, name):
     """Batch gather and check, noise, forward, scaled backward, unscale, norm, scaler decision, clipping, AdamW."""
-    run = make_run("device=cpu", "threads=1", "steps=4", "monitor.sync_every=4", *STEP_CASES[name])
+    run = make_run(*SMALL_MODEL, "device=cpu", "threads=1", "steps=4", "monitor.sync_every=4", *STEP_CASES[name])
     parts = prepare(run, tmp_path, RunResult(status="error"))
     loop = Lone([run], [parts], windows=True)
     assert loop.device_batches is not None  # synthetic data on the device
@@ -99,6 +99,7 @@ def test_a_pack_step_reads_nothing_back_to_the_host(tmp_path):
     own scales and clipping."""
     runs = [
         make_run(
+            *SMALL_MODEL,
             "device=cpu",
             "threads=1",
             "steps=3",
@@ -126,7 +127,7 @@ def test_a_pack_step_reads_nothing_back_to_the_host(tmp_path):
 
 def test_the_scaler_updates_its_state_in_place():
     """A graph replay reads the tensors it captured: update and restore must write into them, not replace them."""
-    scaler = DeviceLossScaler([make_run("precision=fp16_amp").precision.scaler] * 2)
+    scaler = DeviceLossScaler([make_run(*SMALL_MODEL, "precision=fp16_amp").precision.scaler] * 2)
     tensors = {k: getattr(scaler, k) for k in DeviceLossScaler._STATE}
     before = scaler.state()
     scaler.update(torch.tensor([True, False]))
@@ -139,7 +140,7 @@ def test_the_scaler_updates_its_state_in_place():
 
 def test_adamw_updates_its_state_in_place(tmp_path):
     """The weights, moments and update counts a captured update writes are the ones the next replay reads."""
-    run = make_run("device=cpu", "threads=1", "steps=3")
+    run = make_run(*SMALL_MODEL, "device=cpu", "threads=1", "steps=3")
     parts = prepare(run, tmp_path, RunResult(status="error"))
     loop = Lone([run], [parts])
     seen = None
@@ -165,7 +166,7 @@ def test_adamw_state_a_window_made_is_taken_back_in_place(tmp_path):
     tensors its first update made, zeroed: a graph captured from them keeps updating the optimizer's own state,
     and the step run again is the first step's, bit for bit. (Deleted instead, on an H100 the graph went on
     counting in tensors no restore reached, past the bias-correction tables: a device-side assert.)"""
-    run = make_run("device=cpu", "threads=1", "steps=3")
+    run = make_run(*SMALL_MODEL, "device=cpu", "threads=1", "steps=3")
     parts = prepare(run, tmp_path, RunResult(status="error"))
     loop = Lone([run], [parts])
     x0 = load_batch(parts.dataset, parts.order.indices(0))
@@ -199,9 +200,9 @@ def test_graph_is_checked_at_composition_and_true_needs_cuda(tmp_path):
     from sweep.run.execute import execute
 
     with pytest.raises(ConfigError, match="graph: must be one of auto, true, false"):
-        make_run("graph=yes")
-    assert make_run("graph=true").graph == "true"  # the override arrives as a bool
-    r = execute(make_run("device=cpu", "graph=true", "steps=2"), tmp_path / "run", params={})
+        make_run(*SMALL_MODEL, "graph=yes")
+    assert make_run(*SMALL_MODEL, "graph=true").graph == "true"  # the override arrives as a bool
+    r = execute(make_run(*SMALL_MODEL, "device=cpu", "graph=true", "steps=2"), tmp_path / "run", params={})
     assert r.status == "skipped" and "graph=true" in r.reason and "not a CUDA device" in r.reason
 
 
@@ -211,7 +212,7 @@ def eager_and_graphed(tmp_path, *overrides: str) -> dict:
 
     runs = {}
     for mode in ("false", "true"):
-        r = execute(make_run("device=cuda", *overrides, f"graph={mode}"), tmp_path / mode, params={})
+        r = execute(make_run(*SMALL_MODEL, "device=cuda", *overrides, f"graph={mode}"), tmp_path / mode, params={})
         rows = tmp_path / mode / "metrics.csv"
         runs[mode] = (r, rows.read_bytes() if rows.exists() else b"")  # a run that failed first has no rows
     return runs
@@ -290,7 +291,8 @@ def test_a_graphed_pack_is_the_eager_pack_bit_for_bit(tmp_path):
     got = {}
     for mode in ("false", "true"):
         runs = [
-            make_run(*common, f"graph={mode}", f"optim.lr={lr}", f"seed={i}") for i, lr in enumerate([1e-4, 1e-3, 0.5])
+            make_run(*SMALL_MODEL, *common, f"graph={mode}", f"optim.lr={lr}", f"seed={i}")
+            for i, lr in enumerate([1e-4, 1e-3, 0.5])
         ]
         dirs = [tmp_path / mode / str(i) for i in range(len(runs))]
         results = execute_pack(runs, dirs, [{}] * len(runs), [str(i) for i in range(len(runs))])
@@ -320,9 +322,9 @@ def test_a_capture_that_fails_on_cuda_leaves_an_eager_run_bit_for_bit(tmp_path, 
         return out
 
     common = ["device=cuda", "steps=24", "monitor.sync_every=8", "precision=fp16_amp"]
-    r0 = execute(make_run(*common, "graph=false"), tmp_path / "false", params={})
+    r0 = execute(make_run(*SMALL_MODEL, *common, "graph=false"), tmp_path / "false", params={})
     monkeypatch.setattr(StepGraph, "_step", reads_the_host_while_capturing)
-    r1 = execute(make_run(*common, "graph=true"), tmp_path / "true", params={})
+    r1 = execute(make_run(*SMALL_MODEL, *common, "graph=true"), tmp_path / "true", params={})
     assert (r1.status, r1.verdict, r1.sync["replayed"]) == (r0.status, r0.verdict, 0), r1.reason
     assert (tmp_path / "true" / "metrics.csv").read_bytes() == (tmp_path / "false" / "metrics.csv").read_bytes()
 
@@ -372,7 +374,7 @@ def counted_run(out: Path, *overrides: str) -> tuple:
 
     with pytest.MonkeyPatch.context() as mp:
         mp.setattr(Lone, "device_step", counted)
-        r = execute(make_run(*CAPTURED, *overrides), out, params={})
+        r = execute(make_run(*SMALL_MODEL, *CAPTURED, *overrides), out, params={})
     return r.status, r.verdict, (out / "metrics.csv").read_bytes(), r.sync, calls["n"]
 
 
@@ -410,7 +412,7 @@ def test_a_failed_logit_step_capture_keeps_its_attention_statistics(
         return self.logit_graph if logits else None
 
     monkeypatch.setattr(Windows, "_graph_at", logit_graph_only)
-    r = execute(make_run(*CAPTURED, "graph=true"), tmp_path / "true", params={})
+    r = execute(make_run(*SMALL_MODEL, *CAPTURED, "graph=true"), tmp_path / "true", params={})
     got = {"false": eager[:3], "true": (r.status, r.verdict, (tmp_path / "true" / "metrics.csv").read_bytes())}
     assert got["true"] == got["false"]
     assert b"attn_max_logit" in got["true"][2]
@@ -422,7 +424,8 @@ def test_a_packs_failed_capture_takes_its_warm_up_back(tmp_path, capture_fails_a
     got = {}
     for mode in ("false", "true"):
         runs = [
-            make_run(*CAPTURED, f"graph={mode}", f"optim.lr={lr}", f"seed={i}") for i, lr in enumerate([1e-4, 1e-3])
+            make_run(*SMALL_MODEL, *CAPTURED, f"graph={mode}", f"optim.lr={lr}", f"seed={i}")
+            for i, lr in enumerate([1e-4, 1e-3])
         ]
         dirs = [tmp_path / mode / str(i) for i in range(2)]
         results = execute_pack(runs, dirs, [{}] * 2, ["0", "1"])

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from .conftest import FAST, read_result, run_cli
+from .conftest import FAST, SMALL_MODEL, read_result, run_cli
 
 
 @pytest.mark.slow
@@ -19,6 +19,7 @@ def test_multirun_grid_records_every_job_and_prints_the_summary(tmp_path):
         "attention=flash,math",
         "steps=4",
         *FAST,
+        *SMALL_MODEL,
         f"hydra.sweep.dir={sweep_dir}",
         cwd=tmp_path,
     )

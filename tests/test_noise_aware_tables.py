@@ -21,7 +21,7 @@ from sweep.report.tables import frontier, lr_sensitivity, toggle_effects
 from sweep.report.text import render_text
 from sweep.search.replicates import replicate_overrides
 
-from .conftest import multirun_in_process, read_result, sweep_forked
+from .conftest import SMALL_MODEL, multirun_in_process, read_result, sweep_forked
 from .test_report_tables import diverged, write_run
 
 
@@ -204,6 +204,7 @@ def test_real_runs_rank_an_lr_100x_too_low_lower_and_call_the_attention_toggle_a
     the same function. The tables must rank 1e-5 lower and call the toggle a tie."""
     multirun_in_process(  # device=cpu: fp32 flash is a CPU kernel (CUDA's flash needs fp16/bf16: skipped there)
         tmp_path,
+        *SMALL_MODEL,
         "optim.lr=1e-5,1e-3",
         "attention=flash,math",
         "device=cpu",

@@ -15,7 +15,7 @@ from sweep.run import optimizers
 from sweep.run.execute import execute
 from sweep.run.packing import refusal
 
-from .conftest import make_run
+from .conftest import SMALL_MODEL, make_run
 
 LIBRARY = ["adamw_8bit", "adafactor", "came", "prodigy"]
 
@@ -28,7 +28,11 @@ def rows(run_dir):
 @pytest.mark.parametrize("name", LIBRARY)
 def test_each_library_optimizer_trains_to_a_verdict_and_is_recorded(tmp_path, name):
     lr = {"prodigy": "1.0", "adafactor": "1e-2"}.get(name, "1e-3")
-    r = execute(make_run(f"optim={name}", "steps=4", f"optim.lr={lr}", "ledger.enabled=false"), tmp_path, params={})
+    r = execute(
+        make_run(*SMALL_MODEL, f"optim={name}", "steps=4", f"optim.lr={lr}", "ledger.enabled=false"),
+        tmp_path,
+        params={},
+    )
     assert r.status == "stable", r.reason
     o = r.optimizer
     assert o["name"] == name and o["eager"] is True and o["health"]["nonfinite_count"] == 0
@@ -43,7 +47,7 @@ def test_each_library_optimizer_trains_to_a_verdict_and_is_recorded(tmp_path, na
 
 
 def test_our_adamw_is_recorded_as_capture_safe_with_its_moments_in_the_weights_dtype(tmp_path):
-    r = execute(make_run("steps=2", "precision=bf16_pure", "ledger.enabled=false"), tmp_path, params={})
+    r = execute(make_run(*SMALL_MODEL, "steps=2", "precision=bf16_pure", "ledger.enabled=false"), tmp_path, params={})
     assert r.optimizer["name"] == "adamw" and r.optimizer["eager"] is False
     assert set(r.optimizer["state_dtypes"]) == {"bfloat16"}
 
@@ -88,10 +92,10 @@ def test_a_checkpoint_resumes_a_library_optimizer_bit_for_bit(tmp_path, name):
     lr = "0.5" if name == "prodigy" else "1e-3"
     common = [f"optim={name}", f"optim.lr={lr}", "steps=8", "ledger.enabled=false", "eval.enabled=false"]
     full = tmp_path / "full"
-    assert execute(make_run(*common, "checkpoint.every=4"), full, params={}).status == "stable"
+    assert execute(make_run(*SMALL_MODEL, *common, "checkpoint.every=4"), full, params={}).status == "stable"
     ckpt = full / "checkpoints" / "step_000004"
     resumed = tmp_path / "resumed"
-    r = execute(make_run(*common, f"checkpoint.resume_from={ckpt}"), resumed, params={})
+    r = execute(make_run(*SMALL_MODEL, *common, f"checkpoint.resume_from={ckpt}"), resumed, params={})
     assert (r.status, r.start_step) == ("stable", 4)
     assert rows(resumed) == {s: rows(full)[s] for s in range(4, 8)}
 
@@ -101,16 +105,22 @@ def test_a_checkpoint_resumes_only_into_the_optimizer_that_saved_it(tmp_path):
 
     from sweep.config import check_inputs
 
-    full, run = tmp_path / "full", make_run("steps=2", "checkpoint.every=2", "ledger.enabled=false")
+    full, run = tmp_path / "full", make_run(*SMALL_MODEL, "steps=2", "checkpoint.every=2", "ledger.enabled=false")
     execute(run, full, params={})
     (full / ".hydra").mkdir()
     OmegaConf.save(OmegaConf.structured(run), full / ".hydra" / "config.yaml")  # what Hydra saves beside it
     ckpt = full / "checkpoints" / "step_000002"
     with pytest.raises(ConfigError, match="optim.name=adamw there, prodigy here"):
-        check_inputs(make_run("optim=prodigy", "steps=4", f"checkpoint.resume_from={ckpt}"))
+        check_inputs(make_run(*SMALL_MODEL, "optim=prodigy", "steps=4", f"checkpoint.resume_from={ckpt}"))
     # without its optimizer state, the weights go into any optimizer
     check_inputs(
-        make_run("optim=prodigy", "steps=4", f"checkpoint.resume_from={ckpt}", "checkpoint.resume_optimizer=false")
+        make_run(
+            *SMALL_MODEL,
+            "optim=prodigy",
+            "steps=4",
+            f"checkpoint.resume_from={ckpt}",
+            "checkpoint.resume_optimizer=false",
+        )
     )
 
 
@@ -148,12 +158,12 @@ def test_health_finds_a_zeroed_second_moment_and_a_nonfinite_block():
 )
 def test_bad_optimizer_settings_are_one_line(overrides, key):
     with pytest.raises(Exception, match=key.replace("[", r"\[")):
-        make_run(*overrides)
+        make_run(*SMALL_MODEL, *overrides)
 
 
 def test_a_library_optimizer_is_never_packed():
-    assert "runs eagerly" in refusal(make_run("optim=came"))
-    assert refusal(make_run("optim=adamw")) is None
+    assert "runs eagerly" in refusal(make_run(*SMALL_MODEL, "optim=came"))
+    assert refusal(make_run(*SMALL_MODEL, "optim=adamw")) is None
 
 
 def test_a_missing_library_is_refused_at_composition_naming_the_extra(monkeypatch):
@@ -163,8 +173,8 @@ def test_a_missing_library_is_refused_at_composition_naming_the_extra(monkeypatc
     real = importlib.util.find_spec
     monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "prodigyopt" else real(name, *a))
     with pytest.raises(ConfigError, match=r"optim.name: optim=prodigy needs prodigyopt, which is not installed: pip"):
-        make_run("optim=prodigy")
-    make_run("optim=came")  # the others' packages are there
+        make_run(*SMALL_MODEL, "optim=prodigy")
+    make_run(*SMALL_MODEL, "optim=came")  # the others' packages are there
 
 
 def test_a_missing_library_is_one_line_naming_the_extra(monkeypatch):
@@ -195,6 +205,7 @@ def test_the_tables_do_not_compare_lrs_that_mean_different_things(tmp_path):
 
     multirun_in_process(
         tmp_path,
+        *SMALL_MODEL,
         "optim=adamw,adamw_8bit,prodigy",
         "optim.lr=1e-3,1e-2",
         "steps=3",
@@ -243,14 +254,18 @@ def test_an_8bit_checkpoint_resumes_into_our_adamw_with_its_moments_dequantised(
     moments (and update count) in fp32, so its first step is the 8-bit run's step up to the 8-bit rounding."""
     common = ["optim.lr=1e-3", "steps=6", "ledger.enabled=false", "eval.enabled=false"]
     full = tmp_path / "full"
-    execute(make_run("optim=adamw_8bit", *common, "checkpoint.every=3"), full, params={})
+    execute(make_run(*SMALL_MODEL, "optim=adamw_8bit", *common, "checkpoint.every=3"), full, params={})
     ckpt = full / "checkpoints" / "step_000003"
     fresh = execute(
-        make_run("optim=adamw", *common, f"checkpoint.resume_from={ckpt}", "checkpoint.resume_optimizer=false"),
+        make_run(
+            *SMALL_MODEL, "optim=adamw", *common, f"checkpoint.resume_from={ckpt}", "checkpoint.resume_optimizer=false"
+        ),
         tmp_path / "fresh",
         params={},
     )
-    moved = execute(make_run("optim=adamw", *common, f"checkpoint.resume_from={ckpt}"), tmp_path / "moved", params={})
+    moved = execute(
+        make_run(*SMALL_MODEL, "optim=adamw", *common, f"checkpoint.resume_from={ckpt}"), tmp_path / "moved", params={}
+    )
     assert moved.status == fresh.status == "stable"
     eight, ours, afresh = (rows(d) for d in (full, tmp_path / "moved", tmp_path / "fresh"))
     assert ours[3][0] == eight[3][0]  # step 3's loss comes from the checkpointed weights: the same
@@ -263,10 +278,12 @@ def test_an_8bit_checkpoint_resumes_into_our_adamw_with_its_moments_dequantised(
 def test_the_diagnosis_has_an_adamw_row_where_it_compares_like_with_like():
     from sweep.diagnose.counterfactual import adamw_row
 
-    assert adamw_row(make_run("optim=adamw_8bit")).overrides == ["optim.name=adamw"]  # its moments dequantised
-    assert "checkpoint.resume_optimizer=false" in adamw_row(make_run("optim=came")).overrides
-    assert "multiplies" in adamw_row(make_run("optim=prodigy")).not_applicable
-    assert adamw_row(make_run()).not_applicable == "the run already uses our AdamW"
+    assert adamw_row(make_run(*SMALL_MODEL, "optim=adamw_8bit")).overrides == [
+        "optim.name=adamw"
+    ]  # its moments dequantised
+    assert "checkpoint.resume_optimizer=false" in adamw_row(make_run(*SMALL_MODEL, "optim=came")).overrides
+    assert "multiplies" in adamw_row(make_run(*SMALL_MODEL, "optim=prodigy")).not_applicable
+    assert adamw_row(make_run(*SMALL_MODEL)).not_applicable == "the run already uses our AdamW"
 
 
 def test_a_bad_optimizer_state_is_the_mechanism_with_its_known_fix():
@@ -277,7 +294,7 @@ def test_a_bad_optimizer_state_is_the_mechanism_with_its_known_fix():
     from sweep.diagnose.mechanism import decide
     from sweep.diagnose.signals import RunRecord
 
-    run = make_run("optim=adamw_8bit")
+    run = make_run(*SMALL_MODEL, "optim=adamw_8bit")
     health = {"nonfinite": ["3.absmax2"], "nonfinite_count": 1, "v_zero_m_nonzero": 0.0}
     result = {
         "status": "diverged",

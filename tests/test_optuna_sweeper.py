@@ -13,9 +13,9 @@ from optuna.trial import TrialState
 from sweep.search.ledger import CONSTRAINTS_KEY
 from sweep.search.space import parse
 
-from .conftest import FAST, kill_mid_run, multirun_in_process, run_cli
+from .conftest import FAST, SMALL_MODEL, kill_mid_run, multirun_in_process, run_cli
 
-OPTUNA_SWEEP = ["-m", "sweep", "-m", "hydra/sweeper=optuna_sweep", *FAST]
+OPTUNA_SWEEP = ["-m", "sweep", "-m", "hydra/sweeper=optuna_sweep", *FAST, *SMALL_MODEL]
 
 
 def sweep(tmp_path, *args, check=True):
@@ -29,7 +29,7 @@ def sweep(tmp_path, *args, check=True):
 def sweep_here(tmp_path, capsys, *args) -> str:
     """The same sweep through Hydra's multirun in this process (no interpreter start-up); what it printed."""
     capsys.readouterr()
-    multirun_in_process(tmp_path / "sweep", "hydra/sweeper=optuna_sweep", "steps=4", *args)
+    multirun_in_process(tmp_path / "sweep", *SMALL_MODEL, "hydra/sweeper=optuna_sweep", "steps=4", *args)
     return capsys.readouterr().out
 
 
@@ -194,7 +194,9 @@ def test_frontier_search_finds_the_grid_boundary_with_fewer_runs(tmp_path, capsy
     # (lr, verdict, first bad step) were the same at 6 and at 20 steps.
     grid = [1e-3, 3e-3, 1e-2, 3e-2, 1e-1, 3e-1]
     status = {
-        lr: execute(make_run("precision=fp32", f"optim.lr={lr}", "steps=10"), tmp_path / f"g{lr}", {}).status
+        lr: execute(
+            make_run(*SMALL_MODEL, "precision=fp32", f"optim.lr={lr}", "steps=10"), tmp_path / f"g{lr}", {}
+        ).status
         for lr in grid
     }
     grid_stable = max(lr for lr in grid if status[lr] == "stable")

@@ -18,7 +18,7 @@ from sweep.config import RunConfig
 from sweep.run.execute import execute
 from sweep.run.packing import execute_pack, pack_key, plan, refusal
 
-from .conftest import make_run, multirun_in_process, read_results
+from .conftest import SMALL_MODEL, make_run, multirun_in_process, read_results
 
 # A grid of 8 lrs: the small ones stable, the large ones spike or go NaN within 8 steps.
 LRS = [1e-4, 3e-4, 1e-3, 3e-3, 1e-2, 3e-2, 1e-1, 3e-1]
@@ -61,9 +61,9 @@ def outcome(r):
 @pytest.mark.parametrize("precision", ["fp32", "bf16_amp", "fp16_amp"])
 def test_packed_runs_get_the_verdicts_of_the_runs_alone(tmp_path, precision):
     # The attention kernel that packs on this device: on CUDA bf16 math does not (cuda_vmap_failure), flash does.
-    attention = "flash" if refusal(make_run(f"precision={precision}", "attention=math")) else "math"
+    attention = "flash" if refusal(make_run(*SMALL_MODEL, f"precision={precision}", "attention=math")) else "math"
     run = make_run(
-        f"precision={precision}", f"attention={attention}", "steps=8", "threads=1", "data.batch_size=2",
+        *SMALL_MODEL, f"precision={precision}", f"attention={attention}", "steps=8", "threads=1", "data.batch_size=2",
         "monitor.forensics=false",
     )  # fmt: skip
     runs = [with_lr_and_seed(run, lr, i) for i, lr in enumerate(LRS)]
@@ -86,8 +86,10 @@ def test_an_overflow_in_one_packed_run_leaves_the_others_scale_alone(tmp_path):
     # loss_weight 1e5 makes run 0's scaled fp16 gradients overflow at the initial scale 65536: its scaler
     # must skip and back off on its own, while run 1 (same pack) steps every time at 65536.
     runs = [
-        make_run("precision=fp16_amp", "objective.loss_weight=1e5", "steps=6", "data.batch_size=2", "threads=1"),
-        make_run("precision=fp16_amp", "seed=1", "steps=6", "data.batch_size=2", "threads=1"),
+        make_run(
+            *SMALL_MODEL, "precision=fp16_amp", "objective.loss_weight=1e5", "steps=6", "data.batch_size=2", "threads=1"
+        ),
+        make_run(*SMALL_MODEL, "precision=fp16_amp", "seed=1", "steps=6", "data.batch_size=2", "threads=1"),
     ]
     alone, packed, curves = alone_and_packed(tmp_path, runs)
     overflowing, (calm_alone, calm) = curves[0][1], curves[1]
@@ -102,9 +104,9 @@ def test_an_overflow_in_one_packed_run_leaves_the_others_scale_alone(tmp_path):
 @pytest.mark.slow
 def test_a_bad_sample_stops_only_its_own_run_at_its_own_step(tmp_path):
     runs = [
-        make_run("data.faults=[{index:3,kind:nan}]", "steps=12", "threads=1"),
-        make_run("seed=1", "steps=12", "threads=1"),
-        make_run("optim.lr=0.3", "seed=2", "steps=12", "threads=1"),
+        make_run(*SMALL_MODEL, "data.faults=[{index:3,kind:nan}]", "steps=12", "threads=1"),
+        make_run(*SMALL_MODEL, "seed=1", "steps=12", "threads=1"),
+        make_run(*SMALL_MODEL, "optim.lr=0.3", "seed=2", "steps=12", "threads=1"),
     ]
     alone, packed, _ = alone_and_packed(tmp_path, runs)
     assert [outcome(r) for r in packed] == [outcome(r) for r in alone]
@@ -140,7 +142,7 @@ def test_packed_autocast_gives_every_module_the_dtype_it_has_alone(precision):
     from sweep.run.packed_model import PackedModel
     from sweep.run.precision import PrecisionPolicy
 
-    run = make_run(f"precision={precision}", "threads=1")
+    run = make_run(*SMALL_MODEL, f"precision={precision}", "threads=1")
     policy = PrecisionPolicy.from_config(run.precision)
     reset_process_state(run, policy)
     device = torch.device("cpu")
@@ -179,7 +181,7 @@ def test_packed_math_attention_runs_its_softmax_in_the_dtype_it_has_alone(precis
     from sweep.run.packed_model import PackedModel
     from sweep.run.precision import PrecisionPolicy
 
-    run = make_run(f"precision={precision}", "attention=math", "device=cpu", "threads=1")
+    run = make_run(*SMALL_MODEL, f"precision={precision}", "attention=math", "device=cpu", "threads=1")
     device = torch.device("cpu")
     policy = PrecisionPolicy.from_config(run.precision, device)
     reset_process_state(run, policy)
@@ -207,12 +209,16 @@ def test_packed_math_attention_runs_its_softmax_in_the_dtype_it_has_alone(precis
 
 
 def test_plan_packs_runs_of_one_computation_and_leaves_the_rest_alone():
-    fp32 = [make_run(f"optim.lr={lr}", f"seed={s}", "optim.grad_clip=1.0") for lr in (1e-4, 1e-3) for s in (0, 1)]
+    fp32 = [
+        make_run(*SMALL_MODEL, f"optim.lr={lr}", f"seed={s}", "optim.grad_clip=1.0")
+        for lr in (1e-4, 1e-3)
+        for s in (0, 1)
+    ]
     other = [
-        make_run("precision=bf16_amp"),
-        make_run("attention=flash"),
-        make_run("checkpoint.every=5"),
-        make_run("compile=true"),
+        make_run(*SMALL_MODEL, "precision=bf16_amp"),
+        make_run(*SMALL_MODEL, "attention=flash"),
+        make_run(*SMALL_MODEL, "checkpoint.every=5"),
+        make_run(*SMALL_MODEL, "compile=true"),
     ]
     assert len({pack_key(r) for r in fp32}) == 1  # lr, seed, clipping are per run
     assert len({pack_key(r) for r in fp32 + other[:2]}) == 3  # precision and kernels are not
@@ -228,10 +234,10 @@ def test_kernels_whose_vmap_fails_on_cuda_train_alone_there_and_only_there():
     refused = [("efficient", "fp16_amp"), ("efficient", "fp32"), ("math", "bf16_amp"), ("math", "bf16_pure")]
     packed = [("math", "fp16_amp"), ("math", "fp32"), ("math", "tf32"), ("flash", "bf16_amp"), ("eager", "bf16_amp")]
     for attention, precision in refused:
-        run = make_run(f"attention={attention}", f"precision={precision}")
+        run = make_run(*SMALL_MODEL, f"attention={attention}", f"precision={precision}")
         assert f"attention={attention}" in refusal(run, cuda) and refusal(run, cpu) is None
     for attention, precision in packed:
-        assert refusal(make_run(f"attention={attention}", f"precision={precision}"), cuda) is None
+        assert refusal(make_run(*SMALL_MODEL, f"attention={attention}", f"precision={precision}"), cuda) is None
 
 
 def test_fused_modulate_vmaps_to_one_call_with_the_per_row_result():
@@ -258,6 +264,7 @@ def test_packed_launcher_writes_every_run_and_trial(tmp_path, capsys):
     sweep_dir = tmp_path / "sweep"
     multirun_in_process(
         sweep_dir,
+        *SMALL_MODEL,
         "hydra/launcher=packed",
         "hydra.launcher.pack=4",
         "precision=fp32,fp16_pure",
@@ -283,12 +290,12 @@ def test_packed_launcher_writes_every_run_and_trial(tmp_path, capsys):
 def test_pure_low_precision_updates_stall_and_nan_in_a_pack_as_alone(tmp_path):
     # The stacked AdamW must round like torch's: pure bf16 loses sub-resolution updates (stalled), pure
     # fp16 turns eps=1e-8 into 0 and divides 0 by 0 on its first update (nonfinite_loss at step 1).
-    bf16 = make_run("precision=bf16_pure", "steps=10", "monitor.stall_window=10", "threads=1")
+    bf16 = make_run(*SMALL_MODEL, "precision=bf16_pure", "steps=10", "monitor.stall_window=10", "threads=1")
     runs = [with_lr_and_seed(bf16, lr, i) for i, lr in enumerate([6e-6, 1e-3])]
     alone, packed, _ = alone_and_packed(tmp_path / "bf16", runs)
     assert [outcome(r) for r in packed] == [outcome(r) for r in alone]
     assert packed[0].verdict == "stalled" and packed[1].status == "stable"
-    fp16 = make_run("precision=fp16_pure", "steps=4", "threads=1")
+    fp16 = make_run(*SMALL_MODEL, "precision=fp16_pure", "steps=4", "threads=1")
     runs = [with_lr_and_seed(fp16, lr, 0) for lr in (1e-4, 1e-2)]
     alone, packed, _ = alone_and_packed(tmp_path / "fp16", runs)
     assert (

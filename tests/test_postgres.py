@@ -10,7 +10,7 @@ import pytest
 from optuna.trial import TrialState
 
 from .cluster_servers import LEDGER_FROM_ENV, postgres_url, sweep_cmd  # noqa: F401  (fixture)
-from .conftest import kill_mid_run, multirun_in_process, read_result, run_cli
+from .conftest import SMALL_MODEL, kill_mid_run, multirun_in_process, read_result, run_cli
 
 pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("servers")]  # one worker: apt and the server
 
@@ -91,7 +91,7 @@ def test_killed_worker_resumes_with_exactly_the_missing_runs(tmp_path, postgres_
     time.sleep(3.5)  # past stale_after_s: the killed worker's heartbeat is too old
     # The resume in this process (no interpreter start-up): only the killed worker had to be a process of its own.
     monkeypatch.setenv("SWEEP_LEDGER_URL", postgres_url)
-    multirun_in_process(sweep_dir, "hydra/sweeper=optuna_sweep", "steps=4", *args)
+    multirun_in_process(sweep_dir, *SMALL_MODEL, "hydra/sweeper=optuna_sweep", "steps=4", *args)
     ts = trials(postgres_url, sweep_dir)
     assert ts[running[0]].state is TrialState.FAIL and ts[running[0]].system_attrs["stale"]
     assert len(ts) == len(killed) + (4 - len(done_before))  # exactly the missing cells ran

@@ -16,7 +16,7 @@ import optuna
 import pytest
 from optuna.trial import TrialState
 
-from .conftest import multirun_in_process, read_result
+from .conftest import SMALL_MODEL, multirun_in_process, read_result
 
 SPACE = [
     "hydra/sweeper=optuna_sweep",
@@ -30,7 +30,7 @@ SPACE = [
 
 def search(sweep_dir, sampler: str, seed: int) -> list[optuna.trial.FrozenTrial]:
     multirun_in_process(
-        sweep_dir, *SPACE, f"hydra.sweeper.sampler.name={sampler}", f"hydra.sweeper.sampler.seed={seed}"
+        sweep_dir, *SMALL_MODEL, *SPACE, f"hydra.sweeper.sampler.name={sampler}", f"hydra.sweeper.sampler.seed={seed}"
     )
     trials = optuna.load_study(study_name=str(sweep_dir), storage=f"sqlite:///{sweep_dir / 'ledger.db'}").trials
     assert len(trials) == 4 and all(t.state is TrialState.COMPLETE for t in trials)  # stable or diverged, never lost

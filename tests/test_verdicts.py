@@ -12,11 +12,11 @@ from sweep.data.batches import BatchOrder
 from sweep.run.build import _ORDER_STREAM, resolve_device, stream_seed
 from sweep.run.execute import execute
 
-from .conftest import REPO, make_run, read_result
+from .conftest import REPO, SMALL_MODEL, make_run, read_result
 
 
 def run(tmp_path, *overrides: str):
-    result = execute(make_run(*overrides), tmp_path, params={})
+    result = execute(make_run(*SMALL_MODEL, *overrides), tmp_path, params={})
     on_disk = read_result(tmp_path)
     assert on_disk["status"] == result.status and on_disk["verdict"] == result.verdict
     return result

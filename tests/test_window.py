@@ -20,7 +20,7 @@ from sweep.run import train as train_module
 from sweep.run.build import _ORDER_STREAM, stream_seed
 from sweep.run.execute import execute
 
-from .conftest import make_run, read_result
+from .conftest import SMALL_MODEL, make_run, read_result
 
 ORDER = BatchOrder(32, 4, stream_seed(0, _ORDER_STREAM))
 FRESH_AT_3 = next(i for i in ORDER.indices(3) if i not in ORDER.indices(0) + ORDER.indices(1) + ORDER.indices(2))
@@ -80,7 +80,7 @@ def test_a_window_gives_every_verdict_and_row_of_one_sync_per_step(tmp_path, nam
     if name == "nonfinite_first_of_window":  # windows [0,1) then [1,3): step 1 opens a window
         overrides = [*overrides, "monitor.logit_every=1000"]
         sync_every = 3
-    run = make_run(*overrides)
+    run = make_run(*SMALL_MODEL, *overrides)
     alone, alone_rows = outcome(tmp_path, run, 1)
     assert alone.verdict == verdict and (bad_step is None or alone.first_bad_step == bad_step), alone
     host_steps, loops = [], []  # steps run alone, by any loop (forensics replays too) / the loops, as made
@@ -122,7 +122,9 @@ def test_a_window_gives_every_verdict_and_row_of_one_sync_per_step(tmp_path, nam
 def test_windows_stand_between_stall_checks_and_eval_steps_with_logit_steps_inside():
     from sweep.run.window import window_end
 
-    run = make_run("steps=50", "monitor.stall_window=20", "monitor.logit_every=10", "monitor.sync_every=8")
+    run = make_run(
+        *SMALL_MODEL, "steps=50", "monitor.stall_window=20", "monitor.logit_every=10", "monitor.sync_every=8"
+    )
     m, steps = run.monitor, run.steps
     assert [window_end(m, steps, s, None, 8) for s in (0, 8, 10, 18, 19, 20, 48)] == [8, 16, 18, 20, 20, 28, 50]
     assert window_end(m, steps, 0, None, 32) == 20  # the logit steps 0 and 10 inside, the stall check (19) last
@@ -156,7 +158,7 @@ def test_a_pack_in_windows_gives_every_run_what_one_sync_per_step_gives(tmp_path
         [f"data.faults=[{{index:{FRESH_AT_3},kind:nan}}]", "seed=0", "data.seed=0"],
         ["optim.lr=1e-9", "seed=3", "objective.loss_weight=1e-9", "monitor.stall_window=5"],
     ]
-    got, composed = {}, [make_run(*common, *extra) for extra in per_run]
+    got, composed = {}, [make_run(*SMALL_MODEL, *common, *extra) for extra in per_run]
     for sync in (1, 3):
         runs = [synced(run, sync if i % 2 else 5 * sync // 3) for i, run in enumerate(composed)]
         dirs = [tmp_path / f"sync{sync}" / str(i) for i in range(len(runs))]
@@ -185,7 +187,10 @@ def test_a_packs_window_sees_a_bad_batch_only_the_data_check_sees(tmp_path):
 
     common = ["precision=fp16_amp", "steps=12", "threads=1", "data.batch_size=2", "monitor.forensics=false"]
     got = {}
-    composed = [make_run(*common, "optim.lr=1e-4"), make_run(*common, "data.range_limit=0.89", "seed=4")]
+    composed = [
+        make_run(*SMALL_MODEL, *common, "optim.lr=1e-4"),
+        make_run(*SMALL_MODEL, *common, "data.range_limit=0.89", "seed=4"),
+    ]
     for sync in (1, 3):
         runs = [synced(run, sync) for run in composed]
         dirs = [tmp_path / f"sync{sync}" / str(i) for i in range(2)]
@@ -204,12 +209,12 @@ def test_checkpoints_turning_windows_off_is_said_in_the_log(tmp_path, caplog):
     import logging
 
     with caplog.at_level(logging.WARNING, logger="sweep"):
-        r = execute(make_run("steps=2", "checkpoint.every=1", "monitor.sync_every=4"), tmp_path, {})
+        r = execute(make_run(*SMALL_MODEL, "steps=2", "checkpoint.every=1", "monitor.sync_every=4"), tmp_path, {})
     assert r.status == "stable"
     said = [m for m in caplog.messages if "windows are off" in m]
     assert len(said) == 1 and "monitor.sync_every=4" in said[0] and "checkpoint.every=1" in said[0], caplog.messages
     assert read_result(tmp_path)["sync"]["every"] == 1
     caplog.clear()
     with caplog.at_level(logging.WARNING, logger="sweep"):
-        execute(make_run("steps=2", "monitor.sync_every=4"), tmp_path / "plain", {})
+        execute(make_run(*SMALL_MODEL, "steps=2", "monitor.sync_every=4"), tmp_path / "plain", {})
     assert not [m for m in caplog.messages if "windows are off" in m]
