@@ -20,7 +20,7 @@ from sweep.run.precision import PrecisionPolicy
 from sweep.run.results import METRIC_COLUMNS, MetricsLog
 from sweep.search.ledger import record_run, storage_url
 
-from .conftest import make_run, read_result
+from .conftest import SMALL_MODEL, make_run, read_result
 
 
 def built(run):
@@ -150,10 +150,12 @@ def test_a_loss_spike_that_began_before_its_tripping_step_takes_the_eval_from_be
 def test_packed_runs_get_the_eval_loss_they_get_alone(tmp_path):
     lrs = [1e-4, 1e-3, 3e-1]
     runs = [
-        make_run(f"optim.lr={lr}", f"seed={i}", "steps=6", "threads=1", "eval.every=2", "eval.samples=4")
+        make_run(*SMALL_MODEL, f"optim.lr={lr}", f"seed={i}", "steps=6", "threads=1", "eval.every=2", "eval.samples=4")
         for i, lr in enumerate(lrs)
     ]
-    runs.append(make_run("optim.lr=1e-4", "seed=7", "steps=6", "threads=1", "eval.every=2", "data.num_samples=24"))
+    runs.append(
+        make_run(*SMALL_MODEL, "optim.lr=1e-4", "seed=7", "steps=6", "threads=1", "eval.every=2", "data.num_samples=24")
+    )
     alone = [execute(r, tmp_path / f"alone{i}", {}) for i, r in enumerate(runs)]
     packed = execute_pack(runs, [tmp_path / f"packed{i}" for i in range(len(runs))], [{}] * len(runs), [""] * 4)
     assert all(p.packed == 4 for p in packed)

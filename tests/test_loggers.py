@@ -24,7 +24,7 @@ from sweep.run.execute import execute
 from sweep.run.results import METRIC_COLUMNS, METRICS_FILE, MetricsLog, RunResult
 from sweep.run.trackers import open_sinks
 
-from .conftest import compose_cfg, make_run, multirun_in_process, read_result
+from .conftest import SMALL_MODEL, compose_cfg, make_run, multirun_in_process, read_result
 from .mlflow_server import MlflowServer, stop_early, take_early
 
 pytestmark = pytest.mark.xdist_group("mlflow")  # with pytest -n: one worker, one server, the kill test last
@@ -173,7 +173,9 @@ def test_a_password_in_the_tracking_uri_never_reaches_the_result_or_the_log(tmp_
 def grid(uri, tmp_path_factory):
     """The 4-run grid logged to both trackers; returns its sweep directory."""
     sweep_dir = tmp_path_factory.mktemp("grid") / "sweep"
-    multirun_in_process(sweep_dir, "logger=[tensorboard,mlflow]", f"logger.mlflow.tracking_uri={uri}", *GRID)
+    multirun_in_process(
+        sweep_dir, *SMALL_MODEL, "logger=[tensorboard,mlflow]", f"logger.mlflow.tracking_uri={uri}", *GRID
+    )
     return sweep_dir
 
 
@@ -233,6 +235,7 @@ def test_packed_runs_log_as_runs_of_their_own(uri, tmp_path):
     sweep_dir = tmp_path / "sweep"
     multirun_in_process(
         sweep_dir,
+        *SMALL_MODEL,
         "hydra/launcher=packed",
         "hydra.launcher.pack=2",
         "logger=mlflow",
@@ -282,7 +285,7 @@ def test_the_server_killed_mid_sweep_loses_nothing_but_the_tracking(grid, server
     monkeypatch.setattr(sweep.run.execute, "execute_runs", execute_killing)
     sweep_dir = tmp_path / "sweep"
     overrides = ["logger=[tensorboard,mlflow]", f"logger.mlflow.tracking_uri={uri}", "logger.mlflow.retries=0"]
-    multirun_in_process(sweep_dir, *overrides, "logger.flush_every=2", *GRID)
+    multirun_in_process(sweep_dir, *SMALL_MODEL, *overrides, "logger.flush_every=2", *GRID)
     assert server.proc.poll() is not None and len(calls) == 4
     for n in range(4):
         mine, before = read_result(sweep_dir / str(n)), read_result(grid / str(n))
@@ -316,6 +319,7 @@ def test_a_tracking_uri_token_never_reaches_the_terminal_or_the_log_through_urll
         "-m",
         "sweep",
         *FAST,
+        *SMALL_MODEL,
         "threads=1",
         "steps=2",
         "ledger.enabled=false",

@@ -6,7 +6,7 @@ from __future__ import annotations
 import os
 import signal
 
-from .conftest import make_run, read_result
+from .conftest import SMALL_MODEL, make_run, read_result
 
 
 def test_a_signal_during_the_set_up_stops_the_run_before_step_0(tmp_path, monkeypatch):
@@ -46,7 +46,7 @@ def test_per_step_tables_a_window_at_a_time_train_bit_for_bit_as_whole_ones(tmp_
     from sweep.run.packing import execute_pack
 
     def both(tag: str):
-        common = ["steps=14", "monitor.sync_every=4", "optim.schedule=cosine", "optim.warmup_steps=5"]
+        common = [*SMALL_MODEL, "steps=14", "monitor.sync_every=4", "optim.schedule=cosine", "optim.warmup_steps=5"]
         lone = execute(make_run(*common, "optim.lr=3e-3"), tmp_path / tag / "lone", {})
         runs = [make_run(*common, f"optim.lr={lr}", "data.seed=3") for lr in (1e-3, 3e-2)]
         dirs = [tmp_path / tag / f"pack{k}" for k in range(2)]

@@ -22,7 +22,7 @@ from sweep.run.execute import execute
 from sweep.run.packing import execute_pack
 from sweep.run.trend import Context, Weights, _rolling_median, judge, needs_initial_eval, window
 
-from .conftest import make_run, multirun_in_process, read_result
+from .conftest import SMALL_MODEL, make_run, multirun_in_process, read_result
 
 # The thresholds each synthetic case is built around, spelled out so that moving a default does not move the cases.
 CFG = MonitorConfig(
@@ -208,7 +208,7 @@ def test_a_packed_run_gets_the_verdict_it_gets_alone(tmp_path):
     forced = ["monitor.trend_progress=0.01", "monitor.trend_weight_path=0.01"]  # any run that moved at all
     short = [*CHEAP, "steps=30", "optim.lr=1e-3"]
     overrides = [[*short, *forced], [*short, "seed=1"]]
-    runs = [make_run(*o) for o in overrides]
+    runs = [make_run(*SMALL_MODEL, *o) for o in overrides]
     alone = [execute(r, tmp_path / f"alone{i}", {}) for i, r in enumerate(runs)]
     packed = execute_pack(runs, [tmp_path / f"packed{i}" for i in range(2)], [{}] * 2, [""] * 2)
     assert [p.packed for p in packed] == [2, 2]
