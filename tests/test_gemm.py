@@ -31,7 +31,7 @@ from sweep.run.gemm import (
 )
 from sweep.run.precision import PrecisionPolicy
 
-from .conftest import make_run
+from .conftest import make_run, run_cli
 
 DTYPES = [torch.bfloat16, torch.float16]
 
@@ -168,12 +168,23 @@ def test_resolve_emulates_only_low_precision_cpu_gemms(monkeypatch):
         assert resolve("emulated", cuda, dtype) == "native"  # a GPU has tensor cores
         assert resolve("auto", cpu, dtype) == ("native" if has_native_gemm(dtype) else "emulated")
     assert resolve("emulated", cpu, torch.float32) == "native"
+    monkeypatch.setattr("sweep.run.gemm.onednn_takes", lambda dtype: True)
     monkeypatch.setattr("sweep.run.gemm.cpu_flags", lambda: frozenset({"avx2", "avx512_bf16"}))
     assert (resolve("auto", cpu, torch.bfloat16), resolve("auto", cpu, torch.float16)) == ("native", "emulated")
     monkeypatch.setattr("sweep.run.gemm.cpu_flags", lambda: frozenset({"avx2", "amx_bf16", "avx512_fp16"}))
     assert (resolve("auto", cpu, torch.bfloat16), resolve("auto", cpu, torch.float16)) == ("native", "native")
+    monkeypatch.setattr("sweep.run.gemm.onednn_takes", lambda dtype: dtype is torch.float16)  # oneDNN capped
+    assert (resolve("auto", cpu, torch.bfloat16), resolve("auto", cpu, torch.float16)) == ("emulated", "native")
     monkeypatch.setattr("sweep.run.gemm.cpu_flags", lambda: frozenset({"avx2", "fma"}))
     assert (resolve("auto", cpu, torch.bfloat16), resolve("auto", cpu, torch.float16)) == ("emulated", "emulated")
+
+
+def test_onednn_capped_below_the_cpus_bf16_instructions_emulates():
+    """ONEDNN_MAX_CPU_ISA=AVX2 (read once, at torch's import: a process of its own) sends bf16 GEMMs to torch's
+    reference loops on any CPU, ~60x slower than oneDNN's (a 256x256 matmul, AVX512-BF16 EPYC): auto emulates."""
+    probe = "import torch; from sweep.run.gemm import has_native_gemm as h; print(h(torch.bfloat16), h(torch.float16))"
+    proc = run_cli("-c", probe, env={"ONEDNN_MAX_CPU_ISA": "AVX2"})
+    assert proc.returncode == 0 and proc.stdout.split() == ["False", "False"], proc.stderr[-2000:]
 
 
 def test_the_op_list_covers_a_training_step():

@@ -73,17 +73,29 @@ def cpu_flags() -> frozenset[str]:
     return frozenset()
 
 
+@functools.cache
+def onednn_takes(dtype: torch.dtype) -> bool:
+    """Whether torch sends `dtype` GEMMs to oneDNN in this process. Where it does not (ONEDNN_MAX_CPU_ISA set below
+    the CPU's bf16/fp16 instructions, or a torch built without oneDNN), they run in torch's reference loops, which
+    crawl whatever the CPU has. True where torch cannot be asked: the CPU's flags then decide alone."""
+    query = {torch.bfloat16: "_is_mkldnn_bf16_supported", torch.float16: "_is_mkldnn_fp16_supported"}[dtype]
+    try:
+        return bool(getattr(torch.ops.mkldnn, query)())
+    except (AttributeError, RuntimeError):
+        return True
+
+
 def has_native_gemm(dtype: torch.dtype) -> bool:
-    """Whether this CPU has matrix instructions for `dtype` (fp32 always has)."""
+    """Whether this CPU has matrix instructions for `dtype` and torch uses them (fp32 always has)."""
     if dtype not in LOW_PRECISION:
         return True
     flags = cpu_flags()
     if flags:
-        return any(f in flags for f in _NATIVE_FLAGS[dtype])
+        return any(f in flags for f in _NATIVE_FLAGS[dtype]) and onednn_takes(dtype)
     # No /proc/cpuinfo: ask torch's cpuinfo (no AVX512-FP16 query there, so fp16 counts as AMX-FP16 only).
     if dtype is torch.bfloat16:
-        return torch.cpu._is_avx512_bf16_supported() or torch.cpu._is_amx_tile_supported()
-    return torch.cpu._is_amx_fp16_supported()
+        return (torch.cpu._is_avx512_bf16_supported() or torch.cpu._is_amx_tile_supported()) and onednn_takes(dtype)
+    return torch.cpu._is_amx_fp16_supported() and onednn_takes(dtype)
 
 
 def resolve(choice: str, device: torch.device, dtype: torch.dtype) -> str:
