@@ -24,7 +24,7 @@ from .conftest import SMALL_MODEL, make_run, multirun_in_process, read_results
 LRS = [1e-4, 3e-4, 1e-3, 3e-3, 1e-2, 3e-2, 1e-1, 3e-1]
 # Loss curves of a packed run and the same run alone: the batched matmuls round differently. Well inside
 # the stable region (lr <= 3e-3 here) that stays within these relative tolerances over 8 steps; near
-# the divergence boundary it grows chaotically (measured: bf16 at lr 1e-2, 20% by step 11), so there
+# the divergence boundary it grows chaotically (measured on tiny: bf16 at lr 1e-2, 20% by step 11), so there
 # only the verdict and the first bad step are compared (docs/packing.md).
 RTOL = {"fp32": 1e-4, "bf16_amp": 1e-2, "fp16_amp": 1e-2}
 STABLE_REGION = 3e-3
