@@ -7,9 +7,10 @@ import os
 import optuna
 import pytest
 
-from .conftest import FAST, multirun_in_process, read_result, run_cli
+from .conftest import FAST, SMALL_MODEL, multirun_in_process, read_result, run_cli
 
-GRID = ["precision=fp32,fp16_amp", "optim.lr=1e-4,3e-2", "steps=8", *FAST]
+GRID = ["precision=fp32,fp16_amp", "optim.lr=1e-4,1e-1", "steps=8", *FAST, *SMALL_MODEL]
+"""Two cells stable and two diverged (lr 1e-1 spikes by step 4 at the small model: fp32 and fp16_amp alike)."""
 
 
 def sweep(tmp_path, name, *args, in_process=False):
