@@ -26,7 +26,7 @@ from sweep.report.runs import runs_from_dirs
 from sweep.report.summary import summarize
 from sweep.run.results import TRIAL_FILE
 
-from .conftest import FAST, make_run, multirun_in_process, run_cli
+from .conftest import FAST, SMALL_MODEL, make_run, multirun_in_process, run_cli
 from .test_report_tables import make_grid
 
 pytestmark = pytest.mark.xdist_group("confirm")  # one worker runs the module's sweep once
@@ -75,14 +75,14 @@ def test_a_continued_run_is_the_run_from_step_zero(tmp_path):
     from sweep.run.execute import execute
 
     for precision in ("fp16_amp",):  # 3 steps, then to 12: across the data order's epoch (8 batches of 4)
-        short = make_run("steps=3", "threads=1", f"precision={precision}", "optim.lr=3e-3", "device=cpu")
-        long = make_run("steps=12", "threads=1", f"precision={precision}", "optim.lr=3e-3", "device=cpu")
+        short = make_run(*SMALL_MODEL, "steps=3", "threads=1", f"precision={precision}", "optim.lr=3e-3", "device=cpu")
+        long = make_run(*SMALL_MODEL, "steps=12", "threads=1", f"precision={precision}", "optim.lr=3e-3", "device=cpu")
         execute(short, tmp_path / precision / "grid", {}, hooks=[KeepFinalState(tmp_path / precision / "grid", 3)])
         kept = take(tmp_path / precision / "grid")
         assert kept is not None and kept.steps == 3
         state = write(tmp_path / precision / "state", kept.state)
         resumed = make_run(
-            "steps=12", "threads=1", f"precision={precision}", "optim.lr=3e-3", "device=cpu",
+            *SMALL_MODEL, "steps=12", "threads=1", f"precision={precision}", "optim.lr=3e-3", "device=cpu",
             f"checkpoint.resume_from={state}",
         )  # fmt: skip
         a = execute(
@@ -203,7 +203,9 @@ def test_on_a_gpu_the_seeds_pack_from_step_zero(tmp_path):
     0, each with its own trial.json, and by hand (`confirm_sweep`, no kept states) nothing is continued."""
     from sweep.confirm.multirun import confirm_sweep
 
-    multirun_in_process(tmp_path, "steps=3", "replicates=2", "optim.lr=1e-3", "ledger.enabled=false", "device=cpu")
+    multirun_in_process(
+        tmp_path, *SMALL_MODEL, "steps=3", "replicates=2", "optim.lr=1e-3", "ledger.enabled=false", "device=cpu"
+    )
     r = confirm_sweep(tmp_path, steps=6, budget=0, progress=lambda _: None, packed=True)
     (setting,) = r["settings"]
     assert setting["held"] is True and [x["how"] for x in setting["seeds"]] == ["packed from step 0"] * 2
