@@ -10,13 +10,10 @@
 # by CPU vendor). Inductor's cache goes to a directory of the kernel set's own: with ATEN_CPU_CAPABILITY=avx2 and
 # the cache of this CPU's own compiles, test_compile's compiled runs gave wrong values (torch 2.13.0+cpu).
 set -euo pipefail
-case "${1:-}" in
-  avx2) export ATEN_CPU_CAPABILITY=avx2 ;;
-  default) export ATEN_CPU_CAPABILITY=default ;;
-  *) echo "usage: bash scripts/kernels.sh avx2|default COMMAND [ARGS...]" >&2; exit 2 ;;
-esac
+case "${1:-}" in avx2 | default) ;; *) set -- ;; esac
+if [ $# -lt 2 ]; then echo "usage: bash scripts/kernels.sh avx2|default COMMAND [ARGS...]" >&2; exit 2; fi
+export ATEN_CPU_CAPABILITY=$1
 shift
-[ $# -gt 0 ] || { echo "usage: bash scripts/kernels.sh avx2|default COMMAND [ARGS...]" >&2; exit 2; }
 export ONEDNN_MAX_CPU_ISA=AVX2 MKL_ENABLE_INSTRUCTIONS=AVX2
 export TORCHINDUCTOR_CACHE_DIR="${TMPDIR:-/tmp}/torchinductor_${USER:-$(id -u)}_kernels_${ATEN_CPU_CAPABILITY}"
 exec "$@"

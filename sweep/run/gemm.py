@@ -87,15 +87,17 @@ def onednn_takes(dtype: torch.dtype) -> bool:
 
 def has_native_gemm(dtype: torch.dtype) -> bool:
     """Whether this CPU has matrix instructions for `dtype` and torch uses them (fp32 always has)."""
-    if dtype not in LOW_PRECISION:
-        return True
+    return dtype not in LOW_PRECISION or (_has_instructions(dtype) and onednn_takes(dtype))
+
+
+def _has_instructions(dtype: torch.dtype) -> bool:
     flags = cpu_flags()
     if flags:
-        return any(f in flags for f in _NATIVE_FLAGS[dtype]) and onednn_takes(dtype)
+        return any(f in flags for f in _NATIVE_FLAGS[dtype])
     # No /proc/cpuinfo: ask torch's cpuinfo (no AVX512-FP16 query there, so fp16 counts as AMX-FP16 only).
     if dtype is torch.bfloat16:
-        return (torch.cpu._is_avx512_bf16_supported() or torch.cpu._is_amx_tile_supported()) and onednn_takes(dtype)
-    return torch.cpu._is_amx_fp16_supported() and onednn_takes(dtype)
+        return torch.cpu._is_avx512_bf16_supported() or torch.cpu._is_amx_tile_supported()
+    return torch.cpu._is_amx_fp16_supported()
 
 
 def resolve(choice: str, device: torch.device, dtype: torch.dtype) -> str:
