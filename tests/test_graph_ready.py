@@ -127,7 +127,7 @@ def test_a_pack_step_reads_nothing_back_to_the_host(tmp_path):
 
 def test_the_scaler_updates_its_state_in_place():
     """A graph replay reads the tensors it captured: update and restore must write into them, not replace them."""
-    scaler = DeviceLossScaler([make_run(*SMALL_MODEL, "precision=fp16_amp").precision.scaler] * 2)
+    scaler = DeviceLossScaler([make_run("precision=fp16_amp").precision.scaler] * 2)
     tensors = {k: getattr(scaler, k) for k in DeviceLossScaler._STATE}
     before = scaler.state()
     scaler.update(torch.tensor([True, False]))
@@ -200,8 +200,8 @@ def test_graph_is_checked_at_composition_and_true_needs_cuda(tmp_path):
     from sweep.run.execute import execute
 
     with pytest.raises(ConfigError, match="graph: must be one of auto, true, false"):
-        make_run(*SMALL_MODEL, "graph=yes")
-    assert make_run(*SMALL_MODEL, "graph=true").graph == "true"  # the override arrives as a bool
+        make_run("graph=yes")
+    assert make_run("graph=true").graph == "true"  # the override arrives as a bool
     r = execute(make_run(*SMALL_MODEL, "device=cpu", "graph=true", "steps=2"), tmp_path / "run", params={})
     assert r.status == "skipped" and "graph=true" in r.reason and "not a CUDA device" in r.reason
 

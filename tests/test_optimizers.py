@@ -158,12 +158,12 @@ def test_health_finds_a_zeroed_second_moment_and_a_nonfinite_block():
 )
 def test_bad_optimizer_settings_are_one_line(overrides, key):
     with pytest.raises(Exception, match=key.replace("[", r"\[")):
-        make_run(*SMALL_MODEL, *overrides)
+        make_run(*overrides)
 
 
 def test_a_library_optimizer_is_never_packed():
-    assert "runs eagerly" in refusal(make_run(*SMALL_MODEL, "optim=came"))
-    assert refusal(make_run(*SMALL_MODEL, "optim=adamw")) is None
+    assert "runs eagerly" in refusal(make_run("optim=came"))
+    assert refusal(make_run("optim=adamw")) is None
 
 
 def test_a_missing_library_is_refused_at_composition_naming_the_extra(monkeypatch):
@@ -173,8 +173,8 @@ def test_a_missing_library_is_refused_at_composition_naming_the_extra(monkeypatc
     real = importlib.util.find_spec
     monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "prodigyopt" else real(name, *a))
     with pytest.raises(ConfigError, match=r"optim.name: optim=prodigy needs prodigyopt, which is not installed: pip"):
-        make_run(*SMALL_MODEL, "optim=prodigy")
-    make_run(*SMALL_MODEL, "optim=came")  # the others' packages are there
+        make_run("optim=prodigy")
+    make_run("optim=came")  # the others' packages are there
 
 
 def test_a_missing_library_is_one_line_naming_the_extra(monkeypatch):
@@ -278,12 +278,10 @@ def test_an_8bit_checkpoint_resumes_into_our_adamw_with_its_moments_dequantised(
 def test_the_diagnosis_has_an_adamw_row_where_it_compares_like_with_like():
     from sweep.diagnose.counterfactual import adamw_row
 
-    assert adamw_row(make_run(*SMALL_MODEL, "optim=adamw_8bit")).overrides == [
-        "optim.name=adamw"
-    ]  # its moments dequantised
-    assert "checkpoint.resume_optimizer=false" in adamw_row(make_run(*SMALL_MODEL, "optim=came")).overrides
-    assert "multiplies" in adamw_row(make_run(*SMALL_MODEL, "optim=prodigy")).not_applicable
-    assert adamw_row(make_run(*SMALL_MODEL)).not_applicable == "the run already uses our AdamW"
+    assert adamw_row(make_run("optim=adamw_8bit")).overrides == ["optim.name=adamw"]  # its moments dequantised
+    assert "checkpoint.resume_optimizer=false" in adamw_row(make_run("optim=came")).overrides
+    assert "multiplies" in adamw_row(make_run("optim=prodigy")).not_applicable
+    assert adamw_row(make_run()).not_applicable == "the run already uses our AdamW"
 
 
 def test_a_bad_optimizer_state_is_the_mechanism_with_its_known_fix():
@@ -294,7 +292,7 @@ def test_a_bad_optimizer_state_is_the_mechanism_with_its_known_fix():
     from sweep.diagnose.mechanism import decide
     from sweep.diagnose.signals import RunRecord
 
-    run = make_run(*SMALL_MODEL, "optim=adamw_8bit")
+    run = make_run("optim=adamw_8bit")
     health = {"nonfinite": ["3.absmax2"], "nonfinite_count": 1, "v_zero_m_nonzero": 0.0}
     result = {
         "status": "diverged",

@@ -61,7 +61,7 @@ def outcome(r):
 @pytest.mark.parametrize("precision", ["fp32", "bf16_amp", "fp16_amp"])
 def test_packed_runs_get_the_verdicts_of_the_runs_alone(tmp_path, precision):
     # The attention kernel that packs on this device: on CUDA bf16 math does not (cuda_vmap_failure), flash does.
-    attention = "flash" if refusal(make_run(*SMALL_MODEL, f"precision={precision}", "attention=math")) else "math"
+    attention = "flash" if refusal(make_run(f"precision={precision}", "attention=math")) else "math"
     run = make_run(
         *SMALL_MODEL, f"precision={precision}", f"attention={attention}", "steps=8", "threads=1", "data.batch_size=2",
         "monitor.forensics=false",
@@ -209,16 +209,12 @@ def test_packed_math_attention_runs_its_softmax_in_the_dtype_it_has_alone(precis
 
 
 def test_plan_packs_runs_of_one_computation_and_leaves_the_rest_alone():
-    fp32 = [
-        make_run(*SMALL_MODEL, f"optim.lr={lr}", f"seed={s}", "optim.grad_clip=1.0")
-        for lr in (1e-4, 1e-3)
-        for s in (0, 1)
-    ]
+    fp32 = [make_run(f"optim.lr={lr}", f"seed={s}", "optim.grad_clip=1.0") for lr in (1e-4, 1e-3) for s in (0, 1)]
     other = [
-        make_run(*SMALL_MODEL, "precision=bf16_amp"),
-        make_run(*SMALL_MODEL, "attention=flash"),
-        make_run(*SMALL_MODEL, "checkpoint.every=5"),
-        make_run(*SMALL_MODEL, "compile=true"),
+        make_run("precision=bf16_amp"),
+        make_run("attention=flash"),
+        make_run("checkpoint.every=5"),
+        make_run("compile=true"),
     ]
     assert len({pack_key(r) for r in fp32}) == 1  # lr, seed, clipping are per run
     assert len({pack_key(r) for r in fp32 + other[:2]}) == 3  # precision and kernels are not
@@ -234,10 +230,10 @@ def test_kernels_whose_vmap_fails_on_cuda_train_alone_there_and_only_there():
     refused = [("efficient", "fp16_amp"), ("efficient", "fp32"), ("math", "bf16_amp"), ("math", "bf16_pure")]
     packed = [("math", "fp16_amp"), ("math", "fp32"), ("math", "tf32"), ("flash", "bf16_amp"), ("eager", "bf16_amp")]
     for attention, precision in refused:
-        run = make_run(*SMALL_MODEL, f"attention={attention}", f"precision={precision}")
+        run = make_run(f"attention={attention}", f"precision={precision}")
         assert f"attention={attention}" in refusal(run, cuda) and refusal(run, cpu) is None
     for attention, precision in packed:
-        assert refusal(make_run(*SMALL_MODEL, f"attention={attention}", f"precision={precision}"), cuda) is None
+        assert refusal(make_run(f"attention={attention}", f"precision={precision}"), cuda) is None
 
 
 def test_fused_modulate_vmaps_to_one_call_with_the_per_row_result():

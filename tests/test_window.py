@@ -122,9 +122,7 @@ def test_a_window_gives_every_verdict_and_row_of_one_sync_per_step(tmp_path, nam
 def test_windows_stand_between_stall_checks_and_eval_steps_with_logit_steps_inside():
     from sweep.run.window import window_end
 
-    run = make_run(
-        *SMALL_MODEL, "steps=50", "monitor.stall_window=20", "monitor.logit_every=10", "monitor.sync_every=8"
-    )
+    run = make_run("steps=50", "monitor.stall_window=20", "monitor.logit_every=10", "monitor.sync_every=8")
     m, steps = run.monitor, run.steps
     assert [window_end(m, steps, s, None, 8) for s in (0, 8, 10, 18, 19, 20, 48)] == [8, 16, 18, 20, 20, 28, 50]
     assert window_end(m, steps, 0, None, 32) == 20  # the logit steps 0 and 10 inside, the stall check (19) last
