@@ -13,7 +13,7 @@ from models import build_model
 from sweep.run import checkpoint
 from sweep.run.execute import execute
 
-from .conftest import make_run
+from .conftest import SMALL_MODEL, make_run
 
 
 def losses(run_dir):
@@ -25,7 +25,9 @@ def losses(run_dir):
 def trained(tmp_path_factory):
     """A 12-step fp16_amp run (loss scaler live) that checkpoints every 6 steps."""
     out = tmp_path_factory.mktemp("full")
-    r = execute(make_run("precision=fp16_amp", "steps=12", "checkpoint.every=6", "optim.lr=1e-3"), out, params={})
+    r = execute(
+        make_run(*SMALL_MODEL, "precision=fp16_amp", "steps=12", "checkpoint.every=6", "optim.lr=1e-3"), out, params={}
+    )
     assert r.status == "stable"
     return out
 
@@ -34,7 +36,7 @@ def test_resume_gives_the_same_losses_bit_for_bit(trained, tmp_path):
     ckpt = trained / "checkpoints" / "step_000006"
     assert json.loads((ckpt / "manifest.json").read_text())["step"] == 6
     r = execute(
-        make_run("precision=fp16_amp", "steps=12", "optim.lr=1e-3", f"checkpoint.resume_from={ckpt}"),
+        make_run(*SMALL_MODEL, "precision=fp16_amp", "steps=12", "optim.lr=1e-3", f"checkpoint.resume_from={ckpt}"),
         tmp_path,
         params={},
     )
@@ -50,6 +52,7 @@ def test_resume_without_the_optimizer_state_starts_adamw_afresh(trained, tmp_pat
 
     ckpt = trained / "checkpoints" / "step_000006"
     run = make_run(
+        *SMALL_MODEL,
         "precision=fp16_amp",
         "steps=12",
         "optim.lr=1e-3",
@@ -67,7 +70,7 @@ def test_resume_without_the_optimizer_state_starts_adamw_afresh(trained, tmp_pat
 
 
 def test_keep_prunes_old_checkpoints(tmp_path):
-    execute(make_run("steps=6", "checkpoint.every=2", "checkpoint.keep=1"), tmp_path, params={})
+    execute(make_run(*SMALL_MODEL, "steps=6", "checkpoint.every=2", "checkpoint.keep=1"), tmp_path, params={})
     assert [p.name for p in (tmp_path / "checkpoints").iterdir()] == ["step_000006"]
 
 
@@ -76,6 +79,7 @@ def test_a_corrupted_checkpoint_is_refused_before_any_step(trained, tmp_path, ki
     ckpt = trained / "checkpoints" / "step_000006"
     r = execute(
         make_run(
+            *SMALL_MODEL,
             "precision=fp16_amp",
             "steps=12",
             f"checkpoint.resume_from={ckpt}",
@@ -96,6 +100,7 @@ def test_unverified_nan_checkpoint_collapses_the_loss_scale_and_is_traced_to_the
     ckpt = trained / "checkpoints" / "step_000006"
     r = execute(
         make_run(
+            *SMALL_MODEL,
             "precision=fp16_amp",
             "steps=60",
             f"checkpoint.resume_from={ckpt}",
@@ -119,6 +124,7 @@ def test_an_unverified_bitflip_is_traced_to_the_file_by_its_size(trained, tmp_pa
     ckpt = trained / "checkpoints" / "step_000006"
     r = execute(
         make_run(
+            *SMALL_MODEL,
             f"precision={precision}",
             "steps=30",
             f"checkpoint.resume_from={ckpt}",
@@ -207,7 +213,9 @@ def test_a_manifest_entry_without_size_or_sum_is_a_corrupt_checkpoint(trained, t
     del manifest["files"]["model.safetensors"][drop]
     (ckpt / "manifest.json").write_text(json.dumps(manifest))
     r = execute(
-        make_run("precision=fp16_amp", "steps=8", f"checkpoint.resume_from={ckpt}"), tmp_path / "run", params={}
+        make_run(*SMALL_MODEL, "precision=fp16_amp", "steps=8", f"checkpoint.resume_from={ckpt}"),
+        tmp_path / "run",
+        params={},
     )
     assert (r.verdict, r.cause["where"]) == ("corrupt_checkpoint", "checkpoint"), r.reason
     assert r.cause["detail"] == f"model.safetensors: its manifest.json entry has no '{drop}'" + (
@@ -216,10 +224,11 @@ def test_a_manifest_entry_without_size_or_sum_is_a_corrupt_checkpoint(trained, t
 
 
 def _parts():
+    """The parts `trained`'s checkpoints resume into."""
     from sweep.run.build import build_parts, resolve_device
     from sweep.run.precision import PrecisionPolicy
 
-    run = make_run("precision=fp16_amp")
+    run = make_run(*SMALL_MODEL, "precision=fp16_amp")  # the model `trained` checkpointed
     return build_parts(run, resolve_device("cpu"), PrecisionPolicy.from_config(run.precision))
 
 
@@ -238,11 +247,13 @@ def test_an_unscaled_checkpoint_does_not_set_the_loss_scale_of_a_scaled_run(tmp_
     from sweep.run.precision import PrecisionPolicy
 
     r = execute(
-        make_run("precision=fp32", "steps=1", "checkpoint.every=1", "eval.enabled=false"), tmp_path / "fp32", params={}
+        make_run(*SMALL_MODEL, "precision=fp32", "steps=1", "checkpoint.every=1", "eval.enabled=false"),
+        tmp_path / "fp32",
+        params={},
     )
     assert r.status == "stable"
     ckpt = tmp_path / "fp32" / "checkpoints" / "step_000001"
-    run = make_run("precision=fp16_amp", "steps=4", f"checkpoint.resume_from={ckpt}")
+    run = make_run(*SMALL_MODEL, "precision=fp16_amp", "steps=4", f"checkpoint.resume_from={ckpt}")
     with caplog.at_level("WARNING", logger="sweep"):
         parts = build_parts(run, resolve_device(run.device), PrecisionPolicy.from_config(run.precision))
     assert parts.start_step == 1
@@ -285,7 +296,9 @@ def test_a_cuda_checkpoint_resumed_on_the_cpu_is_refused_in_one_line(trained, tm
     a line naming both devices and what to do, before any step; an older checkpoint's device is told by the
     size of its noise state."""
     ckpt = _as_if_saved_on_cuda(trained / "checkpoints" / "step_000006", tmp_path / "ckpt", marker)
-    run = make_run("device=cpu", "precision=fp16_amp", "steps=12", "optim.lr=1e-3", f"checkpoint.resume_from={ckpt}")
+    run = make_run(
+        *SMALL_MODEL, "device=cpu", "precision=fp16_amp", "steps=12", "optim.lr=1e-3", f"checkpoint.resume_from={ckpt}"
+    )
     r = execute(run, tmp_path / "run", params={})
     assert (r.status, r.steps_run) == ("error", 0), r.reason
     assert r.reason == (
@@ -315,13 +328,20 @@ def test_a_checkpoint_names_the_device_type_that_wrote_it(trained):
 def test_a_cuda_checkpoint_resumes_bit_for_bit_on_cuda_and_is_refused_on_the_cpu(tmp_path):
     common = ["precision=fp16_amp", "steps=8", "optim.lr=1e-3"]
     full = tmp_path / "full"
-    assert execute(make_run("device=cuda", *common, "checkpoint.every=4"), full, params={}).status == "stable"
+    assert (
+        execute(make_run(*SMALL_MODEL, "device=cuda", *common, "checkpoint.every=4"), full, params={}).status
+        == "stable"
+    )
     ckpt = full / "checkpoints" / "step_000004"
     assert json.loads((ckpt / checkpoint.TRAINER_JSON).read_text())["device"] == "cuda"
-    r = execute(make_run("device=cuda", *common, f"checkpoint.resume_from={ckpt}"), tmp_path / "cuda", params={})
+    r = execute(
+        make_run(*SMALL_MODEL, "device=cuda", *common, f"checkpoint.resume_from={ckpt}"), tmp_path / "cuda", params={}
+    )
     assert (r.status, r.start_step) == ("stable", 4), r.reason
     assert losses(tmp_path / "cuda") == {s: v for s, v in losses(full).items() if s >= 4}
-    r = execute(make_run("device=cpu", *common, f"checkpoint.resume_from={ckpt}"), tmp_path / "cpu", params={})
+    r = execute(
+        make_run(*SMALL_MODEL, "device=cpu", *common, f"checkpoint.resume_from={ckpt}"), tmp_path / "cpu", params={}
+    )
     assert r.status == "error" and f"{ckpt} was saved by a run on cuda and this run is on cpu" in r.reason
 
 
@@ -333,7 +353,7 @@ def test_resume_from_a_run_dir_or_its_checkpoints_folder_is_a_config_error_namin
 
     path = trained if where == "run" else trained / "checkpoints"
     with pytest.raises(ConfigError) as err:
-        check_inputs(make_run("precision=fp16_amp", f"checkpoint.resume_from={path}"))
+        check_inputs(make_run(*SMALL_MODEL, "precision=fp16_amp", f"checkpoint.resume_from={path}"))
     line = str(err.value)
     assert line.startswith("checkpoint.resume_from: ") and "not a checkpoint" in line, line
     assert "checkpoints/step_000006" in line and "checkpoints/step_000012" in line and "\n" not in line, line
@@ -349,7 +369,7 @@ def test_resume_from_a_step_dir_is_left_to_the_verifier(trained, tmp_path):
     copied = tmp_path / "mine"
     copied.mkdir()
     (copied / "model.safetensors").write_bytes(b"")
-    check_inputs(make_run(f"checkpoint.resume_from={copied}"))
+    check_inputs(make_run(*SMALL_MODEL, f"checkpoint.resume_from={copied}"))
 
 
 def test_init_from_a_run_dir_is_a_config_error_too(trained):

@@ -18,7 +18,7 @@ from sweep.diagnose.mechanism import MECHANISMS, decide, second_moment_lag
 from sweep.diagnose.record import RunRecord
 from sweep.report.__main__ import main as report_main
 
-from .conftest import make_run, multirun_in_process, read_result
+from .conftest import SMALL_MODEL, make_run, multirun_in_process, read_result
 
 TINY = ["ledger.enabled=false", "steps=12"]
 
@@ -63,10 +63,11 @@ def test_a_bad_sample_is_named_left_out_and_the_fix_confirmed(tmp_path):
 
 def test_a_packed_run_is_diagnosed_as_its_own_mechanism_not_as_nondeterministic(tmp_path):
     """A pack's vmapped batch sums in another order, so a packed run's lone replay is never bit for bit its own
-    (1.016011357 vs 1.016011477 at step 0 here): the replay is held to packing's tolerance instead, and the
-    NaN sample is named, not 'nondeterministic' (as it was), and its fix confirmed."""
+    (tiny's loss at step 0: 1.016011357 packed, 1.016011477 alone): the replay is held to packing's tolerance
+    instead, and the NaN sample is named, not 'nondeterministic' (as it was), and its fix confirmed."""
     runs = sweep(
         tmp_path,
+        *SMALL_MODEL,
         "hydra/launcher=packed",
         "hydra.launcher.pack=2",
         "optim.lr=1e-3,2e-3",

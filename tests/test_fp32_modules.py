@@ -20,7 +20,7 @@ from sweep.run.fp32_modules import matching, unmatched
 from sweep.run.packing import execute_pack, pack_key, refusal
 from sweep.run.precision import PrecisionPolicy
 
-from .conftest import make_run, multirun_in_process, read_results, sweep_forked
+from .conftest import SMALL_MODEL, make_run, multirun_in_process, read_results, sweep_forked
 
 CPU = torch.device("cpu")
 ATTN = "precision.fp32_modules=[blocks.*.attn]"
@@ -102,8 +102,8 @@ def test_under_bf16_pure_the_matched_weights_and_adamw_state_stay_fp32_and_a_ste
 
 
 def test_under_fp32_it_changes_nothing_byte_for_byte(tmp_path):
-    plain = execute(make_run("device=cpu", "threads=1", "steps=3"), tmp_path / "plain", params={})
-    kept = execute(make_run("device=cpu", "threads=1", "steps=3", ATTN), tmp_path / "kept", params={})
+    plain = execute(make_run(*SMALL_MODEL, "device=cpu", "threads=1", "steps=3"), tmp_path / "plain", params={})
+    kept = execute(make_run(*SMALL_MODEL, "device=cpu", "threads=1", "steps=3", ATTN), tmp_path / "kept", params={})
     assert plain.status == kept.status == "stable"
     assert (tmp_path / "plain" / "metrics.csv").read_bytes() == (tmp_path / "kept" / "metrics.csv").read_bytes()
 
@@ -115,7 +115,13 @@ def test_a_run_with_fp32_modules_ends_stable_the_same_in_windows(tmp_path, preci
     for sync_every in (1, 4):
         out = tmp_path / f"sync{sync_every}"
         run = make_run(
-            "device=cpu", "threads=1", "steps=8", f"precision={precision}", ATTN, f"monitor.sync_every={sync_every}"
+            *SMALL_MODEL,
+            "device=cpu",
+            "threads=1",
+            "steps=8",
+            f"precision={precision}",
+            ATTN,
+            f"monitor.sync_every={sync_every}",
         )
         r = execute(run, out, params={})
         assert r.status == "stable", (r.verdict, r.cause)
@@ -173,7 +179,7 @@ def test_it_sweeps_as_a_list_valued_axis_and_is_recorded_in_params(tmp_path):
     override = "precision.fp32_modules=[],[blocks.*.attn]"
     values = list(OverridesParser.create().parse_overrides([override])[0].sweep_iterator())
     assert values == [[], ["blocks.*.attn"]]
-    multirun_in_process(tmp_path, "steps=2", "device=cpu", "precision=bf16_amp", override)
+    multirun_in_process(tmp_path, *SMALL_MODEL, "steps=2", "device=cpu", "precision=bf16_amp", override)
     params = [r["params"] for r in read_results(tmp_path)]
     assert sorted(p["precision.fp32_modules"] for p in params) == [[], ["blocks.*.attn"]]
 
@@ -188,7 +194,7 @@ def test_runs_pack_only_with_runs_of_the_same_list():
 @pytest.mark.parametrize("precision", ["bf16_amp", "bf16_pure"])
 def test_a_pack_with_fp32_modules_trains_as_its_runs_alone(tmp_path, precision):
     runs = [
-        make_run("device=cpu", "threads=1", "steps=6", f"precision={precision}", ATTN, f"optim.lr={lr}")
+        make_run(*SMALL_MODEL, "device=cpu", "threads=1", "steps=6", f"precision={precision}", ATTN, f"optim.lr={lr}")
         for lr in (1e-4, 1e-3)
     ]
     alone = [execute(r, tmp_path / f"alone{i}", {}) for i, r in enumerate(runs)]

@@ -25,7 +25,7 @@ from sweep.run.model import build_run_model
 from sweep.run.packed_model import PackedModel
 from sweep.run.precision import PrecisionPolicy
 
-from .conftest import make_run, read_result
+from .conftest import SMALL_MODEL, make_run, read_result
 
 pytest.importorskip("torchao")
 
@@ -220,7 +220,12 @@ def test_the_same_config_twice_gives_identical_metrics_and_windows_change_nothin
     """Twice with one sync per step, once in windows of 4 steps (one sync each): the same curve bit for bit."""
     for i, sync_every in enumerate((1, 1, 4)):
         run = make_run(
-            "device=cpu", "threads=1", "steps=4", "precision=fp8_rowwise", f"monitor.sync_every={sync_every}"
+            *SMALL_MODEL,
+            "device=cpu",
+            "threads=1",
+            "steps=4",
+            "precision=fp8_rowwise",
+            f"monitor.sync_every={sync_every}",
         )
         assert execute(run, tmp_path / str(i), params={}).status == "stable"
     first = (tmp_path / "0" / "metrics.csv").read_bytes()

@@ -13,7 +13,7 @@ from sweep.report.study import runs_from_study
 from sweep.report.tables import divergence_map
 from sweep.search.pruning import PruningHook, make_pruner, pruner_overrides
 
-from .conftest import multirun_in_process, read_result, read_results
+from .conftest import SMALL_MODEL, multirun_in_process, read_result, read_results
 
 UPPER = 1.5  # the loss starts at ~1.0; a run above 1.5 is heading for a spike
 THRESHOLD = [
@@ -90,6 +90,7 @@ def test_median_pruner_prunes_a_later_trial_that_learns_nothing(tmp_path):
     sweep_dir = tmp_path / "sweep"
     multirun_in_process(
         sweep_dir,
+        *SMALL_MODEL,
         "hydra/sweeper=optuna_sweep",
         "hydra.sweeper.sampler.name=grid",
         "optim.lr=choice(3e-3,1e-3,1e-6)",

@@ -4,12 +4,12 @@ from __future__ import annotations
 
 from sweep.run.execute import execute
 
-from .conftest import make_run
+from .conftest import SMALL_MODEL, make_run
 
 
 def curve(tmp_path, name: str, *overrides: str) -> str:
     out = tmp_path / name
-    execute(make_run(*overrides), out, params={})
+    execute(make_run(*SMALL_MODEL, *overrides), out, params={})
     return (out / "metrics.csv").read_text()
 
 
@@ -28,6 +28,6 @@ def test_seed_changes_the_curve(tmp_path):
 
 
 def test_diverged_run_replays_to_the_same_first_bad_step(tmp_path):
-    runs = [execute(make_run("optim.lr=0.3", "steps=40"), tmp_path / str(i), params={}) for i in range(2)]
+    runs = [execute(make_run(*SMALL_MODEL, "optim.lr=0.3", "steps=40"), tmp_path / str(i), params={}) for i in range(2)]
     assert runs[0].verdict == runs[1].verdict == "loss_spike"
     assert runs[0].first_bad_step == runs[1].first_bad_step

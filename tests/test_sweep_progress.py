@@ -16,7 +16,7 @@ from sweep.config import Progress
 from sweep.run import build
 from sweep.run.progress import RunProgress, SweepProgress, close_sweep, open_sweep
 
-from .conftest import multirun_in_process, read_results
+from .conftest import SMALL_MODEL, multirun_in_process, read_results
 
 
 def test_a_grid_prefixes_k_of_n_counts_diverged_and_says_its_data_lines_once(tmp_path, capsys, monkeypatch):
@@ -37,7 +37,7 @@ def test_a_grid_prefixes_k_of_n_counts_diverged_and_says_its_data_lines_once(tmp
     build_log = SaidLog(build.log)  # what the runs' set-up said, the diagnosis's and confirmation's runs included
     monkeypatch.setattr(build, "log", build_log)
     capsys.readouterr()
-    multirun_in_process(tmp_path / "sweep", *data, *grid)
+    multirun_in_process(tmp_path / "sweep", *SMALL_MODEL, *data, *grid)
     out = capsys.readouterr()
     said = [line.split(" - ", 1)[-1] for line in (out.out + out.err).splitlines()]  # without the log prefix
     results = read_results(tmp_path / "sweep")

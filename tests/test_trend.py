@@ -161,7 +161,7 @@ def thrashing(tmp_path_factory) -> tuple[Path, dict]:
 
 @pytest.mark.slow
 def test_a_healthy_run_stays_stable_and_records_its_trend(tmp_path):
-    r = result_of(tmp_path, *CHEAP, "optim.lr=1e-3")
+    r = result_of(tmp_path, *SMALL_MODEL, *CHEAP, "optim.lr=1e-3")
     assert r["status"] == "stable" and r["verdict"] is None
     t = r["trend"]
     assert t["judged"] and t["verdict"] is None and t["end_over_initial"] < 0.5 and 0 < t["weight_path"] < 1
@@ -186,7 +186,7 @@ def test_each_verdict_end_to_end(tmp_path, thrashing):
 
 @pytest.mark.slow
 def test_monitor_trend_false_turns_it_off(tmp_path):
-    r = result_of(tmp_path, *THRASHING, "monitor.trend=false")
+    r = result_of(tmp_path, *SMALL_MODEL, *THRASHING, "monitor.trend=false")
     assert r["status"] == "stable" and r["trend"] is None
 
 
@@ -229,7 +229,7 @@ def test_a_packed_run_gets_the_verdict_it_gets_alone(tmp_path):
 def test_a_run_stopped_before_its_last_step_is_not_judged(tmp_path):
     from sweep.diagnose.trials import StopAfter
 
-    r = execute(make_run(*THRASHING), tmp_path / "run", params={}, hooks=[StopAfter(20)])
+    r = execute(make_run(*SMALL_MODEL, *THRASHING), tmp_path / "run", params={}, hooks=[StopAfter(20)])
     assert r.status == "stable" and r.trend is None
 
 
