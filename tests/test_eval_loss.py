@@ -35,7 +35,7 @@ def metrics(run_dir):
 
 
 def test_eval_clips_are_never_drawn_for_training_and_differ_from_every_training_clip():
-    run = make_run("data.num_samples=12", "data.batch_size=5", "eval.samples=8", "steps=40")
+    run = make_run(*SMALL_MODEL, "data.num_samples=12", "data.batch_size=5", "eval.samples=8", "steps=40")
     synthetic._render_all.cache_clear()
     before = synthetic.SyntheticClips(12, 4, 3, 8, 8, seed=0)._cache().clone()
     parts = built(run)
@@ -70,8 +70,8 @@ def test_evaluating_the_same_weights_twice_gives_the_same_bits(precision):
 @pytest.mark.parametrize("precision", ["fp32", "bf16_amp"])
 def test_the_training_curve_is_bit_identical_with_eval_on_and_off(tmp_path, precision):
     common = [f"precision={precision}", "steps=6", "threads=1", "optim.lr=1e-3", "monitor.logit_every=2"]
-    on = execute(make_run(*common, "eval.every=1", "eval.samples=4"), tmp_path / "on", {})
-    off = execute(make_run(*common, "eval.enabled=false"), tmp_path / "off", {})
+    on = execute(make_run(*SMALL_MODEL, *common, "eval.every=1", "eval.samples=4"), tmp_path / "on", {})
+    off = execute(make_run(*SMALL_MODEL, *common, "eval.enabled=false"), tmp_path / "off", {})
     a, b = metrics(tmp_path / "on"), metrics(tmp_path / "off")
     assert list(a.columns) == list(METRIC_COLUMNS)
     training = [c for c in METRIC_COLUMNS if c != "eval_loss"]
@@ -83,7 +83,7 @@ def test_the_training_curve_is_bit_identical_with_eval_on_and_off(tmp_path, prec
 
 
 def test_eval_loss_reaches_result_json_metrics_csv_and_the_ledger(tmp_path):
-    run = make_run("steps=5", "threads=1", "eval.every=2", "eval.samples=4")
+    run = make_run(*SMALL_MODEL, "steps=5", "threads=1", "eval.every=2", "eval.samples=4")
     result = execute(run, tmp_path / "r", {"optim.lr": 1e-4})
     stored = read_result(tmp_path / "r")  # strict JSON (no NaN)
     m = metrics(tmp_path / "r")

@@ -22,7 +22,7 @@ from sweep.search.ledger import record_run
 
 from .cluster_servers import sweep_cmd
 from .conftest import FAST as FAST_ARGS
-from .conftest import make_run, multirun_in_process, read_result, run_cli
+from .conftest import SMALL_MODEL, make_run, multirun_in_process, read_result, run_cli
 
 
 class SignalAt:
@@ -44,7 +44,7 @@ def metrics_rows(run_dir) -> list[dict]:
 
 @pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGTERM])
 def test_a_signal_stops_the_run_after_its_step_with_files_valid_up_to_it(tmp_path, signum):
-    run = make_run("steps=40", "threads=1")
+    run = make_run(*SMALL_MODEL, "steps=40", "threads=1")
     before = signal.getsignal(signum)
     with stopping_on_signals() as request:
         result = execute(run, tmp_path, {"optim.lr": 1e-3}, hooks=[SignalAt(2, signum), StopOnSignal(request, 40)])
@@ -69,7 +69,7 @@ def test_a_signal_stops_the_run_after_its_step_with_files_valid_up_to_it(tmp_pat
 
 
 def test_a_signal_after_the_last_step_interrupts_nothing(tmp_path):
-    run = make_run("steps=3", "threads=1")
+    run = make_run(*SMALL_MODEL, "steps=3", "threads=1")
     with stopping_on_signals() as request:
         result = execute(run, tmp_path, {}, hooks=[SignalAt(2, signal.SIGINT), StopOnSignal(request, 3)])
     assert result.status == "stable" and result.steps_run == 3 and result.interrupted_at_step is None
@@ -156,7 +156,7 @@ def test_a_job_that_ends_by_an_exception_leaves_its_directory_unheld(tmp_path, m
 
     monkeypatch.setattr("sweep.job.state_hooks", dies)
     with pytest.raises(Died):
-        multirun_in_process(tmp_path, "steps=2")
+        multirun_in_process(tmp_path, *SMALL_MODEL, "steps=2")
     assert (tmp_path / "0").is_dir() and not is_being_written(tmp_path / "0")
 
 
@@ -220,14 +220,14 @@ def test_ctrl_c_stops_a_grid_and_the_same_command_runs_only_the_unfinished_cells
     monkeypatch.setattr(sweep.run.execute, "execute_runs", execute_runs)
     grid = ("optim.lr=1e-3,2e-3,3e-3", "steps=4")
     with pytest.raises(SystemExit) as exit_:
-        multirun_in_process(tmp_path, *grid)
+        multirun_in_process(tmp_path, *SMALL_MODEL, *grid)
     assert exit_.value.code == 128 + signal.SIGINT and ran == ["0", "1"]  # no cell after the interrupted one
     stopped = read_result(tmp_path / "1")
     assert (stopped["status"], stopped["interrupted_at_step"], stopped["steps_run"]) == ("interrupted", 1, 2)
     first = (tmp_path / "0" / "result.json").read_text()
 
     ran.clear()
-    multirun_in_process(tmp_path, *grid, "threads=1")  # the same sweep (threads does not change a run)
+    multirun_in_process(tmp_path, *SMALL_MODEL, *grid, "threads=1")  # the same sweep (threads does not change a run)
     assert ran == ["1", "2"]  # the finished cell 0 is kept, the interrupted one and the rest run
     assert (tmp_path / "0" / "result.json").read_text() == first
     assert [read_result(tmp_path / n)["status"] for n in "12"] == ["stable", "stable"]
@@ -264,14 +264,14 @@ def test_an_interrupted_optuna_batch_leaves_no_trial_running_and_resumes(tmp_pat
     monkeypatch.setattr(sweep.run.execute, "execute_runs", execute_runs)
     axes = ("hydra/sweeper=optuna_sweep", "hydra.sweeper.sampler.name=grid", "optim.lr=choice(1e-3,2e-3)")
     with pytest.raises(SystemExit):
-        multirun_in_process(tmp_path, *axes, "hydra.sweeper.n_jobs=2", "steps=5")
+        multirun_in_process(tmp_path, *SMALL_MODEL, *axes, "hydra.sweeper.n_jobs=2", "steps=5")
     trials = optuna.load_study(study_name=str(tmp_path), storage=f"sqlite:///{tmp_path / 'ledger.db'}").trials
     assert [t.state for t in trials] == [TrialState.FAIL, TrialState.FAIL]
     assert trials[0].user_attrs["status"] == "interrupted" and trials[0].user_attrs["interrupted_at_step"] == 0
     assert trials[1].system_attrs.get(STALE_ATTR) is True and not (tmp_path / "1" / "result.json").exists()
 
     monkeypatch.setattr(sweep.run.execute, "execute_runs", real)  # the same axes again: both cells run
-    multirun_in_process(tmp_path, *axes, "steps=2")
+    multirun_in_process(tmp_path, *SMALL_MODEL, *axes, "steps=2")
     trials = optuna.load_study(study_name=str(tmp_path), storage=f"sqlite:///{tmp_path / 'ledger.db'}").trials
     done = sorted(t.params["optim.lr"] for t in trials if t.state is TrialState.COMPLETE)
     assert done == [1e-3, 2e-3] and len(trials) == 4
@@ -294,13 +294,13 @@ def test_ctrl_c_in_a_packed_sweep_finishes_the_pack_and_starts_no_other(tmp_path
     monkeypatch.setattr(sweep.run.packing, "execute_pack", execute_pack)
     grid = ("hydra/launcher=packed", "hydra.launcher.pack=2", "optim.lr=1e-3,2e-3,3e-3,4e-3", "steps=3")
     with pytest.raises(SystemExit) as exit_:
-        multirun_in_process(tmp_path, *grid)
+        multirun_in_process(tmp_path, *SMALL_MODEL, *grid)
     assert exit_.value.code == 128 + signal.SIGINT and len(packs) == 1
     done = sorted(p.parent.name for p in tmp_path.glob("*/result.json"))
     assert done == packs[0] and len(done) == 2
     kept = {n: (tmp_path / n / "result.json").read_text() for n in done}
 
-    multirun_in_process(tmp_path, *grid)
+    multirun_in_process(tmp_path, *SMALL_MODEL, *grid)
     assert sorted(n for p in packs[1:] for n in p) == sorted({"0", "1", "2", "3"} - set(done))
     assert all((tmp_path / n / "result.json").read_text() == text for n, text in kept.items())
     assert len(list(tmp_path.glob("*/result.json"))) == 4
@@ -340,7 +340,9 @@ def test_a_signal_while_the_optuna_sweeper_asks_fails_the_asked_trials_and_resum
     trials = optuna.load_study(study_name=str(sweep_dir), storage=storage).trials
     assert [t.state for t in trials] == [TrialState.FAIL, TrialState.FAIL], out
 
-    multirun_in_process(sweep_dir, "hydra/sweeper=optuna_sweep", *axes)  # the same command, in this process
+    multirun_in_process(
+        sweep_dir, *SMALL_MODEL, "hydra/sweeper=optuna_sweep", *axes
+    )  # the same command, in this process
     trials = optuna.load_study(study_name=str(sweep_dir), storage=storage).trials
     assert sorted(t.params["optim.lr"] for t in trials if t.state is TrialState.COMPLETE) == [1e-3, 2e-3]
     assert not [t for t in trials if t.state is TrialState.RUNNING]

@@ -12,7 +12,7 @@ from optuna.trial import TrialState
 from sweep.config import LedgerConfig
 from sweep.search.ledger import CONSTRAINTS_KEY, mask_url, record_run, storage_url, url_has_password
 
-from .conftest import FAST, multirun_in_process, read_result, run_cli_refusals, sweep_forked
+from .conftest import FAST, SMALL_MODEL, multirun_in_process, read_result, run_cli_refusals, sweep_forked
 
 
 def result(status, **kw):
@@ -295,7 +295,12 @@ def grid(tmp_path_factory):
         if eval_on not in swept:
             swept[eval_on] = tmp_path_factory.mktemp(f"grid-eval-{eval_on}")
             multirun_in_process(
-                swept[eval_on], "steps=3", "precision=fp32,fp16_pure", "optim.lr=1e-4,1e-3", f"eval.enabled={eval_on}"
+                swept[eval_on],
+                *SMALL_MODEL,
+                "steps=3",
+                "precision=fp32,fp16_pure",
+                "optim.lr=1e-4,1e-3",
+                f"eval.enabled={eval_on}",
             )
         return swept[eval_on]
 
@@ -443,9 +448,9 @@ def test_a_rerun_cell_marks_its_earlier_trial_superseded_and_the_report_counts_i
 
     sweep_dir = tmp_path / "s"
     grid = ("steps=2", "optim.lr=1e-3,2e-3")
-    multirun_in_process(sweep_dir, *grid)
+    multirun_in_process(sweep_dir, *SMALL_MODEL, *grid)
     (sweep_dir / "0" / "result.json").unlink()
-    multirun_in_process(sweep_dir, *grid)  # the resume re-runs cell 0 only
+    multirun_in_process(sweep_dir, *SMALL_MODEL, *grid)  # the resume re-runs cell 0 only
     url = f"sqlite:///{sweep_dir / 'ledger.db'}"
     trials = only_study(url).trials
     assert len(trials) == 3
