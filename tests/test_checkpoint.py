@@ -353,7 +353,7 @@ def test_resume_from_a_run_dir_or_its_checkpoints_folder_is_a_config_error_namin
 
     path = trained if where == "run" else trained / "checkpoints"
     with pytest.raises(ConfigError) as err:
-        check_inputs(make_run(*SMALL_MODEL, "precision=fp16_amp", f"checkpoint.resume_from={path}"))
+        check_inputs(make_run("precision=fp16_amp", f"checkpoint.resume_from={path}"))
     line = str(err.value)
     assert line.startswith("checkpoint.resume_from: ") and "not a checkpoint" in line, line
     assert "checkpoints/step_000006" in line and "checkpoints/step_000012" in line and "\n" not in line, line
@@ -369,7 +369,7 @@ def test_resume_from_a_step_dir_is_left_to_the_verifier(trained, tmp_path):
     copied = tmp_path / "mine"
     copied.mkdir()
     (copied / "model.safetensors").write_bytes(b"")
-    check_inputs(make_run(*SMALL_MODEL, f"checkpoint.resume_from={copied}"))
+    check_inputs(make_run(f"checkpoint.resume_from={copied}"))
 
 
 def test_init_from_a_run_dir_is_a_config_error_too(trained):

@@ -340,9 +340,8 @@ def test_a_signal_while_the_optuna_sweeper_asks_fails_the_asked_trials_and_resum
     trials = optuna.load_study(study_name=str(sweep_dir), storage=storage).trials
     assert [t.state for t in trials] == [TrialState.FAIL, TrialState.FAIL], out
 
-    multirun_in_process(
-        sweep_dir, *SMALL_MODEL, "hydra/sweeper=optuna_sweep", *axes
-    )  # the same command, in this process
+    # the same command (sweep_cmd's model and axes), in this process
+    multirun_in_process(sweep_dir, *SMALL_MODEL, "hydra/sweeper=optuna_sweep", *axes)
     trials = optuna.load_study(study_name=str(sweep_dir), storage=storage).trials
     assert sorted(t.params["optim.lr"] for t in trials if t.state is TrialState.COMPLETE) == [1e-3, 2e-3]
     assert not [t for t in trials if t.state is TrialState.RUNNING]

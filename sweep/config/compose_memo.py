@@ -164,7 +164,6 @@ def compose_config_from_defaults_list(self: ConfigLoaderImpl, defaults: list, re
     if kept is None:
         kept = _hydra_compose(self, defaults, repo)
         _keep(_merged, key, kept)
-        return kept
     return kept
 
 
