@@ -116,8 +116,7 @@ def gemm_as_a_run_computes(dtype: torch.dtype) -> contextlib.AbstractContextMana
     native kernels crawl (an AVX2-only CPU: ~1.2 GFLOP/s against ~35 in fp32, sweep/run/gemm.py), natively where
     the CPU has the instructions. What this module checks (dtypes, shapes, finite gradients everywhere) is the
     model's, not the GEMM kernel's: the emulated GEMM's parity with the native one is tests/test_gemm.py's."""
-    emulate = gemm.resolve("auto", torch.device("cpu"), dtype) == "emulated"
-    return gemm.EmulatedGemm(dtype) if emulate else contextlib.nullcontext()
+    return gemm.mode(gemm.resolve("auto", torch.device("cpu"), dtype), dtype)
 
 
 @pytest.mark.parametrize("attention,modulate_impl", KERNELS)

@@ -27,6 +27,7 @@ log), SDPA's math path on CPU (torch already computes it in fp32 there), and fp3
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import json
 import math
@@ -110,6 +111,12 @@ def resolve(choice: str, device: torch.device, dtype: torch.dtype) -> str:
     if choice == "auto":
         return "native" if has_native_gemm(dtype) else "emulated"
     return choice
+
+
+def mode(gemm: str, dtype: torch.dtype) -> contextlib.AbstractContextManager:
+    """The context a step's forward and backward run in for a resolved `gemm` ("native" or "emulated", `resolve`):
+    EmulatedGemm for `dtype`, or a no-op."""
+    return EmulatedGemm(dtype) if gemm == "emulated" else contextlib.nullcontext()
 
 
 class EmulatedGemm(TorchDispatchMode):

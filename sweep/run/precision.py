@@ -81,7 +81,7 @@ class PrecisionPolicy:
 
     def gemm_mode(self) -> contextlib.AbstractContextManager:
         """The context the forward and backward run in: emulated low-precision GEMMs, or a no-op."""
-        return gemm.EmulatedGemm(self.compute_dtype) if self.gemm == "emulated" else contextlib.nullcontext()
+        return gemm.mode(self.gemm, self.compute_dtype)
 
 
 class ScalerEvent(str, Enum):
