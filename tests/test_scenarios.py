@@ -138,7 +138,11 @@ def test_scenario_reproduces_and_its_fix_is_stable(name, tmp_path, capsys):
         once, lr = at_smallest_lr(here)
         once, only = ran_natively(once, tmp_path)
         run_scenario(name, emulated, capsys, "precision.cpu_gemm=emulated", *lr, *only, *SHORTER.get(name, ()))
-        assert verdict_differences(once, cpu_cells(emulated)) == []  # one machine: TOLERANCE, no window
+        # the precisions' override also reruns cells that computed no GEMM (hallo's verified checkpoint stops at its
+        # load): those are the same run either way, so only the native cells are compared; a native cell the rerun
+        # lacks is still a difference
+        rerun = {cell: o for cell, o in cpu_cells(emulated).items() if cell in once}
+        assert verdict_differences(once, rerun) == []  # one machine: TOLERANCE, no window
     if name in DIAGNOSED:
         check_diagnosis(name, tmp_path)
     if name == "adamw_beta2_loss_spike":  # the cause names the mechanism, not just the spike
@@ -152,7 +156,6 @@ SHORTER = {
     "hallo_corrupt_checkpoint": ["steps=55"],  # the collapse at step 52 (of 60), and room for the TOLERANCE of 2 steps
     # another CPU's record may differ by; the stable runs train 35 steps from the resume at 20, still two trend
     # windows (sweep/run/trend.py: 15 steps at batch 4), so they are judged
-    "qk_norm_logit_growth": ["steps=40"],  # the spike at step 36 (of 50); 40 steps: two trend windows, stall-checked
     "sana_low_lr_pure_fp16": ["steps=30"],  # NaN at 1, the stall at 19 (of 40); 30 steps: two trend windows
     "videochat2_fp16_overflow": ["steps=20"],  # the collapse at 16 (of 25, too few for the trend either way); 20
     # steps: the stall check (monitor.stall_window=20) still covers the bf16 fix's last step, the diagnosis's rows
