@@ -103,3 +103,22 @@ def test_lora_without_pretrained_weights_is_warned_about(caplog):
     with caplog.at_level("WARNING", logger="sweep"):
         apply_finetune(make_run("finetune=lora", "finetune.train_base=true"), tiny(), torch.float32)
     assert not caplog.records
+
+
+def test_the_untrained_eval_loss_rebuilds_the_same_weights_without_a_second_warning(caplog):
+    """no_progress's untrained eval loss (sweep/run/execute.py) builds the run's weights again: the same weights as
+    the run's first step saw (its eval loss before training, bit for bit), and the LoRA warning not said twice."""
+    from sweep.run.build import reset_process_state
+    from sweep.run.evaluate import make_evaluator
+    from sweep.run.execute import untrained_eval_loss
+
+    run = make_run(*BASE, "finetune=lora", "steps=2")
+    policy = PrecisionPolicy.from_config(run.precision, torch.device("cpu"))
+    with caplog.at_level("WARNING", logger="sweep"):
+        reset_process_state(run, policy)  # as execute does before a run's build
+        parts = build_parts(run, torch.device("cpu"), policy)
+        evaluator = make_evaluator(run, parts)
+        before = evaluator(parts.model, -1)
+        assert untrained_eval_loss(run, parts, evaluator) == before
+    warned = [r for r in caplog.records if "finetune=lora without model.init_from" in r.message]
+    assert len(warned) == 1

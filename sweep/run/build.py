@@ -137,25 +137,23 @@ class RunParts:
     synthetic data, whose held-out clips the evaluator renders (sweep/run/evaluate.py)."""
 
 
-def build_parts(run: RunConfig, device: torch.device, policy: PrecisionPolicy, scratch: Path | None = None) -> RunParts:
-    """Model (in the policy's param dtype), AdamW, data, objective, scaler and monitor for one run.
-
-    Weights from `model.init_from` or a `checkpoint.resume_from` state are loaded (and verified) here,
-    so a corrupt file raises checkpoint.CorruptCheckpoint before any step. `scratch` is where a
-    fault-injected copy of that file goes (checkpoint.inject).
-    """
-    d, m = run.data, run.model
+def build_weights(
+    run: RunConfig, device: torch.device, policy: PrecisionPolicy, init_from: str | None, warn: bool = True
+) -> tuple[torch.nn.Module, dict | None, dict | None]:
+    """The run's model as its first step sees it: built from its seed, `init_from`'s weights loaded (verified),
+    LoRA's adapters, the frozen base's storage and fp8's matmuls applied. With it, what the last two did
+    (result.json's base_storage and fp8). `warn=False` for a second build of the same run (its untrained eval
+    loss): what the first said is not said again."""
     model = build_run_model(run)
-    if m.qk_gain != 1.0:
-        scale_query_key(model, m.qk_gain)
+    if run.model.qk_gain != 1.0:
+        scale_query_key(model, run.model.qk_gain)
     model = model.to(device=device, dtype=policy.param_dtype)
     # before init_from: a pure run loads its fp32 modules' weights at full precision
     fp32_modules.apply(model, run.precision.fp32_modules, policy.param_dtype, policy.compute_dtype)
-    init_from, resume_from = _maybe_corrupted(run, scratch)
     if init_from:
         state = checkpoint.load_weights(Path(init_from), verify=run.checkpoint.verify)
         checkpoint.load_model_weights(model, state, init_from)
-    model = apply_finetune(run, model, policy.param_dtype)  # after init_from: adapters on the loaded base
+    model = apply_finetune(run, model, policy.param_dtype, warn)  # after init_from: adapters on the loaded base
     if run.finetune.method is not FinetuneMethod.none:  # LoRA cast the whole model and swapped modules in
         fp32_modules.apply(model, run.precision.fp32_modules, policy.param_dtype, policy.compute_dtype)
     base_storage = fp8_storage.apply(model, run.finetune.base_dtype, run.finetune.base_keep)  # the frozen base's bits
@@ -166,6 +164,19 @@ def build_parts(run: RunConfig, device: torch.device, policy: PrecisionPolicy, s
             f"model: no parameter to train ({sum(p.numel() for p in model.parameters())} parameters, none with "
             f"requires_grad=True after finetune={run.finetune.method.value}): AdamW would have nothing to update"
         )
+    return model, base_storage, fp8_record
+
+
+def build_parts(run: RunConfig, device: torch.device, policy: PrecisionPolicy, scratch: Path | None = None) -> RunParts:
+    """Model (in the policy's param dtype), AdamW, data, objective, scaler and monitor for one run.
+
+    Weights from `model.init_from` or a `checkpoint.resume_from` state are loaded (and verified) here,
+    so a corrupt file raises checkpoint.CorruptCheckpoint before any step. `scratch` is where a
+    fault-injected copy of that file goes (checkpoint.inject).
+    """
+    d, m = run.data, run.model
+    init_from, resume_from = _maybe_corrupted(run, scratch)
+    model, base_storage, fp8_record = build_weights(run, device, policy, init_from)
     o = run.optim
     # torch's single-tensor AdamW, bit for bit on the CPU, with its scalars on the device (sweep/run/adamw.py):
     # the state stays in the params' dtype (pure fp16/bf16 means exactly that) and nothing reads the host.

@@ -27,7 +27,7 @@ from sweep.config import RunConfig, Verdict
 from sweep.data.checks import DataError
 from sweep.diagnose.mechanism import of_run as mechanism_of
 from sweep.run import fp8_evidence, optimizers
-from sweep.run.build import RunParts, build_parts, reset_process_state, resolve_device
+from sweep.run.build import RunParts, build_parts, build_weights, reset_process_state, resolve_device
 from sweep.run.checkpoint import CheckpointHook, CorruptCheckpoint
 from sweep.run.compiled import compile_run, compile_unsupported_reason
 from sweep.run.dtype_contract import contract_problem
@@ -303,7 +303,8 @@ def untrained_eval_loss(run: RunConfig, parts: RunParts, evaluator: Evaluator) -
     noise. Measured at the end, only for a run no_progress could apply to: no cost to any other run."""
     run = dataclasses.replace(run, checkpoint=dataclasses.replace(run.checkpoint, resume_from=None))  # a continued one
     reset_process_state(run, parts.policy)
-    untrained = build_parts(run, parts.device, parts.policy).model
+    # only the weights: the data is not read again, and what the first build said is not said again
+    untrained, _, _ = build_weights(run, parts.device, parts.policy, init_from=None, warn=False)
     return Evaluator(run, evaluator.data, parts.policy, parts.device)(untrained, -1)
 
 

@@ -39,14 +39,15 @@ def lora_targets(run: RunConfig) -> list[str]:
     return LORA_TARGETS["diffusers" if run.model.arch in (Arch.diffusers, Arch.diffusers_config) else "native"]
 
 
-def apply_finetune(run: RunConfig, model: torch.nn.Module, dtype: torch.dtype) -> torch.nn.Module:
-    """Add LoRA adapters (in `dtype`, the policy's param dtype) and freeze the base; a no-op for finetune=none."""
+def apply_finetune(run: RunConfig, model: torch.nn.Module, dtype: torch.dtype, warn: bool = True) -> torch.nn.Module:
+    """Add LoRA adapters (in `dtype`, the policy's param dtype) and freeze the base; a no-op for finetune=none.
+    `warn=False`: the same run built a second time, whose first build gave the warning below."""
     f = run.finetune
     if f.method is FinetuneMethod.none:
         return model
     from peft import LoraConfig, inject_adapter_in_model
 
-    if not (run.model.init_from or run.checkpoint.resume_from or f.train_base):
+    if warn and not (run.model.init_from or run.checkpoint.resume_from or f.train_base):
         # the adapters then sit on untrained weights: behind adaLN-Zero's zero gates they get no gradient at all,
         # and the run stalls at the first stall check whatever its lr (sweep/diagnose says so too)
         log.warning(
