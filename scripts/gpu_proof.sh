@@ -31,8 +31,11 @@ part() {  # part SECONDS NAME COMMAND...: at most SECONDS, and never past BUDGET
 }
 nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader
 python3 -c "import torch; print('torch', torch.__version__, torch.cuda.get_device_name(), torch.get_num_threads())"
+# What the image lacks shows here, not as `cuda` tests skipped (test_fp8.py skips its whole module without torchao)
+python3 -c "import importlib.util as u; print('importable:', {m: u.find_spec(m) is not None for m in
+  ('torchao', 'bitsandbytes', 'prodigyopt', 'came_pytorch', 'peft', 'diffusers', 'PIL', 'av', 'scipy')})"
 echo "parts: $parts"
-part 90 cuda python3 -m pytest -q -m cuda -n 8 -p no:cacheprovider --durations=8 --timeout 80
+part 90 cuda python3 -m pytest -q -m cuda -n 8 -p no:cacheprovider -rs --durations=8 --timeout 80
 TAIL=24 part 150 graph bash bench/gpu.sh graph
 pack=(bench/packing.py --precision bf16_amp --attention flash --packs 32 --packed-only graph=true monitor.sync_every=32)
 part 90 packing bash -c "$PYTHON ${pack[*]} --steps 128 && $PYTHON ${pack[*]} --steps 512"
