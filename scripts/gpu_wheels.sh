@@ -7,9 +7,10 @@
 # image's own is kept (1.33 on 2026-11-26), since the image's transformers, which diffusers' peft loader
 # imports there, refuses hub 2.x (and CI's 2.4 needs httpx2); diffusers takes >=1.32. The lowprec extra's
 # torchao (precision=fp8_*: test_fp8.py's `cuda` tests skip the whole module without it), prodigyopt and
-# came-pytorch come by default (3.4 MB); av (video folders), scipy (Optuna's QMC sampler, the ladder's
-# Student-t) and bitsandbytes (optim=adamw_8bit, 43 MB: no `cuda` test uses it) are left out by default: with
-# them .whl/ is over the device tool's 64 MiB carry (27 MB without the four, 2026-12-02); EXTRA=1 adds them.
+# came-pytorch come by default (3.4 MB), and pillow (data=image_folder) and optuna-dashboard for the suite part
+# (11.4 MB); av (video folders), scipy (Optuna's QMC sampler, the ladder's Student-t) and bitsandbytes
+# (optim=adamw_8bit, 43 MB: no `cuda` test uses it) are left out by default: with them .whl/ is over the device
+# tool's 64 MiB carry (the tree is 3 MB, .whl/ 41 MB without them, 2026-12-02); EXTRA=1 adds them.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PYVER=${PYVER:-3.12}
@@ -19,7 +20,7 @@ pkgs=(hydra-core omegaconf optuna alembic sqlalchemy Mako colorlog diffusers fil
       regex plotly narwhals hydra-joblib-launcher joblib hydra-submitit-launcher submitit cloudpickle
       cmaes tqdm PyYAML typing_extensions greenlet MarkupSafe importlib_metadata zipp pytest pytest-timeout
       pytest-xdist execnet hypothesis sortedcontainers attrs iniconfig pluggy packaging
-      torchao prodigyopt came-pytorch)
+      torchao prodigyopt came-pytorch pillow optuna-dashboard bottle websockets)
 [[ ${EXTRA:-0} == 1 ]] && pkgs+=(av scipy bitsandbytes)
 specs=()
 for p in "${pkgs[@]}"; do
@@ -31,4 +32,10 @@ done
   --platform any -d .whl "${specs[@]}"
 # antlr4-python3-runtime (omegaconf's parser) ships no wheel: build one.
 "$PY" -m pip wheel -q --no-deps -w .whl "antlr4-python3-runtime==4.9.3"
+# Every wheel installs under the image's Python (its tags, no index): what gpu_proof.sh's install will do there.
+plats=(manylinux2014_x86_64 manylinux1_x86_64 manylinux_2_5_x86_64 manylinux_2_17_x86_64 manylinux_2_24_x86_64
+       manylinux_2_27_x86_64 manylinux_2_28_x86_64 any)
+"$PY" -m pip install -q --dry-run --no-index --no-deps --only-binary=:all: --python-version "$PYVER" \
+  "${plats[@]/#/--platform=}" --target "$(mktemp -d)" .whl/*.whl
 ls .whl | wc -l | xargs echo "wheels in .whl/:"
+du -sh .whl | cut -f1 | xargs echo "size (the device tool carries 64 MiB with the tree):"
