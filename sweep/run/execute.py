@@ -301,9 +301,9 @@ def untrained_eval_loss(run: RunConfig, parts: RunParts, evaluator: Evaluator) -
     """The eval loss of the run's weights before its first step: built again as `prepare` built them (the same
     seed, so the same weights; a lone run's own were trained in place), on the evaluator's clips, timesteps and
     noise. Measured at the end, only for a run no_progress could apply to: no cost to any other run."""
-    run = dataclasses.replace(run, checkpoint=dataclasses.replace(run.checkpoint, resume_from=None))  # a continued one
     reset_process_state(run, parts.policy)
-    # only the weights: the data is not read again, and what the first build said is not said again
+    # only the weights, from the seed (a continued run's checkpoint.resume_from is never loaded by build_weights):
+    # the data is not read again, and what the first build said is not said again
     untrained, _, _ = build_weights(run, parts.device, parts.policy, init_from=None, warn=False)
     return Evaluator(run, evaluator.data, parts.policy, parts.device)(untrained, -1)
 
