@@ -27,14 +27,14 @@ for p in "${pkgs[@]}"; do
   pin=$(grep -i -E "^${p//[-_]/[-_]}==" constraints.txt | sed "s/ *#.*//" || true)
   specs+=("${pin:-$p}")
 done
-"$PY" -m pip download -q --no-deps --only-binary=:all: --python-version "$PYVER" --platform manylinux2014_x86_64 \
-  --platform manylinux_2_17_x86_64 --platform manylinux_2_24_x86_64 --platform manylinux_2_28_x86_64 \
-  --platform any -d .whl "${specs[@]}"
+# The image's platform tags (glibc 2.28 or newer), for the download and for the check at the end
+plats=(manylinux2014_x86_64 manylinux1_x86_64 manylinux_2_5_x86_64 manylinux_2_17_x86_64 manylinux_2_24_x86_64
+       manylinux_2_27_x86_64 manylinux_2_28_x86_64 any)
+"$PY" -m pip download -q --no-deps --only-binary=:all: --python-version "$PYVER" "${plats[@]/#/--platform=}" \
+  -d .whl "${specs[@]}"
 # antlr4-python3-runtime (omegaconf's parser) ships no wheel: build one.
 "$PY" -m pip wheel -q --no-deps -w .whl "antlr4-python3-runtime==4.9.3"
 # Every wheel installs under the image's Python (its tags, no index): what gpu_proof.sh's install will do there.
-plats=(manylinux2014_x86_64 manylinux1_x86_64 manylinux_2_5_x86_64 manylinux_2_17_x86_64 manylinux_2_24_x86_64
-       manylinux_2_27_x86_64 manylinux_2_28_x86_64 any)
 "$PY" -m pip install -q --dry-run --no-index --no-deps --only-binary=:all: --python-version "$PYVER" \
   "${plats[@]/#/--platform=}" --target "$(mktemp -d)" .whl/*.whl
 ls .whl | wc -l | xargs echo "wheels in .whl/:"
