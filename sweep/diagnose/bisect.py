@@ -28,7 +28,7 @@ import torch
 from sweep.diagnose.record import RunRecord
 from sweep.diagnose.signals import computes_in_fp32
 from sweep.diagnose.trials import from_start_last, run_trial, with_overrides
-from sweep.run.build import build_parts
+from sweep.run.build import build_parts, build_weights
 from sweep.run.module_flops import module_flops
 from sweep.run.precision import PrecisionPolicy
 
@@ -165,7 +165,8 @@ def bisect_fp32(record: RunRecord, scratch: Path, progress: Callable[[str], None
         return outcome.healthy
 
     cpu = torch.device("cpu")
-    model = build_parts(run, cpu, PrecisionPolicy.from_config(run.precision, cpu)).model
+    # the module names only: the weights alone, none loaded, no data read and nothing said again
+    model, _, _ = build_weights(run, cpu, PrecisionPolicy.from_config(run.precision, cpu), init_from=None, warn=False)
     top = groups(model)
     try:
         if not stable([], islands.everything):
