@@ -5,8 +5,10 @@ from __future__ import annotations
 import csv
 import json
 import pickle
+import tempfile
 
 import pytest
+import torch
 from safetensors.torch import save_file
 
 from models import build_model
@@ -115,6 +117,31 @@ def test_unverified_nan_checkpoint_collapses_the_loss_scale_and_is_traced_to_the
     assert (r.cause["where"], r.cause["module"]) == ("checkpoint", "blocks.1.attn.qkv"), r.cause
     scales = [float(row[2]) for _, row in sorted(losses(tmp_path).items())]
     assert scales[0] == 65536 and scales[-1] == 1.0 and scales == sorted(scales, reverse=True)
+
+
+def test_a_build_with_no_run_directory_loads_the_corrupted_copy_and_keeps_none(trained, tmp_path, monkeypatch):
+    """A diagnosis reads a checkpoint.inject run's data through build_parts with no run directory: the corrupted
+    copy it loads is removed after the build (it was left in the temp folder, a checkpoint's size each time)."""
+    from sweep.run.build import build_parts, resolve_device
+    from sweep.run.precision import PrecisionPolicy
+
+    temp = tmp_path / "temp"
+    temp.mkdir()
+    monkeypatch.setattr(tempfile, "tempdir", str(temp))
+    ckpt = trained / "checkpoints" / "step_000006"
+    run = make_run(
+        *SMALL_MODEL,
+        "precision=fp16_amp",
+        "steps=12",
+        f"checkpoint.resume_from={ckpt}",
+        "checkpoint.inject=nan",
+        "checkpoint.verify=false",
+        "checkpoint.inject_tensor=blocks.1.attn.qkv.weight",
+    )
+    parts = build_parts(run, resolve_device(run.device), PrecisionPolicy.from_config(run.precision))
+    assert parts.start_step == 6
+    assert not torch.isfinite(dict(parts.model.named_parameters())["blocks.1.attn.qkv.weight"]).all()  # the copy
+    assert list(temp.iterdir()) == []
 
 
 @pytest.mark.parametrize("precision", ["fp32", "fp16_amp"])

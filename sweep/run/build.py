@@ -172,8 +172,12 @@ def build_parts(run: RunConfig, device: torch.device, policy: PrecisionPolicy, s
 
     Weights from `model.init_from` or a `checkpoint.resume_from` state are loaded (and verified) here,
     so a corrupt file raises checkpoint.CorruptCheckpoint before any step. `scratch` is where a
-    fault-injected copy of that file goes (checkpoint.inject).
+    fault-injected copy of that file goes (checkpoint.inject): the run's directory, where it stays beside the
+    record. Without one (a replay, a diagnosis's look at the data), the copy is read here and removed after.
     """
+    if scratch is None and run.checkpoint.inject is not None:
+        with tempfile.TemporaryDirectory(prefix="dit-sweep-") as temporary:
+            return build_parts(run, device, policy, Path(temporary))
     d, m = run.data, run.model
     init_from, resume_from = _maybe_corrupted(run, scratch)
     model, base_storage, fp8_record = build_weights(run, device, policy, init_from)
@@ -355,11 +359,12 @@ def counted(reasons: dict[str, list[str]], shown: int = 3) -> str:
 
 
 def _maybe_corrupted(run: RunConfig, scratch: Path | None) -> tuple[str | None, str | None]:
-    """(init_from, resume_from), with the one being loaded replaced by a corrupted copy under checkpoint.inject."""
+    """(init_from, resume_from), with the one being loaded replaced by a corrupted copy in `scratch` under
+    checkpoint.inject (build_parts gives a scratch folder whenever it is set)."""
     init_from, resume_from, c = run.model.init_from, run.checkpoint.resume_from, run.checkpoint
     if c.inject is None:
         return init_from, resume_from
-    dest = Path(scratch or tempfile.mkdtemp(prefix="dit-sweep-")) / "injected_checkpoint"
+    dest = scratch / "injected_checkpoint"
     source = resume_from or init_from
     corrupted, _ = checkpoint.inject_fault(Path(source), dest, c.inject, c.inject_tensor)
     return (init_from, str(corrupted)) if resume_from else (str(corrupted), None)
