@@ -14,11 +14,13 @@ strings; nodes get scalars; unknown keys and unknown config-group options are mi
 
 from __future__ import annotations
 
+import atexit
 import copy
 import dataclasses
 import enum
 import functools
 import math
+import shutil
 import tempfile
 import typing
 from pathlib import Path
@@ -88,6 +90,7 @@ PATH_KEYS = ("data.path", "model.init_from", "checkpoint.resume_from", "ledger.s
 def existing_paths() -> list[str]:
     """Paths that exist, of the wrong kind for most keys: an empty folder, a folder of junk, junk files."""
     root = Path(tempfile.mkdtemp(prefix="cli_fuzz_"))
+    atexit.register(shutil.rmtree, root, ignore_errors=True)  # the test process's, not left in /tmp after it
     (root / "empty").mkdir()
     (root / "junk").mkdir()
     for name in ("model.safetensors", "manifest.json", "a.npy", "b.mp4", "c.pt"):

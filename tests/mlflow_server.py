@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import shutil
 import signal
 import socket
 import subprocess
@@ -59,6 +60,7 @@ class MlflowServer:
         port, pid, log = handed_over.split(" ", 2)
         server = cls.__new__(cls)
         server.port, server.log, server.proc, server.ready = int(port), Path(log), Adopted(int(pid)), False
+        server.root = None  # the controller's folder: it removes it
         server.uri = f"http://127.0.0.1:{server.port}"
         return server
 
@@ -70,7 +72,7 @@ class MlflowServer:
             s.bind(("127.0.0.1", 0))
             self.port = s.getsockname()[1]
         self.uri = f"http://127.0.0.1:{self.port}"
-        self.log = root / "server.log"
+        self.root, self.log = root, root / "server.log"
         cmd = [sys.executable, "-m", "mlflow", "server", "--host", "127.0.0.1", "--port", str(self.port)]
         cmd += ["--backend-store-uri", f"sqlite:///{root / 'mlflow.db'}", "--artifacts-destination", str(root / "art")]
         cmd += ["--workers", "1"]
@@ -101,6 +103,8 @@ class MlflowServer:
             with contextlib.suppress(ProcessLookupError):  # a worker's kill (the test's) came first
                 os.killpg(self.proc.pid, signal.SIGKILL)  # its own group: the server and its worker, nothing else
         self.proc.wait(timeout=30)
+        if self.root is not None:  # its database, artifacts and log: not left in the temp folder
+            shutil.rmtree(self.root, ignore_errors=True)
 
 
 _EARLY: list[MlflowServer] = []

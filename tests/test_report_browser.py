@@ -11,6 +11,7 @@ import json
 import os
 import shutil
 import subprocess
+import tempfile
 import time
 import urllib.request
 from pathlib import Path
@@ -84,6 +85,9 @@ class DevTools:
 def browser(tmp_path):
     assert Path(CHROMIUM).exists(), "no chromium in CI: scripts/install_chromium.sh installs it"
     profile = tmp_path / "profile"
+    # its singleton socket's folder goes in TMPDIR and stays there when it is stopped: a short one of ours (a socket's
+    # path is at most 107 bytes: under tmp_path, chromium aborts)
+    temp = tempfile.mkdtemp(prefix="chromium-")
     proc = subprocess.Popen(
         [
             CHROMIUM,
@@ -99,6 +103,7 @@ def browser(tmp_path):
         ],
         stdout=subprocess.DEVNULL,
         stderr=subprocess.DEVNULL,
+        env={**os.environ, "TMPDIR": temp},
     )
     try:
         port_file, deadline = profile / "DevToolsActivePort", time.monotonic() + 60
@@ -118,6 +123,7 @@ def browser(tmp_path):
             proc.wait(timeout=10)
         except subprocess.TimeoutExpired:
             proc.kill()
+        shutil.rmtree(temp, ignore_errors=True)
 
 
 def test_report_in_headless_chromium(browser, tmp_path, capsys):

@@ -31,7 +31,8 @@ for overrides in (
     ["model=dit_tiny", "data=synthetic_image", "data.frames=1"],
     ["precision=bf16_amp", "precision.cpu_gemm=emulated"],
 ):
-    result = execute(make_run(*overrides, "device=cpu", "steps=2", "ledger.enabled=false"), tempfile.mkdtemp(), {})
+    with tempfile.TemporaryDirectory() as out:
+        result = execute(make_run(*overrides, "device=cpu", "steps=2", "ledger.enabled=false"), out, {})
     assert result.status == "stable", result.reason
 print("torch._dynamo" in sys.modules, "torch._inductor" in sys.modules)
 """
