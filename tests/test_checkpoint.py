@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import csv
 import json
+import os
 import pickle
 import tempfile
 
@@ -117,6 +118,32 @@ def test_unverified_nan_checkpoint_collapses_the_loss_scale_and_is_traced_to_the
     assert (r.cause["where"], r.cause["module"]) == ("checkpoint", "blocks.1.attn.qkv"), r.cause
     scales = [float(row[2]) for _, row in sorted(losses(tmp_path).items())]
     assert scales[0] == 65536 and scales[-1] == 1.0 and scales == sorted(scales, reverse=True)
+
+
+@pytest.mark.parametrize("links", [True, False], ids=["linked", "no_links"])
+def test_an_injected_copy_links_the_state_it_leaves_alone_and_never_writes_the_source(
+    trained, tmp_path, monkeypatch, links
+):
+    """inject_fault copies the weights file it corrupts and hard-links the optimizer's and trainer's state (~3/4 of
+    a checkpoint; a run and each trial of its diagnosis make a copy), or copies them where no link can be made:
+    either way the source stays as it was, byte for byte."""
+    if not links:
+
+        def cross_device(src, dst):
+            raise OSError(18, "Invalid cross-device link")
+
+        monkeypatch.setattr(os, "link", cross_device)
+    ckpt = trained / "checkpoints" / "step_000006"
+    before = {p.name: p.read_bytes() for p in ckpt.iterdir()}
+    path, name = checkpoint.inject_fault(ckpt, tmp_path / "copy", "nan", "blocks.1.attn.qkv.weight")
+    assert {p.name: p.read_bytes() for p in ckpt.iterdir()} == before
+    copied = {p.name: p for p in path.iterdir()}
+    assert set(copied) == set(before) and name == "blocks.1.attn.qkv.weight"
+    model = checkpoint.MODEL_FILE
+    assert not os.path.samefile(copied[model], ckpt / model) and copied[model].read_bytes() != before[model]
+    for n, p in copied.items():
+        if n != model:
+            assert p.read_bytes() == before[n] and os.path.samefile(p, ckpt / n) == links, n
 
 
 def test_a_build_with_no_run_directory_loads_the_corrupted_copy_and_keeps_none(trained, tmp_path, monkeypatch):

@@ -441,13 +441,19 @@ def inject_fault(source: Path, dest: Path, kind: str, tensor: str | None) -> tup
 
     kind "nan" writes a NaN (a non-finite scan finds it); "bitflip" flips the top exponent bit of an
     element below 1 in magnitude, so 0.02 becomes ~7e36: finite, invisible to a NaN scan, found only by
-    the checksum. Returns (the path to load instead, the tensor corrupted).
+    the checksum. Returns (the path to load instead, the tensor corrupted). Of a directory, only the weights
+    file is copied (it is the one written); the others, read only, are hard links to the source's where the file
+    system allows one (`_link_or_copy`): the optimizer's and trainer's state are ~3/4 of a checkpoint, and a run
+    and each of its diagnosis's trials make their own copy.
     """
     source, dest = Path(source), Path(dest)
     shutil.rmtree(dest, ignore_errors=True)
     if source.is_dir():
-        shutil.copytree(source, dest)
+        top = os.fspath(source)
+        weights_left_out = lambda folder, names: {MODEL_FILE} if folder == top else set()  # noqa: E731
+        shutil.copytree(source, dest, copy_function=_link_or_copy, ignore=weights_left_out)
         target = dest / MODEL_FILE
+        shutil.copy2(source / MODEL_FILE, target)  # a file of its own: the write below must never reach the source
     else:
         dest.mkdir(parents=True)
         shutil.copy2(source, dest / source.name)
@@ -472,6 +478,14 @@ def inject_fault(source: Path, dest: Path, kind: str, tensor: str | None) -> tup
     raw[at : at + size] = bits.to_bytes(size, "little")
     target.write_bytes(bytes(raw))
     return (dest if source.is_dir() else target), name
+
+
+def _link_or_copy(src: str, dst: str) -> None:
+    """A hard link to src at dst, or a copy where the file system refuses one (another device, no link support)."""
+    try:
+        os.link(src, dst)
+    except OSError:
+        shutil.copy2(src, dst)
 
 
 class CheckpointHook:
