@@ -42,9 +42,11 @@ from optuna.trial import TrialState
 from sweep.config import LedgerConfig
 from sweep.run.results import quality_key, recorded_mechanism
 from sweep.run.urls import SECRET_QUERY_KEYS, mask_url, url_has_password  # noqa: F401  (re-exported)
+from sweep.search.optuna_schema import parse_migrations_once
 
 log = logging.getLogger("sweep")
 optuna.logging.set_verbosity(optuna.logging.WARNING)  # one "Using an existing study" line per run is noise
+parse_migrations_once()  # every storage this process opens shares one parse of Optuna's migration scripts
 T = TypeVar("T")
 
 STALE_ATTR = "stale"
