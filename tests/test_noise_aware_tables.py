@@ -227,5 +227,6 @@ def test_real_runs_rank_an_lr_100x_too_low_lower_and_call_the_attention_toggle_a
     from sweep.report.html import curve_figures
 
     for fig in curve_figures(runs):  # the report's curves: an eval-loss row, a noise band per lr
-        assert [a.text for a in fig.layout.annotations] == ["loss", "eval loss", "grad norm"]
-        assert sorted(t.name for t in fig.data if t.fill == "tonexty") == ["lr=0.001 mean ± sd", "lr=1e-05 mean ± sd"]
+        assert [a["text"] for a in fig["layout"]["annotations"]] == ["loss", "eval loss", "grad norm"]
+        bands = sorted(t["name"] for t in fig["data"] if t.get("fill") == "tonexty")
+        assert bands == ["lr=0.001 mean ± sd", "lr=1e-05 mean ± sd"]

@@ -17,7 +17,7 @@ from sweep.report.__main__ import main as report_main
 from sweep.report.html import MAX_POINTS, curve, curve_figures, plotly_js_name
 from sweep.report.runs import runs_from_dirs
 
-from .conftest import multirun_in_process
+from .conftest import SMALL_MODEL, multirun_in_process
 from .test_report_tables import make_grid, write_run
 
 STEPS = 1000
@@ -104,11 +104,27 @@ def test_downsampling_keeps_the_spike_the_bad_step_and_the_ends():
 def test_a_diverged_run_keeps_its_bad_step_marker_after_downsampling(sweep_100):
     runs = runs_from_dirs(sweep_100)
     fig = curve_figures(runs[runs["param:precision"] == "fp32"])[0]
-    marks = [t for t in fig.data if t.mode == "markers" and t.marker.symbol == "x"]
-    assert len(marks) == 2 and all(tuple(t.x) == (800,) for t in marks)  # one per diverged run (2 seeds)
-    lines = [t for t in fig.data if t.mode == "lines" and t.yaxis == "y" and len(t.x) > 100]
-    assert lines and all(len(t.x) <= MAX_POINTS + 4 for t in lines)
-    assert all(800 in t.x for t in lines if t.x[-1] == 800)  # the diverged runs' lines reach it
+    marks = [t for t in fig["data"] if t["mode"] == "markers" and t["marker"]["symbol"] == "x"]
+    assert len(marks) == 2 and all(t["x"] == [800] for t in marks)  # one per diverged run (2 seeds)
+    lines = [t for t in fig["data"] if t["mode"] == "lines" and t["yaxis"] == "y" and len(t["x"]) > 100]
+    assert lines and all(len(t["x"]) <= MAX_POINTS + 4 for t in lines)
+    assert all(800 in t["x"] for t in lines if t["x"][-1] == 800)  # the diverged runs' lines reach it
+
+
+def test_the_curve_figures_are_plotlys_own_form_of_them(sweep_100, tmp_path):
+    """curve_figures builds dicts, not validated plotly objects (its speed): plotly's validation of each figure
+    must change nothing, over diverged runs, replicate seeds (noise bands), eval losses and loss scales."""
+    import plotly.graph_objects as go
+
+    grid = tmp_path / "grid"
+    multirun_in_process(grid, *SMALL_MODEL, "steps=3", "precision=fp16_amp", "replicates=2", "ledger.enabled=false")
+    runs = pd.concat([runs_from_dirs(sweep_100), runs_from_dirs(grid)], ignore_index=True)
+    figs = curve_figures(runs)
+    traces = [t for f in figs for t in f["data"]]
+    assert {"eval loss", "loss scale"} <= {a["text"] for f in figs for a in f["layout"]["annotations"]}
+    assert any(t.get("fill") == "tonexty" for t in traces) and any(t["mode"] == "markers" for t in traces)
+    for fig in figs:
+        assert json.loads(go.Figure(fig).to_json()) == json.loads(json.dumps(fig))
 
 
 def test_a_multirun_writes_report_html_unless_report_html_false(tmp_path, capsys):
