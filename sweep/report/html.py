@@ -274,7 +274,8 @@ def curve_figures(runs: pd.DataFrame) -> list[dict]:
 
 
 def _scatter(row: int, **props) -> dict:
-    """A scatter trace on panel `row` (1 at the top), as plotly's to_dict writes it."""
+    """A scatter trace on panel `row` (1 at the top), as plotly's to_dict writes it: the callers pass `props` in
+    its order (alphabetical), so the page's JSON is the one the validated figures gave, byte for byte."""
     axis = "" if row == 1 else str(row)
     return {**props, "type": "scatter", "xaxis": "x" + axis, "yaxis": "y" + axis}
 
