@@ -274,10 +274,11 @@ def curve_figures(runs: pd.DataFrame) -> list[dict]:
 
 
 def _scatter(row: int, **props) -> dict:
-    """A scatter trace on panel `row` (1 at the top), as plotly's to_dict writes it: the callers pass `props` in
-    its order (alphabetical), so the page's JSON is the one the validated figures gave, byte for byte."""
+    """A scatter trace on panel `row` (1 at the top), as plotly's to_dict writes it: `props` in its order
+    (alphabetical), then the type and the panel's axes, so the page's JSON is the one the validated figures gave,
+    byte for byte."""
     axis = "" if row == 1 else str(row)
-    return {**props, "type": "scatter", "xaxis": "x" + axis, "yaxis": "y" + axis}
+    return {**dict(sorted(props.items())), "type": "scatter", "xaxis": "x" + axis, "yaxis": "y" + axis}
 
 
 @functools.lru_cache(maxsize=8)
