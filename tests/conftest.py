@@ -3,7 +3,9 @@ command line in a subprocess (run_cli); read what a run wrote (read_result, read
 
 from __future__ import annotations
 
+import contextlib
 import json
+import logging
 import os
 import signal
 import subprocess
@@ -71,6 +73,29 @@ def make_run(*overrides: str, fast: bool = True) -> RunConfig:
     return to_run_config(compose_cfg((FAST if fast else []) + list(overrides)))
 
 
+@contextlib.contextmanager
+def logging_kept():
+    """Give the process's logging back as it was: a multirun's launcher and jobs configure it (Hydra's
+    hydra_logging and job_logging: root's handlers replaced by a console handler on the sys.stdout of that moment
+    and a file handler on the job's log). A CLI process owns its logging; a test's does not: left in place, the
+    console handler held a test's capsys stream, and a later test's first log line on that worker printed a
+    40-line "--- Logging error --- ... I/O operation on closed file" into its stderr (a CI failure, order-dependent
+    under xdist)."""
+    root = logging.getLogger()
+    handlers, level = root.handlers[:], root.level
+    try:
+        yield
+    finally:
+        for handler in root.handlers[:]:
+            if handler not in handlers:
+                root.removeHandler(handler)
+                handler.close()
+        for handler in handlers:
+            if handler not in root.handlers:
+                root.addHandler(handler)
+        root.setLevel(level)
+
+
 def multirun_in_process(sweep_dir: Path, *overrides: str, fast: bool = True) -> list:
     """`python -m sweep -m ...` in this process (no interpreter start-up: seconds per test), with the
     real conf/, our task function and the configured sweeper, launcher and end-of-sweep summary. With
@@ -80,7 +105,7 @@ def multirun_in_process(sweep_dir: Path, *overrides: str, fast: bool = True) -> 
     small = [*FAST, "threads=1"] if fast else []
     GlobalHydra.instance().clear()
     try:
-        with initialize_config_dir(config_dir=CONF_DIR, version_base="1.3"):
+        with logging_kept(), initialize_config_dir(config_dir=CONF_DIR, version_base="1.3"):
             return GlobalHydra.instance().hydra.multirun(
                 config_name="config",
                 task_function=run_job,

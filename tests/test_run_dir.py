@@ -145,6 +145,23 @@ def test_a_sweep_into_a_dir_holding_a_single_run_says_so(tmp_path, capsys, where
     assert str(tmp_path / "run") in err[0], err
 
 
+def test_an_in_process_multirun_gives_the_process_logging_back(tmp_path, capsys):
+    """The test above failed in CI when it ran after another in-process multirun on its worker: Hydra's logging
+    configuration had left root a console handler on that test's closed capsys stream, and the first log line here
+    printed "--- Logging error ---" into stderr. multirun_in_process now gives root's handlers and level back."""
+    import logging
+
+    from .conftest import multirun_in_process
+
+    root = logging.getLogger()
+    before = (root.handlers[:], root.level)
+    multirun_in_process(tmp_path / "s", "steps=1", "ledger.enabled=false")
+    assert (root.handlers, root.level) == before
+    capsys.readouterr()  # the run's lines went to this test's streams while it ran
+    logging.getLogger("sweep").warning("after the multirun")
+    assert "Logging error" not in capsys.readouterr().err
+
+
 def test_a_sweep_into_the_parent_of_a_sweep_names_that_sweep(finished_sweep, capsys):
     from .conftest import multirun_in_process
 
