@@ -29,7 +29,7 @@ from hypothesis import strategies as st
 
 from sweep.config import RunConfig
 
-from .conftest import CONF_DIR, FAST, logging_kept
+from .conftest import CONF_DIR, FAST
 
 GROUPS = {
     p.name: sorted(f.stem for f in p.glob("*.yaml"))
@@ -288,7 +288,7 @@ def run_job_in_process(run_dir: Path, overrides: list[str]) -> int:
     from hydra import initialize_config_dir
 
     try:
-        with logging_kept(), initialize_config_dir(config_dir=CONF_DIR, version_base="1.3"):
+        with initialize_config_dir(config_dir=CONF_DIR, version_base="1.3"):
             GlobalHydra.instance().hydra.run(
                 config_name="config",
                 task_function=run_job,

@@ -78,22 +78,19 @@ def logging_kept():
     """Give the process's logging back as it was: a multirun's launcher and jobs configure it (Hydra's
     hydra_logging and job_logging: root's handlers replaced by a console handler on the sys.stdout of that moment
     and a file handler on the job's log). A CLI process owns its logging; a test's does not: left in place, the
-    console handler held a test's capsys stream, and a later test's first log line on that worker printed a
-    40-line "--- Logging error --- ... I/O operation on closed file" into its stderr (a CI failure, order-dependent
-    under xdist)."""
+    console handler held a test's capsys stream, and a later test's first log line on that worker printed dozens
+    of lines of "--- Logging error --- ... I/O operation on closed file" into its stderr (a CI failure,
+    order-dependent under xdist)."""
     root = logging.getLogger()
     handlers, level = root.handlers[:], root.level
     try:
         yield
     finally:
-        for handler in root.handlers[:]:
-            if handler not in handlers:
-                root.removeHandler(handler)
-                handler.close()
-        for handler in handlers:
-            if handler not in root.handlers:
-                root.addHandler(handler)
+        added = [handler for handler in root.handlers if handler not in handlers]
+        root.handlers[:] = handlers
         root.setLevel(level)
+        for handler in added:
+            handler.close()
 
 
 def multirun_in_process(sweep_dir: Path, *overrides: str, fast: bool = True) -> list:

@@ -148,7 +148,8 @@ def test_a_sweep_into_a_dir_holding_a_single_run_says_so(tmp_path, capsys, where
 def test_an_in_process_multirun_gives_the_process_logging_back(tmp_path, capsys):
     """The test above failed in CI when it ran after another in-process multirun on its worker: Hydra's logging
     configuration had left root a console handler on that test's closed capsys stream, and the first log line here
-    printed "--- Logging error ---" into stderr. multirun_in_process now gives root's handlers and level back."""
+    printed "--- Logging error ---" into stderr. multirun_in_process now gives root's handlers and level back (a
+    single run in process, run_job_in_process, configures no logging: with_log_configuration=False)."""
     import logging
 
     from .conftest import multirun_in_process
