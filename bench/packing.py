@@ -22,6 +22,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from device_kernels import device_time, report
 from host_parts import host_parts
 from host_parts import line as host_line
 from throughput import matmul_flops, run_config, step_flops
@@ -75,6 +76,14 @@ def main() -> None:
     ap.add_argument("--steps", type=int, default=10)
     ap.add_argument("--packed-only", action="store_true", help="skip the K runs one after another (no speed-up column)")
     ap.add_argument(
+        "--kernels",
+        type=int,
+        default=0,
+        metavar="N",
+        help="after the figures, the largest pack once more under torch.profiler: where its device time went by "
+        "kind, and its N longest kernels (bench/device_kernels.py; 0: not run)",
+    )
+    ap.add_argument(
         "override", nargs="*", help="config overrides for every run, e.g. data.frames=4 data.height=8 data.width=8"
     )
     args = ap.parse_args()
@@ -123,6 +132,11 @@ def main() -> None:
             f"{achieved / 1e9:>15.1f}{achieved / peak:>11.1%}{str(same) if alone else '-':>16}"
         )
         print(f"      the pack end to end, {host_line(spent, together, args.steps, 'pack-step')}")
+    if args.kernels:  # apart from the timed packs: the profiler slows the host
+        with tempfile.TemporaryDirectory() as tmp, device_time(device) as rows:
+            execute_pack(runs, [Path(tmp) / f"pack{i}" for i in range(k)], [{}] * k, [""] * k)
+        print(f"K={k}, the pack end to end under torch.profiler (build, train, eval, files):")
+        print(report(rows, args.steps, args.kernels, "pack-step"))
 
 
 if __name__ == "__main__":

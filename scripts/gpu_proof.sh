@@ -38,7 +38,8 @@ echo "parts: $parts"
 part 90 cuda python3 -m pytest -q -m cuda -n 8 -p no:cacheprovider -rs --durations=8 --timeout 80
 TAIL=24 part 150 graph bash bench/gpu.sh graph
 pack=(bench/packing.py --precision bf16_amp --attention flash --packs 32 --packed-only graph=true monitor.sync_every=32)
-part 90 packing bash -c "$PYTHON ${pack[*]} --steps 128 && $PYTHON ${pack[*]} --steps 512"
+# --kernels: the 128-step pack once more under torch.profiler, where its device time goes (bench/device_kernels.py)
+part 110 packing bash -c "$PYTHON ${pack[*]} --steps 128 --kernels 15 && $PYTHON ${pack[*]} --steps 512"
 part 30 vmap "$PYTHON" bench/vmap_check.py
 # Results, not speed: sweeps side by side (six processes on the one GPU).
 TAIL=30 part 200 parity "$PYTHON" bench/graph_parity.py --jobs 6 --again
