@@ -19,7 +19,7 @@ import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from sweep.run import adamw
-from sweep.run.adamw import DeviceAdamW, Hyper, PerStep, StackedAdamW, per_step_scalars, update_all_
+from sweep.run.adamw import DeviceAdamW, Hyper, PerStep, StackedAdamW, group_of, per_step_scalars, update_all_
 from sweep.run.build import lr_schedule
 
 from .conftest import make_run
@@ -148,6 +148,58 @@ def test_a_packs_update_is_each_runs_own_update_bit_for_bit(dtype):
                 assert same_bits(stacked[str(i)][k], w), f"step {step}, run {k}, weight {i}"
                 m, v = packed.moments[str(i)]
                 assert same_bits(m[k], opts[k].state[w]["exp_avg"]) and same_bits(v[k], opts[k].state[w]["exp_avg_sq"])
+
+
+def test_a_packs_update_takes_each_weights_own_group_bit_for_bit():
+    # µP's two groups (models/mup.py): the hidden weights at lr / m with weight decay x m. Three runs of the same two
+    # groups, each its own lr and decay; weights 0 and 3 in the base group, 1 and 2 in the hidden one.
+    lr_scale, wd_scale = 0.25, 4.0
+    alone = [weights(torch.float32, seed=k) for k in range(3)]
+    opts = []
+    for k, ws in enumerate(alone):
+        f, wd = (1.0, 0.3, 3.0)[k], (0.0, 0.1, 0.01)[k]
+        two = [
+            {"params": [ws[0], ws[3]], "lr": schedule(0), "lr_scale": 1.0, "weight_decay": wd},
+            {
+                "params": [ws[1], ws[2]],
+                "lr": schedule(0) * lr_scale,
+                "lr_scale": lr_scale,
+                "weight_decay": wd * wd_scale,
+            },
+        ]
+        opts.append(DeviceAdamW(two, lambda s, f=f: schedule(s) * f, 20, (0.9, 0.99), 1e-8, wd, torch.device("cpu")))
+    names = [str(i) for i in range(4)]
+    stacked = {n: torch.stack([ws[i].detach() for ws in alone]).requires_grad_() for i, n in enumerate(names)}
+    model = torch.nn.Module()
+    for n, w in zip(names, alone[0]):
+        model.register_parameter(f"w{n}", torch.nn.Parameter(w.detach()))
+    assert group_of(model, opts[0]) == {}  # another model's weights: none of them in the optimizer
+    packed = StackedAdamW([SimpleNamespace(optimizer=o) for o in opts], stacked, {"0": 0, "1": 1, "2": 1, "3": 0})
+    gen = torch.Generator().manual_seed(3)
+    for step in range(20):
+        for i, n in enumerate(names):
+            stacked[n].grad = torch.randn(stacked[n].shape, generator=gen) * 10.0 ** (step % 5 - 4)
+            for k, ws in enumerate(alone):
+                ws[i].grad = stacked[n].grad[k].clone()
+        for opt in opts:
+            opt.at(step)
+            opt.step()
+        packed.at(step)
+        packed.step()
+        for k, ws in enumerate(alone):
+            for i, w in enumerate(ws):
+                assert same_bits(stacked[names[i]][k], w), f"step {step}, run {k}, weight {i}"
+    with pytest.raises(ValueError, match="same param groups"):
+        StackedAdamW([SimpleNamespace(optimizer=o) for o in opts], stacked)  # two groups, no weight's group named
+
+
+def test_group_of_names_each_weights_group():
+    model = torch.nn.Linear(3, 2)
+    opt = DeviceAdamW(
+        [{"params": [model.weight]}, {"params": [model.bias], "lr_scale": 0.5}],
+        schedule, 4, (0.9, 0.99), 1e-8, 0.0, torch.device("cpu"),
+    )  # fmt: skip
+    assert group_of(model, opt) == {"weight": 0, "bias": 1}
 
 
 VIEWS = {"view", "select", "slice", "unsqueeze", "expand", "alias", "as_strided", "detach", "_unsafe_view"}

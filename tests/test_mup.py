@@ -223,12 +223,11 @@ def test_a_custom_model_that_declares_its_roles_gets_the_mup_lr():
     assert mup_groups(plain, 1e-3, 0.0) is None  # no roles declared: one group, as before
 
 
-def test_mup_runs_are_not_packed():
-    """The packed launcher's StackedAdamW takes one lr table per run: a µP run's second group would be lost."""
+def test_mup_runs_pack():
+    """StackedAdamW keeps one lr table per param group, so a µP run's hidden group is no reason to train alone."""
     from sweep.run.packing import refusal
 
-    assert "model.param=mup" in refusal(make_run("model.param=mup", "model.base_width=32", "model.width=64"))
-    assert refusal(make_run("model.width=64")) is None
+    assert refusal(make_run("model.param=mup", "model.base_width=32", "model.width=64")) is None
 
 
 def test_a_mup_run_builds_a_mup_model_and_its_groups():

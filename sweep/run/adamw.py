@@ -513,18 +513,32 @@ class DeviceAdamW(torch.optim.Optimizer):
             self.known.stepped(self.state, params, together)
 
 
+def group_of(model: torch.nn.Module, optimizer: torch.optim.Optimizer) -> dict[str, int]:
+    """Each of `model`'s weights in `optimizer` by name: the index of its param group (StackedAdamW's `groups`)."""
+    index = {id(p): i for i, g in enumerate(optimizer.param_groups) for p in g["params"]}
+    return {n: index[id(p)] for n, p in model.named_parameters() if id(p) in index}
+
+
 class StackedAdamW:
     """Every run's AdamW as one update of the stacked weights: sweep.run.adamw.update_, run k with the scalars
     of its own optimizer (its lr table, betas, eps and weight decay: sweep.run.adamw.DeviceAdamW) and its
     own update count. So each run's update is the one it takes alone, bit for bit, and pure fp16 still turns
     eps=1e-8 into 0 and divides 0 by 0. A run whose step is skipped (overflow, verdict) keeps its weights,
-    moments and count untouched."""
+    moments and count untouched.
 
-    def __init__(self, parts: Sequence, params: dict[str, torch.Tensor]):
-        # packable runs have one group (sweep.run.packing.refusal)
-        self.hyper = Hyper.stack([p.optimizer.hyper[0] for p in parts])
+    The runs' optimizers have the same param groups (a pack's runs build one model: sweep.run.packing.pack_key),
+    e.g. µP's base and hidden groups (models/mup.py), each with its own lr scale and weight decay: `groups` names
+    each weight's group (`group_of`; None: every weight in group 0), and a weight takes its group's scalars."""
+
+    def __init__(self, parts: Sequence, params: dict[str, torch.Tensor], groups: dict[str, int] | None = None):
+        count = len(parts[0].optimizer.param_groups)
+        if any(len(p.optimizer.param_groups) != count for p in parts) or (groups is None and count != 1):
+            raise ValueError(f"StackedAdamW: the runs' optimizers must have the same param groups (the first: {count})")
+        self.hyper = [Hyper.stack([p.optimizer.hyper[g] for p in parts]) for g in range(count)]
+        """Per param group, its runs' hyperparameters stacked (a row per run)."""
+        self.groups = groups or {}
         self.beta2 = [p.optimizer.param_groups[0]["betas"][1] for p in parts]
-        self.decays = any(p.optimizer.param_groups[0]["weight_decay"] != 0 for p in parts)
+        self.decays = any(g["weight_decay"] != 0 for p in parts for g in p.optimizer.param_groups)
         self.params = params
         """The stacked weights by name (PackedModel.params; the pack compacting replaces them)."""
         self.moments = {n: (torch.zeros_like(w), torch.zeros_like(w)) for n, w in params.items() if w.requires_grad}
@@ -536,7 +550,7 @@ class StackedAdamW:
     def keep(self, positions: list[int]) -> None:
         index = torch.tensor(positions, dtype=torch.long, device=self.device)
         self.moments = {n: (m[index], v[index]) for n, (m, v) in self.moments.items()}
-        self.hyper, self.counts = self.hyper.keep(index), self.counts[index]
+        self.hyper, self.counts = [h.keep(index) for h in self.hyper], self.counts[index]
 
     def second_moment(self, position: int, run: int) -> tuple[float, int, float]:
         """Run `run`'s (at `position` in the pack) sum of v, update count and beta2, as
@@ -549,7 +563,8 @@ class StackedAdamW:
 
     def at(self, step: int, stop: int | None = None) -> None:
         """The next update is step `step`'s (each run's lr of that step); as DeviceAdamW.at."""
-        self.hyper.lr.cover(step, stop if stop is not None else step + 1)
+        for h in self.hyper:
+            h.lr.cover(step, stop if stop is not None else step + 1)
         self.clock.fill_(step)
 
     def saved(self, into: Sequence[torch.Tensor] | None = None) -> Saved:
@@ -571,15 +586,17 @@ class StackedAdamW:
         params = self.params
         keep = [i for i, go in enumerate(stepping) if not go] if stepping is not None else []
         self.counts += torch.tensor(stepping, device=self.device) if keep else 1
-        lr = self.hyper.lr.at(self.clock).view(-1)
-        # (len(PerStep), K): a column per run; a skipped run's go unused
-        per_step = per_step_scalars(lr, self.hyper, self.counts.clamp(min=1))
+        counts = self.counts.clamp(min=1)
+        # per group, (len(PerStep), K): a column per run; a skipped run's go unused
+        per_step = [per_step_scalars(h.lr.at(self.clock).view(-1), h, counts) for h in self.hyper]
         for name, (m, v) in self.moments.items():
             w, g = params[name].detach(), params[name].grad
             if g is None:
                 continue
             saved = [t[keep].clone() for t in (w, m, v)] if keep else None
-            update_(w, g, m, v, per_step, self.hyper.consts, self.decays, self.hyper.update_clip)
+            group = self.groups.get(name, 0)
+            h = self.hyper[group]
+            update_(w, g, m, v, per_step[group], h.consts, self.decays, h.update_clip)
             if saved:
                 for t, old in zip((w, m, v), saved):
                     t[keep] = old

@@ -30,7 +30,7 @@ from torch.func import vmap
 
 from sweep.config import RunConfig
 from sweep.data.device import DeviceBatches, PackBatches
-from sweep.run.adamw import StackedAdamW
+from sweep.run.adamw import StackedAdamW, group_of
 from sweep.run.build import RunParts
 from sweep.run.evaluate import Evaluator
 from sweep.run.graph import table_span
@@ -47,7 +47,7 @@ class Stacked:
         self.runs, self.parts = runs, parts
         self.device, self.policy = parts[0].device, parts[0].policy
         self.model = PackedModel([p.model for p in parts])
-        self.optimizer = StackedAdamW(parts, self.model.params)
+        self.optimizer = StackedAdamW(parts, self.model.params, group_of(parts[0].model, parts[0].optimizer))
         self.clock = self.optimizer.clock
         scaler = DeviceLossScaler.stack([p.scaler for p in parts])
         self.steps = Steps(

@@ -22,7 +22,7 @@ from typing import Sequence
 
 import torch
 
-from sweep.config import Arch, FinetuneMethod, OptimName, Param, PrunerName, RunConfig
+from sweep.config import Arch, FinetuneMethod, OptimName, PrunerName, RunConfig
 from sweep.run.build import resolve_device
 from sweep.run.execute import execute_runs
 from sweep.run.precision import PrecisionPolicy
@@ -66,8 +66,6 @@ def refusal(run: RunConfig, device: torch.device | None = None) -> str | None:
         return f"optim={run.optim.name.value} runs eagerly with its library's optimizer: not packed"
     if run.precision.fp8 is not None:  # vmap cannot take torchao's float8 matmul (no setup_context)
         return f"precision={run.precision.name}: torchao's fp8 linears do not run under vmap: not packed"
-    if run.model.param is Param.mup:  # StackedAdamW takes one group's lr table per run
-        return "model.param=mup trains its hidden weights at their own lr (a second optimizer group): not packed"
     if run.compile:
         return "compile=true: a compiled run trains alone"
     if run.data.skip_samples:
