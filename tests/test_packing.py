@@ -16,7 +16,7 @@ from torch.func import vmap
 from models.modulate import modulate
 from sweep.config import RunConfig
 from sweep.run.execute import execute
-from sweep.run.packing import execute_pack, pack_key, plan, refusal
+from sweep.run.packing import alone_lines, execute_pack, pack_key, plan, refusal
 
 from .conftest import SMALL_MODEL, make_run, multirun_in_process, read_results
 
@@ -239,6 +239,15 @@ def test_plan_packs_runs_of_one_computation_and_leaves_the_rest_alone():
     assert refusal(other[2]) and refusal(other[3]) and refusal(fp32[0]) is None
     assert plan(fp32 + other, pack=3) == [[0, 1, 2], [3], [4], [5], [6], [7]]
     assert plan(fp32, pack=1) == [[0], [1], [2], [3]]
+
+
+def test_a_packed_sweep_says_which_runs_train_alone_and_why():
+    runs = [make_run(), make_run("compile=true"), make_run("compile=true", "seed=1"), make_run("optim=adafactor")]
+    assert alone_lines(runs) == [
+        "2 of 4 runs train alone: compile=true: a compiled run trains alone",
+        "1 of 4 runs train alone: optim=adafactor runs eagerly with its library's optimizer: not packed",
+    ]
+    assert alone_lines(runs[:1]) == []
 
 
 def test_kernels_whose_vmap_fails_on_cuda_train_alone_there_and_only_there():

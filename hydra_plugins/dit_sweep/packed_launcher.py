@@ -60,7 +60,7 @@ class PackedLauncher(Launcher):
         from sweep.job import finish_job, job_sinks, job_spec_task
         from sweep.run.interrupt import stopping_on_signals
         from sweep.run.once import per_sweep
-        from sweep.run.packing import execute_pack, plan
+        from sweep.run.packing import alone_lines, execute_pack, plan
 
         setup_globals()
         assert self.config is not None and self.hydra_context is not None and self.task_function is not None
@@ -99,6 +99,8 @@ class PackedLauncher(Launcher):
             specs.append(returns[-1].return_value)
             configure_log(self.config.hydra.hydra_logging, self.config.hydra.verbose)
         ours = [i for i, spec in enumerate(specs) if spec is not None]
+        for line in alone_lines([specs[i].run for i in ours]):  # asked to pack: say which runs will not, and why
+            log.warning(line)
         # Ctrl-C/SIGTERM: the pack in progress trains to its end and is recorded, no later pack starts (their
         # job dirs have no result.json: a resume runs them); a second signal exits at once (sweep/run/interrupt.py).
         with stopping_on_signals() as request, per_sweep(self.config.hydra.sweep.dir):

@@ -78,6 +78,15 @@ def refusal(run: RunConfig, device: torch.device | None = None) -> str | None:
     return cuda_vmap_failure(run, device or resolve_device(run.device))
 
 
+def alone_lines(runs: Sequence[RunConfig]) -> list[str]:
+    """What a packed sweep says of its runs that must train alone: a line per reason (`refusal`), with how many."""
+    reasons: dict[str, int] = {}
+    for run in runs:
+        if (why := refusal(run)) is not None:
+            reasons[why] = reasons.get(why, 0) + 1
+    return [f"{n} of {len(runs)} runs train alone: {why}" for why, n in reasons.items()]
+
+
 def cuda_vmap_failure(run: RunConfig, device: torch.device) -> str | None:
     """SDPA kernels that train alone on CUDA but fail under vmap (seen on an H100 with torch 2.11)."""
     if device.type != "cuda":
