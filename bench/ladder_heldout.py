@@ -7,7 +7,12 @@ the bracket the sweep measured there (docs/ladder.md, issue #30).
 
 It prints, per combination, the fit the report makes (each seed's bracket a point when there are replicates) and
 the fit on one merged bracket per size (stable for every seed), each with its 90% interval and whether that
-holds the measured bracket at the target; then the fit on every size, predicting --beyond.
+holds the measured bracket at the target; then the fit on every size, predicting --beyond. A target swept on too
+few lrs for a bracket (every one stable, or none) still says whether the interval can hold it.
+
+With --window it prints only the lrs to sweep at --target, comma-separated: the fitted sweep's own grid values
+inside the fit's 90% interval there, and one more on each side (bench/ladder_real_width.sh sweeps the held-out
+widths on these, not on the whole grid).
 """
 
 from __future__ import annotations
@@ -20,6 +25,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from sweep.report.ladder import fit_line, ladder_fit
 from sweep.report.runs import PARAM, runs_from_dirs
+from sweep.report.tables import LR
 
 
 def describe(name: str, row: dict, measured: tuple | None) -> str:
@@ -29,10 +35,41 @@ def describe(name: str, row: dict, measured: tuple | None) -> str:
         f"(90% interval {row['low']:.3g} .. {row['high']:.3g}: {width:.1f}x wide)"
     )
     if measured is not None:
-        lo, hi = measured
-        holds = row["low"] <= lo and hi <= row["high"]
-        text += f"; measured [{lo:.3g}, {hi:.3g}) {'inside' if holds else 'NOT inside'}"
+        text += "; " + measured_text(row["low"], row["high"], *measured)
     return text
+
+
+def measured_text(low: float, high: float, lo, hi) -> str:
+    """The target's measured bracket [largest stable, smallest diverging) against the interval; an open one (no
+    lr stable for every seed, or none diverging) decides only when the interval ends on its known side."""
+    if lo is None or hi is None:
+        if lo is not None:  # stable up to the top of the swept lrs: the true largest stable lr is at least lo
+            return f"measured: stable for every seed up to {lo:.3g}, none diverging " + (
+                "(NOT inside: above the interval)" if lo > high else "(undecided: sweep higher lrs)"
+            )
+        if hi is not None:
+            return f"measured: no lr stable for every seed, {hi:.3g} the lowest swept " + (
+                "(NOT inside: below the interval)" if hi < low else "(undecided: sweep lower lrs)"
+            )
+        return "measured: no run at the target"
+    if lo >= hi:
+        return f"measured: not monotone (stable for every seed at {lo:.3g}, diverging at {hi:.3g} below it): no bracket"
+    holds = low <= lo and hi <= high
+    return f"measured [{lo:.3g}, {hi:.3g}) {'inside' if holds else 'NOT inside'}"
+
+
+def window(grid: list[float], low: float, high: float) -> list[float]:
+    """The values of `grid` in [low, high] (or, when none is, the two around it) and one more on each side."""
+    inside = [i for i, lr in enumerate(grid) if low <= lr <= high]
+    if not inside:
+        above = next((i for i, lr in enumerate(grid) if lr > high), len(grid))
+        inside = [above - 1, above]
+    first, last = max(min(inside) - 1, 0), min(max(inside) + 1, len(grid) - 1)
+    return grid[first : last + 1]
+
+
+def nan_free(value) -> float | None:
+    return None if value is None or value != value else float(value)
 
 
 def main() -> int:
@@ -42,6 +79,7 @@ def main() -> int:
     ap.add_argument("--target", type=float, required=True, help="the held-out size to predict (swept too)")
     ap.add_argument("--beyond", type=float, default=None, help="with every size fitted, predict this size")
     ap.add_argument("--confidence", type=float, default=0.9)
+    ap.add_argument("--window", action="store_true", help="print only the lrs to sweep at --target (see above)")
     args = ap.parse_args()
     runs = runs_from_dirs(args.sweep_dir)
     if runs.empty:
@@ -54,9 +92,19 @@ def main() -> int:
     axis = full.attrs["axis"]
     sizes = runs[PARAM + axis].astype(float)
     fit = ladder_fit(runs[sizes <= args.fit_max], target=args.target, confidence=args.confidence)
+    if args.window:
+        grid = sorted({float(lr) for lr in runs[PARAM + LR].dropna()})
+        fitted = fit.dropna(subset=["low", "high"])
+        if fitted.empty:  # no size had a bracket: nothing to centre on
+            print("bench/ladder_heldout.py: no fit (no size has a bracket): the whole grid", file=sys.stderr)
+            chosen = grid
+        else:
+            chosen = sorted({lr for _, row in fitted.iterrows() for lr in window(grid, row["low"], row["high"])})
+        print(",".join(f"{lr:g}" for lr in chosen))
+        return 0
     for combo, row in fit.iterrows():
-        held = [p for p in full.attrs["points"][combo] if p[0] == args.target]
-        measured = (held[0][1], held[0][2]) if held and held[0][3] == held[0][3] else None
+        held = [p for p in full.attrs["points"].get(combo, []) if p[0] == args.target]
+        measured = (nan_free(held[0][1]), nan_free(held[0][2])) if held else None
         print(f"{combo}: fit on {axis} <= {args.fit_max:g}, predict {args.target:g}")
         print(describe("as the report fits it", row.to_dict(), measured))
         merged = fit_line(fit.attrs["points"][combo], args.target, args.confidence)

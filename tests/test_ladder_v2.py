@@ -155,3 +155,77 @@ def test_a_ladder_sweep_of_two_sizes_is_one_line_exit_2(tmp_path, mode):
     assert proc.returncode == 2 and len(lines) == 1, proc.stderr
     assert "model.width: a ladder needs at least 3 sizes" in lines[0]
     assert not list(tmp_path.rglob("result.json"))
+
+
+def test_the_real_width_experiment_fits_four_widths_packed_one_pack_per_width():
+    """conf/experiment/mup_real_width.yaml (issue #48 item 5): µP on the 12-block video DiT, base width 64, four
+    fitted widths on a sqrt(2) grid of 14 lrs x 2 seeds; runs of one width share a pack key, two widths never, so
+    the header's pack=28 is one pack per width; and every held-out width's run config validates."""
+    import dataclasses
+
+    from hydra import compose, initialize_config_dir
+    from hydra.core.global_hydra import GlobalHydra
+
+    from models.registry import sized
+    from sweep.config import Param, to_run_config
+    from sweep.run.packing import pack_key, refusal
+
+    GlobalHydra.instance().clear()
+    with initialize_config_dir(config_dir=CONF_DIR, version_base="1.3"):
+        cfg = compose(config_name="config", overrides=["+experiment=mup_real_width"], return_hydra_config=True)
+        params = cfg.hydra.sweeper.params
+        cfg.model.param = "mup"
+        run = to_run_config(cfg)
+        wide = compose(config_name="config", overrides=["+experiment=mup_real_width", "model.width=2048",
+                                                        "model.param=mup"])  # fmt: skip
+    GlobalHydra.instance().clear()
+    lrs = [float(v) for v in params["optim.lr"].split(",")]
+    assert len(lrs) == 14 and all(b / a == pytest.approx(math.sqrt(2), rel=0.01) for a, b in zip(lrs, lrs[1:]))
+    assert params["model.width"] == "64,128,256,512" and params["model.param"] == "mup"
+    assert (run.model.size, run.model.depth, run.model.base_width, run.replicates, run.steps) == ("S", None, 64, 2, 300)
+    assert sized("S", 2048, None) == dict(hidden_size=2048, depth=12, num_heads=32)  # DiT-S's 12 blocks, head dim 64
+    assert run.model.param is Param.mup and run.ladder.target == 2048 and refusal(run) is None
+    assert to_run_config(wide).model.width == 2048
+
+    def key(width, lr, seed):
+        one = dataclasses.replace(run, seed=seed, optim=dataclasses.replace(run.optim, lr=lr))
+        return pack_key(dataclasses.replace(one, model=dataclasses.replace(run.model, width=width)))
+
+    assert key(64, lrs[0], 0) == key(64, lrs[-1], 1) and key(64, lrs[0], 0) != key(128, lrs[0], 0)
+
+
+def load_bench(name: str):
+    import importlib.util
+
+    from .conftest import REPO
+
+    spec = importlib.util.spec_from_file_location(name, REPO / "bench" / f"{name}.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_the_held_out_width_is_swept_on_the_grid_inside_the_interval_and_one_each_side():
+    """bench/ladder_heldout.py --window picks the lrs a GPU visit sweeps at a held-out width: the fit's 90%
+    interval on the fitted grid, and one more on each side, so the measured bracket can land outside it."""
+    heldout = load_bench("ladder_heldout")
+    grid = GRID[::-1]  # ascending
+    chosen = heldout.window(grid, 0.01, 0.05)
+    assert min(chosen) < 0.01 and max(chosen) > 0.05 and all(lr in grid for lr in chosen)
+    assert [lr for lr in chosen if 0.01 <= lr <= 0.05] == [lr for lr in grid if 0.01 <= lr <= 0.05]
+    assert len(chosen) == len([lr for lr in grid if 0.01 <= lr <= 0.05]) + 2
+    between = heldout.window(grid, 0.0101, 0.0102)  # no grid value inside: the two around it, one more each side
+    assert len(between) == 4 and between[1] < 0.0101 < 0.0102 < between[2]
+    assert heldout.window(grid, 10.0, 20.0) == grid[-2:] and heldout.window(grid, 1e-9, 1e-8) == grid[:2]
+
+
+def test_an_open_bracket_at_the_target_is_judged_only_on_its_known_side():
+    heldout = load_bench("ladder_heldout")
+    assert heldout.measured_text(0.01, 0.05, 0.02, 0.028) == "measured [0.02, 0.028) inside"
+    assert heldout.measured_text(0.01, 0.05, 0.04, 0.057).endswith("NOT inside")
+    assert "NOT inside: above" in heldout.measured_text(0.01, 0.05, 0.08, None)  # stable at every lr swept
+    assert "undecided" in heldout.measured_text(0.01, 0.05, 0.03, None)
+    assert "NOT inside: below" in heldout.measured_text(0.01, 0.05, None, 0.005)  # none stable
+    assert "undecided" in heldout.measured_text(0.01, 0.05, None, 0.02)
+    assert "not monotone" in heldout.measured_text(0.01, 0.05, 0.03, 0.02)
+    assert heldout.measured_text(0.01, 0.05, None, None) == "measured: no run at the target"
