@@ -5,12 +5,16 @@
 # PARTS, in the order they run (default: all but suite): cuda (the `cuda` tests), graph (bash bench/gpu.sh
 # graph), packing (K=32 with graphs, 128 and 512 steps), vmap (whether the packs refused on CUDA still fail),
 # parity (graph=true against eager on the demo grid and every scenario, a graphed run twice: graph=auto's
-# condition), compile (S, compile=true with graphs), suite (the whole suite, beside nothing). Each part is
-# time-boxed (seconds first) so that the later ones still run, and is stopped with SIGINT, so pytest still
-# prints what failed up to then; no part runs past BUDGET_S (570). What the H100 session found: docs/gpu.md.
+# condition), compile (S, compile=true with graphs), suite (the whole suite, beside nothing). Opt-in, for a
+# second call: demo (issue #48 item 4: `+experiment=demo device=cuda`, lone then packed, each timed; its
+# summaries in the folder) and ladder (item 5: bench/ladder_real_width.sh, the µP fit on widths 64-512 and the
+# check at 1024 and 2048, ladder_runs.tgz in the folder), e.g. `bash scripts/gpu_proof.sh "$OUT" demo ladder`.
+# Each part is time-boxed (seconds first) so that the later ones still run, and is stopped with SIGINT, so
+# pytest still prints what failed up to then; no part runs past BUDGET_S (570). The box a part got is PART_S
+# in its environment. What the H100 session found: docs/gpu.md.
 set -uo pipefail
 cd "$(dirname "$0")/.."
-O=${1:?usage: bash scripts/gpu_proof.sh OUTDIR [cuda graph packing vmap parity compile suite]}
+O=${1:?usage: bash scripts/gpu_proof.sh OUTDIR [cuda graph packing vmap parity compile suite demo ladder]}
 shift
 parts=${*:-cuda graph packing vmap parity compile}
 # Into the interpreter's own site-packages (the machine is bare and ours), the project editable: the tests'
@@ -25,7 +29,7 @@ part() {  # part SECONDS NAME COMMAND...: at most SECONDS, and never past BUDGET
   (( secs > left )) && secs=$left
   (( secs > 20 )) || { echo "== $name: no time left (${left} s)"; return 0; }
   echo "== $name: $*"
-  timeout -s INT -k 15 "$secs" "$@" >>"$O/$name.log" 2>&1
+  PART_S=$secs timeout -s INT -k 15 "$secs" "$@" >>"$O/$name.log" 2>&1
   echo "== $name: rc $? after $((SECONDS - t0)) s"
   grep -v -E "USDT|profiler_st|Warning|warn" "$O/$name.log" | tail -n "${TAIL:-14}"
 }
@@ -51,3 +55,19 @@ TAIL=40 part 570 suite python3 -m pytest -q -n 10 -p no:cacheprovider --tb=line 
   --timeout 100 --ignore=tests/test_postgres.py --ignore=tests/test_slurm.py --ignore=tests/test_ledger_faults.py \
   -k "not mlflow and not postgres and not logger_choices and not password_in_the_tracking and not tensorboard_event \
   and not packed_runs_log and not server_killed"
+# The demo a GPU user runs, with the diagnosis; `time` says what the process costs, start included (goal 30 s).
+demo() {  # demo OUTDIR: lone, then packed (one pack per precision x attention cell)
+  local kind args rc=0
+  for kind in lone packed; do
+    args=(); [[ $kind == packed ]] && args=(hydra/launcher=packed hydra.launcher.pack=48)
+    echo "== demo, $kind"
+    { time "$PYTHON" -m sweep -m +experiment=demo device=cuda "${args[@]}" hydra.sweep.dir="/tmp/demo_$kind"; } 2>&1 \
+      || rc=$?
+    cp "/tmp/demo_$kind/summary.md" "$1/demo_$kind.md" 2>/dev/null
+  done
+  return $rc
+}
+export -f demo
+TAIL=60 part 150 demo bash -c 'demo "$0"' "$O"
+# The sweeps' own deadline, inside the part's box: they stop, record and leave the check its time.
+TAIL=40 part 560 ladder bash -c 'LADDER_S=$((PART_S - 15)) bash bench/ladder_real_width.sh "$0"' "$O"
