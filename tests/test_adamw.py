@@ -19,8 +19,9 @@ import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from sweep.run import adamw
-from sweep.run.adamw import DeviceAdamW, Hyper, PerStep, StackedAdamW, group_of, per_step_scalars, update_all_
+from sweep.run.adamw import DeviceAdamW, Hyper, PerStep, per_step_scalars, update_all_
 from sweep.run.build import lr_schedule
+from sweep.run.stacked_adamw import StackedAdamW, group_of
 
 from .conftest import make_run
 

@@ -17,7 +17,8 @@ import pytest
 import torch
 
 from sweep.config import ConfigError, flatten
-from sweep.run.adamw import Consts, DeviceAdamW, PerStep, StackedAdamW, update_
+from sweep.run.adamw import Consts, DeviceAdamW, PerStep, update_
+from sweep.run.stacked_adamw import StackedAdamW
 
 from .conftest import make_run
 from .test_adamw import same_bits, schedule, weights

@@ -30,12 +30,12 @@ from torch.func import vmap
 
 from sweep.config import RunConfig
 from sweep.data.device import DeviceBatches, PackBatches
-from sweep.run.adamw import StackedAdamW, group_of
 from sweep.run.build import RunParts
 from sweep.run.evaluate import Evaluator
 from sweep.run.graph import table_span
 from sweep.run.packed_model import PackedModel
 from sweep.run.scaler import DeviceLossScaler
+from sweep.run.stacked_adamw import StackedAdamW, group_of
 from sweep.run.step import StackedGrads, Steps, checked_batch, window_step
 
 

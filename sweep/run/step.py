@@ -9,7 +9,8 @@ their losses and gradients on, both go through `Steps`, in this order:
 3. ONE device sync fetches every run's loss, norm, scale and decision together (`record` makes the
    row with no sync, so a window of steps can fetch many rows at once);
 4. per run, on the host: the monitor's verdict (`judge`);
-5. the loop applies its optimizer to the runs that step (sweep/run/adamw.py: DeviceAdamW alone, StackedAdamW packed);
+5. the loop applies its optimizer to the runs that step (DeviceAdamW alone: sweep/run/adamw.py; StackedAdamW packed:
+   sweep/run/stacked_adamw.py);
 6. per run: the stall check after an update, the explanation of a first verdict, the metrics row.
 
 The layouts (sweep/run/lone.py, sweep/run/packed.py) keep only what differs between them: how the batch gets into
