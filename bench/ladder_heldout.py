@@ -51,7 +51,7 @@ def measured_text(low: float, high: float, lo, hi) -> str:
             return f"measured: no lr stable for every seed, {hi:.3g} the lowest swept " + (
                 "(NOT inside: below the interval)" if hi < low else "(undecided: sweep lower lrs)"
             )
-        return "measured: no run at the target"
+        return "measured: no run at the target (not checked)"
     if lo >= hi:
         return f"measured: not monotone (stable for every seed at {lo:.3g}, diverging at {hi:.3g} below it): no bracket"
     holds = low <= lo and hi <= high
@@ -104,7 +104,7 @@ def main() -> int:
         return 0
     for combo, row in fit.iterrows():
         held = [p for p in full.attrs["points"].get(combo, []) if p[0] == args.target]
-        measured = (nan_free(held[0][1]), nan_free(held[0][2])) if held else None
+        measured = (nan_free(held[0][1]), nan_free(held[0][2])) if held else (None, None)  # (None, None): not run
         print(f"{combo}: fit on {axis} <= {args.fit_max:g}, predict {args.target:g}")
         print(describe("as the report fits it", row.to_dict(), measured))
         merged = fit_line(fit.attrs["points"][combo], args.target, args.confidence)

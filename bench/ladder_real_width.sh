@@ -11,8 +11,10 @@
 # Every stage ends by $LADDER_S (480) seconds from the start, the check's 30 s kept (a sweep stopped at its box
 # with SIGINT records its finished runs and says which were interrupted). The sweeps go under $LADDER_DIR
 # (/tmp/ladder, which must not exist yet); OUTDIR gets ladder_runs.tgz: every run's result.json, metrics.csv and
-# .hydra/overrides.yaml, and the sweeps' summaries, from which the check reruns anywhere:
+# .hydra/overrides.yaml, and the sweeps' summaries, multirun.yaml and ledger.db, from which the check reruns anywhere:
 #   tar xzf ladder_runs.tgz -C /tmp/ladder && python bench/ladder_heldout.py /tmp/ladder --fit-max 512 --target 2048
+# A visit that ran out of time goes on at the next from its tarball: LADDER_FROM=ladder_runs.tgz unpacks it into
+# $LADDER_DIR and runs the same stages, which resume (a sweep reruns only the runs without a finished result).
 # OVERRIDEs go to every sweep; they must not name model.width or optim.lr (the stages set them). The same at a toy
 # scale on a CPU, to check the plumbing (docs/ladder.md):
 #   FIT_WIDTHS=32,64,128 FIT_MAX=128 TARGETS=256 bash bench/ladder_real_width.sh /tmp/toy model=video_dit_tiny \
@@ -27,6 +29,10 @@ FIT_MAX=${FIT_MAX:-512}
 end=$((SECONDS + ${LADDER_S:-480} - 30))
 [[ -e $D ]] && { echo "bench/ladder_real_width.sh: $D exists: remove it or set LADDER_DIR" >&2; exit 2; }
 mkdir -p "$O" "$D" || exit 2
+if [[ -n ${LADDER_FROM:-} ]]; then
+  tar xzf "$LADDER_FROM" -C "$D" || { echo "bench/ladder_real_width.sh: cannot unpack $LADDER_FROM" >&2; exit 2; }
+  echo "== resuming from $LADDER_FROM: $(find "$D" -name result.json | wc -l) runs recorded"
+fi
 stage() {  # stage NAME OVERRIDE...: one sweep into $D/NAME, stopped with SIGINT at the shared end
   local name=$1 t0=$SECONDS left=$((end - SECONDS))
   shift
@@ -45,5 +51,6 @@ for t in ${TARGETS:-1024 2048}; do
   echo "== the check at width $t"
   "$PY" bench/ladder_heldout.py "$D" --fit-max "$FIT_MAX" --target "$t"
 done
-(cd "$D" && find . \( -name result.json -o -name metrics.csv -o -name overrides.yaml -o -name 'summary.*' \) -print0 \
+(cd "$D" && find . \( -name result.json -o -name metrics.csv -o -name overrides.yaml -o -name 'summary.*' -o -name multirun.yaml \
+  -o -name ledger.db \) -print0 \
   | tar czf "$O/ladder_runs.tgz" --null -T -) && echo "== $O/ladder_runs.tgz: $(du -h "$O/ladder_runs.tgz" | cut -f1)"

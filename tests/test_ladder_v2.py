@@ -228,4 +228,4 @@ def test_an_open_bracket_at_the_target_is_judged_only_on_its_known_side():
     assert "NOT inside: below" in heldout.measured_text(0.01, 0.05, None, 0.005)  # none stable
     assert "undecided" in heldout.measured_text(0.01, 0.05, None, 0.02)
     assert "not monotone" in heldout.measured_text(0.01, 0.05, 0.03, 0.02)
-    assert heldout.measured_text(0.01, 0.05, None, None) == "measured: no run at the target"
+    assert heldout.measured_text(0.01, 0.05, None, None) == "measured: no run at the target (not checked)"
