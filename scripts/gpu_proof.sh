@@ -6,8 +6,8 @@
 # graph), packing (K=32 with graphs, 128 and 512 steps), vmap (whether the packs refused on CUDA still fail),
 # parity (graph=true against eager on the demo grid and every scenario, a graphed run twice: graph=auto's
 # condition), compile (S, compile=true with graphs), suite (the whole suite, beside nothing). Opt-in, for a
-# second call: demo (issue #48 item 4: `+experiment=demo device=cuda`, lone then packed, each timed; its
-# summaries in the folder) and ladder (item 5: bench/ladder_real_width.sh, the µP fit on widths 64-512 and the
+# second call: demo (issue #48 item 4: `+experiment=demo device=cuda` packed, packed with graphs, lone, each
+# timed; their summaries in the folder) and ladder (item 5: bench/ladder_real_width.sh, the µP fit on widths 64-512 and the
 # check at 1024 and 2048, ladder_runs.tgz in the folder), e.g. `bash scripts/gpu_proof.sh "$OUT" demo ladder`.
 # Each part is time-boxed (seconds first) so that the later ones still run, and is stopped with SIGINT, so
 # pytest still prints what failed up to then; no part runs past BUDGET_S (570). The box a part got is PART_S
@@ -55,14 +55,18 @@ TAIL=40 part 570 suite python3 -m pytest -q -n 10 -p no:cacheprovider --tb=line 
   --timeout 100 --ignore=tests/test_postgres.py --ignore=tests/test_slurm.py --ignore=tests/test_ledger_faults.py \
   -k "not mlflow and not postgres and not logger_choices and not password_in_the_tracking and not tensorboard_event \
   and not packed_runs_log and not server_killed"
-# The demo a GPU user runs, with the diagnosis; `time` says what the process costs, start included (goal 30 s).
-demo() {  # demo OUTDIR: lone, then packed (one pack per precision x attention cell)
-  local kind args rc=0
-  for kind in lone packed; do
-    args=(); [[ $kind == packed ]] && args=(hydra/launcher=packed hydra.launcher.pack=48)
-    echo "== demo, $kind"
-    { time "$PYTHON" -m sweep -m +experiment=demo device=cuda "${args[@]}" hydra.sweep.dir="/tmp/demo_$kind"; } 2>&1 \
-      || rc=$?
+# The demo a GPU user runs, with the diagnosis; `time` says what the process costs, start included (goal 30 s):
+# packed (one pack per precision x attention cell), then packed with graphs in windows of 8 (what graph=auto
+# would give once on), then lone, the default today; the box may cut the last.
+demo() {  # demo OUTDIR
+  local kind rc=0
+  local -A args=([packed]="hydra/launcher=packed hydra.launcher.pack=48"
+    [graphed]="hydra/launcher=packed hydra.launcher.pack=48 graph=true monitor.sync_every=8" [lone]="")
+  for kind in packed graphed lone; do
+    echo "== demo, $kind: ${args[$kind]}"
+    # shellcheck disable=SC2086  # the overrides are words
+    { time "$PYTHON" -m sweep -m +experiment=demo device=cuda ${args[$kind]} hydra.sweep.dir="/tmp/demo_$kind"; } \
+      2>&1 || rc=$?
     cp "/tmp/demo_$kind/summary.md" "$1/demo_$kind.md" 2>/dev/null
   done
   return $rc
