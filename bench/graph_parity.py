@@ -1,4 +1,4 @@
-"""graph=true against today's eager default, run by run, on the demo grid and every scenario (issue #31).
+"""graph=true against today's eager default, run by run, on the demo grid, every scenario and the newer axes.
 
     python bench/graph_parity.py [--only demo,qk_norm_logit_growth] [--sync-every 8] [--jobs 4] [--out DIR]
 
@@ -25,11 +25,38 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 SCENARIOS = sorted(p.stem for p in (ROOT / "conf" / "scenario").glob("*.yaml"))
 COMMON = ["monitor.diagnose=off", "progress=none"]
+LR = "optim.lr=1e-3,3e-2"  # one lr that trains, one that diverges on the CPU (the graph must keep both outcomes)
+AXES = {
+    # the verdicts judged at a run's end (sweep/run/trend.py): slow_divergence and no_progress on the CPU
+    "trend": ["steps=48", "optim.lr=0.03,0.05", "optim.warmup_steps=40,60"],
+    # torchao's float8 linears inside the captured step (CUDA capability >= 8.9)
+    "fp8": ["steps=40", "precision=fp8_tensorwise,fp8_rowwise,fp8_rowwise_gw_hp", LR],
+    # the precisions no scenario runs
+    "precisions": ["steps=40", "precision=tf32,bf16_pure,fp16_amp_noscale", LR],
+    # StableAdamW's update clipping: a factor per tensor computed on the device
+    "update_clip": ["steps=40", "optim.update_clip=1.0", "precision=fp32,bf16_amp", LR],
+    # µP packed: StackedAdamW with two param groups, each at its own lr, in the graphed pack
+    "mup_packed": [
+        "steps=40",
+        "model.param=mup",
+        "model.base_width=64",
+        "model.width=64,128",
+        LR,
+        "hydra/launcher=packed",
+        "hydra.launcher.pack=4",
+    ],  # fmt: skip
+}
+"""Sweeps of the axes and verdicts that landed after the scenarios (issue #48 item 1), on the default tiny model,
+without the confirmation (AXIS_ONLY: the demo's and the scenarios' sweeps have theirs)."""
+AXIS_ONLY = ["confirm.mode=off"]
 
 
 def command(target: str, out: Path, graph: list[str]) -> list[str]:
     """The CLI line of a target (a scenario is a sweep of its own: its cause and its fix, with replicates)."""
-    target = ["-m", "+experiment=demo"] if target == "demo" else [f"+scenario={target}"]
+    if target == "demo":
+        target = ["-m", "+experiment=demo"]
+    else:
+        target = ["-m", *AXES[target], *AXIS_ONLY] if target in AXES else [f"+scenario={target}"]
     return ["-m", "sweep", *target, *COMMON, *graph, f"hydra.run.dir={out}", f"hydra.sweep.dir={out}"]
 
 
@@ -72,16 +99,19 @@ def compare(a: dict[str, tuple], b: dict[str, tuple]) -> list[str]:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--only", default=",".join(["demo", *SCENARIOS]), help="targets: demo and scenario names")
+    ap.add_argument(
+        "--only", default=",".join(["demo", *SCENARIOS, *AXES]), help=f"demo, scenario names, {', '.join(AXES)}"
+    )
     ap.add_argument("--sync-every", type=int, default=8, help="monitor.sync_every of the graph=true side")
     ap.add_argument("--again", action="store_true", help="run the graph=true side twice: bit-identical too")
     ap.add_argument("--out", type=Path, default=None, help="keep the runs here (default: a temporary folder)")
     ap.add_argument("--jobs", type=int, default=1, help="sweeps run at a time, each its own process (default 1)")
     args = ap.parse_args()
     targets = [t for t in args.only.split(",") if t]
-    unknown = [t for t in targets if t != "demo" and t not in SCENARIOS]
+    unknown = [t for t in targets if t != "demo" and t not in SCENARIOS and t not in AXES]
     if unknown:
-        sys.exit(f"bench/graph_parity.py: unknown target {', '.join(unknown)}: demo or one of {', '.join(SCENARIOS)}")
+        known = ", ".join([*SCENARIOS, *AXES])
+        sys.exit(f"bench/graph_parity.py: unknown target {', '.join(unknown)}: demo or one of {known}")
     if args.jobs < 1:
         sys.exit(f"bench/graph_parity.py: --jobs must be at least 1, not {args.jobs}")
     sides = {"eager": ["graph=false", "monitor.sync_every=1"]}
