@@ -21,8 +21,15 @@
 #       model.base_width=32 steps=20 data.frames=4 data.height=8 data.width=8
 set -uo pipefail
 cd "$(dirname "$0")/.."
-O=${1:?usage: bash bench/ladder_real_width.sh OUTDIR [OVERRIDE ...]}
+if [[ ${1:-} == -h || ${1:-} == --help ]]; then sed -n '2,/^set /p' "$0" | sed '$d; s/^# \{0,1\}//'; exit 0; fi
+[[ -n ${1:-} ]] || { echo "usage: bash bench/ladder_real_width.sh OUTDIR [OVERRIDE ...] (--help: what it runs)" >&2; exit 2; }
+O=$1
 shift
+for a in "$@"; do
+  case $a in model.width=* | optim.lr=* | hydra.sweep.dir=*)
+    echo "bench/ladder_real_width.sh: $a: the stages set ${a%%=*} themselves; leave it out" >&2; exit 2 ;;
+  esac
+done
 D=${LADDER_DIR:-/tmp/ladder}
 PY=${PYTHON:-python}
 FIT_MAX=${FIT_MAX:-512}
@@ -39,7 +46,9 @@ stage() {  # stage NAME OVERRIDE...: one sweep into $D/NAME, stopped with SIGINT
   (( left > 20 )) || { echo "== $name: no time left"; return 1; }
   echo "== $name ($(date +%T), at most $left s): $*"
   timeout -s INT -k 20 "$left" "$PY" -m sweep -m +experiment=mup_real_width "$@" hydra.sweep.dir="$D/$name"
-  echo "== $name: rc $? after $((SECONDS - t0)) s"
+  local rc=$?
+  echo "== $name: rc $rc after $((SECONDS - t0)) s"
+  (( rc == 0 || rc == 124 || rc == 130 )) || exit "$rc"  # stopped at the deadline: go on; refused or failed: stop
 }
 stage fit "$@" "model.width=${FIT_WIDTHS:-64,128,256,512}" hydra/launcher=packed "hydra.launcher.pack=${FIT_PACK:-28}"
 for t in ${TARGETS:-1024 2048}; do
