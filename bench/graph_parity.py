@@ -44,7 +44,7 @@ AXES = {
         LR,
         "hydra/launcher=packed",
         "hydra.launcher.pack=4",
-    ],  # fmt: skip
+    ],
 }
 """Sweeps of the axes and verdicts that landed after the scenarios (issue #48 item 1), on the default tiny model,
 without the confirmation (AXIS_ONLY: the demo's and the scenarios' sweeps have theirs)."""

@@ -15,8 +15,8 @@
 #   tar xzf ladder_runs.tgz -C /tmp/ladder && python bench/ladder_heldout.py /tmp/ladder --fit-max 512 --target 2048
 # A visit that ran out of time goes on at the next from its tarball: LADDER_FROM=ladder_runs.tgz unpacks it into
 # $LADDER_DIR and runs the same stages, which resume (a sweep reruns only the runs without a finished result).
-# OVERRIDEs go to every sweep; they must not name model.width or optim.lr (the stages set them). The same at a toy
-# scale on a CPU, to check the plumbing (docs/ladder.md):
+# OVERRIDEs go to every sweep; they must not name model.width, optim.lr or hydra.sweep.dir (the stages set
+# them). The same at a toy scale on a CPU, to check the plumbing (docs/ladder.md):
 #   FIT_WIDTHS=32,64,128 FIT_MAX=128 TARGETS=256 bash bench/ladder_real_width.sh /tmp/toy model=video_dit_tiny \
 #       model.base_width=32 steps=20 data.frames=4 data.height=8 data.width=8
 set -uo pipefail
