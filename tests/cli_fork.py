@@ -29,7 +29,7 @@ import time
 from pathlib import Path
 
 SERVER = r"""
-import contextlib, json, os, sys, threading, traceback
+import contextlib, json, os, sys, tempfile, threading, traceback
 
 import sweep.__main__
 from hydra.core.global_hydra import GlobalHydra
@@ -37,10 +37,13 @@ from sweep.exit import exiting
 
 # Warm-up: two command lines refused at validation, a run and a grid, in this process (as run_cli_refusals ran
 # all its cases, one after another, before): what every case imports and parses first (torch, the models, the
-# sweepers and their report, Hydra's plugins, conf/'s YAML) is then loaded once, not in each fork.
+# sweepers and their report, Hydra's plugins, conf/'s YAML) is then loaded once, not in each fork. Hydra makes the
+# run and sweep dirs before the refusal: a temporary folder's (the server may not write anywhere else).
 environ, argv = dict(os.environ), sys.argv
+warm_dir = tempfile.TemporaryDirectory(prefix="cli_fork_warm_")
 for warm in (["optim.lr=-1"], ["-m", "optim.lr=1e-3,-1", "steps=1"]):
-    sys.argv = [sweep.__main__.__file__, *warm, "hydra.run.dir=/nonexistent/run", "hydra.sweep.dir=/nonexistent/sweep"]
+    dirs = [f"hydra.run.dir={warm_dir.name}/run", f"hydra.sweep.dir={warm_dir.name}/sweep"]
+    sys.argv = [sweep.__main__.__file__, *warm, *dirs]
     try:
         with open(os.devnull, "w") as null, contextlib.redirect_stderr(null):
             with sweep.__main__.command_line():
@@ -51,6 +54,7 @@ for warm in (["optim.lr=-1"], ["-m", "optim.lr=1e-3,-1", "steps=1"]):
     os.environ.clear()
     os.environ.update(environ)
 sys.argv = argv
+warm_dir.cleanup()
 assert threading.active_count() == 1, threading.enumerate()  # forking is safe: one thread, no torch op run yet
 
 
