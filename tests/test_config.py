@@ -125,6 +125,11 @@ TOO_LONG = [
         "hydra.sweep.subdir",
     ),
 ]
+NOT_A_FOLDER = [  # NOTES: the case's notes.txt, a file (Hydra's mkdir raised FileExistsError/NotADirectoryError)
+    (["hydra.run.dir=NOTES"], "hydra.run.dir"),
+    (["hydra.run.dir=NOTES/run"], "hydra.run.dir"),
+    (["-m", "steps=1", "optim.lr=1e-3,1e-2", "hydra.sweep.dir=NOTES"], "hydra.sweep.dir"),
+]
 ABSURD_SIZE = ["data.channels=2147483648", "hydra.run.dir=RUN"]
 CUDA_WITHOUT_CUDA = ["device=cuda", "steps=2", *FAST, "hydra.run.dir=RUN"]
 OUTPUT_DIRS = ["hydra.run.dir=RUN", "hydra.sweep.dir=SWEEP"]
@@ -132,11 +137,12 @@ REFUSED = [
     *([*args, *OUTPUT_DIRS] for args, _ in MISTAKES),
     *([*args, *OUTPUT_DIRS] for args in WRONG_INIT_FROM),
     *(args for args, _ in TOO_LONG),
+    *(args for args, _ in NOT_A_FOLDER),
     ABSURD_SIZE,
     *([] if __import__("torch").cuda.is_available() else [CUDA_WITHOUT_CUDA]),
 ]
-"""The command lines below that `python -m sweep` refuses before any run; RUN and SWEEP stand for the case's own
-directory's run/ and sweep/."""
+"""The command lines below that `python -m sweep` refuses before any run; RUN, SWEEP and NOTES stand for the case's
+own directory's run/, sweep/ and notes.txt."""
 
 
 @pytest.fixture(scope="module")
@@ -148,7 +154,13 @@ def refused(tmp_path_factory) -> dict[str, tuple]:
     for d in dirs:
         (d / "notes.txt").write_text("not weights")
     argvs = [
-        [*(a.replace("RUN", f"{d}/run").replace("SWEEP", f"{d}/sweep") for a in args)] for args, d in zip(REFUSED, dirs)
+        [
+            *(
+                a.replace("RUN", f"{d}/run").replace("SWEEP", f"{d}/sweep").replace("NOTES", f"{d}/notes.txt")
+                for a in args
+            )
+        ]
+        for args, d in zip(REFUSED, dirs)
     ]
     procs = run_cli_refusals(*zip(argvs, dirs))
     return {" ".join(args): (proc, d) for args, proc, d in zip(REFUSED, procs, dirs)}
@@ -221,6 +233,29 @@ def test_a_too_long_output_dir_is_one_line_before_any_run(args, key, refused):
     assert proc.returncode == 2 and len(lines) == 1, proc.stderr
     assert lines[0].startswith(f"sweep: config error: {key}: a path component of 30"), lines[0]
     assert not list(tmp_path.rglob("result.json"))
+
+
+def test_an_output_dir_blocked_by_a_file_is_a_config_error(tmp_path):
+    from sweep.config import check_output_dir
+
+    (tmp_path / "notes.txt").write_text("mine")
+    (tmp_path / "gone").symlink_to(tmp_path / "nowhere")
+    check_output_dir(str(tmp_path / "new" / "run"), "hydra.run.dir")  # made by Hydra, parents too
+    check_output_dir(str(tmp_path), "hydra.run.dir")  # a folder that exists
+    for path, what in [("notes.txt", "a file"), ("notes.txt/run", "a file"), ("gone/run", "a broken symbolic link")]:
+        at = tmp_path / path.split("/")[0]
+        with pytest.raises(ConfigError, match=f"^hydra.sweep.dir: {re.escape(str(at))} is {what}, not a folder; "):
+            check_output_dir(str(tmp_path / path), "hydra.sweep.dir")
+
+
+@pytest.mark.xdist_group("refusals")  # the module's `refused` batch, run once: on one worker
+@pytest.mark.parametrize("args,key", NOT_A_FOLDER)
+def test_an_output_dir_where_a_file_is_is_one_line_before_any_run_and_the_file_stays(args, key, refused):
+    proc, tmp_path = refused[" ".join(args)]
+    lines = [ln for ln in proc.stderr.splitlines() if ln.strip()]
+    assert proc.returncode == 2 and len(lines) == 1, proc.stderr
+    assert lines[0].startswith(f"sweep: config error: {key}: {tmp_path}/notes.txt is a file, not a folder"), lines[0]
+    assert (tmp_path / "notes.txt").read_text() == "not weights" and not list(tmp_path.rglob("result.json"))
 
 
 @pytest.mark.parametrize(

@@ -312,7 +312,8 @@ ROOM_INSIDE = 64
 
 def check_output_dir(path: str, key: str) -> None:
     """A run or sweep directory the file system can create: Hydra makes it before any of our code runs,
-    so a 300-character name would end in `OSError: File name too long` (a traceback, or a run error)."""
+    so a 300-character name would end in `OSError: File name too long`, and a file where a folder of the path
+    must be in `FileExistsError` or `NotADirectoryError` (a traceback, or a run error)."""
     name_max, path_max = _path_limits(path)
     for part in Path(path).parts:
         size = len(os.fsencode(part))
@@ -327,6 +328,21 @@ def check_output_dir(path: str, key: str) -> None:
         key,
         f"the path is {size} bytes; the file system allows {path_max} with the files a run writes inside",
     )
+    blocked = _not_makeable(path)
+    require(blocked is None, key, f"{blocked}; name a folder, or one that can be made")
+
+
+def _not_makeable(path: str) -> str | None:
+    """Why `path` cannot be made a folder: a file (or a broken link) where the path or one of its parents must be a
+    folder; None otherwise. (A folder it may not write in, or a read-only one, is the disk's refusal: sweep/__main__.py
+    says so in one line, status 1.)"""
+    probe = os.path.abspath(path)
+    while not os.path.isdir(probe):  # os.path: False, never a raise (a name too long, a loop of links)
+        if os.path.lexists(probe):
+            what = "a broken symbolic link" if os.path.islink(probe) and not os.path.exists(probe) else "a file"
+            return f"{probe} is {what}, not a folder"
+        probe = os.path.dirname(probe)
+    return None
 
 
 def _path_limits(path: str) -> tuple[int, int]:
