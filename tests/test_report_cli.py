@@ -325,3 +325,14 @@ def test_an_unreadable_overrides_yaml_is_named_and_splits_nothing(tmp_path, caps
     out, err = capsys.readouterr()
     assert out.startswith("2 runs: 1 stable, 1 diverged") and "steps" not in out.split("Stability frontier")[0], out
     assert len([ln for ln in err.splitlines() if "overrides.yaml" in ln]) == 1 and "Traceback" not in err, err
+
+
+@pytest.mark.parametrize("width", ["0", "-3", "wide"])
+def test_a_width_of_no_columns_is_refused_by_the_parser(sweep, capsys, width):
+    """--width 0 or -3 was textwrap's ValueError after the runs were read (a traceback, status 1)."""
+    with pytest.raises(SystemExit) as e:
+        main([str(sweep), "--no-html", "--width", width])
+    err = capsys.readouterr().err
+    assert e.value.code == 2 and err.splitlines()[-1].endswith(
+        f"argument --width: must be a whole number of columns >= 1, got '{width}'"
+    ), err

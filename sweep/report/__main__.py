@@ -110,12 +110,23 @@ def parser(prog: str = "python -m sweep.report") -> argparse.ArgumentParser:
     )
     p.add_argument(
         "--width",
-        type=int,
+        type=_columns,
         default=WIDTH,
         metavar="COLUMNS",
         help=f"wrap the tables at this many columns (default: {WIDTH})",
     )
     return p
+
+
+def _columns(text: str) -> int:
+    """--width: a whole number of columns >= 1 (0 or less was textwrap's ValueError, a traceback)."""
+    try:
+        columns = int(text)
+    except ValueError:
+        columns = 0
+    if columns < 1:
+        raise argparse.ArgumentTypeError(f"must be a whole number of columns >= 1, got {text!r}")
+    return columns
 
 
 def table_list() -> str:
