@@ -10,15 +10,29 @@ ended. Exit status 0 when nothing is left pending, 1 otherwise (one line per run
 from __future__ import annotations
 
 import argparse
+import math
 import os
 import sys
 from pathlib import Path
 
 
+def _seconds(text: str) -> float:
+    """--lock-timeout: a finite number of seconds > 0, as ledger.lock_timeout_s must be (-1 or nan was taken)."""
+    try:
+        seconds = float(text)
+    except ValueError:
+        seconds = math.nan
+    if not (math.isfinite(seconds) and seconds > 0):
+        raise argparse.ArgumentTypeError(f"must be a finite number of seconds > 0, got {text!r}")
+    return seconds
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m sweep.sync_ledger", description=__doc__.splitlines()[0])
     parser.add_argument("sweep_dir", type=Path, help="the sweep (or single run) directory")
-    parser.add_argument("--lock-timeout", type=float, default=30.0, help="seconds to wait for a locked ledger")
+    parser.add_argument(
+        "--lock-timeout", type=_seconds, default=30.0, help="seconds to wait for a locked ledger (default 30)"
+    )
     args = parser.parse_args(argv)
     if not args.sweep_dir.is_dir():
         print(f"sweep.sync_ledger: {args.sweep_dir} is not a directory", file=sys.stderr)

@@ -36,6 +36,15 @@ def trials(sweep_dir):
     return optuna.load_study(study_name=str(sweep_dir), storage=f"sqlite:///{sweep_dir / 'ledger.db'}").trials
 
 
+@pytest.mark.parametrize("seconds", ["-1", "0", "nan", "inf"])
+def test_sync_ledger_refuses_a_lock_timeout_the_config_would_refuse(tmp_path, capsys, seconds):
+    """ledger.lock_timeout_s must be a finite number > 0; --lock-timeout -1 or nan was taken as it came."""
+    with pytest.raises(SystemExit) as e:
+        sync_main([str(tmp_path), "--lock-timeout", seconds])
+    err = capsys.readouterr().err.splitlines()
+    assert e.value.code == 2 and err[-1].endswith(f"must be a finite number of seconds > 0, got '{seconds}'"), err
+
+
 HOLD_LOCK = """
 import sqlite3, sys
 conn = sqlite3.connect(sys.argv[1], isolation_level=None)
