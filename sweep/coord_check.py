@@ -87,6 +87,21 @@ class Setup:
         bad = [p for p in self.params if p not in PARAMS]
         if bad or not self.params:
             raise UsageError(f"--params: choose from {', '.join(PARAMS)}, got {','.join(self.params)}")
+        self._check_size()
+
+    def _check_size(self) -> None:
+        """The widest model under the runs' own parameter limit (sweep/run/sizes.py): `--depth 100000` or a width
+        of 65536 built for minutes, then ran out of memory."""
+        from sweep.run.sizes import PARAMS_LIMIT, native_params
+
+        video = self.arch == "video_dit"
+        width = max(self.widths)
+        n = native_params(self.arch, "tiny", width, self.depth, 2, False, 3, self.frames if video else 1, self.size)
+        if n is not None and n > PARAMS_LIMIT:
+            raise UsageError(
+                f"--widths/--depth: width {width} at depth {self.depth} would have ~{n / 1e6:,.0f}M parameters,"
+                f" over the {PARAMS_LIMIT / 1e6:,.0f}M limit of a run"
+            )
 
 
 def watched_modules(model) -> dict:
@@ -295,12 +310,26 @@ def setup_from(args: argparse.Namespace) -> Setup:
     )
 
 
+def check_run_args(threads: int, html_path: Path) -> None:
+    """UsageError for --threads outside [0, MAX_THREADS] (100000 segfaulted torch, rc 139) or an --html page that
+    cannot be written (a folder, or in one that does not exist): found before the runs, not after them."""
+    from sweep.config.validate import MAX_THREADS
+
+    if not 0 <= threads <= MAX_THREADS:
+        raise UsageError(f"--threads: must be in [0, {MAX_THREADS}] (0: 1 thread), got {threads}")
+    if html_path.is_dir():
+        raise UsageError(f"--html: {html_path} is a folder; name the page's file")
+    if not html_path.absolute().parent.is_dir():
+        raise UsageError(f"--html: no folder {html_path.absolute().parent} to write the page in")
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     try:
         args = parser().parse_args(argv)
         setup = setup_from(args)
         setup.check()
+        check_run_args(args.threads, Path(args.html))
     except UsageError as e:
         print(f"coord_check: {e}", file=sys.stderr)
         return 2

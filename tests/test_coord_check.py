@@ -60,6 +60,11 @@ def test_fixed_seeds_give_the_same_numbers(results):
         (["--base-width", "64"], "--base-width"),  # above the smallest width
         (["--params", "ntk"], "--params"),
         (["--nope"], "unrecognized"),
+        (["--depth", "100000"], "--widths/--depth: width 256 at depth 100000 would have ~"),  # built for minutes
+        (["--widths", "32,65536"], "over the 1,000M limit"),  # then out of memory
+        (["--threads", "100000"], "--threads: must be in [0, 1024]"),  # segfaulted torch (rc 139)
+        (["--html", "/"], "--html: / is a folder"),  # IsADirectoryError after the runs
+        (["--html", "/no/such/folder/c.html"], "--html: no folder /no/such/folder"),
     ],
 )
 def test_bad_arguments_are_one_line_exit_2(argv, word, capsys):

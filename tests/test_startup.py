@@ -52,9 +52,9 @@ def test_a_run_that_does_not_compile_never_imports_dynamo():
 def test_a_native_models_parameters_are_counted_exactly_on_either_side_of_the_real_build_width(arch, width):
     """Below REAL_BUILD_WIDTH the count comes from two real CPU builds, above it from two meta ones: both
     extrapolate to what the whole model has."""
-    sizes._native_params.cache_clear()
+    sizes.native_params.cache_clear()
     frames = None if arch == "dit" else 4
-    counted = sizes._native_params(arch, "tiny", width, 6, 2, True, 4, frames or 1, 8)
+    counted = sizes.native_params(arch, "tiny", width, 6, 2, True, 4, frames or 1, 8)
     with torch.device("meta"):
         model = build_model(
             arch,
@@ -72,7 +72,7 @@ def test_a_native_models_parameters_are_counted_exactly_on_either_side_of_the_re
 
 def test_a_huge_frame_is_counted_on_the_meta_device_not_built(monkeypatch):
     """A small width with 65536 x 65536 pixels: the sin-cos table alone would be hundreds of GB for real."""
-    sizes._native_params.cache_clear()
+    sizes.native_params.cache_clear()
     built = []
 
     def spy(*args, **kwargs):
@@ -80,9 +80,9 @@ def test_a_huge_frame_is_counted_on_the_meta_device_not_built(monkeypatch):
         return build_model(*args, **kwargs)
 
     monkeypatch.setattr("models.registry.build_model", spy)
-    assert sizes._native_params("dit", "tiny", 128, 2, 2, False, 4, 1, 65536) is not None
+    assert sizes.native_params("dit", "tiny", 128, 2, 2, False, 4, 1, 65536) is not None
     assert built == ["meta", "meta"]
-    sizes._native_params.cache_clear()
+    sizes.native_params.cache_clear()
 
 
 @pytest.fixture

@@ -114,7 +114,7 @@ def _model_params(run: Any) -> tuple[Optional[int], str, str, str]:
     says why)."""
     d, m = run.data, run.model
     if m.arch.value in ("dit", "video_dit"):
-        n = _native_params(
+        n = native_params(
             m.arch.value, m.size, m.width, m.depth, m.patch_size, m.qk_norm, d.channels, d.frames, d.height
         )
         what = f"model.arch={m.arch.value} size {m.size}" + "".join(
@@ -167,7 +167,7 @@ def _check_bytes(what: str, values: int, product: str, limit: int, lower: str) -
 
 
 @functools.lru_cache(maxsize=64)
-def _native_params(
+def native_params(
     arch: str,
     size: str,
     width: Optional[int],
