@@ -13,7 +13,7 @@ from optuna.trial import TrialState
 from sweep.search.ledger import CONSTRAINTS_KEY
 from sweep.search.space import parse
 
-from .conftest import FAST, SMALL_MODEL, kill_mid_run, multirun_in_process, run_cli
+from .conftest import FAST, SMALL_MODEL, kill_mid_run, multirun_in_process, run_cli, sweep_forked
 
 OPTUNA_SWEEP = ["-m", "sweep", "-m", "hydra/sweeper=optuna_sweep", *FAST, *SMALL_MODEL]
 
@@ -224,7 +224,8 @@ def test_frontier_search_finds_the_grid_boundary_with_fewer_runs(tmp_path, capsy
 @pytest.mark.parametrize(
     "setting,message",
     [
-        ({"frontier_factor": 0.5}, r"^hydra.sweeper.frontier_factor: must be > 1, got 0.5$"),
+        ({"frontier_factor": 0.5}, r"^hydra.sweeper.frontier_factor: must be a finite number > 1, got 0.5$"),
+        ({"frontier_factor": float("nan")}, r"^hydra.sweeper.frontier_factor: must be a finite number > 1, got nan$"),
         ({"mode": "bisect"}, r"^hydra.sweeper.mode: must be search or frontier, got 'bisect'$"),
         ({"sampler": {"name": "tpee"}}, r"^hydra.sweeper.sampler.name: unknown sampler 'tpee'"),
         ({"mode": "frontier", "pruner": {"name": "median"}}, r"^hydra.sweeper.pruner: frontier mode needs every run"),
@@ -244,8 +245,20 @@ def test_a_bad_sweeper_setting_is_one_line_and_exit_2(tmp_path):
     proc = sweep(tmp_path, "hydra.sweeper.frontier_factor=0.5", "optim.lr=tag(log,interval(1e-4,1e-2))", check=False)
     lines = [ln for ln in proc.stderr.splitlines() if ln.strip()]
     assert proc.returncode == 2 and lines == [
-        "sweep: config error: hydra.sweeper.frontier_factor: must be > 1, got 0.5"
+        "sweep: config error: hydra.sweeper.frontier_factor: must be a finite number > 1, got 0.5"
     ]
+
+
+@pytest.mark.parametrize("mode", ["search", "frontier"])
+def test_an_optuna_sweep_without_the_ledger_is_refused_before_any_run(tmp_path, mode):
+    """Its study is the ledger: with ledger.enabled=false no run recorded its verdict, every trial ended FAIL, and a
+    frontier said "undecided: a run at lr=1 was error" for runs that had diverged."""
+    argv = [*OPTUNA_SWEEP[2:], f"hydra.sweeper.mode={mode}", "optim.lr=tag(log,interval(1e-4,1.0))"]
+    proc = sweep_forked(*argv, "ledger.enabled=false", f"hydra.sweep.dir={tmp_path / 'sweep'}", cwd=tmp_path)
+    lines = [ln for ln in proc.stderr.splitlines() if ln.strip()]
+    assert proc.returncode == 2 and len(lines) == 1, proc.stderr[-2000:]
+    assert lines[0].startswith("sweep: config error: ledger.enabled=false: the optuna sweeper's study is the ledger")
+    assert not list(tmp_path.rglob("result.json"))
 
 
 def test_replicates_are_a_seed_axis_of_the_grid_sampler_and_refused_elsewhere(tmp_path, capsys):

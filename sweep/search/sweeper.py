@@ -223,8 +223,8 @@ class OptunaSweeperImpl(Sweeper):
     ):
         if mode not in tuple(SweepMode):
             raise ConfigError(f"hydra.sweeper.mode: must be search or frontier, got {mode!r}")
-        if frontier_factor <= 1:
-            raise ConfigError(f"hydra.sweeper.frontier_factor: must be > 1, got {frontier_factor}")
+        if not (math.isfinite(frontier_factor) and frontier_factor > 1):  # nan passed `<= 1`
+            raise ConfigError(f"hydra.sweeper.frontier_factor: must be a finite number > 1, got {frontier_factor}")
         mode = SweepMode(mode)
         self.mode, self.frontier_param, self.frontier_factor = mode, frontier_param, frontier_factor
         sampler = OmegaConf.to_container(sampler) if OmegaConf.is_config(sampler) else sampler
@@ -318,6 +318,13 @@ class OptunaSweeperImpl(Sweeper):
             ) from None
 
     def sweep(self, arguments: List[str]) -> Any:
+        if OmegaConf.select(self.config, "ledger.enabled", default=True) is False:
+            # The jobs record their trials' verdicts in the study; without, each trial ended FAIL (a warning each),
+            # a search chose blind and a frontier reported "undecided: a run at lr=1 was error" for a diverged run.
+            raise ConfigError(
+                "ledger.enabled=false: the optuna sweeper's study is the ledger (each run records its verdict there, "
+                "and the sweeper reads it to choose the next run); leave the ledger on, or use the grid sweeper"
+            )
         args = [f"{k}={v}" for k, v in self.params.items()] + list(arguments)
         replicates = OmegaConf.select(self.config, "replicates", default=1) or 1
         extra = replicate_overrides(args, replicates, OmegaConf.select(self.config, "seed", default=0))
