@@ -307,3 +307,19 @@ def test_an_optuna_subdir_of_the_override_dirname_runs(tmp_path):
         "hydra.sweep.subdir=${hydra.job.override_dirname}",
     )
     assert len(list((tmp_path / "s").glob("*/result.json"))) == 2
+
+
+@pytest.mark.parametrize(
+    "setting,message",
+    [
+        ({"max_batch_size": 0}, r"^hydra.sweeper.max_batch_size: must be >= 1 \(or null: one batch\), got 0$"),
+        ({"mode": "bisect"}, r"^hydra.sweeper.mode: must be grid or frontier, got 'bisect'$"),
+    ],
+)
+def test_bad_grid_sweeper_settings_are_config_errors(setting, message):
+    """hydra.sweeper.max_batch_size=0 was Hydra's AssertionError, a traceback with status 1."""
+    from hydra_plugins.dit_sweep.grid_sweeper import GridSweeper
+    from sweep.config import ConfigError
+
+    with pytest.raises(ConfigError, match=message):
+        GridSweeper(**setting)

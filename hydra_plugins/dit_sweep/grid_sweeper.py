@@ -58,6 +58,10 @@ class GridSweeper(BasicSweeper):
         frontier_factor: float = 2.0,
         n_jobs: int = 1,
     ) -> None:
+        if max_batch_size is not None and max_batch_size < 1:  # Hydra's own check is an assert (a traceback)
+            from sweep.config import ConfigError
+
+            raise ConfigError(f"hydra.sweeper.max_batch_size: must be >= 1 (or null: one batch), got {max_batch_size}")
         super().__init__(max_batch_size=max_batch_size, params=params)
         self.frontier = None
         if mode == "frontier":
