@@ -19,7 +19,7 @@ from hydra.core.hydra_config import HydraConfig
 from hydra.experimental.callback import Callback
 from omegaconf import DictConfig, OmegaConf
 
-from sweep.config import RETIRED_KEYS, ConfigError, RunConfig, check_output_dir, to_run_config
+from sweep.config import RETIRED_KEYS, ConfigError, RunConfig, check_launcher, check_output_dir, to_run_config
 from sweep.config.secrets import check_no_literal_secrets
 from sweep.errors import exiting_on_config_error
 from sweep.run.once import forget, per_sweep
@@ -32,7 +32,8 @@ log = logging.getLogger("sweep")
 
 class OutputDirCheck(Callback):
     """Before anything is written: the run or sweep directory must be creatable (sweep.config.check_output_dir) and
-    free (check_run_dir, claim_sweep_dir), the composed config must spell out no secret (sweep.config.secrets), and
+    free (check_run_dir, claim_sweep_dir), a sweep's launcher able to run a job (sweep.config.check_launcher), the
+    composed config must spell out no secret (sweep.config.secrets), and
     every log record is scrubbed of secrets from here on (scrub_logs).
 
     Hydra creates the job directory before the task function runs, so this cannot wait for sweep.job.
@@ -52,6 +53,7 @@ class OutputDirCheck(Callback):
         self._check(str(config.hydra.sweep.dir), "hydra.sweep.dir")
         with exiting_on_config_error():
             check_no_literal_secrets(config)  # ... and the sweep's into multirun.yaml
+            check_launcher(config)
             claim_sweep_dir(config)
         forget(config.hydra.sweep.dir)  # a new sweep says its once-per-sweep lines again (sweep/run/once.py)
 

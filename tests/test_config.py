@@ -107,6 +107,10 @@ MISTAKES = [
     (["optim.lr=inf"], "optim.lr"),  # not finite
     (["-m", "optim.lr=1e-3,inf", "steps=1"], "optim.lr"),  # not finite, in one cell of a grid
     (["precision=null"], "precision: "),  # Hydra's own message names no key
+    (
+        ["-m", "steps=1", "optim.lr=1e-3,1e-2", "hydra/launcher=joblib", "hydra.launcher.n_jobs=0"],
+        "hydra.launcher.n_jobs",
+    ),
 ]
 WRONG_INIT_FROM = [
     ["model.init_from=nope.safetensors"],
@@ -223,6 +227,31 @@ def test_an_output_dir_the_file_system_cannot_create_is_a_config_error(tmp_path)
         check_output_dir(str(tmp_path / ("a" * 300)), "hydra.run.dir")
     with pytest.raises(ConfigError, match=r"^hydra.sweep.dir: the path is \d+ bytes"):
         check_output_dir(str(tmp_path.joinpath(*["b" * 250] * 17)), "hydra.sweep.dir")
+
+
+@pytest.mark.parametrize(
+    "launcher,key,value,ok",
+    [
+        ("hydra_plugins.hydra_joblib_launcher.joblib_launcher.JoblibLauncher", "n_jobs", 0, False),  # ValueError
+        ("hydra_plugins.hydra_joblib_launcher.joblib_launcher.JoblibLauncher", "n_jobs", -1, True),  # every core
+        ("hydra_plugins.hydra_submitit_launcher.submitit_launcher.LocalLauncher", "timeout_min", 0, False),  # killed
+        ("hydra_plugins.hydra_submitit_launcher.submitit_launcher.LocalLauncher", "tasks_per_node", 0, False),
+        ("hydra_plugins.hydra_submitit_launcher.submitit_launcher.SlurmLauncher", "gpus_per_node", 0, True),
+        ("hydra_plugins.hydra_submitit_launcher.submitit_launcher.SlurmLauncher", "cpus_per_task", None, True),
+        ("hydra_plugins.dit_sweep.packed_launcher.PackedLauncher", "n_jobs", 0, True),  # not the packed launcher's
+    ],
+)
+def test_a_launcher_count_that_cannot_run_a_job_is_a_config_error(launcher, key, value, ok):
+    from omegaconf import OmegaConf
+
+    from sweep.config import check_launcher
+
+    config = OmegaConf.create({"hydra": {"launcher": {"_target_": launcher, key: value}}})
+    if ok:
+        check_launcher(config)
+    else:
+        with pytest.raises(ConfigError, match=f"^hydra.launcher.{key}: must be a whole number"):
+            check_launcher(config)
 
 
 def test_an_output_dir_blocked_by_a_file_is_a_config_error(tmp_path):

@@ -132,6 +132,35 @@ def launches_here(config: Any) -> bool:
     return not any(name in target for name in REMOTE_LAUNCHERS) or "local" in target
 
 
+LAUNCHER_COUNTS = {  # hydra.launcher key: (launchers it belongs to, its least value)
+    "n_jobs": ("joblib", None),  # joblib: a nonzero count (-1: every core); 0 was joblib's ValueError
+    "timeout_min": ("submitit", 1),  # 0 or less: every job killed at once, a traceback (UncompletedJobError)
+    "tasks_per_node": ("submitit", 1),  # 0: submitit's AttributeError
+    "nodes": ("submitit", 1),
+    "cpus_per_task": ("submitit", 1),
+    "array_parallelism": ("submitit", 1),
+    "gpus_per_node": ("submitit", 0),
+    "mem_gb": ("submitit", 1),
+}
+"""The launchers' counts a sweep checks before its first job (check_launcher): each one a traceback, or jobs that
+could not run, after the sweep had started."""
+
+
+def check_launcher(config: Any) -> None:
+    """ConfigError for a joblib or submitit launcher count that cannot run a job (LAUNCHER_COUNTS); a null one is
+    the launcher's own default."""
+    target = str(OmegaConf.select(config, "hydra.launcher._target_", default="") or "").lower()
+    for key, (launcher, least) in LAUNCHER_COUNTS.items():
+        value = OmegaConf.select(config, f"hydra.launcher.{key}", default=None)
+        if launcher not in target or value is None:
+            continue
+        ok = (
+            isinstance(value, int) and not isinstance(value, bool) and (value != 0 if least is None else value >= least)
+        )
+        rule = "a whole number, not 0 (-1: every core)" if least is None else f"a whole number >= {least}"
+        require(ok, f"hydra.launcher.{key}", f"must be {rule}, got {value!r}")
+
+
 def check_device(run: RunConfig) -> RunConfig:
     """device=cuda (or cuda:N) where torch sees no such device is one line and exit 2 before any run (before,
     each run ended `error` with a traceback). Call it where the run will run: in the job, and in the sweep's
