@@ -23,6 +23,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from sweep.config.validate import ladder_target_problem
 from sweep.report.ladder import fit_line, ladder_fit
 from sweep.report.runs import PARAM, runs_from_dirs
 from sweep.report.tables import LR
@@ -72,7 +73,7 @@ def nan_free(value) -> float | None:
     return None if value is None or value != value else float(value)
 
 
-def main() -> int:
+def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("sweep_dir", type=Path)
     ap.add_argument("--fit-max", type=float, required=True, help="fit on the sizes up to this one")
@@ -80,7 +81,13 @@ def main() -> int:
     ap.add_argument("--beyond", type=float, default=None, help="with every size fitted, predict this size")
     ap.add_argument("--confidence", type=float, default=0.9)
     ap.add_argument("--window", action="store_true", help="print only the lrs to sweep at --target (see above)")
-    args = ap.parse_args()
+    args = ap.parse_args(argv)
+    for flag, size in (("--fit-max", args.fit_max), ("--target", args.target), ("--beyond", args.beyond)):
+        problem = None if size is None else ladder_target_problem(size)  # -1 was a math domain error (a traceback)
+        if problem:
+            ap.error(f"{flag}: {problem}")
+    if not 0 < args.confidence < 1:  # 2 or nan printed an interval "inf .. inf" and "NOT inside"
+        ap.error(f"--confidence: must be in (0, 1), got {args.confidence:g}")
     runs = runs_from_dirs(args.sweep_dir)
     if runs.empty:
         print(f"bench/ladder_heldout.py: no runs under {args.sweep_dir}", file=sys.stderr)
@@ -91,6 +98,13 @@ def main() -> int:
         return 2
     axis = full.attrs["axis"]
     sizes = runs[PARAM + axis].astype(float)
+    if not (sizes <= args.fit_max).any():  # printed nothing, status 0
+        print(
+            f"bench/ladder_heldout.py: no {axis} <= --fit-max {args.fit_max:g} to fit (the smallest is "
+            f"{sizes.min():g})",
+            file=sys.stderr,
+        )
+        return 2
     fit = ladder_fit(runs[sizes <= args.fit_max], target=args.target, confidence=args.confidence)
     if args.window:
         grid = sorted({float(lr) for lr in runs[PARAM + LR].dropna()})

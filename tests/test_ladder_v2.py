@@ -229,3 +229,19 @@ def test_an_open_bracket_at_the_target_is_judged_only_on_its_known_side():
     assert "undecided" in heldout.measured_text(0.01, 0.05, None, 0.02)
     assert "not monotone" in heldout.measured_text(0.01, 0.05, 0.03, 0.02)
     assert heldout.measured_text(0.01, 0.05, None, None) == "measured: no run at the target (not checked)"
+
+
+@pytest.mark.parametrize(
+    "flags,said",
+    [
+        (["--confidence", "2"], "--confidence: must be in (0, 1), got 2"),  # printed "inf .. inf" and "NOT inside"
+        (["--confidence", "nan"], "--confidence: must be in (0, 1), got nan"),
+        (["--target", "-1"], "--target: must be a width or depth from 1"),  # a math domain error (a traceback)
+        (["--beyond", "0"], "--beyond: must be a width or depth from 1"),  # taken as no --beyond
+    ],
+)
+def test_the_held_out_check_refuses_a_confidence_or_size_it_cannot_use(tmp_path, capsys, flags, said):
+    heldout = load_bench("ladder_heldout")
+    with pytest.raises(SystemExit) as e:
+        heldout.main([str(tmp_path), "--fit-max", "64", "--target", "128", *flags])
+    assert e.value.code == 2 and said in capsys.readouterr().err
