@@ -19,7 +19,15 @@ from hydra.core.hydra_config import HydraConfig
 from hydra.experimental.callback import Callback
 from omegaconf import DictConfig, OmegaConf
 
-from sweep.config import RETIRED_KEYS, ConfigError, RunConfig, check_launcher, check_output_dir, to_run_config
+from sweep.config import (
+    RETIRED_KEYS,
+    ConfigError,
+    RunConfig,
+    check_launcher,
+    check_no_chdir,
+    check_output_dir,
+    to_run_config,
+)
 from sweep.config.secrets import check_no_literal_secrets
 from sweep.errors import exiting_on_config_error
 from sweep.run.once import forget, per_sweep
@@ -46,6 +54,7 @@ class OutputDirCheck(Callback):
         self._check(str(config.hydra.run.dir), "hydra.run.dir")
         with exiting_on_config_error():
             check_no_literal_secrets(config)  # Hydra copies the composed config into .hydra/config.yaml
+            check_no_chdir(config)
             check_run_dir(config)
 
     def on_multirun_start(self, config: DictConfig, **kwargs: Any) -> None:
@@ -53,6 +62,7 @@ class OutputDirCheck(Callback):
         self._check(str(config.hydra.sweep.dir), "hydra.sweep.dir")
         with exiting_on_config_error():
             check_no_literal_secrets(config)  # ... and the sweep's into multirun.yaml
+            check_no_chdir(config)
             check_launcher(config)
             claim_sweep_dir(config)
         forget(config.hydra.sweep.dir)  # a new sweep says its once-per-sweep lines again (sweep/run/once.py)

@@ -111,6 +111,8 @@ MISTAKES = [
         ["-m", "steps=1", "optim.lr=1e-3,1e-2", "hydra/launcher=joblib", "hydra.launcher.n_jobs=0"],
         "hydra.launcher.n_jobs",
     ),
+    (["hydra.job.chdir=true"], "hydra.job.chdir"),  # a relative data.path was "no such directory" in the job dir
+    (["-m", "steps=1", "optim.lr=1e-3,1e-2", "hydra.job.chdir=true"], "hydra.job.chdir"),  # at the first job
 ]
 WRONG_INIT_FROM = [
     ["model.init_from=nope.safetensors"],

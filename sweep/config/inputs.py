@@ -161,6 +161,18 @@ def check_launcher(config: Any) -> None:
         require(ok, f"hydra.launcher.{key}", f"must be {rule}, got {value!r}")
 
 
+def check_no_chdir(config: Any) -> None:
+    """ConfigError for hydra.job.chdir=true: a run reads its inputs (data.path, model.config, model.init_from,
+    checkpoint.resume_from) relative to where the command ran, and a job Hydra moved into its own directory found
+    none of them (a single run refused; a sweep stopped at its first job, after its up-front checks had passed)."""
+    require(
+        OmegaConf.select(config, "hydra.job.chdir", default=False) is not True,
+        "hydra.job.chdir",
+        "must stay false: runs read data.path, model.config and the checkpoints relative to where the command"
+        " runs, and write their files into their own directory without it",
+    )
+
+
 def check_device(run: RunConfig) -> RunConfig:
     """device=cuda (or cuda:N) where torch sees no such device is one line and exit 2 before any run (before,
     each run ended `error` with a traceback). Call it where the run will run: in the job, and in the sweep's
