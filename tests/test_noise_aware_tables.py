@@ -190,6 +190,9 @@ def test_replicates_become_a_seed_axis_and_clash_with_a_seed_sweep():
     assert replicate_overrides(["optim.lr=1e-4,1e-3"], 1, 0) == []
     with pytest.raises(ConfigError, match="replicates=2 and a seed override both given"):
         replicate_overrides(["seed=0,1"], 2, 0)
+    # seed=5 on the command line is the config's seed here: the advice names the seeds replicates=2 would run from it
+    with pytest.raises(ConfigError, match=r"give one, e.g. seed=5,6 for the 2 seeds from 5$"):
+        replicate_overrides(["seed=5"], 2, 5)
 
 
 def test_replicates_needs_a_multirun(tmp_path):

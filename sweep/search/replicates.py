@@ -21,8 +21,14 @@ def replicate_overrides(arguments: list[str], replicates: int, seed: int) -> lis
         return []
     keys = {o.key_or_group for o in OverridesParser.create().parse_overrides(list(arguments))}
     if SEED in keys:
+        # Before, "use replicates=N (seeds 5...6)": replicates alone starts at the config's seed, not the override's.
         raise ConfigError(
-            f"replicates={replicates} and a seed override both given: use replicates=N (seeds {seed}..."
-            f"{seed + replicates - 1}) or seed=a,b,c, not both"
+            f"replicates={replicates} and a seed override both given: give one, e.g. {seeds(seed, replicates)} for"
+            f" the {replicates} seeds from {seed}"
         )
-    return [f"{SEED}={','.join(str(seed + i) for i in range(replicates))}"]
+    return [seeds(seed, replicates)]
+
+
+def seeds(first: int, replicates: int) -> str:
+    """The override of `replicates` seeds from `first`: seed=first,first+1,..."""
+    return f"{SEED}={','.join(str(first + i) for i in range(replicates))}"
