@@ -460,3 +460,16 @@ def test_a_second_diagnosis_keeps_the_mechanism_the_run_recorded(tmp_path):
         "recorded": recorded,
     }
     assert sorted(p.name for p in tmp_path.iterdir()) == ["result.json"]  # written whole: no .tmp left
+
+
+@pytest.mark.xdist_group("auto_sweep")  # the module's auto_sweep, run once: on one worker
+def test_a_diagnosis_is_never_written_into_another_runs_directory(auto_sweep, capsys):
+    """--out DIR of another run: its diagnosis.json was then read by the report as that run's own (the stable
+    run's mechanism became the spike's lr_too_high). Refused before anything runs, nothing written."""
+    _, runs, _ = auto_sweep
+    stable, diverged = runs[0]["dir"], runs[1]["dir"]
+    capsys.readouterr()
+    assert main([str(diverged), "--no-fix", "--out", str(stable)]) == 2
+    err = [ln for ln in capsys.readouterr().err.splitlines() if ln.strip()]
+    assert len(err) == 1 and "(--out) is another run's directory (it holds result.json)" in err[0], err
+    assert not (stable / DIAGNOSIS_FILE).exists() and not (stable / "diagnosis").exists()

@@ -160,6 +160,12 @@ def diagnose(
             f"{out}{given} is not writable ({problem}): a diagnosis writes {DIAGNOSIS_FILE} and its runs ({SCRATCH}/) "
             "there; give --out DIR, a directory you can write"
         )
+    if out.resolve() != Path(run_dir).resolve() and (out / "result.json").is_file():
+        # the report reads a run dir's diagnosis.json as that run's own (sweep/report/runs.py read_diagnosis)
+        raise DiagnoseError(
+            f"{out} (--out) is another run's directory (it holds result.json): its {DIAGNOSIS_FILE} would be read as"
+            " that run's diagnosis; give --out DIR, a directory of no run"
+        )
     scratch = out / SCRATCH
     mechanism = decide(record)
     progress(f"mechanism from the recorded signals: {mechanism.name}")
