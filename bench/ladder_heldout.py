@@ -98,14 +98,15 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     axis = full.attrs["axis"]
     sizes = runs[PARAM + axis].astype(float)
-    if not (sizes <= args.fit_max).any():  # printed nothing, status 0
+    fitted_sizes = sizes <= args.fit_max
+    if not fitted_sizes.any():  # printed nothing, status 0
         print(
             f"bench/ladder_heldout.py: no {axis} <= --fit-max {args.fit_max:g} to fit (the smallest is "
             f"{sizes.min():g})",
             file=sys.stderr,
         )
         return 2
-    fit = ladder_fit(runs[sizes <= args.fit_max], target=args.target, confidence=args.confidence)
+    fit = ladder_fit(runs[fitted_sizes], target=args.target, confidence=args.confidence)
     if args.window:
         grid = sorted({float(lr) for lr in runs[PARAM + LR].dropna()})
         fitted = fit.dropna(subset=["low", "high"])

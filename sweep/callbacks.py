@@ -40,8 +40,9 @@ log = logging.getLogger("sweep")
 
 class OutputDirCheck(Callback):
     """Before anything is written: the run or sweep directory must be creatable (sweep.config.check_output_dir) and
-    free (check_run_dir, claim_sweep_dir), a sweep's launcher able to run a job (sweep.config.check_launcher), the
-    composed config must spell out no secret (sweep.config.secrets), and
+    free (check_run_dir, claim_sweep_dir), hydra.job.chdir false (sweep.config.check_no_chdir), a sweep's launcher
+    able to run a job (sweep.config.check_launcher), the composed config must spell out no secret
+    (sweep.config.secrets), and
     every log record is scrubbed of secrets from here on (scrub_logs).
 
     Hydra creates the job directory before the task function runs, so this cannot wait for sweep.job.
