@@ -229,6 +229,7 @@ def test_confirm_mode_off_does_nothing(tmp_path):
         ("confirm.steps=3", "confirm.steps: must be > steps=5"),
         ("confirm.budget=-1", "confirm.budget: must be >= 0"),
         ("confirm.budget=nan", "confirm.budget: must be a finite number"),
+        ("confirm.steps=7158279", "confirm.steps: 7,158,279 is over the 7,158,278 steps a run may have"),
     ],
 )
 def test_bad_confirm_values_fail_at_composition_in_one_line(override, message):
@@ -249,6 +250,30 @@ def test_the_command_helps_and_refuses_a_bad_directory_in_one_line(tmp_path, cap
         assert code == 2 and len(lines) == 1 and lines[0].startswith("sweep.confirm: "), err
     code, err = main([str(tmp_path), "--budget", "-1"]), capsys.readouterr().err
     assert code == 2 and "--budget must be a finite number >= 0" in err
+
+
+def test_a_horizon_no_run_may_have_is_one_line_and_keeps_the_last_confirmation(sweep_dir, tmp_path, capsys):
+    """--steps over the steps a run may have (a typed zero too many): before, every setting was "not confirmed",
+    and a confirmation.json of 0 settings replaced the one the report reads, with exit status 0. A factor that gets
+    there (confirm.factor=1e300 at a multirun's end) names the factor and prints no 300-digit number."""
+    import shutil
+
+    from sweep.confirm.__main__ import main
+    from sweep.confirm.multirun import ConfirmError, _horizon
+
+    copy = tmp_path / "s"
+    shutil.copytree(sweep_dir, copy)
+    before = (copy / CONFIRMATION_FILE).read_bytes()
+    code, err = main([str(copy), "--steps", "1000000000"]), capsys.readouterr().err
+    assert code == 2 and err.strip().splitlines() == [
+        "sweep.confirm: confirm.steps: 1,000,000,000 steps, over the 7,158,278 steps a run may have (each keeps a "
+        "metrics row per step in memory); give a shorter one"
+    ], err
+    assert (copy / CONFIRMATION_FILE).read_bytes() == before
+    with pytest.raises(
+        ConfirmError, match=r"^confirm.factor: 1e\+300 x steps=5 gives a horizon of 5e\+300 steps, over"
+    ):
+        _horizon(None, 1e300)(make_run("steps=5"))
 
 
 def test_ctrl_c_during_the_confirmation_keeps_the_runs_and_the_summary(tmp_path):

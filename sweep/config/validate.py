@@ -50,6 +50,7 @@ from sweep.config.schema import (
     require,
 )
 from sweep.data.split import eval_files_problem
+from sweep.run.sizes import STEPS_LIMIT
 from sweep.search.conf import PRUNERS, PrunerConfig, PrunerName
 
 MAX_THREADS = 1024
@@ -471,6 +472,13 @@ def _check_confirm(run: RunConfig) -> None:
         f"must be > steps={run.steps} (a longer horizon than the sweep's), or null for confirm.factor x steps, got "
         f"{c.steps}",
     )
+    if c.steps is not None:
+        require(
+            c.steps <= STEPS_LIMIT,
+            "confirm.steps",
+            f"{c.steps:,} is over the {STEPS_LIMIT:,} steps a run may have (each keeps a metrics row per step in "
+            "memory)",
+        )
     require(c.budget >= 0, "confirm.budget", f"must be >= 0 (a multiple of the sweep's run time), got {c.budget}")
 
 
