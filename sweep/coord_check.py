@@ -82,6 +82,10 @@ class Setup:
             raise UsageError(f"--steps: must be >= 1, got {self.steps}")
         if not (self.lr > 0 and math.isfinite(self.lr)):
             raise UsageError(f"--lr: must be a finite number > 0, got {self.lr}")
+        from sweep.config.validate import MAX_SEED  # a run's own bound (seed=...)
+
+        if not 0 <= self.seed <= MAX_SEED:  # before: -1 was taken, 2**64 a traceback
+            raise UsageError(f"--seed: must be in [0, {MAX_SEED}] (2**32 - 1), got {self.seed}")
         if self.size <= 0 or self.size % 2 or self.batch <= 0 or self.frames <= 0:
             raise UsageError("--size must be even and > 0; --batch and --frames > 0")
         bad = [p for p in self.params if p not in PARAMS]

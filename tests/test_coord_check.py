@@ -62,6 +62,8 @@ def test_fixed_seeds_give_the_same_numbers(results):
         (["--nope"], "unrecognized"),
         (["--depth", "100000"], "--widths/--depth: width 256 at depth 100000 would have ~"),  # built for minutes
         (["--widths", "32,65536"], "over the 1,000M limit"),  # then out of memory
+        (["--seed", "-1"], "--seed: must be in [0, 4294967295]"),  # was taken
+        (["--seed", "99999999999999999999"], "--seed: must be in [0, 4294967295]"),  # a traceback
         (["--threads", "100000"], "--threads: must be in [0, 1024]"),  # segfaulted torch (rc 139)
         (["--html", "/"], "--html: / is a folder"),  # IsADirectoryError after the runs
         (["--html", "/no/such/folder/c.html"], "--html: no folder /no/such/folder"),
