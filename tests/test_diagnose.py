@@ -473,3 +473,25 @@ def test_a_diagnosis_is_never_written_into_another_runs_directory(auto_sweep, ca
     err = [ln for ln in capsys.readouterr().err.splitlines() if ln.strip()]
     assert len(err) == 1 and "(--out) is another run's directory (it holds result.json)" in err[0], err
     assert not (stable / DIAGNOSIS_FILE).exists() and not (stable / "diagnosis").exists()
+
+
+@pytest.mark.parametrize("from_step, said", [(0, "from the initial weights"), (3, "from the state after step 2")])
+def test_the_table_says_where_its_rows_start(from_step, said):
+    """A run bad at its first step: its rows start from the initial weights (before: "the state after step -1")."""
+    from sweep.diagnose.diagnosis import render
+
+    row = {"name": "same config", "outcome": None, "not_applicable": "-", "overrides": []}
+    d = {
+        "run_dir": "r",
+        "verdict": "loss_spike",
+        "first_bad_step": from_step + 1,
+        "mechanism": "unexplained",
+        "summary": "-",
+        "counterfactuals": {"from_step": from_step, "through_step": 11, "prefix": {"detail": "-"}, "rows": [row]},
+        "agrees": True,
+        "agreement": "-",
+        "fix": {"overrides": [], "confirmed": False},
+        "seconds": 0.1,
+        "run_seconds": 0.1,
+    }
+    assert f"counterfactuals ({said}, through step 11;" in render(d)

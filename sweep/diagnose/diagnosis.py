@@ -260,12 +260,17 @@ def _through(fix: dict) -> str:
     return f" through step {fix['through_step']}" if fix.get("through_step") is not None else ""
 
 
+def _from(step: int) -> str:
+    """Where the counterfactual rows start: a run that went bad at its first step has no state "after step -1"."""
+    return "from the initial weights" if step <= 0 else f"from the state after step {step - 1}"
+
+
 def render(d: dict) -> str:
     """The terminal view of a diagnosis."""
     lines = [
         f"{d['run_dir']}: {d['verdict']}@{d['first_bad_step']}",
         f"mechanism: {d['mechanism']} - {d['summary']}",
-        f"counterfactuals (from the state after step {d['counterfactuals']['from_step'] - 1}, "
+        f"counterfactuals ({_from(d['counterfactuals']['from_step'])}, "
         f"through step {d['counterfactuals']['through_step']}; replay: {d['counterfactuals']['prefix'].get('detail')})",
     ]
     width = max(len(r["name"]) for r in d["counterfactuals"]["rows"])
