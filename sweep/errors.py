@@ -9,10 +9,11 @@ report first) and callbacks (Hydra turns their exceptions into a warning and goe
 from __future__ import annotations
 
 import contextlib
+import re
 import sys
 from typing import Iterator, NoReturn
 
-from hydra.errors import HydraException
+from hydra.errors import HydraException, OverrideParseException
 from omegaconf.errors import OmegaConfBaseException
 
 from sweep.config import ConfigError
@@ -32,6 +33,11 @@ def config_error_line(exc: BaseException) -> str | None:
         key = getattr(err, "full_key", None)
         msg = str(err).split("\n")[0].strip()
         return f"{key}: {msg}" if key else msg
+    if isinstance(exc, OverrideParseException) and (words := _several_overrides(exc.override)):
+        return (
+            f"{exc.override!r}: one argument holding {len(words)} overrides (quoted together); give each key=value"
+            f" as an argument of its own: {' '.join(words)} (or quote a value that holds spaces: key='a b')"
+        )
     if isinstance(exc, HydraException) or _raised_reading_overrides(exc):
         lines = [ln.strip() for ln in str(exc).splitlines() if ln.strip()]
         options = getattr(exc, "options", None)
@@ -68,6 +74,17 @@ def _raised_reading_overrides(exc: BaseException) -> bool:
             innermost_hydra = where
         tb = tb.tb_next
     return innermost_hydra is not None and any(m in innermost_hydra for m in _HYDRA_INPUT_MODULES)
+
+
+_OVERRIDE_START = re.compile(r"^[+~]*[A-Za-z_][\w.@/-]*=")
+
+
+def _several_overrides(arg: str) -> list[str]:
+    """The overrides one command-line word holds when it is several joined by spaces (`"optim=adamw optim.lr=1"`,
+    which Hydra's parser reports as "mismatched input '=' expecting <EOF>", naming no key); [] otherwise, so a
+    quoted value with spaces in it stays Hydra's own message."""
+    words = arg.split()
+    return words if len(words) > 1 and all(_OVERRIDE_START.match(w) for w in words) else []
 
 
 def _is_null_override(arg: str) -> bool:

@@ -113,6 +113,8 @@ MISTAKES = [
     ),
     (["hydra.job.chdir=true"], "hydra.job.chdir"),  # a relative data.path was "no such directory" in the job dir
     (["-m", "steps=1", "optim.lr=1e-3,1e-2", "hydra.job.chdir=true"], "hydra.job.chdir"),  # at the first job
+    # two overrides in one shell word: Hydra's "mismatched input '=' expecting <EOF>" named no key
+    (["optim=adamw optim.lr=1"], "'optim=adamw optim.lr=1': one argument holding 2 overrides (quoted together)"),
 ]
 WRONG_INIT_FROM = [
     ["model.init_from=nope.safetensors"],
@@ -389,3 +391,13 @@ def test_a_tensorboard_dir_outside_the_run_dir_is_refused(folder):
 @pytest.mark.parametrize("folder", ["tensorboard", "tb/events", "a/../b"])
 def test_a_tensorboard_dir_inside_the_run_dir_is_fine(folder):
     assert make_run(f"logger.tensorboard.dir={folder}").logger.tensorboard.dir == folder
+
+
+def test_only_words_that_are_all_overrides_are_read_as_several():
+    """A value with spaces in it is Hydra's to judge (`+tag=a b` is a tag); words that each start `key=` are
+    overrides joined by quoting."""
+    from sweep.errors import _several_overrides
+
+    assert _several_overrides("optim=adamw optim.lr=1") == ["optim=adamw", "optim.lr=1"]
+    assert _several_overrides("+tag=a ~b.c=1") == ["+tag=a", "~b.c=1"]
+    assert _several_overrides("+tag=a b") == [] and _several_overrides("optim.lr=1") == []
