@@ -149,6 +149,8 @@ def one_line_error(capsys, argv) -> str:
 
 def test_wrong_path_and_unknown_study_are_one_line(sweep, tmp_path, capsys):
     assert "no such sweep directory or ledger file" in one_line_error(capsys, [str(tmp_path / "nope")])
+    err = one_line_error(capsys, [str(sweep / "0" / "result.json")])  # before: "no such ...", of a file that is there
+    assert "result.json is a file, not a sweep directory or a ledger" in err
     assert "no such SQLite ledger" in one_line_error(capsys, [f"sqlite:///{tmp_path / 'nope.db'}"])
     assert not (tmp_path / "nope.db").exists()  # reading never creates an empty ledger
     err = one_line_error(capsys, [str(sweep / "ledger.db"), "--study", "nope"])

@@ -32,7 +32,14 @@ from sweep.report.html import REPORT_FILE, dir_title
 from sweep.report.ladder import ladder_settings
 from sweep.report.registry import TABLES
 from sweep.report.runs import DIAGNOSIS_FILE, runs_from_dirs
-from sweep.report.study import SourceError, is_storage, runs_from_study, storage_url
+from sweep.report.study import (
+    JOURNAL_SUFFIXES,
+    SQLITE_SUFFIXES,
+    SourceError,
+    is_storage,
+    runs_from_study,
+    storage_url,
+)
 from sweep.report.summary import summarize
 from sweep.report.target import TARGETS
 from sweep.report.text import WIDTH, render_text, write_summary
@@ -155,6 +162,11 @@ def load(source: str, study: str | None):
             else (Path(url.split(":///", 1)[1]).parent if url.startswith("sqlite:///") else Path.cwd())
         )
         return runs, f"Sweep report: study {name}", f"study {name!r} in {mask_url(url)}", out
+    if "://" not in source and path.exists():  # summary.md, a result.json: there, but not what the report reads
+        raise SourceError(
+            f"{source} is a file, not a sweep directory or a ledger ({' '.join(SQLITE_SUFFIXES + JOURNAL_SUFFIXES)});"
+            " give the sweep's directory"
+        )
     raise SourceError(f"no such sweep directory or ledger file: {source}")
 
 
