@@ -169,13 +169,13 @@ def _horizon(steps: int | None, factor: float | None) -> Callable[[RunConfig], i
 
     def of(run: RunConfig) -> int:
         s = steps if steps is not None else run.confirm.steps
+        f = factor if factor is not None else run.confirm.factor
         key = "confirm.steps" if s is not None else "confirm.factor"
-        s = s if s is not None else round((factor if factor is not None else run.confirm.factor) * run.steps)
+        s = s if s is not None else round(f * run.steps)
         if s <= run.steps:
             raise ConfirmError(f"confirm.steps: must be > the sweep's steps ({run.steps}), got {s}")
         if s > STEPS_LIMIT:  # before: every setting "not confirmed", and an empty confirmation.json over the last one
             got = f"{s:,}" if s < 10**12 else f"{s:.3g}"
-            f = factor if factor is not None else run.confirm.factor
             how = "" if key == "confirm.steps" else f"{f:g} x steps={run.steps} gives a horizon of "
             raise ConfirmError(
                 f"{key}: {how}{got} steps, over the {STEPS_LIMIT:,} steps a run may have (each keeps a metrics row "
