@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import html
 import math
 import re
 
@@ -10,6 +11,7 @@ import pytest
 
 from sweep.config import ConfigError
 from sweep.report.figures import ladder_figure
+from sweep.report.html import render_html
 from sweep.report.ladder import fit_line, ladder_fit, ladder_lines
 from sweep.report.runs import runs_from_dirs
 from sweep.report.summary import summarize
@@ -65,6 +67,11 @@ def test_the_summary_prints_the_ladder_and_the_report_plots_it(tmp_path):
     fig = ladder_figure(s.ladder)
     names = [t.name for t in fig.data]
     assert "fp32: predicted at width 512" in names and any(n.startswith("fp32: fit, exponent -0.") for n in names)
+    far = summarize(runs, ladder_target=2048)  # 16x the largest width: its lines warn, and report.html says it too
+    page = render_html(far, "t", "s")
+    assert any("warning: width 2048 is 16.0x the largest measured width" in line for line in ladder_lines(far.ladder))
+    for line in ladder_lines(far.ladder):
+        assert html.escape(line) in page
 
 
 def test_ladder_configs_compose_a_search_over_the_size():

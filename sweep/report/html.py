@@ -41,6 +41,7 @@ STYLE = """
 body { font-family: system-ui, sans-serif; margin: 1.5em auto; max-width: 1200px; color: #222; }
 h1 { font-size: 1.5em; } h2 { font-size: 1.2em; margin-top: 1.8em; } h3 { font-size: 1em; }
 p.note { color: #555; font-size: 0.9em; margin-top: 0; }
+ul.note { color: #555; font-size: 0.9em; }
 table.tbl { border-collapse: collapse; font-size: 0.85em; margin: 0.5em 0; }
 table.tbl th, table.tbl td { border: 1px solid #ccc; padding: 2px 8px; text-align: right; }
 table.tbl th { background: #f3f3f3; }
@@ -123,6 +124,7 @@ def render_html(s: Summary, title: str, source: str, script: str | None = None) 
         if spec.plot and spec.plot.above:
             body.append(plot_div(spec.plot.make(s), spec.plot.div_id))
         body.append(table_html(table, index=spec.index))
+        body += notes_html(spec.lines(table) if spec.lines else [])
     body += [plot_div(spec.plot.make(s), spec.plot.div_id) for spec, _ in tables if spec.plot and not spec.plot.above]
     body += [
         "<h2>Curves per combination</h2>",
@@ -144,6 +146,12 @@ def render_html(s: Summary, title: str, source: str, script: str | None = None) 
         f"<title>{esc(title)}</title><style>{STYLE}</style>"
         f"{plotly_script(script)}</head>\n<body>\n" + "\n".join(body) + "\n</body></html>\n"
     )
+
+
+def notes_html(lines: list[str]) -> list[str]:
+    """A table's sentences under it (the frontier's confirmation, the ladder's fits and warnings), as the terminal
+    and summary.md give them."""
+    return ['<ul class="note">' + "".join(f"<li>{esc(line)}</li>" for line in lines) + "</ul>"] if lines else []
 
 
 def plotly_script(script: str | None) -> str:
