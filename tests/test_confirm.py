@@ -276,6 +276,41 @@ def test_a_horizon_no_run_may_have_is_one_line_and_keeps_the_last_confirmation(s
         _horizon(None, 1e300)(make_run("steps=5"))
 
 
+def test_the_command_rewrites_the_answer_where_the_sweeps_end_wrote_it(sweep_dir, tmp_path, capsys):
+    """`python -m sweep.confirm` after the sweep's end: summary.md, its tables and report.html say what it confirmed,
+    as the terminal does (before, they kept the unconfirmed answer until `sweep.report --write`); and it, like
+    `sweep.report`, recommends for the sweep's own report.target (before, the report's default: cuda)."""
+    import shutil
+
+    import yaml
+
+    from sweep.confirm.__main__ import main as confirm
+    from sweep.report.__main__ import main as report
+
+    copy = tmp_path / "s"
+    shutil.copytree(sweep_dir, copy)
+    saved = yaml.safe_load((copy / "multirun.yaml").read_text())
+    saved["report"]["target"] = "cpu"
+    (copy / "multirun.yaml").write_text(yaml.safe_dump(saved))
+    (copy / CONFIRMATION_FILE).rename(tmp_path / CONFIRMATION_FILE)
+    assert report([str(copy), "--write"]) == 0  # the files as the sweep's end wrote them, unconfirmed
+    capsys.readouterr()
+    assert "Held" not in (copy / "summary.md").read_text() and "Held" not in (copy / "report.html").read_text()
+    (tmp_path / CONFIRMATION_FILE).rename(copy / CONFIRMATION_FILE)
+    assert confirm([str(copy)]) == 0
+    out = capsys.readouterr().out
+    assert "recorded before" in out and "\nRecommendation\nUse optim.lr=0.01 " in out
+    out = " ".join(out.split())  # wrapped at 100 columns
+    assert f"Rewritten in {copy}: summary.md, summary.csv" in out and "report.html" in out
+    assert "Held 2/2 at 60 steps [confirmation.json]. Target: cpu (as asked)." in out
+    md, page, frontier = ((copy / name).read_text() for name in ("summary.md", "report.html", "summary_frontier.csv"))
+    for text in (md, page):
+        assert "Held 2/2 at 60 steps" in text and "Target: cpu (as asked)." in text
+    assert "2/2 at 60 steps; 0.015 failed" in frontier
+    assert report([str(copy), "--no-html"]) == 0
+    assert "Target: cpu (as asked)." in " ".join(capsys.readouterr().out.split())
+
+
 def test_ctrl_c_during_the_confirmation_keeps_the_runs_and_the_summary(tmp_path):
     """A SIGINT while the confirmation trains: the run in progress stops after its step, confirmation.json says
     the confirmation stopped, and the summary is still printed and written (the sweep's runs are all there)."""

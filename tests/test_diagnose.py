@@ -475,6 +475,34 @@ def test_a_diagnosis_is_never_written_into_another_runs_directory(auto_sweep, ca
     assert not (stable / DIAGNOSIS_FILE).exists() and not (stable / "diagnosis").exists()
 
 
+@pytest.mark.xdist_group("auto_sweep")  # the module's auto_sweep, run once: on one worker
+def test_a_diagnosis_by_hand_rewrites_the_summary_of_its_sweep(auto_sweep, tmp_path, capsys):
+    """`python -m sweep.diagnose SWEEP/N` after the sweep's end: its summary.md, summary_diagnoses.csv and report.html
+    gain the diagnosis (before, they kept what the sweep's end wrote until `sweep.report --write`)."""
+    import shutil
+
+    import yaml
+
+    root, runs, _ = auto_sweep
+    copy = tmp_path / "s"
+    shutil.copytree(root, copy)
+    saved = yaml.safe_load((copy / "multirun.yaml").read_text())
+    saved["ledger"]["enabled"] = False  # the copy's study is not the fixture's
+    (copy / "multirun.yaml").write_text(yaml.safe_dump(saved))
+    spike = copy / runs[1]["dir"].name
+    (spike / DIAGNOSIS_FILE).unlink()
+    shutil.rmtree(spike / "diagnosis")
+    assert report_main([str(copy), "--write"]) == 0  # the files of a sweep whose end diagnosed nothing
+    capsys.readouterr()
+    assert "## Diagnoses" not in (copy / "summary.md").read_text() and not (copy / "summary_diagnoses.csv").exists()
+    assert main([str(spike), "--no-fix"]) == 0
+    out = " ".join(capsys.readouterr().out.split())
+    assert f"Rewritten in {copy.resolve()}: summary.md, summary.csv" in out and "report.html" in out
+    assert "## Diagnoses" in (copy / "summary.md").read_text()
+    assert "lr_too_high" in (copy / "summary_diagnoses.csv").read_text()
+    assert "<h2>Diagnoses" in (copy / "report.html").read_text()
+
+
 @pytest.mark.parametrize("from_step, said", [(0, "from the initial weights"), (3, "from the state after step 2")])
 def test_the_table_says_where_its_rows_start(from_step, said):
     """A run bad at its first step: its rows start from the initial weights (before: "the state after step -1")."""

@@ -7,8 +7,10 @@ every seed, rerun to more steps; where one fails, the next lower stable lr of it
 
 Writes SWEEP_DIR/confirmation.json and keeps its runs under SWEEP_DIR/confirm/ (each with trial.json, not
 result.json: they are not runs of the sweep). Settings confirmed before for the same runs and horizon are not
-rerun. Then `python -m sweep.report SWEEP_DIR` shows the frontier's `held` column and a recommendation that names
-only a setting that held. A multirun does this itself at its end (confirm.mode=auto; docs/confirmation.md).
+rerun. Then the sweep's summary.md (and its summary_<table>.csv), report.html and its study's answer are written
+again, where its end wrote them, and the recommendation is printed: the frontier's `held` column, and a
+recommendation that names only a setting that held (`python -m sweep.report SWEEP_DIR` shows the same). A multirun
+does this itself at its end (confirm.mode=auto; docs/confirmation.md).
 Exit status 0 when confirmed (whatever held), 2 on bad input, 128 + the signal's number when Ctrl-C or SIGTERM
 stopped it (what was confirmed is recorded; the same command finishes it).
 """
@@ -48,8 +50,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument(
         "--target",
         choices=("cpu", "cuda"),
-        help="the device the recommendation is for, as python -m sweep.report --target (default: its default: the "
-        "device the sweep ran on, cuda for a sweep on the CPU)",
+        help="the device the recommendation is for, as python -m sweep.report --target (default: the sweep's "
+        "report.target, else the device the sweep ran on, cuda for a sweep on the CPU); the sweep's own files keep "
+        "its report.target",
     )
     args = ap.parse_args(argv)
     name = PROG.split()[-1]
@@ -65,19 +68,48 @@ def main(argv: list[str] | None = None) -> int:
     if grid_runs(args.sweep_dir).empty:
         print(f"{name}: {args.sweep_dir} holds no runs of a sweep (no <n>/result.json)", file=sys.stderr)
         return 2
+    from sweep.report.target import recorded_target
+
+    target = args.target if args.target is not None else recorded_target(args.sweep_dir)
     try:
         record = confirm_sweep(
             args.sweep_dir,
             steps=args.steps,
             budget=args.budget,
             progress=lambda s: print(s, flush=True),
-            target=args.target,
+            target=target,
         )
     except ConfigError as e:
         print(f"{name}: {e}", file=sys.stderr)
         return 2
+    if record is not None:
+        show_answer(args.sweep_dir, target, name)
     interrupted = (record or {}).get("interrupted")
     return 128 + signal.Signals[interrupted].value if interrupted else 0
+
+
+def show_answer(sweep_dir: Path, target: str | None, name: str) -> None:
+    """The sweep's files rewritten with what was confirmed (sweep/report/refresh.py), and the recommendation for
+    `target` printed, as the end of a multirun prints it."""
+    import textwrap
+
+    from sweep.report.refresh import rewrite_answer, summary_of
+    from sweep.report.text import WIDTH
+
+    summary, written, problems = rewrite_answer(sweep_dir)
+    if summary is not None and target is not None and target != summary.recommendation.target:
+        summary, _ = summary_of(sweep_dir, target)  # --target other than the sweep's: its files keep the sweep's
+    for line in problems:
+        print(f"{name}: {line}", file=sys.stderr)
+    if summary is None:
+        return
+    print(f"\nRecommendation\n{textwrap.fill(summary.recommendation.line, WIDTH, subsequent_indent='  ')}")
+    saved = (
+        f"Rewritten in {sweep_dir}: {', '.join(p.name for p in written)}"
+        if written
+        else (f"The sweep wrote no summary yet: python -m sweep.report {sweep_dir} --write writes it")
+    )
+    print(textwrap.fill(saved, WIDTH, subsequent_indent="  "), flush=True)
 
 
 if __name__ == "__main__":

@@ -8,7 +8,8 @@ Reads the run's result.json, metrics.csv and .hydra/config.yaml; names its mecha
 recorded; replays it bit for bit to its last healthy step and runs the bad steps again with one change at
 a time (same config, fp32, reference kernels, without extreme samples, lr/10, update clipping); runs the
 proposed fix from step 0. Writes RUN_DIR/diagnosis.json and keeps its runs under RUN_DIR/diagnosis/ (--out DIR:
-there instead, for a run dir you cannot write).
+there instead, for a run dir you cannot write). For a run of a sweep, the sweep's summary.md, its tables and
+report.html are written again with the diagnosis, where its end wrote them (sweep/report/refresh.py).
 Exit status 0 when diagnosed, 2 on bad input (not a run dir, a run that did not diverge, an older run).
 """
 
@@ -73,7 +74,24 @@ def main(argv: list[str] | None = None) -> int:
         return 128 + e.signum
     print()
     print(render(d))
+    if args.out is None:
+        rewrite_sweep(args.run_dir)
     return 0
+
+
+def rewrite_sweep(run_dir: Path) -> None:
+    """The files of the sweep `run_dir` is a job of (its parent holds the sweep's multirun.yaml), with the diagnosis
+    just written; nothing for a lone run."""
+    sweep_dir = run_dir.resolve().parent
+    if not (sweep_dir / "multirun.yaml").is_file():
+        return
+    from sweep.report.refresh import rewrite_answer  # pandas: only for a run of a sweep
+
+    _, written, problems = rewrite_answer(sweep_dir)
+    for line in problems:
+        print(f"sweep.diagnose: {line}", file=sys.stderr)
+    if written:
+        print(f"Rewritten in {sweep_dir}: {', '.join(p.name for p in written)}", flush=True)
 
 
 if __name__ == "__main__":

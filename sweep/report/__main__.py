@@ -11,9 +11,10 @@ report.html loads plotly-<version>.min.js, written once beside it (sweep/report/
 puts plotly inside instead, one file to mail. The tables go to stdout (the same from either source), what was
 read and written to stderr. A wrong path or an unknown study is one line and exit status 2. A storage password
 is never printed or written: the report names the storage as postgresql://me:***@db/sweeps. A directory's
-multirun.yaml is not read: every run says its own params (result.json, or a started job's
-.hydra/overrides.yaml), so a sweep whose multirun.yaml is missing or damaged reports as well (`python -m sweep
--m` into such a directory is refused: it cannot tell that sweep from another, sweep/callbacks.py). Its
+multirun.yaml gives only defaults, its ladder.* and its report.target (so the recommendation is the one its
+summary.md holds): every run says its own params (result.json, or a started job's .hydra/overrides.yaml), so a
+sweep whose multirun.yaml is missing or damaged reports as well (`python -m sweep -m` into such a directory is
+refused: it cannot tell that sweep from another, sweep/callbacks.py). Its
 confirmation.json (the answer rerun at a longer horizon, sweep/confirm/) is read too: the frontier's `held`
 column, and a recommendation that names a setting that held (a damaged one is one line on stderr).
 """
@@ -41,7 +42,7 @@ from sweep.report.study import (
     storage_url,
 )
 from sweep.report.summary import summarize
-from sweep.report.target import TARGETS
+from sweep.report.target import TARGETS, recorded_target
 from sweep.report.text import WIDTH, render_text, write_summary
 from sweep.run.results import RESULT_FILE
 from sweep.search.ledger import LEDGER_FILE, mask_url
@@ -113,7 +114,8 @@ def parser(prog: str = "python -m sweep.report") -> argparse.ArgumentParser:
         help="the device the recommendation is for: it leaves out the combinations the target cannot run "
         "(fp32/tf32 with flash on cuda; efficient/cudnn attention and tf32 on cpu) and breaks ties by the steps/s "
         "measured when the runs ran on it, else by its cost (cuda: bf16 before fp16 before tf32 before fp32) (default: "
-        "the device the runs recorded, cuda for a sweep that ran on the CPU: a proxy for the GPU a model trains on)",
+        "the sweep's report.target from its multirun.yaml, else the device the runs recorded, cuda for a sweep that "
+        "ran on the CPU: a proxy for the GPU a model trains on)",
     )
     p.add_argument(
         "--width",
@@ -198,7 +200,8 @@ def main(argv: list[str] | None = None, prog: str = "python -m sweep.report") ->
     confirmation, problem = read_confirmation(out_dir) if _local(args.source) else (None, None)
     if problem:
         print(f"{name}: {problem}", file=sys.stderr)
-    summary = summarize(runs, target, confidence, args.target, confirmation)
+    device = args.target if args.target is not None or not _local(args.source) else recorded_target(out_dir)
+    summary = summarize(runs, target, confidence, device, confirmation)
     print(render_text(summary, args.width, args.table), flush=True)
     written, notes, failed = [], [], []  # notes: written elsewhere; failed: not written
     here = Path(args.html).parent if args.html else Path(out_dir)

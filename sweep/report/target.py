@@ -2,6 +2,9 @@
 
     python -m sweep.report SWEEP_DIR --target cpu     # report.target=cpu for the sweep's own summary
 
+A sweep directory's own report.target (its multirun.yaml, `recorded_target`) is what `python -m sweep.report` and
+`python -m sweep.confirm` on that directory default to, so they recommend what its summary.md does.
+
 A sweep on the CPU is a proxy for the GPU its model trains on, so the default target is `cuda`, the device
 the sweep ran on when that was a GPU (result.json `device`). For the target the recommendation
 - leaves out the combinations it cannot run (`unrunnable`): on CUDA, flash or cuDNN attention under a precision
@@ -79,6 +82,17 @@ def ran_on(runs: pd.DataFrame) -> set[str]:
     if "device" not in runs:
         return set()
     return {k for k in runs.device.map(device_kind) if k}
+
+
+def recorded_target(sweep_dir) -> str | None:
+    """The report.target a sweep ran with, from its multirun.yaml: None where it set none, or where the file is
+    missing, unreadable or names no known target (the report's own default then)."""
+    try:
+        node = (yaml.safe_load((Path(sweep_dir) / "multirun.yaml").read_text()) or {}).get("report") or {}
+        target = node.get("target")
+    except (OSError, ValueError, AttributeError, yaml.YAMLError):
+        return None
+    return target if target in TARGETS else None
 
 
 def resolve_target(runs: pd.DataFrame, target: str | None) -> tuple[str, str]:

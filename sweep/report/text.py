@@ -87,7 +87,8 @@ def md_escape(text: str) -> str:
 
 
 def write_summary(sweep_dir: Path, s: Summary) -> list[Path]:
-    """summary.md, summary.csv, summary.parquet (when pyarrow is there) and summary_<table>.csv."""
+    """summary.md, summary.csv, summary.parquet (when pyarrow is there) and summary_<table>.csv of each table with
+    rows (an empty table's file from an earlier write is removed)."""
     sweep_dir = Path(sweep_dir)
     written = [sweep_dir / "summary.md", sweep_dir / "summary.csv"]
     written[0].write_text(render_markdown(s, f"Sweep summary: {sweep_dir.name}"))
@@ -99,8 +100,10 @@ def write_summary(sweep_dir: Path, s: Summary) -> list[Path]:
         log.info("summary.parquet not written: pip install pyarrow")
     for name, spec in TABLES.items():
         table = spec.long_form(s) if spec.long_form else s.tables[name]
-        if not table.empty:
-            path = sweep_dir / f"summary_{name}.csv"
+        path = sweep_dir / f"summary_{name}.csv"
+        if table.empty:
+            path.unlink(missing_ok=True)  # written before, when the table had rows: it would say what no longer holds
+        else:
             table.to_csv(path, index=spec.index and spec.long_form is None)
             written.append(path)
     return written
