@@ -61,3 +61,32 @@ def test_qmc_search_walks_a_sobol_sequence_and_is_seeded(tmp_path):
     assert [t.params["precision"] for t in trials[1:]] == ["fp32", "bf16_amp", "fp32"]
     again = search(tmp_path / "b", "qmc", seed=3)
     assert [t.params for t in again] == [t.params for t in trials]
+
+
+def test_tpe_learns_the_diverged_region_from_the_ledgers_constraints_without_a_deprecation_warning():
+    """The ledger writes each trial's constraints into its system attrs (a diverged run infeasible): TPE must propose
+    away from an infeasible region even where its values are the lowest, and make_sampler must not print Optuna 5's
+    FutureWarning for `constraints_func` on every sweep's terminal (it did)."""
+    import warnings
+
+    from sweep.search.conf import SamplerConf
+    from sweep.search.ledger import CONSTRAINTS_KEY
+    from sweep.search.sweeper import make_sampler
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        sampler = make_sampler(SamplerConf(seed=0, n_startup_trials=5), {})
+    x = optuna.distributions.FloatDistribution(0.0, 1.0)
+    study = optuna.create_study(sampler=sampler)
+    for i in range(20):  # the lower x, the lower the value, but x < 0.5 diverged
+        v = (i + 0.5) / 20
+        study.add_trial(
+            optuna.trial.create_trial(
+                params={"x": v},
+                distributions={"x": x},
+                value=v,
+                system_attrs={CONSTRAINTS_KEY: [1.0 if v < 0.5 else -1.0]},
+            )
+        )
+    proposed = [study.ask({"x": x}).params["x"] for _ in range(10)]
+    assert sum(p >= 0.45 for p in proposed) >= 8, proposed  # unconstrained TPE proposes near 0

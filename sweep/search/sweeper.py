@@ -81,14 +81,18 @@ warnings.filterwarnings("ignore", message="Heartbeat of storage is supposed to b
 warnings.filterwarnings("ignore", category=optuna.exceptions.ExperimentalWarning)
 
 
+READS_CONSTRAINTS = int(optuna.__version__.split(".")[0]) >= 5
+"""Optuna 5's TPE reads every trial's constraints from its system attrs, where the ledger writes them
+(CONSTRAINTS_KEY), and deprecates `constraints_func` with a FutureWarning on every sweep's terminal; Optuna 4's
+reads them only through `constraints_func`."""
+
+
 def make_sampler(conf: SamplerConf, space: dict) -> optuna.samplers.BaseSampler:
     """The Optuna sampler; constrained samplers learn the infeasible (diverged) region."""
-    constraints = lambda t: t.system_attrs.get(CONSTRAINTS_KEY, (0.0,))  # noqa: E731
     name = SamplerName(conf.name)
     if name is SamplerName.tpe:
-        return optuna.samplers.TPESampler(
-            seed=conf.seed, n_startup_trials=conf.n_startup_trials, constraints_func=constraints
-        )
+        constrained = {} if READS_CONSTRAINTS else {"constraints_func": _recorded_constraints}
+        return optuna.samplers.TPESampler(seed=conf.seed, n_startup_trials=conf.n_startup_trials, **constrained)
     if name in (SamplerName.random, SamplerName.grid):  # grid cells are enqueued explicitly, see _grid_batch
         return optuna.samplers.RandomSampler(seed=conf.seed)
     if name is SamplerName.cmaes:
@@ -96,6 +100,11 @@ def make_sampler(conf: SamplerConf, space: dict) -> optuna.samplers.BaseSampler:
     if name is SamplerName.qmc:
         return optuna.samplers.QMCSampler(seed=conf.seed)
     raise AssertionError(name)  # the schema admits only the names above
+
+
+def _recorded_constraints(trial: optuna.trial.FrozenTrial):
+    """What the ledger wrote for the trial (infeasible: > 0), for Optuna 4's TPE."""
+    return trial.system_attrs.get(CONSTRAINTS_KEY, (0.0,))
 
 
 class Heartbeat:
