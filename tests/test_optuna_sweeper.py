@@ -184,6 +184,34 @@ def test_bracket_bisects_in_log_space_and_stops_within_the_factor():
     assert undecided.next_lr(2.0) is None and "skipped" in undecided.verdict()
 
 
+def test_a_bracket_whose_max_stable_lr_is_marginal_says_so(tmp_path):
+    """The bisection's largest stable lr is where runs stop diverging; when it trains far worse than the best lr
+    (marginal, sweep/report/marginal.py) the summary's frontier stops below it. frontier.csv's `marginal` says so
+    for that combination and that lr only (before, the search's table and the summary gave two max stable lrs)."""
+    import pandas as pd
+
+    from sweep.search.frontier import marginal_edges
+
+    from .test_report_tables import write_run
+
+    evals = {"fp32": {1e-3: 0.38, 5.6e-3: 0.23, 1.3e-2: 0.71}, "bf16_amp": {1e-3: 0.38, 5.6e-3: 0.23, 1.3e-2: 0.51}}
+    n = 0
+    for precision, by_lr in evals.items():
+        for lr, loss in [*by_lr.items(), (2e-2, None)]:
+            diverged = {"status": "diverged", "verdict": "loss_spike"}
+            result = {"eval_loss": loss, "final_loss": loss} if loss else diverged
+            write_run(tmp_path, n, {"precision": precision, "optim.lr": lr}, result)
+            n += 1
+    table = pd.DataFrame(
+        [
+            {"precision": p, "max_stable": 1.3e-2, "min_diverged": 2e-2, "runs": 4, "verdict": "-"}
+            for p in ("fp32", "bf16_amp")
+        ]
+        + [{"precision": "fp16_pure", "max_stable": None, "min_diverged": 1e-4, "runs": 2, "verdict": "-"}]
+    )
+    assert marginal_edges(tmp_path, table, "optim.lr") == [True, False, False]  # 0.71 is over 3x 0.23; 0.51 is not
+
+
 @pytest.mark.slow
 def test_frontier_search_finds_the_grid_boundary_with_fewer_runs(tmp_path, capsys):
     from sweep.run.execute import execute
@@ -218,6 +246,7 @@ def test_frontier_search_finds_the_grid_boundary_with_fewer_runs(tmp_path, capsy
     assert fp32.min_diverged / fp32.max_stable <= 2.0 + 1e-9
     assert fp32.max_stable < grid_diverged and fp32.min_diverged > grid_stable  # the same boundary as the grid
     assert pd.isna(front.loc["fp16_pure"].max_stable)  # diverges at the bottom: two runs and done
+    assert not front.loc["fp16_pure"].marginal
     assert front.runs.sum() < 2 * 15 and front.loc["fp16_pure"].runs == 2
 
 

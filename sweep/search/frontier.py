@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Optional
 
 
@@ -67,3 +68,37 @@ class Bracket:
 def grid_runs(lo: float, hi: float, factor: float) -> int:
     """Runs per combination of a log grid over [lo, hi] at the same resolution."""
     return math.ceil(math.log(hi / lo) / math.log(factor) - 1e-9) + 1
+
+
+BRACKET_COLUMNS = ("max_stable", "min_diverged", "runs", "verdict", "marginal")
+"""frontier.csv's columns after the combination's own (its categorical params)."""
+
+
+def marginal_edges(sweep_dir: Path, table, param: str) -> list[bool]:
+    """Per row of the frontier table (a combination's params and its `max_stable`): whether a run at that lr is
+    marginal (sweep/report/marginal.py: stable, but above its combination's best lr and its eval loss over 3x the
+    best's). The bisection brackets where runs diverge; the summary's Stability frontier also skips a marginal lr."""
+    from sweep.report.runs import PARAM, runs_from_dirs  # pandas: at the search's end only
+    from sweep.report.tables import marginal_runs
+
+    runs = runs_from_dirs(sweep_dir, starting_s=0)
+    if "superseded_by" in runs:
+        runs = runs[runs.superseded_by.isna()].reset_index(drop=True)
+    if runs.empty or PARAM + param not in runs:
+        return [False] * len(table)
+    marginal = runs[marginal_runs(runs).to_numpy()]
+    combination = [c for c in table.columns if c not in BRACKET_COLUMNS]
+    edges = []
+    for _, row in table.iterrows():
+        hit = marginal[[_same(v, row.max_stable) for v in marginal[PARAM + param]]]
+        for key in combination:
+            hit = hit[[str(v) == str(row[key]) for v in hit.get(PARAM + key, [None] * len(hit))]]
+        edges.append(row.max_stable is not None and not hit.empty)
+    return edges
+
+
+def _same(a, b) -> bool:
+    try:
+        return float(a) == float(b)
+    except (TypeError, ValueError):
+        return False

@@ -61,7 +61,7 @@ from sweep.run.urls import scrub
 from sweep.search import space as search_space
 from sweep.search.composed import ComposedOnce
 from sweep.search.conf import PrunerName, SamplerConf, SamplerName, SweepMode
-from sweep.search.frontier import Bracket, grid_runs
+from sweep.search.frontier import BRACKET_COLUMNS, Bracket, grid_runs, marginal_edges
 from sweep.search.ledger import (
     CONSTRAINTS_KEY,
     STALE_ATTR,
@@ -491,13 +491,19 @@ class OptunaSweeperImpl(Sweeper):
                 }
             )
         table = pd.DataFrame(rows)
+        table["marginal"] = marginal_edges(Path(self.config.hydra.sweep.dir), table, self.frontier_param)
         table.to_csv(Path(self.config.hydra.sweep.dir) / "frontier.csv", index=False)
         per_grid = grid_runs(dist.low, dist.high, self.frontier_factor)
         print(
             f"\nFrontier of {self.frontier_param} within {self.frontier_factor:g}x over "
             f"[{dist.low:g}, {dist.high:g}]: {int(table.runs.sum())} runs; a grid at the same resolution "
             f"needs {per_grid * len(table)} ({per_grid} per combination)\n"
-            + table.to_string(index=False, float_format=lambda x: f"{x:.3g}", na_rep="-"),
+            + table.drop(columns="marginal").to_string(index=False, float_format=lambda x: f"{x:.3g}", na_rep="-")
+            + "".join(
+                f"\n{'/'.join(str(v) for v in row.iloc[: -len(BRACKET_COLUMNS)])}: max stable {row.max_stable:.3g} "
+                "is marginal (stable, but far worse than its best lr): the summary's frontier stops below it"
+                for _, row in table[table.marginal].iterrows()
+            ),
             flush=True,
         )
 
