@@ -74,6 +74,30 @@ def test_the_summary_prints_the_ladder_and_the_report_plots_it(tmp_path):
         assert html.escape(line) in page
 
 
+def test_a_ladder_recommends_at_its_largest_size_and_cites_the_prediction_at_the_target(tmp_path):
+    """A ladder's size is what the user trains at, not a choice: the recommendation is at the largest size measured
+    (here width 64 has the lowest eval loss: before, it recommended model.width=64, with toggle advice to prefer one
+    width over another), and it cites the ladder's prediction at ladder.target for its combination."""
+    n = 0
+    for w, best in ((32, 0.30), (64, 0.20), (128, 0.25)):  # a noisy short horizon: 64 happens to train best
+        for lr in LRS:
+            ok = lr <= 0.1 * (w / 32) ** -0.5
+            result = {"status": "stable", "eval_loss": best * (1 + abs(math.log(lr / 0.01)))} if ok else None
+            write_run(tmp_path, n, {"model.width": w, "optim.lr": lr}, result or diverged("loss_spike", 3, "loss"))
+            n += 1
+    s = summarize(runs_from_dirs(tmp_path), ladder_target=512)
+    rec, row = s.recommendation, s.ladder.loc["all"]
+    assert rec.settings["model.width"] == 128 and not any(a.axis == "model.width" for a in rec.advice)
+    assert "A ladder over width: this is at the largest width measured, 128; at width 512 (ladder.target) the " in (
+        rec.line
+    )
+    assert f"predicts a largest stable lr of {row.predicted_lr:.3g} (90% interval {row.low:.3g}..{row.high:.3g};" in (
+        rec.line
+    )
+    untargeted = summarize(runs_from_dirs(tmp_path)).recommendation.line
+    assert "for the lr at the size you train, set ladder.target (or --ladder-target) [ladder: all]." in untargeted
+
+
 def test_ladder_configs_compose_a_search_over_the_size():
     """v2 (issue #30) made the default a sqrt(2) lr grid with replicates over 4 sizes (tests/test_ladder_v2.py);
     the v1 frontier search is one override away."""

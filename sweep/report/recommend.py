@@ -22,6 +22,10 @@ run has one), a mean over the replicates with its spread.
   modulate=fused_buggy) is no candidate however good its loss, and the line says it was left out.
 - Toggles: from the toggle table, every axis value that diverged less without losing lr (or gained lr
   without diverging more) than the value it was paired with.
+- A ladder sweep (model.width or model.depth swept with the lr, sweep/report/ladder.py): the size is what the user
+  trains at, not a choice (the largest model has the lowest loss), so the candidates are those at the largest size
+  measured, no toggle advice is about the size, and the line adds the ladder's prediction at `ladder.target` for
+  the recommended combination of the other axes: the largest stable lr there, with its interval.
 - The failures read (sweep/report/failures.py): with nothing to recommend, the line names the failed runs'
   dominant cause and its fix (the data and the doctor for `bad_input`, the error for `error`, a lower lr only
   where the lr is the cause); with a recommendation, failures no lr fixes (bad input, a corrupt checkpoint,
@@ -37,6 +41,7 @@ import pandas as pd
 
 from sweep.report.confirmation import Confirmation, confirmed_candidates, pick_note
 from sweep.report.failures import failure_reading, not_the_lr
+from sweep.report.ladder import ladder_axis
 from sweep.report.noise import Spread, quality_column, quality_name, within_noise
 from sweep.report.runs import PARAM
 from sweep.report.tables import (
@@ -144,6 +149,7 @@ def recommend(
     toggles: pd.DataFrame | None = None,
     target: str | None = None,
     confirmation: Confirmation | None = None,
+    ladder: pd.DataFrame | None = None,
 ) -> Recommendation:
     """What to use on `target` (cpu or cuda; None: target.resolve_target's default): the best eval loss within
     noise, then the fastest or cheapest on the target, then the most margin (module docstring).
@@ -151,9 +157,13 @@ def recommend(
     `recs` (tables.frontier_records) and `toggles` (tables.toggle_effects) are computed when not given.
     `confirmation`: the sweep's confirmation at a longer horizon (sweep/report/confirmation.py): `recs` then come
     without the lrs that failed it, and where the grid's pick failed, the line steps down and says why.
+    `ladder`: a ladder sweep's table (ladder.ladder_fit), whose prediction at its target the line cites.
     """
     target, why = resolve_target(runs, target)
     out = _recommend(runs, recs, toggles, target, confirmation)
+    size = ladder_axis(runs)
+    if size is not None and out.settings:
+        out.line += ladder_text(ladder, out.settings, size)
     out.target, out.target_why = target, why
     if out.settings or out.left_out:  # "nothing was stable" holds on any target
         out.line += f" Target: {target} ({why}){_left_out_text(out.left_out)}."
@@ -175,6 +185,8 @@ def _recommend(
         return Recommendation(f"No stable run in this sweep, so nothing to recommend: {reading}.")
     recs = frontier_records(runs) if recs is None else recs
     advice = toggle_advice(toggle_effects(runs, recs) if toggles is None else toggles)
+    size = ladder_axis(runs)
+    advice = [a for a in advice if a.axis != size]  # a ladder's size is not a choice (module docstring)
     axes = combo_axes(runs)
     quality = quality_column(runs)
     cands = _candidates(runs, recs, axes, quality)
@@ -194,6 +206,8 @@ def _recommend(
             )
         cands = cands.loc[right].copy()
     cands, held = confirmed_candidates(cands, confirmation)  # where the grid's pick failed at a longer horizon
+    if size is not None and len(cands):
+        cands = at_largest_size(cands, size)
     if cands.empty:
         what = "combination" if recs.empty else "lr"
         where = "" if recs.empty else " of any combination"
@@ -244,6 +258,38 @@ def _recommend(
     if other := not_the_lr(runs):
         out.line += f" Whatever the lr: {other}."
     return out
+
+
+def at_largest_size(cands: pd.DataFrame, size: str) -> pd.DataFrame:
+    """A ladder sweep's candidates at the largest size that has one: the size closest to the one trained."""
+    sizes = cands[size].astype(float)
+    return cands[sizes == sizes.max()]
+
+
+def ladder_text(ladder: pd.DataFrame | None, settings: dict, size: str) -> str:
+    """' At width 512 (ladder.target) the ladder predicts ...' for the recommended combination of the other axes, or
+    what is missing for it; the recommended setting is at the largest size measured."""
+    axis = size.split(".")[-1]
+    said = f" A ladder over {axis}: this is at the largest {axis} measured, {_fmt(settings[size])}"
+    if ladder is None or ladder.empty:
+        return said + "."
+    others = [a for a in ladder.index.name.split("/") if a in settings] if ladder.index.name else []
+    label = "/".join(str(settings[a]) for a in others) or "all"
+    if label not in ladder.index:
+        return said + "."
+    row = ladder.loc[label]
+    if pd.isna(row.target) or pd.isna(row.predicted_lr):
+        why = "set ladder.target (or --ladder-target)" if pd.isna(row.target) else "no fit of its sizes"
+        return f"{said}; for the lr at the size you train, {why} [ladder: {label}]."
+    interval = (
+        f"{ladder.attrs.get('confidence', 0.9):.0%} interval {row.low:.3g}..{row.high:.3g}"
+        if not pd.isna(row.low)
+        else "no interval: it needs 3 sizes"
+    )
+    return (
+        f"{said}; at {axis} {row.target:g} (ladder.target) the ladder predicts a largest stable lr of "
+        f"{row.predicted_lr:.3g} ({interval}; an extrapolation: confirm it at that {axis}) [ladder: {label}]."
+    )
 
 
 def unrunnable_combos(target: str, combinations, precision_of: dict, attention_of: dict) -> dict[str, str]:

@@ -40,5 +40,5 @@ def summarize(
         cells=inputs.cells,
         map_columns=map_legend(inputs.cells),
         tables=tables,
-        recommendation=recommend(runs, inputs.records, tables["toggles"], target, confirmation),
+        recommendation=recommend(runs, inputs.records, tables["toggles"], target, confirmation, tables.get("ladder")),
     )

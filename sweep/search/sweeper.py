@@ -500,7 +500,8 @@ class OptunaSweeperImpl(Sweeper):
             f"needs {per_grid * len(table)} ({per_grid} per combination)\n"
             + table.drop(columns="marginal").to_string(index=False, float_format=lambda x: f"{x:.3g}", na_rep="-")
             + "".join(
-                f"\n{'/'.join(str(v) for v in row.iloc[: -len(BRACKET_COLUMNS)])}: max stable {row.max_stable:.3g} "
+                f"\n{' '.join(f'{k}={v}' for k, v in row.iloc[: -len(BRACKET_COLUMNS)].items())}: max stable "
+                f"{row.max_stable:.3g} "
                 "is marginal (stable, but far worse than its best lr): the summary's frontier stops below it"
                 for _, row in table[table.marginal].iterrows()
             ),
