@@ -277,6 +277,25 @@ def test_recommendation_names_the_best_stable_setting_its_margin_and_toggles(gri
     assert "\n" not in rec.line
 
 
+def test_the_frontier_and_the_recommendation_give_one_speed_from_runs_of_one_packing(tmp_path):
+    """A packed sweep whose last run ran alone (9 runs, packs of 8): the frontier's steps_per_s was the mean over
+    both (9.6), the recommendation's the lone run's (36.2): two speeds for one setting. Both now come from runs of
+    one packing (sweep/report/speed.py)."""
+    for n in range(9):
+        packed = {"packed": 8, "steps_per_second": 6.25} if n < 8 else {"packed": None, "steps_per_second": 36.2}
+        write_run(tmp_path, n, {"optim.lr": [1e-3, 3e-3, 1e-2][n // 3], "seed": n % 3}, {"eval_loss": 0.2, **packed})
+    runs = runs_from_dirs(tmp_path)
+    rec = recommend(runs)
+    assert frontier(runs).loc["all"].steps_per_s == 36.2 and "36.2 steps/s (lone runs)" in rec.line
+    import shutil
+
+    shutil.rmtree(tmp_path / "8")  # every run packed: both say the packed speed
+    runs = runs_from_dirs(tmp_path)
+    assert frontier(runs).loc["all"].steps_per_s == 6.25 and "6.25 steps/s (runs packed 8 at a time)" in (
+        recommend(runs).line
+    )
+
+
 def test_several_seeds(tmp_path):
     # seed 1 of fp32/flash at 1e-3 spikes at step 5; every other replicate as in the base grid
     runs = runs_from_dirs(

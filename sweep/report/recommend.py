@@ -44,6 +44,7 @@ from sweep.report.failures import failure_reading, not_the_lr
 from sweep.report.ladder import ladder_axis
 from sweep.report.noise import Spread, quality_column, quality_name, within_noise
 from sweep.report.runs import PARAM
+from sweep.report.speed import like_with_like_speed
 from sweep.report.tables import (
     FAILED,
     LR,
@@ -401,23 +402,6 @@ def _steps_below(lr: float, rec) -> float:
         return np.inf
     grid = rec["grid"]
     return float(grid.index(bad) - grid.index(lr))
-
-
-def like_with_like_speed(stable: pd.DataFrame, combos: pd.Series) -> tuple[pd.Series, str]:
-    """Mean steps/s per combination over the stable runs of one packing, and which packing:
-    "lone runs" or "runs packed k at a time".
-
-    The packing chosen is the one that covers the most combinations (lone runs on a tie), so every
-    combination's speed is measured the same way; a combination with no run of that packing gets none.
-    """
-    if "packed" in stable:
-        pack = stable.packed.map(lambda k: 1 if k is None or pd.isna(k) else int(k))
-    else:
-        pack = pd.Series(1, index=stable.index)
-    cover = combos.groupby(pack).nunique()
-    k = min(cover.index[cover == cover.max()]) if len(cover) else 1
-    speed = stable[pack == k].steps_per_second.groupby(combos[pack == k]).mean()
-    return speed, "lone runs" if k == 1 else f"runs packed {k} at a time"
 
 
 def _line(

@@ -222,7 +222,8 @@ register(
             "per combination: the largest lr stable in every replicate and not marginal, the marginal lrs it "
             f"skipped (stable, but their {_quality(s)} over {_factor(s):g}x the best lr's), and the smallest lr that "
             f"diverged; at the largest stable lr the {_quality(s)}: mean, spread (sd over replicates, - with one) and "
-            f"replicates; best_lr, the stable lr of the lowest mean {_quality(s)}; mean steps/s of its stable runs"
+            f"replicates; best_lr, the stable lr of the lowest mean {_quality(s)}; mean steps/s of its stable runs "
+            "(of one packing, as in the recommendation)"
             + (
                 "; held: whether the largest stable lr stayed stable at the longer horizon"
                 if "held" in s.frontier

@@ -28,6 +28,7 @@ from sweep.config.enums import OPTIM_LR_MEANING, lr_meaning
 from sweep.report.marginal import is_marginal
 from sweep.report.noise import Spread, effect_label, paired_change, quality_column, within_noise
 from sweep.report.runs import DECIDED, PARAM, param_columns
+from sweep.report.speed import like_with_like_speed
 
 LR = "optim.lr"
 SEED = "seed"
@@ -270,19 +271,20 @@ def frontier_records(runs: pd.DataFrame) -> pd.DataFrame:
     quality = quality_column(runs)
     out = []
     records = _records(runs, _combo=combo_labels(runs, axes), _lr=_lr(runs), _marginal=marginal_column(runs))
+    stable = runs[runs.status == "stable"]
+    speed, _ = like_with_like_speed(stable, combo_labels(stable, axes))  # the recommendation's, of one packing
     for group in _grouped(records, "_combo").values():
         by_lr = lr_stability(group)
         spreads = _spreads(group, by_lr, quality)
         for r in group:
             if r["_marginal"] and by_lr.get(float(r["_lr"])) == "stable":
                 by_lr[float(r["_lr"])] = "marginal"
-        ok = [r for r in group if r["status"] == "stable"]
         rec = {
             "combination": group[0]["_combo"],
             **{a: group[0][PARAM + a] for a in axes},
             "by_lr": by_lr,
             "spreads": spreads,
-            "steps_per_s": _mean(r["steps_per_second"] for r in ok),
+            "steps_per_s": float(speed.get(group[0]["_combo"], np.nan)),
             "runs": len(group),
         }
         out.append(refresh_frontier(rec))
@@ -369,18 +371,10 @@ def lr_stability(group: list[dict]) -> dict[float, str]:
     return out
 
 
-FRONTIER_COLUMNS = [
-    "max_stable_lr",
-    "marginal_lrs",
-    "min_diverging_lr",
-    "eval_at_max_stable",
-    "eval_spread",
-    "replicates",
-    "best_lr",
-    "eval_at_best",
-    "steps_per_s",
-    "runs",
-]
+FRONTIER_COLUMNS = (
+    "max_stable_lr marginal_lrs min_diverging_lr eval_at_max_stable eval_spread replicates best_lr eval_at_best "
+    "steps_per_s runs"
+).split()
 
 
 def frontier(runs: pd.DataFrame, recs: pd.DataFrame | None = None) -> pd.DataFrame:
