@@ -298,7 +298,16 @@ def format_summary(root: Path, results: list[SampleResult], n_files: int) -> str
     for r in bad:
         kinds = ",".join(dict.fromkeys(p.kind for p in r.problems))
         lines.append(f"  {r.name:<{name_w}}  {kinds:<{kind_w}}  {'; '.join(p.detail for p in r.problems)}")
+    if counts["range"]:
+        lines += ["", RANGE_HINT]
     return "\n".join(lines)
+
+
+RANGE_HINT = (
+    "range: values past --limit, the run's data.range_limit (data is expected in [-1, 1]); latents scaled by a "
+    "VAE's scaling_factor have about unit variance: give --limit and data.range_limit the largest value they "
+    "reach (docs/data.md)"
+)
 
 
 def build_parser() -> argparse.ArgumentParser:

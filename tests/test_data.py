@@ -7,7 +7,7 @@ import math
 import pytest
 import torch
 
-from sweep.data.batches import BatchOrder, load_batch
+from sweep.data.batches import BatchOrder, load_batch, load_checked_batch
 from sweep.data.checks import BatchIssue, check_batch
 from sweep.data.synthetic import Fault, SyntheticClips
 
@@ -210,6 +210,9 @@ def test_check_batch_finds_each_fault_kind(kind: str) -> None:
         assert "outside" not in issue.detail  # Inf is not double-counted as out of range
     else:
         assert 100 < issue.amax <= 255 and "outside [-1, 1]" in issue.detail
+        assert "data.range_limit" not in issue.detail  # named only by the loader, which knows the key
+    named = load_checked_batch(ds, indices, 1.001)[1].detail
+    assert named.startswith(issue.detail) and ("(data.range_limit=1.001; VAE latents" in named) == (kind == "range")
 
 
 def test_check_batch_reports_most_severe_kind_and_all_positions() -> None:

@@ -152,7 +152,9 @@ def test_latent_folder(latents: tuple[Path, Path], capsys) -> None:
     pixels = next(s for s in report["samples"] if s["path"] == "pixels.npy")
     assert "[0, 255]" in pixels["problems"][0]["detail"] and pixels["max"] > 200
     assert next(s for s in report["samples"] if s["path"] == "nan.pt")["min"] == "nan"  # strict JSON: no NaN literal
-    assert "evil.pt" in capsys.readouterr().out
+    out = capsys.readouterr().out
+    assert "evil.pt" in out
+    assert out.count("give --limit and data.range_limit the largest value they reach") == 1  # a range problem: how
 
 
 def test_clean_folder_exits_zero(latents: tuple[Path, Path], tmp_path: Path, capsys) -> None:
@@ -162,7 +164,8 @@ def test_clean_folder_exits_zero(latents: tuple[Path, Path], tmp_path: Path, cap
     for name in ("a.safetensors", "b.pt", "c.npy"):
         (clean / name).write_bytes((root / name).read_bytes())
     assert main([str(clean)]) == 0
-    assert "all clean" in capsys.readouterr().out
+    out = capsys.readouterr().out
+    assert "all clean" in out and "--limit" not in out
     assert _report(clean / "doctor_report.json")["n_bad"] == 0
 
 

@@ -87,4 +87,4 @@ def load_checked_batch(
         detail = "; ".join(f"sample {name}: {why}" for name, (_, why) in zip(labels[:3], unusable[:3]))
         more = f"; +{len(unusable) - 3} more" if len(unusable) > 3 else ""
         return x, BatchIssue(kind="unreadable", positions=[p for p, _ in unusable], amax=math.nan, detail=detail + more)
-    return x, check_batch(x, limit, sample_labels(dataset, indices)) if check else None
+    return x, check_batch(x, limit, sample_labels(dataset, indices), "data.range_limit") if check else None

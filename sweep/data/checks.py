@@ -114,8 +114,11 @@ class BatchIssue:
     detail: str  # one human-readable line
 
 
-def check_batch(x: Tensor, limit: float = 1.0 + 1e-3, indices: Sequence[int] | None = None) -> BatchIssue | None:
-    """None when every value is finite with |x| <= limit, else a BatchIssue; indices only label detail."""
+def check_batch(
+    x: Tensor, limit: float = 1.0 + 1e-3, indices: Sequence[int] | None = None, limit_key: str | None = None
+) -> BatchIssue | None:
+    """None when every value is finite with |x| <= limit, else a BatchIssue; indices only label detail, and
+    `limit_key` (the config key that set `limit`) is named after it when values are out of range."""
     if x.numel() == 0:
         return None
     # The common case: one reduction. NaN propagates through amax and NaN <= limit is False,
@@ -148,4 +151,6 @@ def check_batch(x: Tensor, limit: float = 1.0 + 1e-3, indices: Sequence[int] | N
 
     shown = [describe(p) for p in positions[:3]]
     more = f"; +{len(positions) - 3} more" if len(positions) > 3 else ""
+    if limit_key and bool((out_of_range > 0).any()):
+        more += f" ({limit_key}={limit:g}; VAE latents have about unit variance: raise it to what they reach)"
     return BatchIssue(kind=kind, positions=positions, amax=float(amax), detail="; ".join(shown) + more)
