@@ -128,7 +128,9 @@ def test_the_largest_stable_lr_failed_and_the_confirmation_stepped_down(sweep_di
         assert trial["eval_loss"] == x["eval_loss"] and (sweep_dir / x["grid_run"] / "result.json").is_file()
     said = printed(sweep_dir)
     assert "Confirming 2 setting(s) at 60 steps (recommended + largest stable lr of each combination; within" in said
-    assert f"failed: loss_spike@{spike['first_bad_step']} (seed {spike['seed']}); stepping down to lr 0.01" in said
+    why = f"(why: python -m sweep.diagnose {sweep_dir / 'confirm' / 'all-lr0.015' / ('seed_' + str(spike['seed']))})"
+    failed = f"failed: loss_spike@{spike['first_bad_step']} (seed {spike['seed']})"
+    assert f"{failed} {why}; stepping down to lr 0.01" in said
     assert "held 2/2" in said and "continued from step 15" in said
 
 
@@ -156,10 +158,12 @@ def test_the_frontier_and_the_recommendation_name_what_held(sweep_dir):
 
 def test_the_confirmation_runs_are_not_runs_of_the_sweep(sweep_dir):
     """trial.json, never result.json, under confirm/: `find -name result.json` counts the grid's 4 runs, and so
-    does the runs table; no confirmation run is a job directory (.hydra/) or holds a kept state."""
+    does the runs table; no confirmation run is a job directory (.hydra/overrides.yaml: it keeps only the config it
+    is, for sweep.diagnose) or holds a kept state."""
     assert len(list(sweep_dir.rglob("result.json"))) == 4 == len(runs_from_dirs(sweep_dir))
     trials = list((sweep_dir / "confirm").rglob(TRIAL_FILE))
-    assert len(trials) >= 3 and not list((sweep_dir / "confirm").rglob(".hydra"))
+    assert len(trials) >= 3 and not list((sweep_dir / "confirm").rglob("overrides.yaml"))
+    assert all((t.parent / ".hydra" / "config.yaml").is_file() for t in trials)
     assert not list((sweep_dir / "confirm").rglob("state"))
     assert (sweep_dir / "confirm" / "all-lr0.01" / "seed_0" / "metrics.csv").is_file()
 
@@ -309,6 +313,29 @@ def test_the_command_rewrites_the_answer_where_the_sweeps_end_wrote_it(sweep_dir
     assert "2/2 at 60 steps; 0.015 failed" in frontier
     assert report([str(copy), "--no-html"]) == 0
     assert "Target: cpu (as asked)." in " ".join(capsys.readouterr().out.split())
+
+
+def test_a_setting_that_failed_at_the_longer_horizon_is_diagnosed_like_a_grid_run(sweep_dir, tmp_path, capsys):
+    """A confirmation run keeps the config it is (.hydra/config.yaml: the grid run's at 60 steps), so `python -m
+    sweep.diagnose` takes the seed that spiked at step 31-32 (before: "is not a run directory"). It was continued from
+    the grid run's step 15, and its config from step 0 replays it bit for bit."""
+    import shutil
+
+    import yaml
+
+    from sweep.diagnose.__main__ import main as diagnose
+
+    copy = tmp_path / "s"
+    shutil.copytree(sweep_dir, copy)
+    spike = next(x for x in by_lr(copy)[0.015]["seeds"] if x["status"] == "diverged")
+    seed_dir = (copy / spike["record"]).parent
+    assert yaml.safe_load((seed_dir / ".hydra" / "config.yaml").read_text())["steps"] == 60
+    assert spike["how"] == "continued" and spike["start_step"] == 15
+    capsys.readouterr()
+    assert diagnose([str(seed_dir), "--no-fix"]) == 0
+    out = capsys.readouterr().out
+    assert f"{seed_dir}: loss_spike@{spike['first_bad_step']}" in out
+    assert "replaying steps 0-" in out and "every loss bit for bit the run's" in out, out
 
 
 def test_ctrl_c_during_the_confirmation_keeps_the_runs_and_the_summary(tmp_path):

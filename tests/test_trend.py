@@ -258,7 +258,10 @@ def test_the_thresholds_are_recorded_with_the_numbers():
 def trend_record(verdict: str, rows: list[dict], weight_path: float | None, start: int = 0) -> RunRecord:
     result = {"status": "diverged", "verdict": verdict, "first_bad_step": 30, "cause": {"where": "optimizer"}}
     result |= {"trend": {"weight_path": weight_path}, "start_step": start, "params": {}}
-    return RunRecord(Path("."), result, rows, None, make_run())
+    run = make_run()
+    if start:  # a run that starts past step 0 resumed from a checkpoint
+        run = dataclasses.replace(run, checkpoint=dataclasses.replace(run.checkpoint, resume_from="step_10"))
+    return RunRecord(Path("."), result, rows, None, run)
 
 
 def test_the_mechanism_of_an_end_of_run_verdict_comes_from_its_evidence():

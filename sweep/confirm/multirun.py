@@ -127,6 +127,7 @@ def confirm_sweep(
             else:
                 spent += _confirm(setting, seeds, prev, entry, request, pack, record, sweep_dir, progress)
                 said = f"  {_said(entry)}"
+            said += _why_hint(entry, sweep_dir)
             lower = step_down(setting, runs) if entry["held"] is False else None
             if lower is not None:
                 if lower.key not in planned:
@@ -291,6 +292,13 @@ def _said(entry: dict) -> str:
     if entry["held"] is False:
         return f"failed: {failure(entry)}"
     return entry.get("note") or "not finished"
+
+
+def _why_hint(entry: dict, sweep_dir: Path) -> str:
+    """' (why: python -m sweep.diagnose RUN)' for a setting that failed: its diverged seed's run, which keeps its
+    config (sweep/confirm/trial.py) and is diagnosed as a grid run is."""
+    bad = next((x for x in entry["seeds"] if x.get("status") == "diverged" and x.get("record")), None)
+    return f" (why: python -m sweep.diagnose {(sweep_dir / bad['record']).parent})" if bad else ""
 
 
 def _left_out(setting: Setting, estimate: float) -> dict:

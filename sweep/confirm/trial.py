@@ -3,7 +3,9 @@
 Each run is the grid run's config (its .hydra/config.yaml, sweep.config.recorded.load_recorded) with `steps`
 overridden and validated again, trained by
 sweep.run.execute.execute into <sweep>/confirm/<setting>/seed_<s>/ with its record named trial.json (TRIAL_FILE:
-the sweep's runs alone have a result.json), no ledger trial, no trackers, no forensics replay. How it trains:
+the sweep's runs alone have a result.json), no ledger trial, no trackers, no forensics replay, and beside it the
+config it is (the grid run's, resolved, at the longer `steps`: .hydra/config.yaml), so that `python -m
+sweep.diagnose` and `sweep.replay` take a setting that failed there as they take a grid run. How it trains:
 - continued: where the grid run's final state was kept (sweep/confirm/state.py), it is written as a checkpoint in
   the run's folder and resumed, with the grid run's metrics rows as the first rows, so only the steps the grid run
   did not train are trained, and the record (metrics.csv, losses, verdicts) is the whole run's from step 0;
@@ -23,6 +25,8 @@ import shutil
 import time
 from pathlib import Path
 from typing import Callable
+
+from omegaconf import DictConfig, OmegaConf
 
 from sweep.config import Progress, RunConfig, validate
 from sweep.config.recorded import load_recorded
@@ -49,13 +53,22 @@ class SeedRun:
     grid_steps: int
     params: dict
     out_dir: Path
+    config: DictConfig | None = None
+    """The grid run's saved config, resolved, at the longer horizon: written as the run's .hydra/config.yaml."""
+
+    def start(self) -> None:
+        """An empty folder for the run, holding the config it is."""
+        shutil.rmtree(self.out_dir, ignore_errors=True)
+        if self.config is not None:
+            (self.out_dir / ".hydra").mkdir(parents=True)
+            OmegaConf.save(self.config, self.out_dir / ".hydra" / "config.yaml")
 
 
 def seed_runs(members: list[tuple[int, Path]], out_dir: Path, steps: Callable[[RunConfig], int]) -> list[SeedRun]:
     """The runs of a setting's seeds (`members`: (seed, grid run dir)), each at `steps(grid run's config)`."""
     out = []
     for seed, grid_run in members:
-        _, recorded = load_recorded(grid_run)
+        config, recorded = load_recorded(grid_run)
         horizon = steps(recorded)
         run = dataclasses.replace(
             recorded,
@@ -68,7 +81,8 @@ def seed_runs(members: list[tuple[int, Path]], out_dir: Path, steps: Callable[[R
         )
         run = validate(run)  # the longer horizon too
         params = {**_grid_params(grid_run), "steps": horizon}
-        out.append(SeedRun(seed, grid_run, run, recorded.steps, params, out_dir / f"seed_{seed}"))
+        OmegaConf.update(config, "steps", horizon)
+        out.append(SeedRun(seed, grid_run, run, recorded.steps, params, out_dir / f"seed_{seed}", config))
     return out
 
 
@@ -92,7 +106,7 @@ def run_seeds(runs: list[SeedRun], request: StopRequest, packed: bool, done: Cal
     each outcome to `done` as it comes."""
     if packed:
         for r in runs:
-            shutil.rmtree(r.out_dir, ignore_errors=True)
+            r.start()
         start = time.perf_counter()
         results = execute_pack(
             [r.run for r in runs],
@@ -116,7 +130,7 @@ def run_seeds(runs: list[SeedRun], request: StopRequest, packed: bool, done: Cal
 
 def run_alone(r: SeedRun, request: StopRequest) -> dict:
     """One seed alone: continued from the grid run's kept final state where there is one, else from step 0."""
-    shutil.rmtree(r.out_dir, ignore_errors=True)
+    r.start()
     kept = take(r.grid_run)
     run, history, how = r.run, [], FROM_ZERO
     if kept is not None and kept.steps == r.grid_steps < r.run.steps and continuation_refusal(r.run) is None:

@@ -35,7 +35,11 @@ class RunRecord:
 
     @property
     def start(self) -> int:
-        return int(self.result.get("start_step") or 0)
+        """The first step a replay of its config trains: where it resumed from a checkpoint, else 0. A confirmation's
+        continued run (sweep/confirm/trial.py) recorded the step it continued from, but its config is, step for step,
+        the same run from step 0, with the grid run's rows as its first."""
+        resumed = self.run is None or self.run.checkpoint.resume_from  # (a record made without its config: as said)
+        return int(self.result.get("start_step") or 0) if resumed else 0
 
     def column(self, name: str, before: int | None = None) -> list[tuple[int, float]]:
         """(step, value) of a metrics column where it is a finite number, steps < `before` only if given."""
