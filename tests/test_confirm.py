@@ -332,7 +332,7 @@ def test_a_setting_that_failed_at_the_longer_horizon_is_diagnosed_like_a_grid_ru
     assert yaml.safe_load((seed_dir / ".hydra" / "config.yaml").read_text())["steps"] == 60
     assert spike["how"] == "continued" and spike["start_step"] == 15
     capsys.readouterr()
-    assert diagnose([str(seed_dir), "--no-fix"]) == 0
+    assert diagnose([str(seed_dir), "--no-fix", "--past", "0"]) == 0
     out = capsys.readouterr().out
     assert f"{seed_dir}: loss_spike@{spike['first_bad_step']}" in out
     assert "replaying steps 0-" in out and "every loss bit for bit the run's" in out, out
