@@ -338,6 +338,28 @@ def test_a_setting_that_failed_at_the_longer_horizon_is_diagnosed_like_a_grid_ru
     assert "replaying steps 0-" in out and "every loss bit for bit the run's" in out, out
 
 
+def test_a_report_from_the_ledger_alone_is_confirmed_as_the_directorys(tmp_path, capsys):
+    """The study holds a copy of confirmation.json (its `confirmation` attr), so a report from the ledger alone (a
+    server URL; here the ledger file copied away from the sweep) gives the directory's frontier and recommendation
+    (before: unconfirmed, without `held`, and another recommendation line)."""
+    import shutil
+
+    from sweep.report.__main__ import main as report
+
+    sweep_dir, away = tmp_path / "s", tmp_path / "elsewhere"
+    with contextlib.redirect_stdout(io.StringIO()):
+        multirun_in_process(sweep_dir, "steps=3", "optim.lr=1e-3,3e-3", "confirm.mode=auto", "confirm.budget=0")
+    assert record(sweep_dir)["settings"][0]["held"] is True
+    away.mkdir()
+    shutil.copy(sweep_dir / "ledger.db", away / "ledger.db")
+    assert report([str(sweep_dir), "--no-html"]) == 0
+    from_dir = capsys.readouterr().out
+    assert report([f"sqlite:///{away / 'ledger.db'}", "--no-html"]) == 0
+    from_ledger = capsys.readouterr().out
+    assert "Held 1/1 at 12 steps" in " ".join(from_dir.split())
+    assert from_ledger.split("\nStability frontier")[1] == from_dir.split("\nStability frontier")[1]
+
+
 def test_ctrl_c_during_the_confirmation_keeps_the_runs_and_the_summary(tmp_path):
     """A SIGINT while the confirmation trains: the run in progress stops after its step, confirmation.json says
     the confirmation stopped, and the summary is still printed and written (the sweep's runs are all there)."""

@@ -16,7 +16,8 @@ summary.md holds): every run says its own params (result.json, or a started job'
 sweep whose multirun.yaml is missing or damaged reports as well (`python -m sweep -m` into such a directory is
 refused: it cannot tell that sweep from another, sweep/callbacks.py). Its
 confirmation.json (the answer rerun at a longer horizon, sweep/confirm/) is read too: the frontier's `held`
-column, and a recommendation that names a setting that held (a damaged one is one line on stderr).
+column, and a recommendation that names a setting that held (a damaged one is one line on stderr); from a storage
+with no confirmation.json beside it (a server URL), the study's copy of it (its `confirmation` attr).
 """
 
 from __future__ import annotations
@@ -28,7 +29,7 @@ from pathlib import Path
 from typing import Callable
 
 from sweep.config.validate import ladder_target_problem
-from sweep.report.confirmation import read_confirmation
+from sweep.report.confirmation import CONFIRMATION_ATTR, read_confirmation, study_confirmation
 from sweep.report.html import REPORT_FILE, dir_title
 from sweep.report.ladder import ladder_settings
 from sweep.report.registry import TABLES
@@ -198,6 +199,8 @@ def main(argv: list[str] | None = None, prog: str = "python -m sweep.report") ->
         print(f"{name}: {where}: {problem}", file=sys.stderr)
         return 2
     confirmation, problem = read_confirmation(out_dir) if _local(args.source) else (None, None)
+    if confirmation is None and problem is None and CONFIRMATION_ATTR in runs.attrs:  # a study: its copy of it
+        confirmation, problem = study_confirmation(runs.attrs[CONFIRMATION_ATTR], runs.attrs.get("study", ""))
     if problem:
         print(f"{name}: {problem}", file=sys.stderr)
     device = args.target if args.target is not None or not _local(args.source) else recorded_target(out_dir)

@@ -15,7 +15,8 @@ seed. Here that record changes three things, and only where it says something:
   failed, it steps down to the next lr of that combination that held, and says why; its line says whether the
   setting it names held.
 A missing confirmation.json changes nothing; a damaged one is one warning line (`read_confirmation`), and the
-report goes on unconfirmed.
+report goes on unconfirmed. The sweep's study holds a copy (user attr CONFIRMATION_ATTR, written with its answer:
+sweep/search/answer.py), so a report from the ledger alone (a PostgreSQL URL) is confirmed as the directory's is.
 """
 
 from __future__ import annotations
@@ -69,6 +70,10 @@ def _same_lr(a, b) -> bool:
     return math.isclose(float(a), float(b), rel_tol=1e-9)
 
 
+CONFIRMATION_ATTR = "confirmation"
+"""The study's copy of it: {"sweep_dir": the sweep's directory, "record": confirmation.json's content}, or None."""
+
+
 def read_confirmation(sweep_dir: Path) -> tuple[Confirmation | None, str | None]:
     """(the sweep's confirmation, None), (None, None) when it has none, or (None, one line saying why the file
     cannot be used) when confirmation.json is damaged."""
@@ -79,9 +84,27 @@ def read_confirmation(sweep_dir: Path) -> tuple[Confirmation | None, str | None]
         data = json.loads(path.read_text())
     except (OSError, ValueError) as e:
         return None, f"{path}: unreadable ({type(e).__name__}); the frontier and the recommendation are unconfirmed"
+    return confirmation_of(data, path, str(path))
+
+
+def study_confirmation(attr, study: str) -> tuple[Confirmation | None, str | None]:
+    """read_confirmation for the copy a study holds (its CONFIRMATION_ATTR user attr; None: it has none)."""
+    if attr is None:
+        return None, None
+    if not isinstance(attr, dict) or not isinstance(attr.get("sweep_dir"), str):
+        return (
+            None,
+            f"study {study}: its {CONFIRMATION_ATTR} attr is malformed; the frontier and the recommendation "
+            "are unconfirmed",
+        )
+    return confirmation_of(attr.get("record"), Path(attr["sweep_dir"]) / CONFIRMATION_FILE, f"study {study}")
+
+
+def confirmation_of(data, path: Path, where: str) -> tuple[Confirmation | None, str | None]:
+    """A confirmation record's content read (`path`: the file it is or was; `where`: what the problem line names)."""
     problem = _shape_problem(data)
     if problem:
-        return None, f"{path}: {problem}; the frontier and the recommendation are unconfirmed"
+        return None, f"{where}: {problem}; the frontier and the recommendation are unconfirmed"
     return (
         Confirmation(
             path, data["settings"], data.get("left_out") or [], data.get("command"), bool(data.get("complete", True))

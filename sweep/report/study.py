@@ -24,6 +24,7 @@ import optuna
 import pandas as pd
 from optuna.trial import TrialState
 
+from sweep.report.confirmation import CONFIRMATION_ATTR
 from sweep.report.runs import RESULT_KEYS, STARTING_S, outcome_row, runs_frame, younger_than
 from sweep.run.results import is_being_written
 from sweep.search.ledger import CONSTRAINTS_KEY, counted_trials, diagnosed_mechanisms, driver_url, mask_url
@@ -97,7 +98,9 @@ def runs_from_study(url: str, study_name: str | None = None) -> tuple[pd.DataFra
         if str(trial.number) in diagnosed:  # a diagnosis made after the trial was recorded (sweep/search/answer.py)
             row["mechanism"] = diagnosed[str(trial.number)]
         rows.append(row)
-    return runs_frame(rows), name
+    runs = runs_frame(rows)
+    runs.attrs.update(study=name, **{CONFIRMATION_ATTR: study.user_attrs.get(CONFIRMATION_ATTR)})  # its copy of it
+    return runs, name
 
 
 def trial_row(trial: optuna.trial.FrozenTrial, study_name: str | None = None) -> dict:

@@ -20,15 +20,18 @@ sweep's answer lives there (docs/design.md, section 5):
   recorded (sweep/diagnose/diagnosis.py); `python -m sweep.report STORAGE` applies it (sweep/report/study.py).
   In an RDB storage the trial's own `mechanism` attr is rewritten too, the recorded one kept as
   `mechanism_recorded` (`set_finished_trial_attrs`); a journal file cannot, and keeps the recorded one there.
+- `confirmation`: {"sweep_dir", "record": confirmation.json's content} (sweep/confirm/), or None before one;
+  `python -m sweep.report STORAGE` reads it as the directory's report reads the file (sweep/report/confirmation.py).
 
 Written at the end of every multirun (sweep/callbacks.py `SweepSummary`), by `python -m sweep.report DIR
---write`, and by every diagnosis. A ledger that is off has nothing to carry it; one that is down, locked or
-damaged costs one warning line, never the summary.
+--write`, by `python -m sweep.confirm` and by every diagnosis. A ledger that is off has nothing to carry it; one
+that is down, locked or damaged costs one warning line, never the summary.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import json
 import math
 import time
 from pathlib import Path
@@ -94,12 +97,18 @@ def _truthy(v) -> bool:
     return v is not None and not (isinstance(v, float) and math.isnan(v)) and str(v) not in ("<NA>", "False")
 
 
-def record_answer(study: optuna.Study, summary, deadline: Optional[float] = None) -> dict:
+def record_answer(
+    study: optuna.Study, summary, deadline: Optional[float] = None, sweep_dir: Optional[Path] = None
+) -> dict:
     """Write the sweep's answer into the study's user attrs, retried until `deadline` (time.monotonic()) at most;
-    returns what was written."""
+    returns what was written. `sweep_dir`: the sweep's directory, whose confirmation.json is copied too."""
     trials = with_retries(lambda: study.get_trials(deepcopy=False), "get_trials", deadline=deadline)
     trial_of = {t.user_attrs["run_dir"]: t.number for t in counted_trials(trials) if "run_dir" in t.user_attrs}
     attrs = answer_attrs(summary, trial_of)
+    if sweep_dir is not None:
+        from sweep.report.confirmation import CONFIRMATION_ATTR
+
+        attrs[CONFIRMATION_ATTR] = confirmation_copy(sweep_dir)
     for key, value in attrs.items():
         with_retries(lambda: study.set_user_attr(key, value), "set_user_attr", deadline=deadline)  # noqa: B023
     return attrs
@@ -114,10 +123,22 @@ def record_sweep_answer(cfg: Optional[LedgerConfig], sweep_dir: Path, summary) -
     try:
         study = existing_study(cfg, sweep_dir, deadline)
         if study is not None:
-            record_answer(study, summary, deadline)
+            record_answer(study, summary, deadline, sweep_dir)
     except Exception as e:  # noqa: BLE001  (the summary stands; the study misses the answer, said in one line)
         return _not_recorded("the sweep's answer", cfg, sweep_dir, e)
     return None
+
+
+def confirmation_copy(sweep_dir: Path) -> Optional[dict]:
+    """The study's copy of the sweep's confirmation.json (CONFIRMATION_ATTR); None when there is none, or it cannot
+    be read (the directory's report says why)."""
+    from sweep.report.confirmation import CONFIRMATION_FILE
+
+    try:
+        record = json.loads((Path(sweep_dir) / CONFIRMATION_FILE).read_text())
+    except (OSError, ValueError):
+        return None
+    return {"sweep_dir": str(Path(sweep_dir).resolve()), "record": record}
 
 
 def record_multirun_answer(config, sweep_dir: Path, summary) -> Optional[str]:
