@@ -296,6 +296,25 @@ def test_the_frontier_and_the_recommendation_give_one_speed_from_runs_of_one_pac
     )
 
 
+@pytest.mark.parametrize("fp16, tied", [([0.29, 0.199, 0.26], True), ([0.29, 0.193, 0.242], False)])
+def test_one_replicate_ties_by_the_toggle_tables_paired_noise(tmp_path, fp16, tied):
+    """One seed: the replicates measure no noise, but the toggle table measures the precision axis over its matched
+    runs. Where it calls bf16_amp vs fp16_amp a `tie`, fp16_amp's 0.5% lower eval loss at the best lr does not
+    decide (before: fp16_amp, "the best"; the table said tie): the cheaper bf16_amp on cuda, citing the row. Where
+    the table says fp16_amp is better (a steady 3%), fp16_amp it is."""
+    bf16 = [0.30, 0.20, 0.25]
+    for n, (lr, a, b) in enumerate(zip([1e-3, 3e-3, 1e-2], bf16, fp16)):
+        write_run(tmp_path, 2 * n, {"precision": "bf16_amp", "optim.lr": lr}, {"eval_loss": a})
+        write_run(tmp_path, 2 * n + 1, {"precision": "fp16_amp", "optim.lr": lr}, {"eval_loss": b})
+    runs = runs_from_dirs(tmp_path)
+    row = toggle_effects(runs).iloc[0]
+    assert row.quality == ("tie" if tied else "fp16_amp better")
+    rec = recommend(runs)
+    assert rec.settings == {"precision": "bf16_amp" if tied else "fp16_amp", "optim.lr": 3e-3}
+    cited = "(a tie by the toggle table's paired noise [toggles: precision bf16_amp vs fp16_amp])"
+    assert (cited in rec.line) == tied and "noise not measured" in rec.line
+
+
 def test_several_seeds(tmp_path):
     # seed 1 of fp32/flash at 1e-3 spikes at step 5; every other replicate as in the base grid
     runs = runs_from_dirs(

@@ -8,7 +8,9 @@ run has one), a mean over the replicates with its spread.
   combinations it cannot run are left out (fp32/tf32 with flash on CUDA), and the line says which and why.
 - Quality first: the setting with the lowest mean eval loss, and every setting within noise of it
   (noise.within_noise: two standard errors of the difference; with one replicate nothing ties but
-  differences under 0.1%, and the line says the noise was not measured).
+  differences under 0.1%, and the line says the noise was not measured), or, where replicates do not measure
+  it, a setting at the same lr that differs from the best in one axis only, whose row in the toggle table is a
+  `tie` (the paired noise of that axis over the sweep's matched runs): the line cites that row.
 - Then the tie-break: the fastest combination when the runs' steps/s were measured on the target's kind of
   device, else the cheapest on the target (target.COST: on CUDA bf16 before fp16 before tf32 before fp32, flash before
   efficient/cudnn before math before eager); the line says which. Speeds compare like with like: runs trained
@@ -34,6 +36,7 @@ run has one), a mean over the replicates with its spread.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -185,7 +188,8 @@ def _recommend(
         reading = failure_reading(runs) or "no run has finished (running or interrupted)"
         return Recommendation(f"No stable run in this sweep, so nothing to recommend: {reading}.")
     recs = frontier_records(runs) if recs is None else recs
-    advice = toggle_advice(toggle_effects(runs, recs) if toggles is None else toggles)
+    toggles = toggle_effects(runs, recs) if toggles is None else toggles
+    advice = toggle_advice(toggles)
     size = ladder_axis(runs)
     advice = [a for a in advice if a.axis != size]  # a ladder's size is not a choice (module docstring)
     axes = combo_axes(runs)
@@ -235,8 +239,14 @@ def _recommend(
     ]
     measured = cands[cands._q.map(lambda q: q.n > 0)]
     pool = measured if len(measured) else cands
-    top = pool.loc[pool._q.map(lambda q: q.mean).idxmin()]._q if len(measured) else None
-    tied = pool[pool._q.map(lambda q: q is top or within_noise(q, top) is True)] if top is not None else pool
+    best_row = pool.loc[pool._q.map(lambda q: q.mean).idxmin()] if len(measured) else None
+    top = best_row._q if best_row is not None else None
+    paired = {i: paired_tie(c, best_row, axes, toggles) for i, c in pool.iterrows()} if top is not None else {}
+    tied = (
+        pool[[c._q is top or within_noise(c._q, top) or bool(paired[i]) for i, c in pool.iterrows()]]
+        if (top is not None)
+        else pool
+    )
     first = ["_speed"] if on else ["_cost"]
     best = tied.sort_values(
         [*first, "_margin", "_follows", "_mean", "combination"],
@@ -250,7 +260,7 @@ def _recommend(
         _precision=[precision_of[c] for c in tied.combination], _optim=[choices["optim"][c] for c in tied.combination]
     )
     how = _tie_break_text(target, tie_break, stable, tied) if tied.combination.nunique() > 1 else ""  # else: margin
-    out = _line(best, rec, axes, named, speed, basis, advice, quality, len(tied), top, how)
+    out = _line(best, rec, axes, named, speed, basis, advice, quality, len(tied), top, how, paired.get(best.name, ""))
     out.left_out, out.tie_break = left_out, tie_break
     out.run_dirs = _run_dirs(runs, axes, best)
     out.line += held + pick_note(best.combination, None if pd.isna(best[LR]) else best[LR], confirmation)
@@ -259,6 +269,28 @@ def _recommend(
     if other := not_the_lr(runs):
         out.line += f" Whatever the lr: {other}."
     return out
+
+
+def paired_tie(cand, best, axes: list[str], toggles: pd.DataFrame) -> str:
+    """The toggle-table row ("precision bf16_amp vs fp16_amp") by which `cand` ties with `best` where their
+    replicates cannot say (within_noise None: one replicate): the same lr, one axis apart, and that axis's row for
+    the two values a `tie`; "" otherwise."""
+    if cand is best or within_noise(cand._q, best._q) is not None or not _same_lr_value(cand[LR], best[LR]):
+        return ""
+    apart = [a for a in axes if _key(cand[a]) != _key(best[a])]
+    if len(apart) != 1 or toggles is None or toggles.empty:
+        return ""
+    axis, values = apart[0], {_key(cand[apart[0]]), _key(best[apart[0]])}
+    for r in toggles.itertuples(index=False):
+        if r.axis == axis and {_key(r.a), _key(r.b)} == values and getattr(r, "quality", "") == "tie":
+            return f"{axis} {r.a} vs {r.b}"
+    return ""
+
+
+def _same_lr_value(a, b) -> bool:
+    if pd.isna(a) or pd.isna(b):
+        return pd.isna(a) and pd.isna(b)
+    return math.isclose(float(a), float(b), rel_tol=1e-9)
 
 
 def at_largest_size(cands: pd.DataFrame, size: str) -> pd.DataFrame:
@@ -405,9 +437,10 @@ def _steps_below(lr: float, rec) -> float:
 
 
 def _line(
-    best, rec, axes, precision, speed, basis, advice, quality, ties: int, top: Spread | None, how: str = ""
+    best, rec, axes, precision, speed, basis, advice, quality, ties: int, top: Spread | None, how: str = "", by=""
 ) -> Recommendation:
-    """The line and the Recommendation; `how` says how ties were broken ("fastest of those ...")."""
+    """The line and the Recommendation; `how` says how ties were broken ("fastest of those ..."), `by` which toggle
+    row tied the setting with the best where replicates did not (paired_tie)."""
     settings = {} if precision is None or PRECISION in axes else {PRECISION: precision}
     settings.update({a: _py(best[a]) for a in axes})
     parts, margin = [], False
@@ -421,6 +454,7 @@ def _line(
             noise = "the best" + (f"; {more} within noise of it" if ties > 1 else "")
         else:
             noise = f"within noise of the best {top.mean:.4g}, one of {ties} tied settings"
+            noise += f" (a tie by the toggle table's paired noise [toggles: {by}])" if by else ""
         if not q.measured:
             noise += "; noise not measured: replicates=3 measures it"
         parts.append(f"{name} {q.text()}, {noise}")
