@@ -88,9 +88,8 @@ def test_a_ladder_recommends_at_its_largest_size_and_cites_the_prediction_at_the
     s = summarize(runs_from_dirs(tmp_path), ladder_target=512)
     rec, row = s.recommendation, s.ladder.loc["all"]
     assert rec.settings["model.width"] == 128 and not any(a.axis == "model.width" for a in rec.advice)
-    assert "A ladder over width: this is at the largest width measured, 128; at width 512 (ladder.target) the " in (
-        rec.line
-    )
+    said = "A ladder over width: this is at the largest width with a stable setting, 128; at width 512 (ladder.target)"
+    assert said in rec.line
     assert f"predicts a largest stable lr of {row.predicted_lr:.3g} (90% interval {row.low:.3g}..{row.high:.3g};" in (
         rec.line
     )

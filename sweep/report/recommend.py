@@ -303,7 +303,7 @@ def ladder_text(ladder: pd.DataFrame | None, settings: dict, size: str) -> str:
     """' At width 512 (ladder.target) the ladder predicts ...' for the recommended combination of the other axes, or
     what is missing for it; the recommended setting is at the largest size measured."""
     axis = size.split(".")[-1]
-    said = f" A ladder over {axis}: this is at the largest {axis} measured, {_fmt(settings[size])}"
+    said = f" A ladder over {axis}: this is at the largest {axis} with a stable setting, {_fmt(settings[size])}"
     if ladder is None or ladder.empty:
         return said + "."
     others = [a for a in ladder.index.name.split("/") if a in settings] if ladder.index.name else []
