@@ -301,7 +301,7 @@ def at_largest_size(cands: pd.DataFrame, size: str) -> pd.DataFrame:
 
 def ladder_text(ladder: pd.DataFrame | None, settings: dict, size: str) -> str:
     """' At width 512 (ladder.target) the ladder predicts ...' for the recommended combination of the other axes, or
-    what is missing for it; the recommended setting is at the largest size measured."""
+    what is missing for it; the recommended setting is at the largest size with a stable setting."""
     axis = size.split(".")[-1]
     said = f" A ladder over {axis}: this is at the largest {axis} with a stable setting, {_fmt(settings[size])}"
     if ladder is None or ladder.empty:
