@@ -50,7 +50,7 @@ class Confirmation:
     def of(self, combination: str, lr) -> dict | None:
         """The confirmed setting of this combination at this lr (lr None: a sweep with no lr axis), or None."""
         for s in self.settings:
-            if s["combination"] == combination and _same_lr(s.get("lr"), lr):
+            if s["combination"] == combination and same_lr_value(s.get("lr"), lr):
                 return s
         return None
 
@@ -64,9 +64,11 @@ class Confirmation:
         return next((s for s in self.settings if RECOMMENDED in s.get("why", [])), None)
 
 
-def _same_lr(a, b) -> bool:
-    if a is None or b is None or (isinstance(b, float) and math.isnan(b)):
-        return (a is None) == (b is None or (isinstance(b, float) and math.isnan(b)))
+def same_lr_value(a, b) -> bool:
+    """Two lrs alike within rounding; no lr (None, or NaN: a sweep with no lr axis) only like no lr."""
+    missing = [v is None or (isinstance(v, float) and math.isnan(v)) for v in (a, b)]
+    if any(missing):
+        return all(missing)
     return math.isclose(float(a), float(b), rel_tol=1e-9)
 
 

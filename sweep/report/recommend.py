@@ -36,13 +36,12 @@ run has one), a mean over the replicates with its spread.
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass, field
 
 import numpy as np
 import pandas as pd
 
-from sweep.report.confirmation import Confirmation, confirmed_candidates, pick_note
+from sweep.report.confirmation import Confirmation, confirmed_candidates, pick_note, same_lr_value
 from sweep.report.failures import failure_reading, not_the_lr
 from sweep.report.ladder import ladder_axis
 from sweep.report.noise import Spread, quality_column, quality_name, within_noise
@@ -164,10 +163,7 @@ def recommend(
     `ladder`: a ladder sweep's table (ladder.ladder_fit), whose prediction at its target the line cites.
     """
     target, why = resolve_target(runs, target)
-    out = _recommend(runs, recs, toggles, target, confirmation)
-    size = ladder_axis(runs)
-    if size is not None and out.settings:
-        out.line += ladder_text(ladder, out.settings, size)
+    out = _recommend(runs, recs, toggles, target, confirmation, ladder)
     out.target, out.target_why = target, why
     if out.settings or out.left_out:  # "nothing was stable" holds on any target
         out.line += f" Target: {target} ({why}){_left_out_text(out.left_out)}."
@@ -182,6 +178,7 @@ def _recommend(
     toggles: pd.DataFrame | None,
     target: str,
     confirmation: Confirmation | None,
+    ladder: pd.DataFrame | None,
 ):
     stable = runs[runs.status == "stable"]
     if stable.empty:
@@ -268,6 +265,8 @@ def _recommend(
         out.line += f" Not {axis}={value}: its kernel fails the parity check (python -m sweep.parity --{axis} {value})."
     if other := not_the_lr(runs):
         out.line += f" Whatever the lr: {other}."
+    if size is not None:
+        out.line += ladder_text(ladder, out.settings, size)
     return out
 
 
@@ -275,7 +274,7 @@ def paired_tie(cand, best, axes: list[str], toggles: pd.DataFrame) -> str:
     """The toggle-table row ("precision bf16_amp vs fp16_amp") by which `cand` ties with `best` where their
     replicates cannot say (within_noise None: one replicate): the same lr, one axis apart, and that axis's row for
     the two values a `tie`; "" otherwise."""
-    if cand is best or within_noise(cand._q, best._q) is not None or not _same_lr_value(cand[LR], best[LR]):
+    if within_noise(cand._q, best._q) is not None or not same_lr_value(cand[LR], best[LR]):  # the best: True
         return ""
     apart = [a for a in axes if _key(cand[a]) != _key(best[a])]
     if len(apart) != 1 or toggles is None or toggles.empty:
@@ -285,12 +284,6 @@ def paired_tie(cand, best, axes: list[str], toggles: pd.DataFrame) -> str:
         if r.axis == axis and {_key(r.a), _key(r.b)} == values and getattr(r, "quality", "") == "tie":
             return f"{axis} {r.a} vs {r.b}"
     return ""
-
-
-def _same_lr_value(a, b) -> bool:
-    if pd.isna(a) or pd.isna(b):
-        return pd.isna(a) and pd.isna(b)
-    return math.isclose(float(a), float(b), rel_tol=1e-9)
 
 
 def at_largest_size(cands: pd.DataFrame, size: str) -> pd.DataFrame:
