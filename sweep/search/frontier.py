@@ -78,6 +78,8 @@ def marginal_edges(sweep_dir: Path, table, param: str) -> list[bool]:
     """Per row of the frontier table (a combination's params and its `max_stable`): whether a run at that lr is
     marginal (sweep/report/marginal.py: stable, but above its combination's best lr and its eval loss over 3x the
     best's). The bisection brackets where runs diverge; the summary's Stability frontier also skips a marginal lr."""
+    import pandas as pd
+
     from sweep.report.runs import PARAM, runs_from_dirs  # pandas: at the search's end only
     from sweep.report.tables import marginal_runs
 
@@ -87,18 +89,12 @@ def marginal_edges(sweep_dir: Path, table, param: str) -> list[bool]:
     if runs.empty or PARAM + param not in runs:
         return [False] * len(table)
     marginal = runs[marginal_runs(runs).to_numpy()]
+    lrs = pd.to_numeric(marginal[PARAM + param], errors="coerce")  # the trials' own values: equal, not close
     combination = [c for c in table.columns if c not in BRACKET_COLUMNS]
     edges = []
-    for _, row in table.iterrows():
-        hit = marginal[[_same(v, row.max_stable) for v in marginal[PARAM + param]]]
+    for _, row in table.iterrows():  # a bracket with no stable lr (NaN) matches no run
+        hit = marginal[(lrs == row.max_stable).to_numpy()]
         for key in combination:
             hit = hit[[str(v) == str(row[key]) for v in hit.get(PARAM + key, [None] * len(hit))]]
-        edges.append(row.max_stable is not None and not hit.empty)
+        edges.append(not hit.empty)
     return edges
-
-
-def _same(a, b) -> bool:
-    try:
-        return float(a) == float(b)
-    except (TypeError, ValueError):
-        return False
