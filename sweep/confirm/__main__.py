@@ -93,7 +93,7 @@ def show_answer(sweep_dir: Path, target: str | None, name: str) -> None:
     `target` printed, as the end of a multirun prints it."""
     import textwrap
 
-    from sweep.report.refresh import rewrite_answer, summary_of
+    from sweep.report.refresh import rewrite_answer, rewritten_line, summary_of
     from sweep.report.text import WIDTH
 
     summary, written, problems = rewrite_answer(sweep_dir)
@@ -105,7 +105,7 @@ def show_answer(sweep_dir: Path, target: str | None, name: str) -> None:
         return
     print(f"\nRecommendation\n{textwrap.fill(summary.recommendation.line, WIDTH, subsequent_indent='  ')}")
     saved = (
-        f"Rewritten in {sweep_dir}: {', '.join(p.name for p in written)}"
+        rewritten_line(sweep_dir, written)
         if written
         else (f"The sweep wrote no summary yet: python -m sweep.report {sweep_dir} --write writes it")
     )

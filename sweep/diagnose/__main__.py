@@ -85,13 +85,13 @@ def rewrite_sweep(run_dir: Path) -> None:
     sweep_dir = run_dir.resolve().parent
     if not (sweep_dir / "multirun.yaml").is_file():
         return
-    from sweep.report.refresh import rewrite_answer  # pandas: only for a run of a sweep
+    from sweep.report.refresh import rewrite_answer, rewritten_line  # pandas: only for a run of a sweep
 
     _, written, problems = rewrite_answer(sweep_dir)
     for line in problems:
         print(f"sweep.diagnose: {line}", file=sys.stderr)
     if written:
-        print(f"Rewritten in {sweep_dir}: {', '.join(p.name for p in written)}", flush=True)
+        print(rewritten_line(sweep_dir, written), flush=True)
 
 
 if __name__ == "__main__":

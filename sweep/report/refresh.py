@@ -61,3 +61,8 @@ def summary_of(sweep_dir: Path, target: str | None) -> tuple[Summary | None, lis
         return None, problems
     ladder, confidence = ladder_settings(sweep_dir)
     return summarize(runs, ladder, confidence, target, confirmation), problems
+
+
+def rewritten_line(sweep_dir: Path, written: list[Path]) -> str:
+    """What the commands that rewrite a sweep's files say of it."""
+    return f"Rewritten in {sweep_dir}: {', '.join(p.name for p in written)}"
