@@ -26,6 +26,7 @@ from sweep.config import (
     check_launcher,
     check_no_chdir,
     check_output_dir,
+    make_output_dir,
     to_run_config,
 )
 from sweep.config.secrets import check_no_literal_secrets
@@ -57,6 +58,7 @@ class OutputDirCheck(Callback):
             check_no_literal_secrets(config)  # Hydra copies the composed config into .hydra/config.yaml
             check_no_chdir(config)
             check_run_dir(config)
+            make_output_dir(str(config.hydra.run.dir), "hydra.run.dir")
 
     def on_multirun_start(self, config: DictConfig, **kwargs: Any) -> None:
         scrub_logs(config)
@@ -148,7 +150,7 @@ def claim_sweep_dir(config: DictConfig) -> None:
             f"hydra.sweep.dir: {sweep_dir} is inside the sweep {outer[0]} (it holds {outer[1]}), whose summary and "
             "report would count this sweep's runs as its own; give this one a directory outside it"
         )
-    sweep_dir.mkdir(parents=True, exist_ok=True)
+    make_output_dir(str(sweep_dir), "hydra.sweep.dir")
     release_sweep_dir(sweep_dir)  # this process ran a sweep here before (in-process tests): that one is over
     ours = sweep_identity(config)
     with open(sweep_dir / ".sweep.lock", "a") as lock:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import re
 from pathlib import Path
 
@@ -138,6 +139,11 @@ NOT_A_FOLDER = [  # NOTES: the case's notes.txt, a file (Hydra's mkdir raised Fi
     (["hydra.run.dir=NOTES/run"], "hydra.run.dir"),
     (["-m", "steps=1", "optim.lr=1e-3,1e-2", "hydra.sweep.dir=NOTES"], "hydra.sweep.dir"),
 ]
+NO_FOLDERS = [  # /proc makes no folders: Hydra's mkdir raised FileNotFoundError, a traceback
+    (["hydra.run.dir=/proc/no_such_pid/run"], "hydra.run.dir"),
+    (["-m", "steps=1", "optim.lr=1e-3,1e-2", "hydra.sweep.dir=/proc/no_such_pid/sweep"], "hydra.sweep.dir"),
+]
+NO_FOLDERS = NO_FOLDERS if os.path.isdir("/proc/self") else []  # Linux's procfs
 ABSURD_SIZE = ["data.channels=2147483648", "hydra.run.dir=RUN"]
 CUDA_WITHOUT_CUDA = ["device=cuda", "steps=2", *FAST, "hydra.run.dir=RUN"]
 OUTPUT_DIRS = ["hydra.run.dir=RUN", "hydra.sweep.dir=SWEEP"]
@@ -146,6 +152,7 @@ REFUSED = [
     *([*args, *OUTPUT_DIRS] for args in WRONG_INIT_FROM),
     *(args for args, _ in TOO_LONG),
     *(args for args, _ in NOT_A_FOLDER),
+    *(args for args, _ in NO_FOLDERS),
     ABSURD_SIZE,
     *([] if __import__("torch").cuda.is_available() else [CUDA_WITHOUT_CUDA]),
 ]
@@ -277,6 +284,10 @@ def test_an_output_dir_blocked_by_a_file_is_a_config_error(tmp_path):
     [
         *((args, key, "a path component of 30") for args, key in TOO_LONG),
         *((args, key, "NOTES is a file, not a folder") for args, key in NOT_A_FOLDER),
+        *(
+            (args, key, "cannot make the folder /proc/no_such_pid (No such file or directory)")
+            for args, key in NO_FOLDERS
+        ),
     ],
 )
 def test_an_output_dir_the_file_system_cannot_make_is_one_line_before_any_run(args, key, why, refused):

@@ -12,7 +12,7 @@ first run cheaply. Its modules:
 - `enums.py`: the allowed values of the categorical keys;
 - `schema.py`: the dataclasses, RunConfig, `register_schemas`, ConfigError and `enum_choices`;
 - `validate.py`: `to_run_config` and `validate`, one check per section (`model_checks.py`: the model's);
-- `inputs.py`: `check_inputs` (files, model probes), `check_device`, `check_output_dir`;
+- `inputs.py`: `check_inputs` (files, model probes), `check_device`, `check_output_dir`, `make_output_dir`;
 - `recorded.py`: a recorded run's config read back (what a checkpoint resume must match, retired keys);
 - `secrets.py`: the command line and the composed config spell out no password (`check_no_literal_secrets`);
 - `compose_speed.py`: two costs of every Hydra composition taken out (installed on import), and
@@ -66,6 +66,7 @@ from sweep.config.inputs import (
     check_no_chdir,
     check_output_dir,
     launches_here,
+    make_output_dir,
     model_label,
 )
 from sweep.config.recorded import RESUME_KEYS, RETIRED_KEYS, resume_mismatches, without_retired
@@ -172,6 +173,7 @@ __all__ = [
     "check_no_chdir",
     "check_nodes",
     "check_output_dir",
+    "make_output_dir",
     "enum_choices",
     "flatten",
     "launches_here",

@@ -7,6 +7,7 @@ directory can be created.
 
 from __future__ import annotations
 
+import errno
 import os
 import re
 from pathlib import Path
@@ -371,6 +372,22 @@ def check_output_dir(path: str, key: str) -> None:
     )
     blocked = _not_makeable(path)
     require(blocked is None, key, f"{blocked}; name a folder, or one that can be made")
+
+
+def make_output_dir(path: str, key: str) -> None:
+    """Make the run or sweep directory (Hydra would, a moment later) after its checks: a file system that makes no
+    folders there (/proc, /sys: `No such file or directory` from mkdir) is a ConfigError naming `key`, where Hydra's
+    own mkdir would be a traceback. A full, read-only or forbidden disk is raised as it is (sweep/__main__.py: one
+    line, status 1)."""
+    try:
+        Path(path).mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        if exc.errno not in (errno.ENOENT, errno.ENOTDIR):
+            raise
+        raise ConfigError(
+            f"{key}: cannot make the folder {exc.filename} ({exc.strerror}); name one on a file system that makes"
+            " folders"
+        ) from exc
 
 
 def _not_makeable(path: str) -> str | None:
