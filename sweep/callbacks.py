@@ -420,6 +420,7 @@ class SweepSummary(Callback):
         with per_sweep(sweep_dir):  # the diagnosis's and the confirmation's runs say the sweep's data lines once too
             diagnose_failures(config, sweep_dir)
             confirm_answer(config, sweep_dir)
+            diagnose_failures(config, sweep_dir, confirmation=True)
         runs = runs_from_dirs(sweep_dir, starting_s=0)  # every job of this sweep has returned
         for line in runs.attrs.get("skipped", []):
             log.warning("summary: skipped %s", line)
@@ -472,15 +473,16 @@ def sweep_html(config: DictConfig, sweep_dir: Path, summary) -> Path | None:
     return files[0] if files else None
 
 
-def diagnose_failures(config: DictConfig, sweep_dir: Path) -> None:
-    """monitor.diagnose=auto: diagnose one run of each distinct failure (sweep/diagnose/multirun.py) before the
-    summary reads them; a failure is logged, never raised."""
+def diagnose_failures(config: DictConfig, sweep_dir: Path, confirmation: bool = False) -> None:
+    """monitor.diagnose=auto: diagnose one run of each distinct failure (sweep/diagnose/multirun.py) of the grid, or
+    (`confirmation`) of the confirmation at the longer horizon, before the summary reads them; a failure is logged,
+    never raised."""
     if OmegaConf.select(config, "monitor.diagnose", default="off") != "auto":
         return
-    from sweep.diagnose.multirun import diagnose_sweep  # torch: only for sweeps that diagnose
+    from sweep.diagnose.multirun import diagnose_confirmation, diagnose_sweep  # torch: only for sweeps that diagnose
 
     try:
-        diagnose_sweep(
+        (diagnose_confirmation if confirmation else diagnose_sweep)(
             sweep_dir,
             float(OmegaConf.select(config, "monitor.diagnose_budget", default=1.0)),
             progress=lambda line: print(line, flush=True),

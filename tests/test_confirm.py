@@ -39,6 +39,7 @@ GRID = [
     "ledger.enabled=false",
     "confirm.mode=auto",
     "confirm.budget=10",
+    "monitor.diagnose=auto",  # the grid has no failure; the confirmation's is diagnosed
 ]
 
 
@@ -143,7 +144,8 @@ def test_the_frontier_and_the_recommendation_name_what_held(sweep_dir):
     s = summarize(runs_from_dirs(sweep_dir), confirmation=conf)
     row = s.frontier.loc["all"]
     spike = next(x for x in by_lr(sweep_dir)[0.015]["seeds"] if x["status"] == "diverged")
-    failure = f"loss_spike@{spike['first_bad_step']} (seed {spike['seed']})"
+    mechanism = json.loads(((sweep_dir / spike["record"]).parent / "diagnosis.json").read_text())["mechanism"]
+    failure = f"loss_spike@{spike['first_bad_step']} (seed {spike['seed']}: {mechanism})"
     assert (row.max_stable_lr, row.min_diverging_lr) == (0.01, 0.015)
     assert row.held == f"2/2 at 60 steps; 0.015 failed: {failure}"
     assert s.recommendation.settings == {"optim.lr": 0.01}
@@ -159,9 +161,10 @@ def test_the_frontier_and_the_recommendation_name_what_held(sweep_dir):
 def test_the_confirmation_runs_are_not_runs_of_the_sweep(sweep_dir):
     """trial.json, never result.json, under confirm/: `find -name result.json` counts the grid's 4 runs, and so
     does the runs table; no confirmation run is a job directory (.hydra/overrides.yaml: it keeps only the config it
-    is, for sweep.diagnose) or holds a kept state."""
+    is, for sweep.diagnose) or holds a kept state. (The diagnosis of the seed that failed keeps its own runs in its
+    diagnosis/, trial.json too.)"""
     assert len(list(sweep_dir.rglob("result.json"))) == 4 == len(runs_from_dirs(sweep_dir))
-    trials = list((sweep_dir / "confirm").rglob(TRIAL_FILE))
+    trials = [t for t in (sweep_dir / "confirm").rglob(TRIAL_FILE) if "diagnosis" not in t.relative_to(sweep_dir).parts]
     assert len(trials) >= 3 and not list((sweep_dir / "confirm").rglob("overrides.yaml"))
     assert all((t.parent / ".hydra" / "config.yaml").is_file() for t in trials)
     assert not list((sweep_dir / "confirm").rglob("state"))
@@ -280,13 +283,24 @@ def test_a_horizon_no_run_may_have_is_one_line_and_keeps_the_last_confirmation(s
         _horizon(None, 1e300)(make_run("steps=5"))
 
 
-def test_the_command_rewrites_the_answer_where_the_sweeps_end_wrote_it(sweep_dir, tmp_path, capsys):
+def test_the_command_rewrites_the_answer_where_the_sweeps_end_wrote_it(sweep_dir, tmp_path, capsys, monkeypatch):
     """`python -m sweep.confirm` after the sweep's end: summary.md, its tables and report.html say what it confirmed,
     as the terminal does (before, they kept the unconfirmed answer until `sweep.report --write`); and it, like
-    `sweep.report`, recommends for the sweep's own report.target (before, the report's default: cuda)."""
+    `sweep.report`, recommends for the sweep's own report.target (before, the report's default: cuda). A seed that
+    failed and has no diagnosis is diagnosed, as the sweep's end does (its monitor.diagnose=auto): here by a
+    stand-in for sweep.diagnose's `diagnose` (the real one ran in the module's sweep), which names the run it got."""
     import shutil
 
     import yaml
+
+    import sweep.diagnose.multirun as multirun
+
+    def stand_in(run_dir, progress=print):
+        d = {"mechanism": "stand_in", "verdict": "loss_spike", "fix": {"overrides": ["a=1"], "confirmed": False}}
+        (Path(run_dir) / "diagnosis.json").write_text(json.dumps(d))
+        return d | {"diagnosed": str(run_dir)}
+
+    monkeypatch.setattr(multirun, "diagnose", stand_in)
 
     from sweep.confirm.__main__ import main as confirm
     from sweep.report.__main__ import main as report
@@ -297,6 +311,8 @@ def test_the_command_rewrites_the_answer_where_the_sweeps_end_wrote_it(sweep_dir
     saved["report"]["target"] = "cpu"
     (copy / "multirun.yaml").write_text(yaml.safe_dump(saved))
     (copy / CONFIRMATION_FILE).rename(tmp_path / CONFIRMATION_FILE)
+    failed = next(x for x in by_lr(sweep_dir)[0.015]["seeds"] if x["status"] == "diverged")["record"]
+    ((copy / failed).parent / "diagnosis.json").unlink()
     assert report([str(copy), "--write"]) == 0  # the files as the sweep's end wrote them, unconfirmed
     capsys.readouterr()
     assert "Held" not in (copy / "summary.md").read_text() and "Held" not in (copy / "report.html").read_text()
@@ -304,38 +320,63 @@ def test_the_command_rewrites_the_answer_where_the_sweeps_end_wrote_it(sweep_dir
     assert confirm([str(copy)]) == 0
     out = capsys.readouterr().out
     assert "recorded before" in out and "\nRecommendation\nUse optim.lr=0.01 " in out
+    assert f"diagnosing {Path(failed).parent} (loss_spike@" in out
     out = " ".join(out.split())  # wrapped at 100 columns
     assert f"Rewritten in {copy}: summary.md, summary.csv" in out and "report.html" in out
     assert "Held 2/2 at 60 steps [confirmation.json]. Target: cpu (as asked)." in out
     md, page, frontier = ((copy / name).read_text() for name in ("summary.md", "report.html", "summary_frontier.csv"))
     for text in (md, page):
         assert "Held 2/2 at 60 steps" in text and "Target: cpu (as asked)." in text
-    assert "2/2 at 60 steps; 0.015 failed" in frontier
+    assert "2/2 at 60 steps; 0.015 failed" in frontier and "stand_in" in frontier
+    assert f"Why all lr 0.015 failed at 60 steps: stand_in; fix a=1 (not confirmed) \\[{Path(failed).parent}/" in md
     assert report([str(copy), "--no-html"]) == 0
     assert "Target: cpu (as asked)." in " ".join(capsys.readouterr().out.split())
 
 
 def test_a_setting_that_failed_at_the_longer_horizon_is_diagnosed_like_a_grid_run(sweep_dir, tmp_path, capsys):
-    """A confirmation run keeps the config it is (.hydra/config.yaml: the grid run's at 60 steps), so `python -m
-    sweep.diagnose` takes the seed that spiked at step 31-32 (before: "is not a run directory"). It was continued from
-    the grid run's step 15, and its config from step 0 replays it bit for bit."""
+    """monitor.diagnose=auto diagnoses the seed that spiked at step 31-32 after the confirmation (before: grid failures
+    only, and this seed was "not a run directory" to `python -m sweep.diagnose`). A confirmation run keeps the config
+    it is (.hydra/config.yaml: the grid run's at 60 steps); it was continued from the grid run's step 15, and its
+    config from step 0 replays it bit for bit. Its mechanism and confirmed fix are in the frontier's `held`, the
+    lines under it and summary.md; `python -m sweep.diagnose` on such a seed rewrites the sweep's files too."""
     import shutil
 
     import yaml
 
-    from sweep.diagnose.__main__ import main as diagnose
+    from sweep.diagnose.__main__ import rewrite_sweep
 
-    copy = tmp_path / "s"
-    shutil.copytree(sweep_dir, copy)
-    spike = next(x for x in by_lr(copy)[0.015]["seeds"] if x["status"] == "diverged")
-    seed_dir = (copy / spike["record"]).parent
+    spike = next(x for x in by_lr(sweep_dir)[0.015]["seeds"] if x["status"] == "diverged")
+    seed_dir = (sweep_dir / spike["record"]).parent
     assert yaml.safe_load((seed_dir / ".hydra" / "config.yaml").read_text())["steps"] == 60
     assert spike["how"] == "continued" and spike["start_step"] == 15
+    d = json.loads((seed_dir / "diagnosis.json").read_text())
+    assert d["verdict"] == "loss_spike" and d["first_bad_step"] == spike["first_bad_step"]
+    assert d["counterfactuals"]["prefix"]["identical"] is True  # the replay from step 0: every loss bit for bit
+    said = printed(sweep_dir)
+    assert "Diagnosing 1 distinct failure(s) of the confirmation at 60 steps: the first" in said
+    assert f"diagnosing {spike['record'].rsplit('/', 1)[0]} (loss_spike@{spike['first_bad_step']}, 1 run(s)" in said
+    fix = " ".join(d["fix"]["overrides"])
+    why = (
+        f"Why all lr 0.015 failed at 60 steps: {d['mechanism']}; fix {fix} ("
+        + (
+            f"confirmed: stable from step 0 through step {d['fix']['through_step']})"
+            if d["fix"]["confirmed"]
+            else "not confirmed)"
+        )
+        + f" [{spike['record'].rsplit('/', 1)[0]}/diagnosis.json]"
+    )
+    md, page = (sweep_dir / "summary.md").read_text(), (sweep_dir / "report.html").read_text()
+    assert f"Why all lr 0.015 failed at 60 steps: {d['mechanism']}" in page
+    for text in (md.replace("\\", ""), said):
+        assert f"0.015 failed: loss_spike@{spike['first_bad_step']} (seed {spike['seed']}: {d['mechanism']})" in text
+        assert " ".join(why.split()) in " ".join(text.split()), text
+    copy = tmp_path / "s"
+    shutil.copytree(sweep_dir, copy)
+    (copy / "summary.md").write_text("stale")
     capsys.readouterr()
-    assert diagnose([str(seed_dir), "--no-fix", "--past", "0"]) == 0
-    out = capsys.readouterr().out
-    assert f"{seed_dir}: loss_spike@{spike['first_bad_step']}" in out
-    assert "replaying steps 0-" in out and "every loss bit for bit the run's" in out, out
+    rewrite_sweep((copy / spike["record"]).parent)
+    assert f"Rewritten in {copy.resolve()}: summary.md" in capsys.readouterr().out
+    assert " ".join(why.split()) in " ".join((copy / "summary.md").read_text().replace("\\", "").split())
 
 
 def test_a_report_from_the_ledger_alone_is_confirmed_as_the_directorys(tmp_path, capsys):

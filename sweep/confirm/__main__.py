@@ -7,10 +7,11 @@ every seed, rerun to more steps; where one fails, the next lower stable lr of it
 
 Writes SWEEP_DIR/confirmation.json and keeps its runs under SWEEP_DIR/confirm/ (each with trial.json, not
 result.json: they are not runs of the sweep). Settings confirmed before for the same runs and horizon are not
-rerun. Then the sweep's summary.md (and its summary_<table>.csv), report.html and its study's answer are written
-again, where its end wrote them, and the recommendation is printed: the frontier's `held` column, and a
-recommendation that names only a setting that held (`python -m sweep.report SWEEP_DIR` shows the same). A multirun
-does this itself at its end (confirm.mode=auto; docs/confirmation.md).
+rerun. A seed that failed is diagnosed where the sweep ran with monitor.diagnose=auto, as its end does (its
+diagnosis.json beside its trial.json). Then the sweep's summary.md (and its summary_<table>.csv), report.html and
+its study's answer are written again, where its end wrote them, and the recommendation is printed: the frontier's
+`held` column, and a recommendation that names only a setting that held (`python -m sweep.report SWEEP_DIR` shows
+the same). A multirun does this itself at its end (confirm.mode=auto; docs/confirmation.md).
 Exit status 0 when confirmed (whatever held), 2 on bad input, 128 + the signal's number when Ctrl-C or SIGTERM
 stopped it (what was confirmed is recorded; the same command finishes it).
 """
@@ -82,10 +83,23 @@ def main(argv: list[str] | None = None) -> int:
     except ConfigError as e:
         print(f"{name}: {e}", file=sys.stderr)
         return 2
+    interrupted = (record or {}).get("interrupted")
+    if record is not None and not interrupted:
+        diagnose_failed(args.sweep_dir, grid_runs(args.sweep_dir).run_dir.iloc[0])
     if record is not None:
         show_answer(args.sweep_dir, target, name)
-    interrupted = (record or {}).get("interrupted")
     return 128 + signal.Signals[interrupted].value if interrupted else 0
+
+
+def diagnose_failed(sweep_dir: Path, grid_run: str) -> None:
+    """The seeds that failed at the longer horizon diagnosed, as the end of a multirun does, where the sweep ran with
+    monitor.diagnose=auto (its first grid run's recorded config: its monitor.diagnose_budget too)."""
+    from sweep.config.recorded import load_recorded
+    from sweep.diagnose.multirun import diagnose_confirmation
+
+    _, run = load_recorded(Path(grid_run))
+    if run.monitor.diagnose.value == "auto":
+        diagnose_confirmation(sweep_dir, run.monitor.diagnose_budget, progress=lambda s: print(s, flush=True))
 
 
 def show_answer(sweep_dir: Path, target: str | None, name: str) -> None:

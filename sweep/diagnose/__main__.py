@@ -80,9 +80,14 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def rewrite_sweep(run_dir: Path) -> None:
-    """The files of the sweep `run_dir` is a job of (its parent holds the sweep's multirun.yaml), with the diagnosis
-    just written; nothing for a lone run."""
-    sweep_dir = run_dir.resolve().parent
+    """The files of the sweep `run_dir` is a run of (a job: its parent holds the sweep's multirun.yaml; a
+    confirmation's seed: <sweep>/confirm/<setting>/seed_<s>), with the diagnosis just written; nothing for a lone
+    run."""
+    from sweep.confirm.multirun import CONFIRM_DIR
+
+    run_dir = run_dir.resolve()
+    confirmed = run_dir.parent.parent.name == CONFIRM_DIR
+    sweep_dir = run_dir.parent.parent.parent if confirmed else run_dir.parent
     if not (sweep_dir / "multirun.yaml").is_file():
         return
     from sweep.report.refresh import rewrite_answer, rewritten_line  # pandas: only for a run of a sweep

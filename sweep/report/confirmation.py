@@ -29,6 +29,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
+from sweep.report.runs import DIAGNOSIS_FILE, read_diagnosis
 from sweep.report.tables import FAILED, refresh_frontier
 
 CONFIRMATION_FILE = "confirmation.json"
@@ -107,12 +108,34 @@ def confirmation_of(data, path: Path, where: str) -> tuple[Confirmation | None, 
     problem = _shape_problem(data)
     if problem:
         return None, f"{where}: {problem}; the frontier and the recommendation are unconfirmed"
+    _add_diagnoses(data["settings"], path.parent)
     return (
         Confirmation(
             path, data["settings"], data.get("left_out") or [], data.get("command"), bool(data.get("complete", True))
         ),
         None,
     )
+
+
+def _add_diagnoses(settings: list[dict], sweep_dir: Path) -> None:
+    """Each seed that failed gets `diagnosis` ({mechanism, fix, confirmed, through, file}) where its run dir holds a
+    diagnosis.json (monitor.diagnose=auto after the confirmation, or `python -m sweep.diagnose` on the seed's run:
+    sweep/diagnose/multirun.py); one that cannot be read is left out, as the grid's are (sweep/report/runs.py)."""
+    for s in settings:
+        for x in s.get("seeds") or []:
+            if not isinstance(x, dict) or x.get("status") != "diverged" or not isinstance(x.get("record"), str):
+                continue
+            run_dir = (sweep_dir / x["record"]).parent
+            d, _ = read_diagnosis(run_dir) if run_dir.is_dir() else (None, None)
+            if d is not None and d.get("mechanism"):
+                fix = d.get("fix") or {}
+                x["diagnosis"] = {
+                    "mechanism": d["mechanism"],
+                    "fix": list(fix.get("overrides") or []),
+                    "confirmed": fix.get("confirmed") is True,
+                    "through": fix.get("through_step") if isinstance(fix.get("through_step"), int) else None,
+                    "file": str(Path(x["record"]).parent / DIAGNOSIS_FILE),
+                }
 
 
 def _shape_problem(data) -> str | None:
@@ -136,11 +159,35 @@ def _shape_problem(data) -> str | None:
 
 
 def failure(s: dict) -> str:
-    """How a setting failed: "loss_spike@74 (seed 1)" (its first failing seed)."""
-    bad = next((x for x in s.get("seeds", []) if x.get("status") == "diverged"), None)
+    """How a setting failed: "loss_spike@74 (seed 1)" (its first failing seed), "loss_spike@74 (seed 1:
+    lr_too_high)" once that seed is diagnosed."""
+    bad = _failed_seed(s)
     if bad is None:
         return "failed"
-    return f"{bad.get('verdict')}@{bad.get('first_bad_step')} (seed {bad.get('seed')})"
+    why = f": {bad['diagnosis']['mechanism']}" if bad.get("diagnosis") else ""
+    return f"{bad.get('verdict')}@{bad.get('first_bad_step')} (seed {bad.get('seed')}{why})"
+
+
+def _failed_seed(s: dict) -> dict | None:
+    return next((x for x in s.get("seeds", []) if x.get("status") == "diverged"), None)
+
+
+def diagnosis_lines(conf: Confirmation | None) -> list[str]:
+    """One sentence per failed setting whose failing seed was diagnosed: its mechanism and the fix the diagnosis
+    ran from step 0 at the longer horizon, citing the seed's diagnosis.json."""
+    lines = []
+    for s in conf.settings if conf is not None else []:
+        d = (_failed_seed(s) or {}).get("diagnosis") if s.get("held") is False else None
+        if d is None:
+            continue
+        fix = " ".join(d["fix"]) or "-"
+        through = f" through step {d['through']}" if d["through"] is not None else ""
+        how = f"confirmed: stable from step 0{through}" if d["confirmed"] else "not confirmed"
+        lines.append(
+            f"Why {s['combination']} lr {_lr(s.get('lr'))} failed at {s['steps']} steps: {d['mechanism']}; fix {fix}"
+            f" ({how}) [{d['file']}]"
+        )
+    return lines
 
 
 def held_text(s: dict) -> str:
@@ -217,7 +264,7 @@ def frontier_lines(table: pd.DataFrame, conf: Confirmation | None) -> list[str]:
         names = ", ".join(f"{s['combination']} lr {_lr(s.get('lr'))}" for s in conf.left_out[:4])
         more = f" and {len(conf.left_out) - 4} more" if len(conf.left_out) > 4 else ""
         lines.append(f"Not confirmed (the budget left them out): {names}{more}: {conf.command}")
-    return lines
+    return lines + diagnosis_lines(conf)
 
 
 def _lr(lr) -> str:
