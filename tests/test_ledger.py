@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import multiprocessing as mp
+import time
 from pathlib import Path
 
 import optuna
@@ -512,6 +513,28 @@ def test_a_study_an_older_version_named_by_the_path_as_given_stays_the_sweeps(tm
     assert record_pending(real) == ([real / "2"], [])
     assert optuna.get_all_study_names(url) == ["x/../s"]
     assert len(only_study(url).trials) == 4
+
+
+def test_a_sweep_moved_or_copied_with_its_own_ledger_keeps_its_study(tmp_path):
+    """The study is named by the sweep's resolved path; a copy of the directory (its ledger.db inside) is still
+    that study's sweep: a later trial, the answer of `sweep.confirm`, `sweep.diagnose` or `sweep.report --write`
+    go there (before: existing_study found none and the answer was recorded nowhere, without a word). A ledger
+    elsewhere (ledger.storage) is shared by sweeps: there the copy's name stays its own path."""
+    import shutil
+
+    from sweep.search.answer import existing_study
+
+    cfg, real, copy = LedgerConfig(), tmp_path / "s", tmp_path / "copy"
+    record_run(cfg, real, real / "0", result("stable"))
+    shutil.copytree(real, copy)
+    study = existing_study(cfg, copy, time.monotonic() + 5)
+    assert study is not None and study.study_name == str(real.resolve())
+    record_run(cfg, copy, copy / "1", result("stable"))
+    url = storage_url(cfg, copy)
+    assert optuna.get_all_study_names(url) == [str(real.resolve())] and len(only_study(url).trials) == 2
+    shared = LedgerConfig(storage=f"sqlite:///{tmp_path / 'shared.db'}")
+    record_run(shared, real, real / "0", result("stable"))
+    assert existing_study(shared, copy, time.monotonic() + 5) is None
 
 
 def test_every_diverged_verdict_is_infeasible_whatever_its_name():

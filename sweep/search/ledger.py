@@ -176,7 +176,10 @@ def study_name(
     Compatibility: a version before this one named the study by the path as given. Where `storage` holds a study
     named by a spelling of the same directory (`sweep_dir` as given, `aliases`), that study is the sweep's; then
     the resolved path; then any other name that resolves to the same directory from this process's working
-    directory (a relative name); else the resolved path, for a new study."""
+    directory (a relative name); then, in the sweep's own ledger file (no `ledger.storage`), its only study: the
+    directory was moved or copied since (before, a copy's `sweep.confirm`, `sweep.diagnose` and `sweep.report
+    --write` recorded its answer nowhere, and a resume of it started a second study); else the resolved path, for a
+    new study."""
     if cfg.study_name:
         return cfg.study_name
     resolved = Path(sweep_dir).resolve()
@@ -187,6 +190,8 @@ def study_name(
     for name in sorted(names):
         if _spells(name, resolved):
             return name
+    if not cfg.storage and len(names) == 1:  # the sweep's own ledger.db, moved or copied with it: its one study
+        return names[0]
     return str(resolved)
 
 
