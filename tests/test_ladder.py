@@ -93,8 +93,35 @@ def test_a_ladder_recommends_at_its_largest_size_and_cites_the_prediction_at_the
     assert f"predicts a largest stable lr of {row.predicted_lr:.3g} (90% interval {row.low:.3g}..{row.high:.3g};" in (
         rec.line
     )
+    lr = rec.settings["optim.lr"]
+    margin = f"is {row.predicted_lr / lr:.2g}x below that prediction, inside its interval (low end {row.low:.3g})"
+    assert (
+        row.low < lr < row.predicted_lr and f"[ladder: all]; the lr recommended here, {lr:.3g}, {margin}." in rec.line
+    )
     untargeted = summarize(runs_from_dirs(tmp_path)).recommendation.line
     assert "for the lr at the size you train, set ladder.target (or --ladder-target) [ladder: all]." in untargeted
+
+
+def test_a_ladder_warns_where_the_recommended_lr_is_past_the_prediction_at_the_target(tmp_path):
+    """Standard parametrization: the largest stable lr falls with width, so the best lr of width 128, right at its
+    edge, is above what the ladder predicts is stable at width 2048 (before: the line cited the prediction and
+    recommended that lr with no word on the two; a user training at 2048 took an lr that diverges there)."""
+    n = 0
+    for w in (32, 64, 128):
+        for lr in LRS:
+            edge = 0.1 * (w / 32) ** -0.5
+            result = {"status": "stable", "eval_loss": 0.2 * (1 + abs(math.log(lr / edge)))} if lr <= edge else None
+            write_run(tmp_path, n, {"model.width": w, "optim.lr": lr}, result or diverged("loss_spike", 3, "loss"))
+            n += 1
+    s = summarize(runs_from_dirs(tmp_path), ladder_target=2048)
+    rec, row = s.recommendation, s.ladder.loc["all"]
+    assert rec.settings == {"model.width": 128, "optim.lr": 0.03125}, rec.settings
+    words = (
+        f"is at or above that prediction: at width 2048 it would likely diverge, so start below {row.predicted_lr:.3g}"
+    )
+    assert (
+        row.predicted_lr < 0.03125 and f"[ladder: all]; warning: the lr recommended here, 0.0312, {words}" in rec.line
+    )
 
 
 def test_ladder_configs_compose_a_search_over_the_size():

@@ -314,8 +314,26 @@ def ladder_text(ladder: pd.DataFrame | None, settings: dict, size: str) -> str:
     )
     return (
         f"{said}; at {axis} {row.target:g} (ladder.target) the ladder predicts a largest stable lr of "
-        f"{row.predicted_lr:.3g} ({interval}; an extrapolation: confirm it at that {axis}) [ladder: {label}]."
+        f"{row.predicted_lr:.3g} ({interval}; an extrapolation: confirm it at that {axis}) [ladder: {label}]"
+        f"{_against_prediction(settings.get('optim.lr'), row, axis)}."
     )
+
+
+def _against_prediction(lr, row: pd.Series, axis: str) -> str:
+    """Where the recommended lr (measured at a smaller size) stands against the ladder's prediction at the target: a
+    warning when it is at or above the prediction (it would likely diverge at the size trained), else its margin
+    below the prediction and whether the interval's low end lies below it."""
+    if lr is None or pd.isna(lr) or not lr > 0:
+        return ""
+    if lr >= row.predicted_lr:
+        return (
+            f"; warning: the lr recommended here, {lr:.3g}, is at or above that prediction: at {axis} {row.target:g} "
+            f"it would likely diverge, so start below {row.predicted_lr:.3g} there"
+        )
+    said = f"; the lr recommended here, {lr:.3g}, is {row.predicted_lr / lr:.2g}x below that prediction"
+    if pd.isna(row.low):
+        return said
+    return said + (f", inside its interval (low end {row.low:.3g})" if lr > row.low else ", below its interval")
 
 
 def unrunnable_combos(target: str, combinations, precision_of: dict, attention_of: dict) -> dict[str, str]:
