@@ -215,6 +215,27 @@ def test_mlflow_holds_every_run_of_the_grid_under_the_sweep_run(grid, uri):
     assert verdicts == {"stable", "diverged"}
 
 
+def test_a_rewritten_answer_is_logged_again_on_the_sweeps_parent_run(grid, uri, tmp_path):
+    """`python -m sweep.confirm` or `sweep.diagnose` by hand rewrites summary.md (sweep/report/refresh.py); the
+    parent run's summary.md is the new one too (before, MLflow kept the summary of the sweep's end, the one place
+    that then disagreed). Here the parent's copy is made stale, and the rewrite puts the sweep's back."""
+    from sweep.report.refresh import rewrite_answer
+
+    c = client(uri)
+    (parent,) = [
+        r
+        for r in c.search_runs([c.get_experiment_by_name(str(grid.resolve())).experiment_id])
+        if "mlflow.parentRunId" not in r.data.tags
+    ]
+    stale = tmp_path / "summary.md"
+    stale.write_text("stale\n")
+    c.log_artifact(parent.info.run_id, str(stale))
+    _, written, problems = rewrite_answer(grid)
+    assert problems == [] and grid / "summary.md" in written
+    got = Path(c.download_artifacts(parent.info.run_id, "summary.md", str(tmp_path / "got")))
+    assert got.read_text() == (grid / "summary.md").read_text() != "stale\n"
+
+
 @pytest.mark.slow
 def test_tensorboard_event_files_hold_metrics_csv_and_the_verdict(grid):
     run_dirs = sorted(p.parent for p in grid.glob("*/result.json"))

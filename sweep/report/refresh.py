@@ -3,7 +3,8 @@
     python -m sweep.confirm SWEEP_DIR        # then summary.md, report.html and the study hold what it confirmed
 
 The end of a multirun writes its answer in four places: the terminal, summary.md (with summary.csv, .parquet and
-summary_<table>.csv), report.html and the user attributes of its Optuna study. `python -m sweep.confirm` run later
+summary_<table>.csv), report.html and the user attributes of its Optuna study (and, with logger=mlflow, summary.md
+on the sweep's parent MLflow run). `python -m sweep.confirm` run later
 changes that answer (the frontier's `held` column, a recommendation that steps down to an lr that held), and
 `python -m sweep.diagnose` on one of its runs adds a diagnosis: `rewrite_answer` summarizes the sweep's runs
 again as its end did (its multirun.yaml's ladder.* and report.target) and rewrites the files its end wrote, those
@@ -43,6 +44,10 @@ def rewrite_answer(sweep_dir: Path) -> tuple[Summary | None, list[Path], list[st
         from sweep.search.answer import record_report_answer  # optuna: only once there is an answer to record
 
         if (problem := record_report_answer(str(sweep_dir), None, summary)) is not None:
+            problems.append(problem)
+        from sweep.run.mlflow_sink import relog_summary  # logger=mlflow: its parent run's summary.md too
+
+        if (problem := relog_summary(sweep_dir)) is not None:
             problems.append(problem)
     if (sweep_dir / REPORT_FILE).is_file():
         files, problem = write_sweep_report(sweep_dir, summary)
