@@ -7,7 +7,8 @@ the bracket the sweep measured there (docs/ladder.md, issue #30).
 
 It prints, per combination, the fit the report makes (each seed's bracket a point when there are replicates) and
 the fit on one merged bracket per size (stable for every seed), each with its 90% interval and whether that
-holds the measured bracket at the target; then the fit on every size, predicting --beyond. A target swept on too
+holds the measured bracket at the target, and the same fit of the best eval lr against the best eval lr measured
+there; then the fit on every size, predicting --beyond. A target swept on too
 few lrs for a bracket (every one stable, or none) still says whether the interval can hold it.
 
 With --window it prints only the lrs to sweep at --target, comma-separated: the fitted sweep's own grid values
@@ -57,6 +58,23 @@ def measured_text(low: float, high: float, lo, hi) -> str:
         return f"measured: not monotone (stable for every seed at {lo:.3g}, diverging at {hi:.3g} below it): no bracket"
     holds = low <= lo and hi <= high
     return f"measured [{lo:.3g}, {hi:.3g}) {'inside' if holds else 'NOT inside'}"
+
+
+def best_text(row: dict, points: list[tuple], target: float) -> str:
+    """The best eval lr's fit (the report's best_* columns) against the best eval lr measured at the target, known
+    to within half a grid step on each side (sweep.report.ladder.best_point)."""
+    if row.get("best_exponent") is None or row["best_exponent"] != row["best_exponent"]:
+        return "  best eval lr: too few sizes with one inside the lr grid to fit"
+    name = "best eval lr, fitted the same way"
+    text = f"  {name:<34} exponent {row['best_exponent']:+.2f}: {row['predicted_best_lr']:.3g}"
+    if row["best_low"] == row["best_low"]:
+        text += f" (90% interval {row['best_low']:.3g} .. {row['best_high']:.3g})"
+    held = [p for p in points if p[0] == target]
+    if not held or held[0][3] != held[0][3]:
+        return text + "; measured: no best eval lr inside the grid at the target (not checked)"
+    best, lo, hi = held[0][3], held[0][1], held[0][2]
+    inside = row["best_low"] <= best <= row["best_high"]
+    return text + f"; measured {best:.3g} (within [{lo:.3g}, {hi:.3g})) {'inside' if inside else 'NOT inside'}"
 
 
 def window(grid: list[float], low: float, high: float) -> list[float]:
@@ -124,6 +142,7 @@ def main(argv: list[str] | None = None) -> int:
         print(describe("as the report fits it", row.to_dict(), measured))
         merged = fit_line(fit.attrs["points"][combo], args.target, args.confidence)
         print(describe("one merged bracket per size", merged, measured))
+        print(best_text(row.to_dict(), full.attrs["best_points"].get(combo, []), args.target))
         if args.beyond:
             print(f"  every size fitted, predict {args.beyond:g}:")
             print(describe("as the report fits it", full.loc[combo].to_dict(), None))

@@ -52,6 +52,29 @@ def test_the_fit_recovers_a_known_power_law_and_its_interval_holds_the_truth(tmp
     assert "90% interval" in lines[1]
 
 
+def test_the_best_eval_lr_gets_a_fit_of_its_own_and_a_best_at_the_grids_edge_is_left_out(tmp_path):
+    """The lr that trains best falls as width^-1 here while the largest stable lr falls as width^-0.5 (SP-like):
+    its own fit recovers -1 and its interval holds the true best lr at the target; the recommendation cites it.
+    A width whose best eval lr is the grid's smallest lr (the best may lie below the grid) is left out."""
+    n = 0
+    for w in (32, 64, 128, 256, 512):
+        for seed in (0, 1):
+            for lr in LRS:
+                edge, best = 0.1 * (w / 32) ** -0.5, 0.01 * (w / 32) ** -1.0
+                best = best if w < 512 else LRS[-1] / 2  # 512: the best would be below the grid
+                ok = {"status": "stable", "eval_loss": 0.2 * (1 + abs(math.log(lr / best))), "seed": seed}
+                result = ok if lr <= edge else diverged("loss_spike", 3, "loss")
+                write_run(tmp_path, n, {"model.width": w, "optim.lr": lr, "seed": seed}, result)
+                n += 1
+    s = summarize(runs_from_dirs(tmp_path), ladder_target=1024)
+    r, truth = s.ladder.loc["all"], 0.01 * (1024 / 32) ** -1.0
+    assert r.best_sizes == 4 and r.best_exponent == pytest.approx(-1.0, abs=0.1)
+    assert r.best_low < truth < r.best_high and r.best_high / r.best_low < 10
+    assert "; best eval lr ∝ width^-1.00 over 4 sizes, at width 1024: " in ladder_lines(s.ladder)[0]
+    cited = f" and a best eval lr of {r.predicted_best_lr:.3g} ({r.best_low:.3g}..{r.best_high:.3g}) [ladder: all]"
+    assert cited in s.recommendation.line
+
+
 def test_two_sizes_give_a_line_but_no_interval_and_an_open_bracket_is_left_out():
     row = fit_line([(32, 0.01, 0.02, math.sqrt(2e-4)), (64, 0.005, 0.01, math.sqrt(5e-5))], 256, 0.9)
     assert row["exponent"] == pytest.approx(-1.0) and row["predicted_lr"] > 0 and np.isnan(row["low"])

@@ -245,3 +245,13 @@ def test_the_held_out_check_refuses_a_confidence_or_size_it_cannot_use(tmp_path,
     with pytest.raises(SystemExit) as e:
         heldout.main([str(tmp_path), "--fit-max", "64", "--target", "128", *flags])
     assert e.value.code == 2 and said in capsys.readouterr().err
+
+
+def test_the_held_out_check_sets_the_best_eval_lr_fit_against_the_best_measured_at_the_target():
+    heldout = load_bench("ladder_heldout")
+    row = {"best_exponent": -1.0, "predicted_best_lr": 0.01, "best_low": 0.005, "best_high": 0.02}
+    inside = heldout.best_text(row, [(64, 0.01, 0.02, 0.0141), (512, 0.006, 0.011, 0.008)], 512)
+    assert inside.endswith("measured 0.008 (within [0.006, 0.011)) inside") and "exponent -1.00: 0.01" in inside
+    assert heldout.best_text(row, [(512, 0.03, 0.05, 0.04)], 512).endswith("NOT inside")
+    assert heldout.best_text(row, [(512, None, None, float("nan"))], 512).endswith("(not checked)")
+    assert "too few sizes" in heldout.best_text({"best_exponent": float("nan")}, [], 512)

@@ -25,7 +25,12 @@ per combination of the other axes (precision, attention, ...). Per combination:
   (n - 3 degrees of freedom) plus the brackets' own variance as above; `curved` when p < 0.05. It needs
   four points over at least three sizes (four sizes, or three with replicates). A curved ladder says the
   straight line, and its interval, should not be extrapolated far;
-- a warning when the target lies more than 4x beyond the largest measured size (TARGET_REACH).
+- a warning when the target lies more than 4x beyond the largest measured size (TARGET_REACH);
+- the same line through the best eval lr of each size (`best_point`, columns best_*): the lr that trains best is
+  what a user takes to production, the largest stable lr only its ceiling. It is known to within the grid: half a
+  grid step (in log) on each side, the same uniform-in-log variance as a bracket's. A best at the grid's smallest
+  lr, or at its largest with no larger lr that diverged, may lie beyond the grid and is left out. Under µP the best
+  lr should not move with width (its exponent near 0); under SP it falls.
 
 `model.param` (sp|mup) swept alongside is one more of the other axes: SP and µP get separate fits, one
 row each, side by side. A ladder sweep needs at least three sizes (`check_ladder_sizes`: one line,
@@ -61,7 +66,15 @@ COLUMNS = [
     "curvature_p",
     "curved",
     "reach",
+    "best_sizes",
+    "best_exponent",
+    "predicted_best_lr",
+    "best_low",
+    "best_high",
 ]
+BEST_COLUMNS = {"sizes": "best_sizes", "exponent": "best_exponent", "predicted_lr": "predicted_best_lr"}
+BEST_COLUMNS |= {"low": "best_low", "high": "best_high"}
+"""The best eval lr's fit (`best_point`): fit_line's columns renamed."""
 CURVATURE_ALPHA = 0.05
 """The curvature test's level: `curved` when the two-sided p of c = 0 is below it."""
 TARGET_REACH = 4.0
@@ -124,21 +137,37 @@ def ladder_fit(
     others = [a for a in recs.attrs["axes"] if a != axis]
     label = combination_labels(recs, others)
     per_seed = seed_points(runs, axis, others)
-    out, points = [], {}
+    per_seed_best = seed_points(runs, axis, others, best_point)
+    out, points, best_points = [], {}, {}
     for combo, group in recs.groupby(label, sort=False):
-        pts, left_out = [], 0
+        pts, bests, left_out = [], [], 0
         for rec in group.sort_values(axis, key=lambda s: s.map(sort_key)).to_dict("records"):
             pts.append(bracket_point(float(rec[axis]), rec["max_stable_lr"], rec["min_diverging_lr"]))
+            bests.append(best_point(float(rec[axis]), rec))
             left_out += pd.isna(pts[-1][3])
-        points[combo] = pts
-        seeds = per_seed.get(combo, [])
-        replicated = len(seeds) > len({s for s, *_ in seeds})
-        fit = fit_line(seeds if replicated else pts, target, confidence)
-        out.append({"combination": combo, **fit, "sizes": sum(not pd.isna(p[3]) for p in pts), "left_out": left_out})
+        points[combo], best_points[combo] = pts, bests
+        fit = fit_line(_replicated(per_seed.get(combo, []), pts), target, confidence)
+        best = fit_line(_replicated(per_seed_best.get(combo, []), bests), target, confidence)
+        out.append(
+            {
+                "combination": combo,
+                **fit,
+                "sizes": sum(not pd.isna(p[3]) for p in pts),
+                "left_out": left_out,
+                **{BEST_COLUMNS[k]: best[k] for k in BEST_COLUMNS},
+                "best_sizes": sum(not pd.isna(p[3]) for p in bests),
+            }
+        )
     table = pd.DataFrame(out).set_index("combination")[COLUMNS] if out else pd.DataFrame(columns=COLUMNS)
     table.index.name = "/".join(others) or "combination"
     table.attrs.update(axis=axis, points=points, seed_points=per_seed, confidence=confidence)
+    table.attrs.update(best_points=best_points, best_seed_points=per_seed_best)
     return table
+
+
+def _replicated(seeds: list[tuple], merged: list[tuple]) -> list[tuple]:
+    """The points a fit takes: one per (size, seed) where the sweep has replicates, else one per size."""
+    return seeds if len(seeds) > len({s for s, *_ in seeds}) else merged
 
 
 def combination_labels(frame: pd.DataFrame, others: list[str]) -> pd.Series:
@@ -153,16 +182,35 @@ def bracket_point(size: float, lo, hi) -> tuple:
     return (size, float(lo), float(hi), math.sqrt(lo * hi))
 
 
-def seed_points(runs: pd.DataFrame, axis: str, others: list[str]) -> dict[str, list[tuple]]:
-    """Per combination of `others`: one bracket point per (size, seed), each seed's frontier from its runs alone."""
+def best_point(size: float, rec: dict) -> tuple:
+    """(size, lo, hi, best lr) of a frontier record: its lr of the lowest mean eval loss, known to within the grid
+    around it: [lo, hi) spans half a grid step (in log) on each side, the geometric middles with its neighbours in
+    the record's `grid` (at either end, the other side's step). NaN where it says nothing of the best lr: no stable
+    lr, an lr grid of one, or the best at the smallest lr run or at the largest with no larger one run that
+    diverged (the best may lie beyond the grid)."""
+    best, grid = rec.get("best_lr"), sorted(x for x in (rec.get("grid") or []) if x > 0)
+    if best is None or pd.isna(best) or best not in grid or len(grid) < 2:
+        return (size, None, None, np.nan)
+    i = grid.index(best)
+    if i == 0 or (i == len(grid) - 1 and rec.get("min_diverging_lr") is None):
+        return (size, None, None, np.nan)
+    below = grid[i] / grid[i - 1]
+    above = grid[i + 1] / grid[i] if i + 1 < len(grid) else below
+    return (size, best / math.sqrt(below), best * math.sqrt(above), float(best))
+
+
+def seed_points(runs: pd.DataFrame, axis: str, others: list[str], point=None) -> dict[str, list[tuple]]:
+    """Per combination of `others`: one point per (size, seed), each seed's frontier from its runs alone; `point`
+    (size, record) -> point: None for the stability bracket (`bracket_point`), `best_point` for the best lr."""
     out: dict[str, list[tuple]] = {}
     for _, alone in runs.groupby(seed_labels(runs), sort=True):
         recs = frontier_records(alone)
         if recs.empty or any(a not in recs for a in (axis, *others)):  # a seed that did not sweep the axes
             continue
         for combo, rec in zip(combination_labels(recs, others), recs.to_dict("records")):
+            size = float(rec[axis])
             out.setdefault(combo, []).append(
-                bracket_point(float(rec[axis]), rec["max_stable_lr"], rec["min_diverging_lr"])
+                point(size, rec) if point else bracket_point(size, rec["max_stable_lr"], rec["min_diverging_lr"])
             )
     return out
 
@@ -262,5 +310,16 @@ def ladder_lines(table: pd.DataFrame) -> list[str]:
             )
         if r.left_out:
             line += f"; {int(r.left_out)} size(s) without a bracket left out"
-        lines.append(line)
+        lines.append(line + _best_text(r, axis, conf))
     return lines
+
+
+def _best_text(r: pd.Series, axis: str, conf: float) -> str:
+    """The best eval lr's fit, for the end of a combination's sentence."""
+    if "best_exponent" not in r or pd.isna(r.best_exponent):
+        return f"; best eval lr: {int(r.get('best_sizes', 0))} size(s) with one inside the lr grid, too few to fit"
+    line = f"; best eval lr ∝ {axis}^{r.best_exponent:.2f} over {int(r.best_sizes)} sizes"
+    if not pd.isna(r.predicted_best_lr):
+        line += f", at {axis} {r.target:g}: {r.predicted_best_lr:.3g}"
+        line += f" ({conf:.0%} interval {r.best_low:.3g}..{r.best_high:.3g})" if not pd.isna(r.best_low) else ""
+    return line

@@ -314,9 +314,17 @@ def ladder_text(ladder: pd.DataFrame | None, settings: dict, size: str) -> str:
     )
     return (
         f"{said}; at {axis} {row.target:g} (ladder.target) the ladder predicts a largest stable lr of "
-        f"{row.predicted_lr:.3g} ({interval}; an extrapolation: confirm it at that {axis}) [ladder: {label}]"
-        f"{_against_prediction(settings.get('optim.lr'), row, axis)}."
+        f"{row.predicted_lr:.3g} ({interval}; an extrapolation: confirm it at that {axis}){_best_prediction(row)} "
+        f"[ladder: {label}]{_against_prediction(settings.get('optim.lr'), row, axis)}."
     )
+
+
+def _best_prediction(row: pd.Series) -> str:
+    """' and a best eval lr of ...' where the ladder fitted the best eval lr too (sweep/report/ladder.py)."""
+    if "predicted_best_lr" not in row or pd.isna(row.predicted_best_lr):
+        return ""
+    interval = f" ({row.best_low:.3g}..{row.best_high:.3g})" if not pd.isna(row.best_low) else ""
+    return f" and a best eval lr of {row.predicted_best_lr:.3g}{interval}"
 
 
 def _against_prediction(lr, row: pd.Series, axis: str) -> str:

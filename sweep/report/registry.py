@@ -284,7 +284,8 @@ register(
             "per combination of the other axes: log(largest stable lr) fitted against log(size) "
             "over the sizes whose lr bracket is closed (lr* = sqrt(max stable x min diverging)); exponent = slope; "
             "the prediction at the target size with its interval (Student t, residual + bracket variance; 3+ "
-            "sizes); an extrapolation, not a measurement (docs/ladder.md)"
+            "sizes); best_*: the same fit of the best eval lr (known to within half a grid step each side; a best "
+            "at the grid's edge left out); an extrapolation, not a measurement (docs/ladder.md)"
         ),
         help="a size sweep: largest stable lr fitted on width or depth, extrapolated",
         lines=ladder_lines,
