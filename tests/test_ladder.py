@@ -73,6 +73,9 @@ def test_the_best_eval_lr_gets_a_fit_of_its_own_and_a_best_at_the_grids_edge_is_
     assert "; best eval lr ∝ width^-1.00 over 4 sizes, at width 1024: " in ladder_lines(s.ladder)[0]
     cited = f" and a best eval lr of {r.predicted_best_lr:.3g} ({r.best_low:.3g}..{r.best_high:.3g}) [ladder: all]"
     assert cited in s.recommendation.line
+    names = [t.name for t in ladder_figure(s.ladder).data]
+    assert "all: best eval lr measured" in names and "all: best eval lr fit, exponent -1.00" in names
+    assert "all: best eval lr predicted at width 1024" in names and f"all: fit, exponent {r.exponent:.2f}" in names
 
 
 def test_two_sizes_give_a_line_but_no_interval_and_an_open_bracket_is_left_out():

@@ -92,59 +92,21 @@ def heatmap(cells: pd.DataFrame, divergence_map: pd.DataFrame):
 
 def ladder_figure(table: pd.DataFrame):
     """Largest stable lr against size, log-log: each size's bracket as an error bar around lr*, the fitted
-    line extended to the target, and the prediction there with its interval."""
+    line extended to the target, and the prediction there with its interval; the best eval lr the same way (open
+    markers, a dotted line), where the table has it (sweep/report/ladder.py `best_point`)."""
     import plotly.graph_objects as go
 
     axis = table.attrs["axis"].split(".")[-1]
     fig = go.Figure()
     for i, (combo, r) in enumerate(table.iterrows()):
         color = LINE_COLORS[i % len(LINE_COLORS)]
-        pts = [p for p in table.attrs["points"][combo] if not pd.isna(p[3])]
-        if pts:
-            sizes, lo, hi, mid = (list(c) for c in zip(*pts))
-            fig.add_trace(
-                go.Scatter(
-                    x=sizes,
-                    y=mid,
-                    mode="markers",
-                    name=plot_text(f"{combo}: measured"),
-                    marker={"color": color, "size": 8},
-                    error_y=_error_bars(mid, lo, hi),
-                )
-            )
-        if pd.isna(r.exponent) or not pts:
-            continue
-        x_end = r.target if not pd.isna(r.predicted_lr) else max(sizes)
-        xs = np.geomspace(min(sizes), x_end, 30)
-        # least squares passes through the centroid of the fitted points (log-log): each seed's bracket with replicates
-        fitted = pts
-        if "points" in r and r.points > r.sizes:
-            fitted = [p for p in table.attrs["seed_points"][combo] if not pd.isna(p[3])]
-        fx, fy = np.log([p[0] for p in fitted]), np.log([p[3] for p in fitted])
-        ys_fit = np.exp(fy.mean() + r.exponent * (np.log(xs) - fx.mean()))
-        fig.add_trace(
-            go.Scatter(
-                x=xs,
-                y=ys_fit,
-                mode="lines",
-                name=plot_text(f"{combo}: fit, exponent {r.exponent:.2f}"),
-                line={"color": color, "dash": "dash"},
-            )
-        )
-        if not pd.isna(r.predicted_lr):
-            err = {} if pd.isna(r.low) else {"error_y": _error_bars([r.predicted_lr], [r.low], [r.high])}
-            fig.add_trace(
-                go.Scatter(
-                    x=[r.target],
-                    y=[r.predicted_lr],
-                    mode="markers",
-                    name=plot_text(f"{combo}: predicted at {axis} {r.target:g}"),
-                    marker={"color": color, "size": 11, "symbol": "diamond-open"},
-                    **err,
-                )
-            )
+        kinds = [("", "points", "seed_points", "", "circle", "dash")]
+        if "best_points" in table.attrs:
+            kinds.append(("best_", "best_points", "best_seed_points", "best eval lr ", "circle-open", "dot"))
+        for prefix, merged, seeds, what, symbol, dash in kinds:
+            _ladder_traces(fig, go, table, combo, r, prefix, merged, seeds, what, symbol, dash, color, axis)
     fig.update_xaxes(type="log", title_text=axis)
-    fig.update_yaxes(type="log", title_text="largest stable lr", tickformat=".1e")
+    fig.update_yaxes(type="log", title_text="largest stable lr (best eval lr: open markers)", tickformat=".1e")
     fig.update_layout(
         title={"text": "Frontier across sizes", "font": {"size": 14}},
         height=480,
@@ -152,6 +114,55 @@ def ladder_figure(table: pd.DataFrame):
         legend={"font": {"size": 10}},
     )
     return fig
+
+
+def _ladder_traces(fig, go, table, combo, r, prefix, merged, seeds, what, symbol, dash, color, axis) -> None:
+    """One fit's traces: its points with their error bars, its line to the target, its prediction there."""
+    exponent, predicted = r.get(prefix + "exponent"), r.get("predicted_" + prefix + "lr")
+    low, high = r.get(prefix + "low"), r.get(prefix + "high")
+    pts = [p for p in table.attrs[merged].get(combo, []) if not pd.isna(p[3])]
+    if pts:
+        sizes, lo, hi, mid = (list(c) for c in zip(*pts))
+        fig.add_trace(
+            go.Scatter(
+                x=sizes,
+                y=mid,
+                mode="markers",
+                name=plot_text(f"{combo}: {what}measured"),
+                marker={"color": color, "size": 8, "symbol": symbol},
+                error_y=_error_bars(mid, lo, hi),
+            )
+        )
+    if exponent is None or pd.isna(exponent) or not pts:
+        return
+    x_end = r.target if not pd.isna(predicted) else max(sizes)
+    xs = np.geomspace(min(sizes), x_end, 30)
+    # least squares passes through the centroid of the fitted points (log-log): each seed's point with replicates
+    each = table.attrs.get(seeds, {}).get(combo, [])  # replicated as the fit decided (ladder._replicated)
+    fitted = [p for p in each if not pd.isna(p[3])] if len(each) > len({p[0] for p in each}) else pts
+    fx, fy = np.log([p[0] for p in fitted]), np.log([p[3] for p in fitted])
+    ys_fit = np.exp(fy.mean() + exponent * (np.log(xs) - fx.mean()))
+    fig.add_trace(
+        go.Scatter(
+            x=xs,
+            y=ys_fit,
+            mode="lines",
+            name=plot_text(f"{combo}: {what}fit, exponent {exponent:.2f}"),
+            line={"color": color, "dash": dash},
+        )
+    )
+    if not pd.isna(predicted):
+        err = {} if pd.isna(low) else {"error_y": _error_bars([predicted], [low], [high])}
+        fig.add_trace(
+            go.Scatter(
+                x=[r.target],
+                y=[predicted],
+                mode="markers",
+                name=plot_text(f"{combo}: {what}predicted at {axis} {r.target:g}"),
+                marker={"color": color, "size": 11, "symbol": "diamond-open" if not prefix else "star-open"},
+                **err,
+            )
+        )
 
 
 def _error_bars(centres: list, lows: list, highs: list) -> dict:
