@@ -72,10 +72,36 @@ def test_the_best_eval_lr_gets_a_fit_of_its_own_and_a_best_at_the_grids_edge_is_
     assert r.best_low < truth < r.best_high and r.best_high / r.best_low < 10
     assert "; best eval lr ∝ width^-1.00 over 4 sizes, at width 1024: " in ladder_lines(s.ladder)[0]
     cited = f" and a best eval lr of {r.predicted_best_lr:.3g} ({r.best_low:.3g}..{r.best_high:.3g}) [ladder: all]"
-    assert cited in s.recommendation.line
+    assert cited in s.recommendation.line  # at width 512, whose best lies below the grid: it says so
+    assert f"lr {LRS[-1]:.4g} is the smallest lr swept: a lower one may train better" in s.recommendation.line
     names = [t.name for t in ladder_figure(s.ladder).data]
     assert "all: best eval lr measured" in names and "all: best eval lr fit, exponent -1.00" in names
     assert "all: best eval lr predicted at width 1024" in names and f"all: fit, exponent {r.exponent:.2f}" in names
+
+
+def test_a_best_eval_lr_below_the_grid_gives_no_fit_and_the_recommendation_says_to_sweep_lower(tmp_path):
+    """Every width's best eval lr (over its seeds) is the grid's smallest lr, as µP's was on an lr grid centred on
+    the edge (docs/ladder.md, v3); one seed of width 64 alone has a best inside the grid. Fitting that one seed's
+    point with the censored ones left out made a line through it ("best eval lr ∝ width^-0.00 over 0 sizes"), and
+    the recommendation cited it; now no width gives a point, and the recommendation says its lr is the smallest
+    swept."""
+    n, grid = 0, sorted(LRS[2:10])  # ascending: 0.000977 .. 0.125, whose top lrs diverge
+    for w in (32, 64, 128):
+        for seed in (0, 1):
+            for lr in grid:
+                inside = w == 64 and seed == 1
+                best, slope = (grid[3], 0.5) if inside else (grid[0] / 2, 1.0)
+                ok = {"status": "stable", "eval_loss": 0.2 * (1 + slope * abs(math.log(lr / best))), "seed": seed}
+                result = ok if lr <= 0.1 * (w / 32) ** -0.5 else diverged("loss_spike", 3, "loss")
+                write_run(tmp_path, n, {"model.width": w, "optim.lr": lr, "seed": seed}, result)
+                n += 1
+    s = summarize(runs_from_dirs(tmp_path), ladder_target=512)
+    r = s.ladder.loc["all"]
+    assert np.isnan(r.best_exponent) and r.best_sizes == 0
+    assert ladder_lines(s.ladder)[0].endswith("best eval lr: 0 size(s) with one inside the lr grid, too few to fit")
+    line = s.recommendation.line
+    assert s.recommendation.settings == {"model.width": 128, "optim.lr": grid[0]} and "a best eval lr of" not in line
+    assert f"lr {grid[0]:.4g} is the smallest lr swept: a lower one may train better, sweep lower lrs" in line
 
 
 def test_two_sizes_give_a_line_but_no_interval_and_an_open_bracket_is_left_out():

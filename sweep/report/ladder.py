@@ -147,7 +147,9 @@ def ladder_fit(
             left_out += pd.isna(pts[-1][3])
         points[combo], best_points[combo] = pts, bests
         fit = fit_line(_replicated(per_seed.get(combo, []), pts), target, confidence)
-        best = fit_line(_replicated(per_seed_best.get(combo, []), bests), target, confidence)
+        inside = {p[0] for p in bests if not pd.isna(p[3])}  # a size whose best (over its seeds) may lie off the
+        seeds_best = [p for p in per_seed_best.get(combo, []) if p[0] in inside]  # grid gives no seed point either
+        best = fit_line(_replicated(seeds_best, bests), target, confidence)
         out.append(
             {
                 "combination": combo,
@@ -155,7 +157,6 @@ def ladder_fit(
                 "sizes": sum(not pd.isna(p[3]) for p in pts),
                 "left_out": left_out,
                 **{BEST_COLUMNS[k]: best[k] for k in BEST_COLUMNS},
-                "best_sizes": sum(not pd.isna(p[3]) for p in bests),
             }
         )
     table = pd.DataFrame(out).set_index("combination")[COLUMNS] if out else pd.DataFrame(columns=COLUMNS)
@@ -289,7 +290,10 @@ def ladder_lines(table: pd.DataFrame) -> list[str]:
     lines = []
     for combo, r in table.iterrows():
         if pd.isna(r.exponent):
-            lines.append(f"{combo}: {int(r.sizes)} sizes with a bracket ({int(r.left_out)} left out): too few to fit")
+            lines.append(
+                f"{combo}: {int(r.sizes)} sizes with a bracket ({int(r.left_out)} left out): too few to fit"
+                + _best_text(r, axis, conf)
+            )
             continue
         runs = f", {int(r.points)} seed brackets" if "points" in r and r.points > r.sizes else ""
         line = f"{combo}: max stable lr ∝ {axis}^{r.exponent:.2f} over {int(r.sizes)} sizes{runs} (R² {r.r2:.2f})"

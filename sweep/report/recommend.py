@@ -486,6 +486,8 @@ def _line(
             parts.append(f"best-eval stable lr {rec.best_lr:.4g}: {_below(rec.best_lr, rec)}")
         if rec.max_stable_lr != best[LR]:
             parts.append(f"largest stable lr {rec.max_stable_lr:.4g}: {_below(rec.max_stable_lr, rec)}")
+        if len(rec.grid) > 1 and best[LR] == min(rec.grid) and best[LR] == rec.best_lr:
+            parts.append(f"lr {best[LR]:.4g} is the smallest lr swept: a lower one may train better, sweep lower lrs")
         if rec.marginal_lrs:
             lrs = ", ".join(f"{x:.4g}" for x in rec.marginal_lrs)
             parts.append(f"skipped as marginal (stable, but far worse than the best lr): {lrs}")
