@@ -5,6 +5,8 @@ one at the smallest lr is diagnosed (the lr the user would try first). Failures 
 first always (a small sweep's run time would not pay for any), the others while the estimated cost fits the
 budget (monitor.diagnose_budget x the sweep's own run time; 0 diagnoses none); the rest are named with the
 command that diagnoses them. Every diagnosis writes its run's diagnosis.json, which the summary reads.
+After the confirmation at a longer horizon (confirm.mode=auto), `diagnose_confirmation` does the same for the
+seeds that failed there (sweep/callbacks.py calls both).
 """
 
 from __future__ import annotations
