@@ -568,3 +568,34 @@ def test_resumed_grid_summary_is_every_cell_once(tmp_path):
     write_run(root, 12, {"precision": "fp32", "optim.lr": 1e-2, "attention": "math"}, outcome("fp32", 1e-2, "math"))
     runs = runs_from_dirs(root, starting_s=0)
     assert summarize(runs).counts_line() == "13 runs: 9 stable, 3 diverged, 1 interrupted (superseded)"
+
+
+def test_a_setting_that_barely_trained_is_named_under_the_frontier_and_in_the_recommendation(tmp_path):
+    """`stable` says only that nothing blew up: at width 512 under SP (docs/ladder.md, v3) every stable run ended
+    at an eval loss of 0.8-1.1 of the untrained model's, and the recommendation called 0.83 "the best" (before:
+    no word). A setting whose eval loss is still 60% or more of its runs' first training loss (initial_loss 1.0
+    here) is named; one that trained (0.2) is not; without an eval loss (one minibatch's final loss) nothing is
+    said."""
+    n = 0
+    for precision, best in (("fp32", 0.83), ("bf16_amp", 0.2)):
+        for lr in (1e-3, 3e-3, 1e-2):
+            value = best * (1 + abs(math.log10(lr / 3e-3)))
+            write_run(
+                tmp_path / "s", n, {"precision": precision, "optim.lr": lr}, {"eval_loss": value, "steps_run": 30}
+            )
+            write_run(tmp_path / "f", n, {"precision": precision, "optim.lr": lr}, {"final_loss": value})
+            n += 1
+    table = frontier(runs_from_dirs(tmp_path / "s"))
+    assert table.attrs["learned"] == [
+        "Barely trained in 30 steps: even the best lr's eval loss is at least 60% of the first training loss, so its"
+        " frontier is where runs stopped blowing up, not where they train well: fp32 (0.83 against 1) (a longer"
+        " horizon, more steps, tells)"
+    ]
+    s = summarize(runs_from_dirs(tmp_path / "s"), target="cuda")
+    assert s.recommendation.settings["precision"] == "bf16_amp" and "barely trained" not in s.recommendation.line
+    only = summarize(runs_from_dirs(tmp_path / "s").query("`param:precision` == 'fp32'"), target="cuda")
+    assert " Warning: this setting barely trained in 30 steps: its eval loss 0.83 is 83% of its runs' first" in (
+        only.recommendation.line
+    )
+    assert "Barely trained in 30 steps" in render_text(s)
+    assert frontier(runs_from_dirs(tmp_path / "f")).attrs["learned"] == []

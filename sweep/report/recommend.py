@@ -44,6 +44,7 @@ import pandas as pd
 from sweep.report.confirmation import Confirmation, confirmed_candidates, pick_note, same_lr_value
 from sweep.report.failures import failure_reading, not_the_lr
 from sweep.report.ladder import ladder_axis
+from sweep.report.learned import recommendation_note
 from sweep.report.noise import Spread, quality_column, quality_name, within_noise
 from sweep.report.runs import PARAM
 from sweep.report.speed import like_with_like_speed
@@ -260,6 +261,7 @@ def _recommend(
     out = _line(best, rec, axes, named, speed, basis, advice, quality, len(tied), top, how, paired.get(best.name, ""))
     out.left_out, out.tie_break = left_out, tie_break
     out.run_dirs = _run_dirs(runs, axes, best)
+    out.line += recommendation_note(runs, out.run_dirs, best._q.mean if best._q.n else np.nan, quality)
     out.line += held + pick_note(best.combination, None if pd.isna(best[LR]) else best[LR], confirmation)
     for axis, value in sorted(wrong):
         out.line += f" Not {axis}={value}: its kernel fails the parity check (python -m sweep.parity --{axis} {value})."

@@ -233,7 +233,7 @@ register(
         ),
         help="per combination: largest stable lr (marginal lrs skipped), smallest diverging lr, loss at the former,"
         " whether it held at the longer horizon",
-        lines=lambda table: table.attrs.get("confirmation", []),
+        lines=lambda table: table.attrs.get("confirmation", []) + table.attrs.get("learned", []),
     )
 )
 register(

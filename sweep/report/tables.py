@@ -25,6 +25,7 @@ import pandas as pd
 
 from sweep.config import Verdict
 from sweep.config.enums import OPTIM_LR_MEANING, lr_meaning
+from sweep.report.learned import frontier_lines as learned_lines
 from sweep.report.marginal import is_marginal
 from sweep.report.noise import Spread, effect_label, paired_change, quality_column, within_noise
 from sweep.report.runs import DECIDED, PARAM, param_columns
@@ -389,6 +390,7 @@ def frontier(runs: pd.DataFrame, recs: pd.DataFrame | None = None) -> pd.DataFra
     table.index.name = "/".join(recs.attrs["axes"]) or "combination"
     table = table.astype({c: float for c in table.columns if c not in ("runs", "replicates", "marginal_lrs")})
     table["marginal_lrs"] = [", ".join(f"{lr:.4g}" for lr in lrs) or None for lrs in table.marginal_lrs]
+    table.attrs["learned"] = learned_lines(table, runs, combo_labels(runs, recs.attrs["axes"]), recs.attrs["quality"])
     return table
 
 
