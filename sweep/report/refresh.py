@@ -45,15 +45,38 @@ def rewrite_answer(sweep_dir: Path) -> tuple[Summary | None, list[Path], list[st
 
         if (problem := record_report_answer(str(sweep_dir), None, summary)) is not None:
             problems.append(problem)
-        from sweep.run.mlflow_sink import relog_summary  # logger=mlflow: its parent run's summary.md too
-
-        if (problem := relog_summary(sweep_dir)) is not None:
+        if (problem := relog_mlflow(sweep_dir)) is not None:
             problems.append(problem)
     if (sweep_dir / REPORT_FILE).is_file():
         files, problem = write_sweep_report(sweep_dir, summary)
         written += files[:1]  # report.html; a plotly.js already beside it is not rewritten
         problems += [problem] if problem else []
     return summary, written, problems
+
+
+def relog_mlflow(sweep_dir: Path) -> str | None:
+    """With logger=mlflow, the rewritten summary.md on the sweep's parent MLflow run too (sweep/run/mlflow_sink.py
+    `relog_summary`), with the sweep's own logger.mlflow (its multirun.yaml, interpolations resolved); one line
+    when it cannot be."""
+    import dataclasses
+
+    from omegaconf import OmegaConf
+
+    from sweep.config import MlflowConfig
+
+    saved = Path(sweep_dir) / "multirun.yaml"
+    try:
+        node = OmegaConf.select(OmegaConf.load(saved), "logger.mlflow", default=None) if saved.is_file() else None
+        values = OmegaConf.to_container(node, resolve=True) if node is not None else {}
+    except Exception as e:  # noqa: BLE001  (an ${oc.env:...} URI whose variable is not set here, a damaged file)
+        return f"logger mlflow: the sweep's parent run keeps its earlier summary.md: its multirun.yaml's logger: {e}"
+    known = {f.name for f in dataclasses.fields(MlflowConfig)}
+    cfg = MlflowConfig(**{k: v for k, v in values.items() if k in known})
+    if not cfg.enabled:
+        return None
+    from sweep.run.mlflow_sink import relog_summary  # mlflow: only for a sweep that logged to it
+
+    return relog_summary(cfg, sweep_dir)
 
 
 def summary_of(sweep_dir: Path, target: str | None) -> tuple[Summary | None, list[str]]:

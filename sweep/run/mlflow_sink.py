@@ -175,20 +175,14 @@ def end_sweep_run(cfg: MlflowConfig, sweep_dir: Path) -> None:
     )
 
 
-def relog_summary(sweep_dir: Path) -> str | None:
+def relog_summary(cfg: MlflowConfig, sweep_dir: Path) -> str | None:
     """summary.md logged again on the sweep's parent run after a later command rewrote it (`python -m sweep.confirm`
-    or `sweep.diagnose` by hand: sweep/report/refresh.py), so that MLflow says what the sweep's files say (before, it
-    kept the summary of the sweep's end). The MLflow settings are the sweep's own (its multirun.yaml's
-    logger.mlflow). None when logged, or when the sweep logged to no parent run; else one line saying why not."""
+    or `sweep.diagnose` by hand: sweep/report/refresh.py, which reads `cfg`, the sweep's own logger.mlflow, from its
+    multirun.yaml), so that MLflow says what the sweep's files say (before, it kept the summary of the sweep's end).
+    None when logged, or when the sweep logged to no parent run; else one line saying why not."""
     parent = read_parent(sweep_dir)
     summary = Path(sweep_dir) / "summary.md"
     if parent is None or not summary.is_file():
-        return None
-    try:
-        cfg = sweep_mlflow(sweep_dir)
-    except Exception as e:  # noqa: BLE001  (an ${oc.env:...} URI whose variable is not set here, ...)
-        return f"logger mlflow: the sweep's parent run keeps its earlier summary.md: its multirun.yaml's logger: {e}"
-    if cfg is None:
         return None
     uri = tracking_uri(cfg, sweep_dir)
     try:
@@ -197,22 +191,6 @@ def relog_summary(sweep_dir: Path) -> str | None:
     except TrackerError as e:
         return f"logger mlflow: the sweep's parent run keeps its earlier summary.md ({e})"
     return None
-
-
-def sweep_mlflow(sweep_dir: Path) -> MlflowConfig | None:
-    """The logger.mlflow settings a sweep ran with (its multirun.yaml, interpolations resolved); None when it ran
-    without MLflow."""
-    import dataclasses
-
-    from omegaconf import OmegaConf
-
-    saved = Path(sweep_dir) / "multirun.yaml"
-    node = OmegaConf.select(OmegaConf.load(saved), "logger.mlflow", default=None) if saved.is_file() else None
-    if node is None:
-        return None
-    known = {f.name for f in dataclasses.fields(MlflowConfig)}
-    cfg = MlflowConfig(**{k: v for k, v in OmegaConf.to_container(node, resolve=True).items() if k in known})
-    return cfg if cfg.enabled else None
 
 
 class MlflowSink:
