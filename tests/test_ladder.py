@@ -104,6 +104,25 @@ def test_a_best_eval_lr_below_the_grid_gives_no_fit_and_the_recommendation_says_
     assert f"lr {grid[0]:.4g} is the smallest lr swept: a lower one may train better, sweep lower lrs" in line
 
 
+def test_a_size_that_barely_trained_is_named_in_the_ladders_sentence(tmp_path):
+    """SP at width 512 in 30 steps (docs/ladder.md, v3): stable runs that learned nothing give a bracket where runs
+    stopped blowing up; the ladder's sentence says so for that size, as the frontier does (before: no word)."""
+    root, n = tmp_path, 0
+    for w in (32, 64, 128):
+        for lr in LRS:
+            best = 0.85 if w == 128 else 0.2  # 128: 85% of the first training loss (1.0) at its best lr
+            ok = {"status": "stable", "eval_loss": best * (1 + 0.1 * abs(math.log(lr / 0.004)))}
+            result = ok if lr <= 0.1 * (w / 32) ** -0.5 else diverged("loss_spike", 3, "loss")
+            write_run(root, n, {"model.width": w, "optim.lr": lr}, result)
+            n += 1
+    table = ladder_fit(runs_from_dirs(root), target=512)
+    assert table.attrs["barely"] == {"all": [128.0]}
+    (line,) = ladder_lines(table)
+    assert "; barely trained at width 128 (even the best lr's eval loss at least 60% of the first training loss):" in (
+        line
+    )
+
+
 def test_two_sizes_give_a_line_but_no_interval_and_an_open_bracket_is_left_out():
     row = fit_line([(32, 0.01, 0.02, math.sqrt(2e-4)), (64, 0.005, 0.01, math.sqrt(5e-5))], 256, 0.9)
     assert row["exponent"] == pytest.approx(-1.0) and row["predicted_lr"] > 0 and np.isnan(row["low"])

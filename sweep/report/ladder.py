@@ -48,6 +48,8 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
+from sweep.report.learned import LEARNED, barely, initial_of
+from sweep.report.noise import EVAL
 from sweep.report.runs import PARAM
 from sweep.report.tables import LR, frontier_records, seed_labels, sort_key
 
@@ -138,13 +140,20 @@ def ladder_fit(
     label = combination_labels(recs, others)
     per_seed = seed_points(runs, axis, others)
     per_seed_best = seed_points(runs, axis, others, best_point)
-    out, points, best_points = [], {}, {}
+    run_labels = (  # each run's combination_labels, from its param: columns
+        runs[[PARAM + a for a in others]].astype(str).agg("/".join, axis=1)
+        if others
+        else pd.Series("all", index=runs.index)
+    )
+    out, points, best_points, barely = [], {}, {}, {}
     for combo, group in recs.groupby(label, sort=False):
         pts, bests, left_out = [], [], 0
         for rec in group.sort_values(axis, key=lambda s: s.map(sort_key)).to_dict("records"):
             pts.append(bracket_point(float(rec[axis]), rec["max_stable_lr"], rec["min_diverging_lr"]))
             bests.append(best_point(float(rec[axis]), rec))
             left_out += pd.isna(pts[-1][3])
+            if _barely(rec, runs, (run_labels == combo) & (runs[PARAM + axis] == rec[axis]), recs.attrs["quality"]):
+                barely.setdefault(combo, []).append(float(rec[axis]))
         points[combo], best_points[combo] = pts, bests
         fit = fit_line(_replicated(per_seed.get(combo, []), pts), target, confidence)
         inside = {p[0] for p in bests if not pd.isna(p[3])}  # a size whose best (over its seeds) may lie off the
@@ -162,8 +171,15 @@ def ladder_fit(
     table = pd.DataFrame(out).set_index("combination")[COLUMNS] if out else pd.DataFrame(columns=COLUMNS)
     table.index.name = "/".join(others) or "combination"
     table.attrs.update(axis=axis, points=points, seed_points=per_seed, confidence=confidence)
-    table.attrs.update(best_points=best_points, best_seed_points=per_seed_best)
+    table.attrs.update(best_points=best_points, best_seed_points=per_seed_best, barely=barely)
     return table
+
+
+def _barely(rec: dict, runs: pd.DataFrame, mask, quality: str) -> bool:
+    """Whether a size's best lr barely trained (sweep/report/learned.py): its bracket is then where runs stopped
+    blowing up, not where they train."""
+    best = rec["spreads"].get(rec.get("best_lr")) if rec.get("best_lr") is not None else None
+    return quality == EVAL and best is not None and best.n > 0 and barely(best.mean, initial_of(runs, mask))
 
 
 def _replicated(seeds: list[tuple], merged: list[tuple]) -> list[tuple]:
@@ -314,6 +330,12 @@ def ladder_lines(table: pd.DataFrame) -> list[str]:
             )
         if r.left_out:
             line += f"; {int(r.left_out)} size(s) without a bracket left out"
+        if sizes := table.attrs.get("barely", {}).get(combo):
+            line += (
+                f"; barely trained at {axis} {', '.join(f'{x:g}' for x in sizes)} (even the best lr's eval loss at"
+                f" least {LEARNED:.0%} of the first training loss): there the bracket is where runs stopped blowing"
+                " up, not where they train"
+            )
         lines.append(line + _best_text(r, axis, conf))
     return lines
 
