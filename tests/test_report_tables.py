@@ -599,3 +599,6 @@ def test_a_setting_that_barely_trained_is_named_under_the_frontier_and_in_the_re
     )
     assert "Barely trained in 30 steps" in render_text(s)
     assert frontier(runs_from_dirs(tmp_path / "f")).attrs["learned"] == []
+    for path in (tmp_path / "s").glob("*/result.json"):  # fine-tuned from weights: near its end from its start
+        path.write_text(json.dumps(json.loads(path.read_text()) | {"loaded": "/ckpt/base.safetensors"}))
+    assert frontier(runs_from_dirs(tmp_path / "s")).attrs["learned"] == []

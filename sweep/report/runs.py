@@ -43,6 +43,7 @@ OUTCOME_COLUMNS = [
     "superseded_by",
     "reason",
     "device",
+    "loaded",
 ]
 INT_COLUMNS = ["first_bad_step", "steps_run", "seed", "pruned_at_step", "packed"]
 FLOAT_COLUMNS = ["final_loss", "initial_loss", "min_loss", "eval_loss", "steps_per_second"]
