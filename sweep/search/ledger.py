@@ -276,6 +276,7 @@ def trial_user_attrs(result: dict, run_dir: Path) -> dict:
         "device": result.get("device"),
         "pruned_at_step": result.get("pruned_at_step"),
         "interrupted_at_step": result.get("interrupted_at_step"),
+        "loaded": result.get("loaded"),  # the weights it started from (a report tells a fine-tune from a fresh run)
         "run_dir": str(Path(run_dir).resolve()),
         "params": result.get("params") or {},
     }
