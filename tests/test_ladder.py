@@ -123,6 +123,23 @@ def test_a_size_that_barely_trained_is_named_in_the_ladders_sentence(tmp_path):
     )
 
 
+def test_with_no_fit_of_the_edge_the_recommendation_still_cites_the_best_eval_lr_fit(tmp_path):
+    """No size diverged (no bracket: the edge cannot be fitted), while each width's best eval lr lies inside the
+    grid: the recommendation says the edge has no fit and gives the best eval lr's prediction (before: only the
+    former)."""
+    n = 0
+    for w in (32, 64, 128):
+        for lr in LRS[6:12]:
+            ok = {"status": "stable", "eval_loss": 0.2 * (1 + abs(math.log(lr / (0.004 * 32 / w))))}
+            write_run(tmp_path, n, {"model.width": w, "optim.lr": lr}, ok)
+            n += 1
+    s = summarize(runs_from_dirs(tmp_path), ladder_target=512)
+    r = s.ladder.loc["all"]
+    assert np.isnan(r.predicted_lr) and r.predicted_best_lr > 0
+    said = "for the largest stable lr at the size you train, no fit of its sizes; at width 512 (ladder.target) the"
+    assert f"{said} ladder predicts a best eval lr of {r.predicted_best_lr:.3g}" in s.recommendation.line
+
+
 def test_two_sizes_give_a_line_but_no_interval_and_an_open_bracket_is_left_out():
     row = fit_line([(32, 0.01, 0.02, math.sqrt(2e-4)), (64, 0.005, 0.01, math.sqrt(5e-5))], 256, 0.9)
     assert row["exponent"] == pytest.approx(-1.0) and row["predicted_lr"] > 0 and np.isnan(row["low"])

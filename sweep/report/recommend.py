@@ -306,9 +306,12 @@ def ladder_text(ladder: pd.DataFrame | None, settings: dict, size: str) -> str:
     if label not in ladder.index:
         return said + "."
     row = ladder.loc[label]
-    if pd.isna(row.target) or pd.isna(row.predicted_lr):
-        why = "set ladder.target (or --ladder-target)" if pd.isna(row.target) else "no fit of its sizes"
-        return f"{said}; for the lr at the size you train, {why} [ladder: {label}]."
+    if pd.isna(row.target):
+        return f"{said}; for the lr at the size you train, set ladder.target (or --ladder-target) [ladder: {label}]."
+    if pd.isna(row.predicted_lr):
+        best = _best_prediction(row)  # the best eval lr's fit may stand where the edge's does not
+        best = f"; at {axis} {row.target:g} (ladder.target) the ladder predicts{best[4:]}" if best else ""
+        return f"{said}; for the largest stable lr at the size you train, no fit of its sizes{best} [ladder: {label}]."
     interval = (
         f"{ladder.attrs.get('confidence', 0.9):.0%} interval {row.low:.3g}..{row.high:.3g}"
         if not pd.isna(row.low)
